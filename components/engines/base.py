@@ -1,0 +1,146 @@
+"""The one interface every generation engine implements (registry `ENGINES`).
+
+An engine holds a policy's weights and samples completions. It is stepped by its owner
+(a generator worker) so that new weights can be loaded *between decode steps* while
+sequences are in flight (PipelineRL semantics: a sequence continues under the new weights
+with its existing KV cache, so one completion can span several policy versions).
+
+Usage by a generator worker::
+
+    engine.add_requests(requests)
+    while engine.has_unfinished():
+        maybe_new = weight_channel.poll()
+        if maybe_new: engine.update_weights(maybe_new.state_dict, maybe_new.version)
+        for group in engine.step():      # groups finished during this step
+            rollout_queue.put(group)
+
+`generate(requests)` is the same loop without weight updates (evaluation, benchmarks).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal, Mapping, Optional, Sequence
+
+FinishReason = Literal["stop", "length", "interrupted"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. One instance is shared by the requests of a call."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64  # completion budget in sampled tokens (thinking + answer for interruption)
+    stop_token_ids: tuple[int, ...] = ()  # the tokenizer's EOS is always a stop token too
+    seed: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """Forced interruption of one sequence (length control `interruption`).
+
+    After `at_token` sampled tokens without a stop, the engine appends `phrase_ids`
+    (forced, not sampled) and then allows up to `answer_budget` more sampled tokens;
+    the completion's finish reason becomes "interrupted" unless the answer hits its
+    budget ("length").
+    """
+
+    at_token: int
+    phrase_ids: tuple[int, ...]
+    answer_budget: int
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete `n` times (a rollout group)."""
+
+    group_id: Any  # the caller's handle; returned unchanged on the completions
+    prompt_ids: list[int]
+    n: int = 1
+    # One Interruption per sample (len == n), or None for no interruption.
+    interruptions: Optional[Sequence[Optional[Interruption]]] = None
+    meta: dict = field(default_factory=dict)  # passed through untouched (problem id, ...)
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    token_ids, gen_logp, versions and forced all have the completion's length.
+    gen_logp[t] is the sampler's float32 log-prob of token_ids[t]:
+    log_softmax(logits / temperature)[token] under the weights that sampled it (not
+    renormalised after top-p; the trainer recomputes exactly this quantity).
+    Forced (injected) tokens have gen_logp 0.0 and forced True; they are excluded from the loss.
+    versions[t] is the policy version that produced token t.
+    """
+
+    group_id: Any
+    sample_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    gen_logp: list[float]
+    versions: list[int]
+    forced: list[bool]
+    finish_reason: FinishReason
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else -1
+
+    @property
+    def max_version(self) -> int:
+        return max(self.versions) if self.versions else -1
+
+
+@dataclass
+class CompletedGroup:
+    """All n completions of one GenerationRequest, handed over when the last one finishes."""
+
+    request: GenerationRequest
+    completions: list[Completion]
+
+
+class Engine(ABC):
+    """A generation engine. Subclasses register with `@ENGINES.register(name)`."""
+
+    #: policy version of the weights currently loaded
+    version: int = 0
+
+    @abstractmethod
+    def add_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> None:
+        """Queue requests; they start at the engine's next opportunity."""
+
+    @abstractmethod
+    def step(self) -> list[CompletedGroup]:
+        """Advance every in-flight sequence by (at least) one decode step.
+
+        Returns the groups whose last completion finished during this step.
+        """
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """True while any queued or in-flight request has not been returned."""
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Load new weights in place, between decode steps; in-flight sequences continue."""
+
+    def abort_all(self) -> list[CompletedGroup]:  # pragma: no cover - optional
+        """Stop every in-flight sequence; engines may return them truncated."""
+        raise NotImplementedError
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> Iterator[CompletedGroup]:
+        """Complete `requests`, yielding each group as it finishes (no weight updates)."""
+        self.add_requests(requests, params)
+        while self.has_unfinished():
+            yield from self.step()
+
+    def close(self) -> None:
+        """Release resources (processes, KV cache)."""

@@ -1,0 +1,290 @@
+"""The one registry mechanism of scalerl-zoo.
+
+Every component family (losses, aggregations, advantage normalizations, ...) is one
+`Registry` instance. A component is registered with a decorator::
+
+    from components.registry import LOSSES
+
+    @LOSSES.register("my_loss")
+    def my_loss(logp, gen_logp, advantages, mask, *, eps=0.2):
+        ...
+
+Registration also registers the callable with gin under the family's module name, so
+its keyword arguments are bindable from a gin file as ``my_loss.eps = 0.1`` (or, if two
+families register the same name, ``losses.my_loss.eps = 0.1``). Configs select
+components by name strings, so a sweep is a list of strings.
+
+A component defined in a user's own module is picked up as soon as that module is
+imported, e.g. by an ``import my_module`` line at the top of a gin file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import gin
+
+__all__ = [
+    "Registry",
+    "UnknownComponentError",
+    "DuplicateComponentError",
+    "ParamSpec",
+    "LOSSES",
+    "AGGREGATIONS",
+    "ADVANTAGE_NORMS",
+    "CURRICULA",
+    "PRECISIONS",
+    "LENGTH_CONTROLS",
+    "OFF_POLICY",
+    "TASKS",
+    "ENGINES",
+    "ALL_REGISTRIES",
+    "load_builtin_components",
+]
+
+
+class UnknownComponentError(KeyError):
+    """An unknown name was looked up in a registry.
+
+    Subclasses KeyError (a missing key) but prints as a plain sentence.
+    """
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateComponentError(ValueError):
+    """A second, different component was registered under a name already taken."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One configurable parameter of a registered component."""
+
+    name: str
+    default: Any  # inspect.Parameter.empty when required
+    kind: str  # "keyword-only" or "positional-or-keyword"
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty
+
+
+def _configurable_params(obj: Callable) -> list[ParamSpec]:
+    """Parameters with defaults (the hyper-parameters) of a function or a class's __init__."""
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    specs = []
+    for p in sig.parameters.values():
+        if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.kind == p.POSITIONAL_ONLY:
+            continue
+        if p.default is p.empty and p.kind != p.KEYWORD_ONLY:
+            continue  # a positional input (a tensor), not a hyper-parameter
+        kind = "keyword-only" if p.kind == p.KEYWORD_ONLY else "positional-or-keyword"
+        specs.append(ParamSpec(p.name, p.default, kind))
+    return specs
+
+
+class Registry:
+    """A named family of interchangeable components, selected by name strings.
+
+    Args:
+        family: human name of the family, used in error messages ("loss").
+        gin_module: gin module under which entries are registered ("losses"), so an
+            entry is bindable as ``<name>.<param>`` or ``<gin_module>.<name>.<param>``.
+    """
+
+    def __init__(self, family: str, gin_module: str):
+        self.family = family
+        self.gin_module = gin_module
+        self._entries: dict[str, Callable] = {}
+        self._originals: dict[str, Callable] = {}
+        self._lock = threading.Lock()
+
+    # -- registration -------------------------------------------------------------
+    def register(self, name: str, *, gin_configurable: bool = True) -> Callable[[Callable], Callable]:
+        """Decorator: register a function or class under `name`.
+
+        The returned object is the gin-configurable wrapper (what `get` returns), so the
+        decorated name in its module also honours gin bindings.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.family} registry: a component name must be a non-empty string, got {name!r}")
+
+        def decorator(obj: Callable) -> Callable:
+            with self._lock:
+                previous = self._originals.get(name)
+                if previous is not None:
+                    if _same_definition(previous, obj):
+                        # The same module re-imported (e.g. importlib.reload): keep the
+                        # gin registration that already exists, update the entry.
+                        return self._entries[name]
+                    raise DuplicateComponentError(
+                        f"{self.family} {name!r} is already registered by "
+                        f"{_where(previous)}; refusing to register {_where(obj)} under the same name. "
+                        f"Pick another name (registered {self.family} names: {', '.join(self.names())})."
+                    )
+                wrapped = obj
+                if gin_configurable:
+                    wrapped = _gin_register(obj, name, self.gin_module)
+                self._entries[name] = wrapped
+                self._originals[name] = obj
+            return wrapped
+
+        return decorator
+
+    # -- lookup ---------------------------------------------------------------------
+    def get(self, name: str) -> Callable:
+        """The component registered as `name` (gin-configurable); a clear error if unknown."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise UnknownComponentError(self._unknown_message(name)) from None
+
+    def _unknown_message(self, name: Any) -> str:
+        names = self.names()
+        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.0) if names else []
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        listed = ", ".join(names) if names else "(none registered)"
+        return f"Unknown {self.family} {name!r}. Registered {self.family} names: {listed}.{hint}"
+
+    def check(self, name: str) -> str:
+        """Validate a name early (before a run starts); returns it unchanged."""
+        self.get(name)
+        return name
+
+    def original(self, name: str) -> Callable:
+        """The undecorated function or class (no gin wrapper), e.g. for introspection."""
+        self.get(name)
+        return self._originals[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def params(self, name: str) -> list[ParamSpec]:
+        """Configurable keyword parameters of an entry, with their defaults."""
+        return _configurable_params(self.original(name))
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """{name: {"params": {param: default-or-"<required>"}, "doc": first doc line, "where": module}}."""
+        out = {}
+        for name in self.names():
+            obj = self._originals[name]
+            params = {}
+            for p in self.params(name):
+                params[p.name] = "<required>" if p.required else p.default
+            doc = inspect.getdoc(obj) or ""
+            out[name] = {
+                "params": params,
+                "doc": doc.strip().splitlines()[0] if doc.strip() else "",
+                "where": f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', name)}",
+            }
+        return out
+
+    def unregister(self, name: str) -> None:
+        """Remove an entry (for tests and interactive sessions). Gin keeps its binding scope."""
+        with self._lock:
+            self.get(name)
+            del self._entries[name]
+            del self._originals[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.family!r}: {', '.join(self.names())})"
+
+
+def _where(obj: Callable) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _same_definition(a: Callable, b: Callable) -> bool:
+    return a is b or (
+        getattr(a, "__module__", None) == getattr(b, "__module__", None)
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+    )
+
+
+def _gin_register(obj: Callable, name: str, module: str) -> Callable:
+    """Register with gin as `module.name`; tolerate an identical earlier registration."""
+    try:
+        return gin.register(obj, name=name, module=module)
+    except ValueError as err:  # gin refuses a second registration of the same selector
+        if "already" in str(err).lower():
+            # Happens when a user module is executed twice under different module names
+            # (e.g. run as __main__ and imported). Use the existing configurable.
+            return gin.register(obj, name=f"{name}_{id(obj):x}", module=f"{module}._shadow")
+        raise
+
+
+# One registry per component family (DESIGN.md "Registries").
+LOSSES = Registry("loss", "losses")
+AGGREGATIONS = Registry("loss aggregation", "aggregation")
+ADVANTAGE_NORMS = Registry("advantage normalization", "advantages")
+CURRICULA = Registry("curriculum", "curricula")
+PRECISIONS = Registry("precision policy", "precision")
+LENGTH_CONTROLS = Registry("length control", "length_control")
+OFF_POLICY = Registry("off-policy scheme", "offpolicy")
+TASKS = Registry("task", "tasks")
+ENGINES = Registry("engine", "engines")
+
+ALL_REGISTRIES: dict[str, Registry] = {
+    "losses": LOSSES,
+    "aggregations": AGGREGATIONS,
+    "advantage_norms": ADVANTAGE_NORMS,
+    "curricula": CURRICULA,
+    "precisions": PRECISIONS,
+    "length_controls": LENGTH_CONTROLS,
+    "off_policy": OFF_POLICY,
+    "tasks": TASKS,
+    "engines": ENGINES,
+}
+
+# Modules whose import fills the registries. A module that cannot be imported here
+# (an optional dependency missing) is skipped by `load_builtin_components`, which says so.
+BUILTIN_MODULES = (
+    "components.losses",
+    "components.aggregation",
+    "components.advantages",
+    "components.curricula",
+    "components.precision",
+    "components.length_control",
+    "components.offpolicy",
+    "components.tasks",
+    "components.engines",
+)
+
+
+def load_builtin_components(strict: bool = False) -> dict[str, str]:
+    """Import every built-in component module so the registries are filled.
+
+    Returns {module: error} for modules that failed to import (missing optional
+    dependencies, or not written yet); raises instead when `strict`.
+    """
+    import importlib
+
+    failures: dict[str, str] = {}
+    for mod in BUILTIN_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ImportError as err:
+            if strict:
+                raise
+            failures[mod] = f"{type(err).__name__}: {err}"
+    return failures
