@@ -224,12 +224,14 @@ def _same_definition(a: Callable, b: Callable) -> bool:
 def _gin_register(obj: Callable, name: str, module: str) -> Callable:
     """Register with gin as `module.name`; tolerate an identical earlier registration."""
     try:
-        return gin.register(obj, name=name, module=module)
+        # external_configurable returns a wrapper that applies gin bindings when called
+        # directly (gin.register would leave direct calls unconfigured).
+        return gin.external_configurable(obj, name=name, module=module)
     except ValueError as err:  # gin refuses a second registration of the same selector
-        if "already" in str(err).lower():
-            # Happens when a user module is executed twice under different module names
-            # (e.g. run as __main__ and imported). Use the existing configurable.
-            return gin.register(obj, name=f"{name}_{id(obj):x}", module=f"{module}._shadow")
+        if "already" in str(err).lower() or "exists" in str(err).lower():
+            raise DuplicateComponentError(
+                f"gin already has a configurable named {module}.{name}: {err}"
+            ) from None
         raise
 
 

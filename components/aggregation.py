@@ -1,0 +1,84 @@
+"""Loss aggregations (registry `AGGREGATIONS`): per-token loss [B, T] -> scalar.
+
+Signature (DESIGN.md)::
+
+    aggregate(per_token_loss, mask, group_ids) -> scalar
+
+- per_token_loss [B, T]  from a loss; 0 where mask is False
+- mask           [B, T]  bool, completion tokens
+- group_ids      [B]     int, the prompt each sequence answers (its rollout group)
+
+All three of the paper's aggregations are LINEAR in the per-token loss: each is
+sum over (b, t) of w[b, t] * loss[b, t] for a weight matrix that depends only on the mask
+and the groups. That is what makes micro-batching exact: compute the weights once on the
+WHOLE step batch (`token_weights`), then each micro-batch's loss is
+`weighted_sum(per_token_loss_mb, weights_mb)`, and the sum of micro-batch gradients equals
+the whole-batch gradient. (Normalising by micro-batch counts instead is the bug verl,
+prime-rl and open-instruct each shipped: ANCHORS.md §3.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from components.registry import AGGREGATIONS
+
+__all__ = ["token_mean", "sample_mean", "prompt_mean", "token_weights", "weighted_sum", "group_index"]
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Dense 0..P-1 index of each sequence's group, and the number of groups P.  [B], int"""
+    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
+    return inverse, int(inverse.max()) + 1 if inverse.numel() else 0
+
+
+def _lengths(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    return mask.sum(dim=1).to(dtype)  # [B]
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+    """Sum over every masked token of the batch / number of masked tokens (verl token-mean)."""
+    num_tokens = mask.sum().clamp(min=1).to(per_token_loss.dtype)  # []
+    return torch.where(mask, per_token_loss, 0.0).sum() / num_tokens  # []
+
+
+@AGGREGATIONS.register("sample_mean")
+def sample_mean(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+    """Mean over sequences of (sum over its tokens / its length) (GRPO sample average)."""
+    per_seq = torch.where(mask, per_token_loss, 0.0).sum(dim=1)  # [B]
+    lengths = _lengths(mask, per_token_loss.dtype).clamp(min=1)  # [B]
+    return (per_seq / lengths).sum() / max(per_token_loss.shape[0], 1)  # []
+
+
+@AGGREGATIONS.register("prompt_mean")
+def prompt_mean(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+    """Mean over prompts of (sum over the tokens of its G generations / their total token count) (ScaleRL)."""
+    idx, num_groups = group_index(group_ids)  # [B], P
+    per_seq = torch.where(mask, per_token_loss, 0.0).sum(dim=1)  # [B]
+    lengths = _lengths(mask, per_token_loss.dtype)  # [B]
+    per_group_sum = torch.zeros(num_groups, dtype=per_seq.dtype, device=per_seq.device).index_add(0, idx, per_seq)  # [P]
+    per_group_len = torch.zeros(num_groups, dtype=lengths.dtype, device=lengths.device).index_add(0, idx, lengths)  # [P]
+    return (per_group_sum / per_group_len.clamp(min=1)).sum() / max(num_groups, 1)  # []
+
+
+def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The weight of every token in aggregation `name`, computed on the WHOLE step batch.  [B, T]
+
+    Works for any registered aggregation that is linear in the per-token loss (the paper's
+    three, and any user one that is): the weights are the gradient of the aggregate with
+    respect to the per-token loss.
+    """
+    aggregate = AGGREGATIONS.get(name)
+    probe = torch.zeros(mask.shape, dtype=dtype, device=mask.device, requires_grad=True)  # [B, T]
+    with torch.enable_grad():
+        (weights,) = torch.autograd.grad(aggregate(probe, mask, group_ids), probe, allow_unused=True)
+    if weights is None:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return torch.where(mask, weights, 0.0).detach()  # [B, T]
+
+
+def weighted_sum(per_token_loss: Tensor, weights: Tensor) -> Tensor:
+    """A micro-batch's share of the aggregate: sum of weights * loss (weights from `token_weights`).  []"""
+    return (per_token_loss * weights.to(per_token_loss.dtype)).sum()  # []

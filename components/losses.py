@@ -1,0 +1,236 @@
+"""Per-token policy losses (registry `LOSSES`).
+
+Every loss has one signature (DESIGN.md "Math contracts")::
+
+    loss(logp, gen_logp, advantages, mask, **hparams) -> per_token_loss   # [B, T]
+
+- logp       [B, T]  trainer log-prob of each sampled token (carries grad)
+- gen_logp   [B, T]  generator log-prob recorded at sampling time (no grad): the paper's
+                     pi_gen(theta_old), folding staleness and kernel mismatch together
+- advantages [B]     one per sequence, already normalised
+- mask       [B, T]  bool, True on completion tokens that are trained on
+
+The result is the LOSS to minimise (the negative objective), exactly 0 where mask is False.
+Aggregation (components/aggregation.py) turns it into a scalar.
+
+Token ratio rho[b, t] = exp(logp - gen_logp). Per-loss diagnostics (clip fraction, IS ratio
+stats) come from `loss_diagnostics`, never from a changed loss signature.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import gin
+import torch
+from torch import Tensor
+
+from components.registry import LOSSES
+
+__all__ = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop", "loss_diagnostics", "token_ratio"]
+
+# name -> function(logp, gen_logp, advantages, mask, **hparams) -> bool [B, T]: tokens whose
+# gradient the loss clips (zeroes) or whose importance weight it truncates.
+_CLIPPED_TOKENS: dict[str, Callable[..., Tensor]] = {}
+
+
+def _clipped_tokens(name: str):
+    def deco(fn):
+        _CLIPPED_TOKENS[name] = fn
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------------------
+# shared pieces
+def token_ratio(logp: Tensor, gen_logp: Tensor) -> Tensor:
+    """rho = pi_train / pi_gen per token.  [B, T]"""
+    return torch.exp(logp - gen_logp.detach())  # [B, T]
+
+
+def _sanitize(logp: Tensor, gen_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero padding positions so garbage there (even -inf) cannot produce NaN gradients."""
+    zeros = torch.zeros_like(logp)
+    return torch.where(mask, logp, zeros), torch.where(mask, gen_logp.detach(), zeros)  # [B, T] each
+
+
+def _masked(loss: Tensor, mask: Tensor) -> Tensor:
+    # torch.where (not multiplication) so inf/nan on padding never leaks into the sum or grad
+    return torch.where(mask, loss, torch.zeros_like(loss))  # [B, T]
+
+
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
+    """-min(rho*A, clip(rho, low, high)*A): the PPO clipped surrogate, as a loss.  [B, T]"""
+    unclipped = ratio * adv  # [B, T]
+    clipped = torch.clamp(ratio, low, high) * adv  # [B, T]
+    return -torch.minimum(unclipped, clipped)  # [B, T]
+
+
+def _ppo_clip_active(ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
+    """Where the min picks the clipped branch with a constant value (zero gradient).  [B, T] bool"""
+    return ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
+
+
+# ---------------------------------------------------------------------------------------
+# GRPO (DeepSeekMath; ScaleRL Eq. 7 without KL): symmetric token-level clip
+@LOSSES.register("grpo")
+def grpo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps: float = 0.2) -> Tensor:
+    """GRPO clipped surrogate, symmetric clip [1-eps, 1+eps], no KL term."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    ratio = token_ratio(logp, gen_logp)  # [B, T]
+    adv = advantages[:, None]  # [B, 1]
+    return _masked(_clipped_surrogate(ratio, adv, 1.0 - eps, 1.0 + eps), mask)  # [B, T]
+
+
+@_clipped_tokens("grpo")
+def _grpo_clipped(logp, gen_logp, advantages, mask, *, eps=0.2):
+    return _ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps, 1.0 + eps) & mask
+
+
+# ---------------------------------------------------------------------------------------
+# DAPO: asymmetric "clip-higher" [1-eps_low, 1+eps_high]
+@LOSSES.register("dapo")
+def dapo(
+    logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28
+) -> Tensor:
+    """DAPO clipped surrogate with clip-higher (eps_low, eps_high), token-level ratio, no KL."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    ratio = token_ratio(logp, gen_logp)  # [B, T]
+    adv = advantages[:, None]  # [B, 1]
+    return _masked(_clipped_surrogate(ratio, adv, 1.0 - eps_low, 1.0 + eps_high), mask)  # [B, T]
+
+
+@_clipped_tokens("dapo")
+def _dapo_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.28):
+    return _ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps_low, 1.0 + eps_high) & mask
+
+
+# ---------------------------------------------------------------------------------------
+# CISPO (MiniMax-M1), ScaleRL Eq. 4 form: sg(min(rho, eps_max)) * A * log pi
+@LOSSES.register("cispo")
+def cispo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_max: float = 4.0) -> Tensor:
+    """CISPO: truncated IS weight sg(min(rho, eps_max)) times A times log-prob (absolute cap, ScaleRL Eq. 4)."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    ratio = token_ratio(logp, gen_logp)  # [B, T]
+    weight = torch.clamp(ratio, max=eps_max).detach()  # [B, T]  no gradient through the weight
+    return _masked(-weight * advantages[:, None] * logp, mask)  # [B, T]
+
+
+@_clipped_tokens("cispo")
+def _cispo_clipped(logp, gen_logp, advantages, mask, *, eps_max=4.0):
+    return (token_ratio(logp, gen_logp) > eps_max) & mask
+
+
+# ---------------------------------------------------------------------------------------
+# GSPO (Qwen), GSPO-token form with the length-normalised sequence ratio
+def _sequence_ratio(logp: Tensor, gen_logp: Tensor, mask: Tensor) -> Tensor:
+    """s_i = exp(mean over the sequence's tokens of log rho), the geometric-mean ratio.  [B]"""
+    log_ratio = torch.where(mask, logp - gen_logp.detach(), torch.zeros_like(logp))  # [B, T]
+    lengths = mask.sum(dim=1).clamp(min=1)  # [B]
+    return torch.exp(log_ratio.sum(dim=1) / lengths)  # [B]
+
+
+@LOSSES.register("gspo")
+def gspo(
+    logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-3, eps_high: float = 5e-3
+) -> Tensor:
+    """GSPO-token: s_it = sg(s_i) * pi/sg(pi), clipped at sequence level; sample_mean gives GSPO exactly."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    seq_ratio = _sequence_ratio(logp, gen_logp, mask).detach()  # [B]
+    token_ratio_ = seq_ratio[:, None] * torch.exp(logp - logp.detach())  # [B, T]  == s_i, grad s_i * dlogp
+    adv = advantages[:, None]  # [B, 1]
+    return _masked(_clipped_surrogate(token_ratio_, adv, 1.0 - eps_low, 1.0 + eps_high), mask)  # [B, T]
+
+
+@_clipped_tokens("gspo")
+def _gspo_clipped(logp, gen_logp, advantages, mask, *, eps_low=3e-3, eps_high=5e-3):
+    seq_ratio = _sequence_ratio(logp, gen_logp, mask)[:, None].expand_as(logp)  # [B, T]
+    return _ppo_clip_active(seq_ratio, advantages[:, None], 1.0 - eps_low, 1.0 + eps_high) & mask
+
+
+# ---------------------------------------------------------------------------------------
+# Extras beyond the paper's four
+@LOSSES.register("ppo_dual_clip")
+def ppo_dual_clip(
+    logp: Tensor,
+    gen_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float = 3.0,
+) -> Tensor:
+    """PPO-clip with dual clip (Ye et al. 2020): for A<0 the loss is also capped at -dual_clip*A."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    if dual_clip <= 1.0:
+        raise ValueError(f"ppo_dual_clip: dual_clip must be > 1.0, got {dual_clip}")
+    ratio = token_ratio(logp, gen_logp)  # [B, T]
+    adv = advantages[:, None].expand_as(ratio)  # [B, T]
+    loss = _clipped_surrogate(ratio, adv, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
+    capped = torch.minimum(loss, -dual_clip * adv)  # [B, T]
+    return _masked(torch.where(adv < 0, capped, loss), mask)  # [B, T]
+
+
+@_clipped_tokens("ppo_dual_clip")
+def _dual_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2, dual_clip=3.0):
+    ratio = token_ratio(logp, gen_logp)
+    adv = advantages[:, None]
+    return (_ppo_clip_active(ratio, adv, 1.0 - eps_low, 1.0 + eps_high) | ((adv < 0) & (ratio > dual_clip))) & mask
+
+
+@LOSSES.register("icepop")
+def icepop(
+    logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, low: float = 0.5, high: float = 2.0
+) -> Tensor:
+    """IcePop-style masked IS policy gradient: sg(rho)*A*log pi, zero gradient where rho is outside [low, high]."""
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    ratio = token_ratio(logp, gen_logp).detach()  # [B, T]
+    keep = (ratio >= low) & (ratio <= high)  # [B, T]
+    weight = torch.where(keep, ratio, torch.zeros_like(ratio))  # [B, T]
+    return _masked(-weight * advantages[:, None] * logp, mask)  # [B, T]
+
+
+@_clipped_tokens("icepop")
+def _icepop_clipped(logp, gen_logp, advantages, mask, *, low=0.5, high=2.0):
+    ratio = token_ratio(logp, gen_logp)
+    return ((ratio < low) | (ratio > high)) & mask
+
+
+# ---------------------------------------------------------------------------------------
+def _bound_hparams(name: str) -> dict:
+    """Hyper-parameters gin binds for loss `name` (so diagnostics see the values training uses)."""
+    try:
+        return dict(gin.get_bindings(f"{LOSSES.gin_module}.{name}"))
+    except (ValueError, KeyError):
+        return {}
+
+
+@torch.no_grad()
+def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, **hparams) -> dict:
+    """Per-step diagnostics of loss `name` over the masked tokens.
+
+    Returns {"clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean"}.
+    clip_frac is the fraction of trained tokens whose gradient the loss clips or whose IS weight
+    it truncates (NaN for a loss that declares no such rule). Hyper-parameters default to the
+    values bound in gin, overridden by `hparams`.
+    """
+    LOSSES.get(name)  # clear error for an unknown name
+    hp = {**_bound_hparams(name), **hparams}
+    logp, gen_logp = logp.detach(), gen_logp.detach()
+    n = int(mask.sum())
+    if n == 0:
+        nan = float("nan")
+        return {"clip_frac": nan, "is_ratio_mean": nan, "is_ratio_min": nan, "is_ratio_max": nan, "log_ratio_abs_mean": nan}
+    log_ratio = (logp - gen_logp)[mask]  # [N]
+    ratio = torch.exp(log_ratio)  # [N]
+    clipped_fn = _CLIPPED_TOKENS.get(name)
+    clip_frac = float(clipped_fn(logp, gen_logp, advantages, mask, **hp).sum()) / n if clipped_fn else float("nan")
+    return {
+        "clip_frac": clip_frac,
+        "is_ratio_mean": float(ratio.mean()),
+        "is_ratio_min": float(ratio.min()),
+        "is_ratio_max": float(ratio.max()),
+        "log_ratio_abs_mean": float(log_ratio.abs().mean()),
+    }
