@@ -1,0 +1,246 @@
+"""Prompt samplers and group filters (registry `CURRICULA`), composed as the paper composes them.
+
+A run selects a LIST of names, e.g. ``train.curriculum = ["no_positive_resampling",
+"zero_variance_filter"]`` (ScaleRL). At most one entry is a *sampler* (which prompts are
+generated: `uniform`, `no_positive_resampling`); the others are *filters* on finished
+rollout groups (which groups enter the loss: `zero_variance_filter`, `dynamic_sampling`).
+No sampler named means `uniform`.
+
+- ``uniform``: epochs over the training prompts, each a fresh seeded permutation.
+- ``no_positive_resampling(threshold=0.9, history=1)``: keeps per prompt the pass rates of
+  its last `history` rollout groups; once their mean reaches `threshold` the prompt is
+  dropped for good (Polaris / ScaleRL). If every prompt is dropped the sampler falls back
+  to all prompts (reported as `curriculum_exhausted`) rather than stopping the run.
+- ``zero_variance_filter``: groups whose rewards are all equal leave the loss; no refill.
+- ``dynamic_sampling(max_rounds=8)``: DAPO's dynamic sampling: the same filter, but the
+  learner keeps drawing prompts until a full batch of non-zero-variance groups is
+  collected (at most `max_rounds` extra rounds per step).
+
+Samplers are deterministic in (seed, epoch) and carry all their state in `state_dict()`
+(checkpointed with the run, pass-rate history included).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from components.registry import CURRICULA
+
+__all__ = [
+    "UniformSampler",
+    "NoPositiveResampling",
+    "ZeroVarianceFilter",
+    "DynamicSampling",
+    "Curriculum",
+    "build_curriculum",
+    "is_zero_variance",
+]
+
+
+def is_zero_variance(rewards: Sequence[float]) -> bool:
+    """True when every reward of a group is equal (the group carries no learning signal)."""
+    r = np.asarray(list(rewards), dtype=np.float64)
+    return r.size == 0 or bool(np.all(r == r[0]))
+
+
+class PromptSampler:
+    """Base sampler: `sample(n)` problems, `observe(problem_id, pass_rate)` after verification."""
+
+    kind = "sampler"
+
+    def __init__(self, problems: Sequence[Any], seed: int = 0):
+        if len(problems) == 0:
+            raise ValueError(f"{type(self).__name__}: the task has no training problems")
+        self.problems = list(problems)
+        ids = [p.id for p in self.problems]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{type(self).__name__}: problem ids are not unique")
+        self._index = {pid: i for i, pid in enumerate(ids)}
+        self.seed = int(seed)
+        self.epoch = 0
+        self.position = 0
+        self._perm: list[int] = []
+        self.exhausted = False
+
+    # -- which prompts may be drawn -----------------------------------------------------
+    def active(self, i: int) -> bool:
+        return True
+
+    def _new_epoch_permutation(self) -> list[int]:
+        rng = np.random.default_rng([self.seed, self.epoch, 7919])
+        candidates = [i for i in range(len(self.problems)) if self.active(i)]
+        self.exhausted = not candidates
+        if not candidates:  # everything dropped: fall back to all prompts rather than stop
+            candidates = list(range(len(self.problems)))
+        return [candidates[j] for j in rng.permutation(len(candidates))]
+
+    def sample(self, n: int) -> list[Any]:
+        out: list[Any] = []
+        while len(out) < n:
+            if not self._perm or self.position >= len(self._perm):
+                if self._perm:
+                    self.epoch += 1
+                self._perm = self._new_epoch_permutation()
+                self.position = 0
+            i = self._perm[self.position]
+            self.position += 1
+            if self.active(i) or self.exhausted:
+                out.append(self.problems[i])  # a prompt dropped mid-epoch is skipped for good
+        return out
+
+    def observe(self, problem_id: str, pass_rate: float) -> None:
+        """Called once per finished rollout group with its pass rate."""
+
+    # -- checkpointing ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "perm": list(self._perm), "exhausted": self.exhausted}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._perm = list(state["perm"])
+        self.exhausted = bool(state.get("exhausted", False))
+
+    def stats(self) -> dict:
+        return {"curriculum_epoch": self.epoch}
+
+
+@CURRICULA.register("uniform")
+class UniformSampler(PromptSampler):
+    """Uniform resampling: epochs over all training prompts, one seeded permutation per epoch."""
+
+
+@CURRICULA.register("no_positive_resampling")
+class NoPositiveResampling(PromptSampler):
+    """Drop a prompt for good once the mean of its last `history` pass rates reaches `threshold`."""
+
+    def __init__(self, problems: Sequence[Any], seed: int = 0, *, threshold: float = 0.9, history: int = 1):
+        super().__init__(problems, seed)
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"no_positive_resampling.threshold must be in (0, 1], got {threshold!r}")
+        if int(history) < 1:
+            raise ValueError(f"no_positive_resampling.history must be >= 1, got {history!r}")
+        self.threshold = float(threshold)
+        self.history = int(history)
+        self.pass_history: dict[str, deque] = {}
+        self.dropped: set[str] = set()
+
+    def active(self, i: int) -> bool:
+        return self.problems[i].id not in self.dropped
+
+    def observe(self, problem_id: str, pass_rate: float) -> None:
+        h = self.pass_history.setdefault(problem_id, deque(maxlen=self.history))
+        h.append(float(pass_rate))
+        if float(np.mean(h)) >= self.threshold:
+            self.dropped.add(problem_id)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["pass_history"] = {k: list(v) for k, v in sorted(self.pass_history.items())}
+        state["dropped"] = sorted(self.dropped)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.pass_history = {k: deque(v, maxlen=self.history) for k, v in state["pass_history"].items()}
+        self.dropped = set(state["dropped"])
+
+    def stats(self) -> dict:
+        return {
+            "curriculum_epoch": self.epoch,
+            "curriculum_dropped": len(self.dropped),
+            "curriculum_active": len(self.problems) - len(self.dropped),
+            "curriculum_exhausted": int(self.exhausted),
+        }
+
+
+class GroupFilter:
+    """Base filter: `keep(rewards)` decides whether a finished group enters the loss."""
+
+    kind = "filter"
+    refill = False
+    max_rounds = 0
+
+    def keep(self, rewards: Sequence[float]) -> bool:
+        raise NotImplementedError
+
+
+@CURRICULA.register("zero_variance_filter")
+class ZeroVarianceFilter(GroupFilter):
+    """Groups whose rewards are all equal leave the loss (ScaleRL's effective batch); no refill."""
+
+    def keep(self, rewards: Sequence[float]) -> bool:
+        return not is_zero_variance(rewards)
+
+
+@CURRICULA.register("dynamic_sampling")
+class DynamicSampling(ZeroVarianceFilter):
+    """DAPO dynamic sampling: drop zero-variance groups and refill the batch (at most `max_rounds` extra rounds)."""
+
+    refill = True
+
+    def __init__(self, *, max_rounds: int = 8):
+        if int(max_rounds) < 0:
+            raise ValueError(f"dynamic_sampling.max_rounds must be >= 0, got {max_rounds!r}")
+        self.max_rounds = int(max_rounds)
+
+
+@dataclass
+class Curriculum:
+    """One sampler + any number of filters."""
+
+    sampler: PromptSampler
+    filters: list[GroupFilter] = field(default_factory=list)
+
+    @property
+    def refill(self) -> bool:
+        return any(f.refill for f in self.filters)
+
+    @property
+    def max_refill_rounds(self) -> int:
+        return max([f.max_rounds for f in self.filters if f.refill], default=0)
+
+    def keep(self, rewards: Sequence[float]) -> bool:
+        return all(f.keep(rewards) for f in self.filters)
+
+    def sample(self, n: int) -> list[Any]:
+        return self.sampler.sample(n)
+
+    def observe(self, problem_id: str, pass_rate: float) -> None:
+        self.sampler.observe(problem_id, pass_rate)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def build_curriculum(names: Sequence[str] | str, problems: Sequence[Any], seed: int = 0) -> Curriculum:
+    """Compose `names` (registry CURRICULA) into one Curriculum; unknown names raise the registry's error."""
+    if isinstance(names, str):
+        names = [names]
+    sampler = None
+    filters: list[GroupFilter] = []
+    for name in names:
+        cls = CURRICULA.get(name)
+        original = CURRICULA.original(name)
+        if isinstance(original, type) and issubclass(original, PromptSampler):
+            if sampler is not None:
+                raise ValueError(
+                    f"curriculum {list(names)!r} names two prompt samplers ({type(sampler).__name__} and {name!r}); "
+                    "choose one sampler and any number of filters"
+                )
+            sampler = cls(problems, seed)
+        else:
+            obj = cls()
+            if not hasattr(obj, "keep"):
+                raise TypeError(f"curriculum entry {name!r} is neither a prompt sampler nor a group filter")
+            filters.append(obj)
+    if sampler is None:
+        sampler = UniformSampler(problems, seed)
+    return Curriculum(sampler=sampler, filters=filters)
