@@ -21,6 +21,7 @@ imported, e.g. by an ``import my_module`` line at the top of a gin file.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import threading
 from dataclasses import dataclass
@@ -124,23 +125,35 @@ class Registry:
             with self._lock:
                 previous = self._originals.get(name)
                 if previous is not None:
-                    if _same_definition(previous, obj):
-                        # The same module re-imported (e.g. importlib.reload): keep the
-                        # gin registration that already exists, update the entry.
+                    if previous is obj:
+                        return self._entries[name]
+                    if _same_definition(previous, obj) and not inspect.isclass(obj):
+                        # The same function redefined (importlib.reload, a notebook cell):
+                        # the gin wrapper dispatches through _originals, so updating the
+                        # entry makes every existing reference run the new body.
+                        self._originals[name] = obj
                         return self._entries[name]
                     raise DuplicateComponentError(
                         f"{self.family} {name!r} is already registered by "
                         f"{_where(previous)}; refusing to register {_where(obj)} under the same name. "
                         f"Pick another name (registered {self.family} names: {', '.join(self.names())})."
                     )
-                wrapped = obj
-                if gin_configurable:
-                    wrapped = _gin_register(obj, name, self.gin_module)
+                target = obj if inspect.isclass(obj) else self._dispatcher(name, obj)
+                wrapped = _gin_register(target, name, self.gin_module) if gin_configurable else target
                 self._entries[name] = wrapped
                 self._originals[name] = obj
             return wrapped
 
         return decorator
+
+    def _dispatcher(self, name: str, fn: Callable) -> Callable:
+        """A function with `fn`'s signature that calls the entry's current definition."""
+
+        @functools.wraps(fn)
+        def dispatch(*args, **kwargs):
+            return self._originals[name](*args, **kwargs)
+
+        return dispatch
 
     # -- lookup ---------------------------------------------------------------------
     def get(self, name: str) -> Callable:
@@ -152,7 +165,9 @@ class Registry:
 
     def _unknown_message(self, name: Any) -> str:
         names = self.names()
-        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.0) if names else []
+        by_lower = {n.lower(): n for n in names}
+        close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.0) if names else []
+        close = [by_lower[c] for c in close]
         hint = f" Did you mean {close[0]!r}?" if close else ""
         listed = ", ".join(names) if names else "(none registered)"
         return f"Unknown {self.family} {name!r}. Registered {self.family} names: {listed}.{hint}"

@@ -1,0 +1,530 @@
+"""The sigmoid compute–performance law (ScaleRL Eq. 1) and the paper's fitting procedure.
+
+    R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)
+
+- `sigmoid`   evaluates Eq. 1.
+- `fit`       the paper's procedure (A.5): a grid over A and C_mid; at every grid point the
+              least-squares B; the grid point with the smallest squared error wins. Points below
+              `min_compute` are excluded. R0 is `r0`, or else the first measured point.
+- `compare`   the paper's rule: A differs by more than the margin (0.02) → higher A wins;
+              otherwise refit both at their mean A and compare B (higher wins), then C_mid
+              (smaller wins).
+- `loo_transform`  Fig 7: log F(R_C) against log C at a common A; the slope is B.
+- `bootstrap` seeded bootstrap intervals (resampling evaluation points), beyond the paper.
+- `predict`   fit the first fraction of a run's compute, predict its final pass rate.
+
+Speed. The paper fits B with `scipy.optimize.curve_fit` at each of 71 × 100 grid points. Here
+the same 1-D least-squares problem is solved for every grid point at once in numpy: for fixed
+C_mid the logistic s_i(B) = 1 / (1 + (C_mid/C_i)^B) does not depend on A, so the squared error
+on a dense B grid is D²·Σs² − 2D·Σs·t + Σt² (D = A − R0, t = R − R0) for all A at the cost of
+one pass over C_mid; the best B on that grid is then polished by safeguarded Newton steps on
+the exact squared error. Tests check the result against curve_fit at individual grid points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+from scipy.special import expit
+
+__all__ = [
+    "FitError",
+    "FitResult",
+    "Comparison",
+    "BootstrapResult",
+    "Prediction",
+    "sigmoid",
+    "fit",
+    "default_a_grid",
+    "default_c_mid_grid",
+    "compare",
+    "refit_common_a",
+    "loo_transform",
+    "bootstrap",
+    "predict",
+    "PAPER_A_GRID",
+    "PAPER_C_MID_GRID",
+    "A_MARGIN",
+]
+
+# The paper's grids (A.5): A in {0.450, 0.455, ..., 0.800}; C_mid in [100, 40000] GPU-h.
+PAPER_A_GRID = np.round(np.arange(0.450, 0.8000001, 0.005), 3)  # [71]
+PAPER_C_MID_GRID = np.linspace(100.0, 40000.0, 100)  # [100]
+# The paper's margin on A (Fig 8a, A.5): fits within ±0.02 are "the same A".
+A_MARGIN = 0.02
+
+N_A_DEFAULT = 71
+N_C_MID_DEFAULT = 100
+# B is searched on a log grid in [B_MIN, B_MAX] then polished; a winner on the edge is flagged.
+B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 192
+MIN_POINTS = 4  # three free parameters (A, B, C_mid) need at least four points
+
+
+class FitError(ValueError):
+    """The data cannot be fitted (too few points, NaN, non-increasing compute, no gain)."""
+
+
+def sigmoid(compute: Any, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
+    """Eq. 1: R0 + (A − R0) / (1 + (C_mid / C)^B). Array in, array out (float64).
+
+    At C = 0 the value is R0 (the limit). Parameters may be arrays that broadcast with C.
+    """
+    c = np.asarray(compute, dtype=np.float64)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        # (C_mid/C)^B = exp(B·ln(C_mid/C)); expit(−x) = 1/(1+e^x) is overflow-safe.
+        log_ratio = np.log(np.asarray(C_mid, dtype=np.float64)) - np.log(c)
+        frac = expit(-np.asarray(B, dtype=np.float64) * log_ratio)
+    frac = np.where(c <= 0, 0.0, frac)
+    return np.asarray(R0 + (np.asarray(A, dtype=np.float64) - R0) * frac, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """One fit of Eq. 1. `compute`/`reward` are the points used (after `min_compute`)."""
+
+    A: float
+    B: float
+    C_mid: float
+    R0: float
+    sse: float  # sum of squared residuals over the points used
+    rmse: float
+    r2: float  # 1 − SSE / (total sum of squares about the mean reward) over the points used
+    n_points: int
+    compute: np.ndarray  # [n] points used in the fit
+    reward: np.ndarray  # [n]
+    min_compute: float
+    a_grid: np.ndarray
+    c_mid_grid: np.ndarray
+    flags: tuple[str, ...] = ()  # reasons not to trust the numbers; empty when clean
+
+    @property
+    def ok(self) -> bool:
+        return not self.flags
+
+    def __call__(self, compute: Any) -> np.ndarray:
+        return sigmoid(compute, self.A, self.B, self.C_mid, self.R0)
+
+    predict = __call__
+
+    def params(self) -> dict[str, float]:
+        return {"A": self.A, "B": self.B, "C_mid": self.C_mid, "R0": self.R0}
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.params(),
+            "sse": self.sse,
+            "rmse": self.rmse,
+            "r2": self.r2,
+            "n_points": self.n_points,
+            "fit_from": float(self.compute.min()) if self.n_points else math.nan,
+            "fit_to": float(self.compute.max()) if self.n_points else math.nan,
+            "flags": "; ".join(self.flags),
+        }
+
+    def __repr__(self) -> str:
+        flags = f", flags={list(self.flags)}" if self.flags else ""
+        return (
+            f"FitResult(A={self.A:.4g}, B={self.B:.4g}, C_mid={self.C_mid:.4g}, R0={self.R0:.4g}, "
+            f"rmse={self.rmse:.3g}, n_points={self.n_points}{flags})"
+        )
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _validate(compute: Any, reward: Any) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(compute, dtype=np.float64).ravel()
+    r = np.asarray(reward, dtype=np.float64).ravel()
+    if c.shape != r.shape:
+        raise FitError(f"compute and reward differ in length: {c.size} vs {r.size}")
+    bad = np.flatnonzero(~np.isfinite(c) | ~np.isfinite(r))
+    if bad.size:
+        raise FitError(
+            f"compute/reward contain NaN or inf at indices {bad[:10].tolist()}: "
+            "drop those evaluations before fitting"
+        )
+    if c.size and c.min() < 0:
+        raise FitError(f"compute must be >= 0; got {c.min()!r} at index {int(np.argmin(c))}")
+    steps = np.diff(c)
+    if np.any(steps <= 0):
+        i = int(np.flatnonzero(steps <= 0)[0]) + 1
+        raise FitError(
+            f"compute must be strictly increasing; compute[{i}]={c[i]!r} <= compute[{i - 1}]={c[i - 1]!r}"
+        )
+    return c, r
+
+
+def default_a_grid(r0: float, reward: np.ndarray, n: int = N_A_DEFAULT) -> np.ndarray:
+    """The paper's 71-value A grid, adapted to the data.
+
+    The paper's A ∈ [0.45, 0.80] brackets its curves' observed plateau (≈0.6). Here the grid
+    runs from half-way between R0 and the best observed reward up to 1.0 (the ceiling of a pass
+    rate), or, for rewards outside [0, 1], up to R0 + 3·(best − R0).
+    """
+    r_max = float(np.max(reward))
+    gain = r_max - r0
+    lo = r0 + 0.5 * gain
+    hi = 1.0 if (r_max <= 1.0 and r0 >= 0.0) else r0 + 3.0 * gain
+    if hi <= lo:
+        hi = lo + gain
+    return np.linspace(lo, hi, n)
+
+
+def default_c_mid_grid(compute: np.ndarray, n: int = N_C_MID_DEFAULT) -> np.ndarray:
+    """100 C_mid values, log-spaced from half the smallest positive compute to 4× the largest.
+
+    The paper's [100, 40000] GPU-h brackets its fit ranges (1.5k–50k); a log grid keeps the
+    same relative resolution for a 10-minute CPU run and a 100k GPU-hour run, and reaches past
+    the data so that a fit on the first half of a run can place C_mid beyond it.
+    """
+    pos = compute[compute > 0]
+    return np.geomspace(pos.min() / 2.0, pos.max() * 4.0, n)
+
+
+# ----------------------------------------------------------------------------- the solver
+
+
+def _best_b(
+    log_c: np.ndarray,  # [n] ln C of the positive-compute points
+    t: np.ndarray,  # [n] reward − R0
+    w: np.ndarray,  # [n] weights (1, or bootstrap counts)
+    const_sse: float,  # weighted squared error of points at C = 0 (model = R0 there)
+    d: np.ndarray,  # [nA] A − R0
+    c_mid: np.ndarray,  # [nC]
+    b_grid: np.ndarray,  # [nB]
+    newton_iters: int = 8,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares B for every (A, C_mid) grid point. Returns B [nA, nC] and SSE [nA, nC]."""
+    u = np.log(c_mid)[:, None] - log_c[None, :]  # [nC, n]   ln(C_mid / C_i)
+    tt = float(np.sum(w * t * t)) + const_sse
+    # 1) dense B grid; s does not depend on A, so SSE for all A costs one pass over C_mid.
+    s = expit(-b_grid[:, None, None] * u[None, :, :])  # [nB, nC, n]
+    s2 = np.einsum("kjn,n->kj", s * s, w)  # [nB, nC]
+    st = np.einsum("kjn,n->kj", s, w * t)  # [nB, nC]
+    del s
+    sse_grid = d[:, None, None] ** 2 * s2[None] - 2.0 * d[:, None, None] * st[None] + tt  # [nA, nB, nC]
+    k = np.argmin(sse_grid, axis=1)  # [nA, nC]
+    sse0 = np.take_along_axis(sse_grid, k[:, None, :], axis=1)[:, 0, :]  # [nA, nC]
+    b0 = b_grid[k]  # [nA, nC]
+    lo = b_grid[np.maximum(k - 1, 0)]
+    hi = b_grid[np.minimum(k + 1, b_grid.size - 1)]
+    # 2) safeguarded Newton on the exact SSE(B), inside the bracket around the grid winner.
+    b = b0.copy()
+    dd = d[:, None, None]  # [nA, 1, 1]
+    for _ in range(newton_iters):
+        z = b[:, :, None] * u[None, :, :]  # [nA, nC, n]
+        s = expit(-z)
+        q = s * (1.0 - s)
+        ds = -u[None] * q  # ds/dB
+        d2s = u[None] ** 2 * q * (1.0 - 2.0 * s)  # d²s/dB²
+        e = dd * s - t  # residual
+        g = 2.0 * np.sum(w * e * dd * ds, axis=-1)  # [nA, nC]
+        h_gn = 2.0 * np.sum(w * (dd * ds) ** 2, axis=-1)
+        h = h_gn + 2.0 * np.sum(w * e * dd * d2s, axis=-1)
+        h = np.where(h > 1e-300, h, h_gn + 1e-300)  # Gauss-Newton where the Hessian is not positive
+        b = np.clip(b - g / h, lo, hi)
+    s = expit(-b[:, :, None] * u[None, :, :])
+    sse = np.sum(w * (dd * s - t) ** 2, axis=-1) + const_sse  # [nA, nC]
+    better = sse <= sse0
+    return np.where(better, b, b0), np.where(better, sse, sse0)
+
+
+def _fit_core(
+    c: np.ndarray,
+    r: np.ndarray,
+    w: np.ndarray,
+    r0: float,
+    a_grid: np.ndarray,
+    c_mid_grid: np.ndarray,
+) -> tuple[float, float, float, float, np.ndarray]:
+    """Grid search. Returns (A, B, C_mid, sse, B-matrix) of the best grid point."""
+    pos = c > 0
+    t = r - r0
+    const_sse = float(np.sum(w[~pos] * t[~pos] ** 2))
+    b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
+    b_mat, sse = _best_b(np.log(c[pos]), t[pos], w[pos], const_sse, a_grid - r0, c_mid_grid, b_grid)
+    i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+    return float(a_grid[i]), float(b_mat[i, j]), float(c_mid_grid[j]), float(sse[i, j]), b_mat
+
+
+def _flags(
+    A: float, B: float, C_mid: float, a_grid: np.ndarray, c_mid_grid: np.ndarray, n: int, r2: float
+) -> tuple[str, ...]:
+    flags = []
+    if a_grid.size > 1 and A >= a_grid.max() - 1e-12:
+        flags.append(f"A={A:.4g} at the top of the A grid (curve far from saturating; A is a lower bound)")
+    if a_grid.size > 1 and A <= a_grid.min() + 1e-12:
+        flags.append(f"A={A:.4g} at the bottom of the A grid")
+    if c_mid_grid.size > 1 and C_mid >= c_mid_grid.max() * (1 - 1e-12):
+        flags.append(f"C_mid={C_mid:.4g} at the top of the C_mid grid")
+    if c_mid_grid.size > 1 and C_mid <= c_mid_grid.min() * (1 + 1e-12):
+        flags.append(f"C_mid={C_mid:.4g} at the bottom of the C_mid grid")
+    if B <= B_MIN * 1.0001 or B >= B_MAX * 0.9999:
+        flags.append(f"B={B:.4g} at the search bound [{B_MIN}, {B_MAX}]")
+    if n < 8:
+        flags.append(f"only {n} points in the fit")
+    if r2 < 0.5:
+        flags.append(f"the sigmoid explains little of the variation (R²={r2:.2f}): a flat or noisy curve")
+    return tuple(flags)
+
+
+def fit(
+    compute: Any,
+    reward: Any,
+    *,
+    r0: float | None = None,
+    min_compute: float = 0.0,
+    a_grid: Sequence[float] | np.ndarray | None = None,
+    c_mid_grid: Sequence[float] | np.ndarray | None = None,
+) -> FitResult:
+    """Fit Eq. 1 by the paper's procedure (PAPER.md §1, A.5).
+
+    compute: [n] strictly increasing, >= 0 (GPU-hours, device-hours or FLOPs).
+    reward:  [n] mean pass rate at each compute.
+    r0:      R0; default: the reward of the first measured point (smallest compute).
+    min_compute: points with compute below it are excluded (paper: ~1.5k GPU-h ≈ one epoch).
+    a_grid / c_mid_grid: override the grids (a one-value a_grid fixes A, as in a refit).
+
+    Raises FitError on NaN, non-increasing compute, fewer than 4 points or a curve without
+    gain over R0. Returns a FitResult whose `flags` name anything suspicious (a parameter on
+    its grid edge, few points); `result.ok` is False then.
+    """
+    c_all, r_all = _validate(compute, reward)
+    if c_all.size == 0:
+        raise FitError("no points to fit")
+    if r0 is None:
+        r0 = float(r_all[0])
+    elif not np.isfinite(r0):
+        raise FitError(f"r0 must be finite, got {r0!r}")
+    keep = c_all >= min_compute
+    c, r = c_all[keep], r_all[keep]
+    if c.size < MIN_POINTS:
+        raise FitError(
+            f"too few points to fit: {c.size} with compute >= min_compute={min_compute!r} "
+            f"(of {c_all.size}); need at least {MIN_POINTS}"
+        )
+    if not np.any(c > 0):
+        raise FitError("all points are at compute 0")
+    gain = float(np.max(r[c > 0]) - r0)
+    if gain <= 1e-6 * max(1.0, abs(r0)):
+        raise FitError(
+            f"no gain to fit: the best reward {float(np.max(r)):.6g} does not exceed R0={r0:.6g} "
+            "(a flat or falling curve has no sigmoid)"
+        )
+    a = np.asarray(default_a_grid(r0, r[c > 0]) if a_grid is None else a_grid, dtype=np.float64).ravel()
+    cm = np.asarray(default_c_mid_grid(c) if c_mid_grid is None else c_mid_grid, dtype=np.float64).ravel()
+    if a.size == 0 or cm.size == 0 or np.any(~np.isfinite(a)) or np.any(~np.isfinite(cm)) or np.any(cm <= 0):
+        raise FitError("a_grid and c_mid_grid must be non-empty, finite, and C_mid > 0")
+    if np.any(np.abs(a - r0) < 1e-12):
+        raise FitError(f"a_grid contains A == R0={r0!r}: the curve would be flat")
+    A, B, C_mid, sse, _ = _fit_core(c, r, np.ones_like(c), r0, a, cm)
+    n = int(c.size)
+    sst = float(np.sum((r - r.mean()) ** 2))
+    r2 = 1.0 - sse / sst if sst > 0 else 0.0
+    flags = _flags(A, B, C_mid, a, cm, n, r2)
+    return FitResult(
+        A=A, B=B, C_mid=C_mid, R0=float(r0), sse=sse, rmse=math.sqrt(sse / n), r2=r2, n_points=n,
+        compute=c, reward=r, min_compute=float(min_compute), a_grid=a, c_mid_grid=cm, flags=flags,
+    )
+
+
+def refit_at(result: FitResult, A: float, c_mid_grid: np.ndarray | None = None) -> FitResult:
+    """Refit `result`'s points with A fixed (grid over C_mid, B least-squares)."""
+    return fit(
+        result.compute, result.reward, r0=result.R0, min_compute=result.min_compute,
+        a_grid=[A], c_mid_grid=result.c_mid_grid if c_mid_grid is None else c_mid_grid,
+    )
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The paper's comparison of two fits. `winner` is "a", "b" or "tie"."""
+
+    winner: str
+    decided_by: str  # "A" | "B" | "C_mid" | "tie"
+    A_a: float
+    A_b: float
+    common_A: float | None  # the mean A both were refitted at (None when A decided)
+    B_a: float  # B at the common A (original B when A decided)
+    B_b: float
+    C_mid_a: float
+    C_mid_b: float
+    explanation: str
+
+
+def compare(
+    a: FitResult, b: FitResult, *, margin: float = A_MARGIN, b_tol: float = 0.01, c_mid_rtol: float = 0.01
+) -> Comparison:
+    """The paper's rule (§1 "How methods are compared").
+
+    |A_a − A_b| > margin: the higher A wins. Otherwise refit both at their mean A and compare
+    B (higher wins; |ΔB| <= b_tol is a tie on B), then C_mid (smaller wins; relative difference
+    <= c_mid_rtol is a tie).
+    """
+    if abs(a.A - b.A) > margin:
+        w = "a" if a.A > b.A else "b"
+        return Comparison(
+            w, "A", a.A, b.A, None, a.B, b.B, a.C_mid, b.C_mid,
+            f"A differs by {abs(a.A - b.A):.3f} > margin {margin}: higher A wins ({max(a.A, b.A):.3f})",
+        )
+    common = 0.5 * (a.A + b.A)
+    grid = np.union1d(a.c_mid_grid, b.c_mid_grid)
+    ra, rb = refit_at(a, common, grid), refit_at(b, common, grid)
+    if abs(ra.B - rb.B) > b_tol:
+        w = "a" if ra.B > rb.B else "b"
+        return Comparison(
+            w, "B", a.A, b.A, common, ra.B, rb.B, ra.C_mid, rb.C_mid,
+            f"A within {margin} (refit at A={common:.3f}): higher B wins ({ra.B:.3f} vs {rb.B:.3f})",
+        )
+    rel = abs(ra.C_mid - rb.C_mid) / max(ra.C_mid, rb.C_mid)
+    if rel > c_mid_rtol:
+        w = "a" if ra.C_mid < rb.C_mid else "b"
+        return Comparison(
+            w, "C_mid", a.A, b.A, common, ra.B, rb.B, ra.C_mid, rb.C_mid,
+            f"A and B tied (A={common:.3f}, B {ra.B:.3f} vs {rb.B:.3f}): smaller C_mid wins "
+            f"({ra.C_mid:.4g} vs {rb.C_mid:.4g})",
+        )
+    return Comparison(
+        "tie", "tie", a.A, b.A, common, ra.B, rb.B, ra.C_mid, rb.C_mid,
+        f"A, B and C_mid all tied at A={common:.3f}",
+    )
+
+
+def refit_common_a(fits: Mapping[str, FitResult], A: float | None = None) -> dict[str, FitResult]:
+    """Refit every fit at one A (default: the mean of their A), as for the LOO table (Fig 7)."""
+    if not fits:
+        return {}
+    common = float(np.mean([f.A for f in fits.values()])) if A is None else float(A)
+    grid = np.unique(np.concatenate([f.c_mid_grid for f in fits.values()]))
+    return {name: refit_at(f, common, grid) for name, f in fits.items()}
+
+
+def loo_transform(
+    compute: Any, reward: Any, *, A: float, B: float, C_mid: float, R0: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fig 7: (log C, log F(R_C)) with F(R) = C_mid^B / ((A − R0)/(R − R0) − 1).
+
+    Under Eq. 1, F(R_C) = C^B, so log F against log C is a line of slope B through the origin.
+    Only points with compute > 0 and R0 < R < A (where F is defined) are returned.
+    """
+    c = np.asarray(compute, dtype=np.float64)
+    r = np.asarray(reward, dtype=np.float64)
+    ok = (c > 0) & ((r - R0) * np.sign(A - R0) > 0) & ((A - r) * np.sign(A - R0) > 0)
+    y = (A - R0) / (r[ok] - R0) - 1.0
+    log_f = B * math.log(C_mid) - np.log(y)
+    return np.log(c[ok]), log_f
+
+
+# ----------------------------------------------------------------------------- bootstrap
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapResult:
+    fit: FitResult
+    samples: np.ndarray  # [n_boot, 3] columns A, B, C_mid
+    level: float
+
+    def interval(self, name: str) -> tuple[float, float]:
+        col = {"A": 0, "B": 1, "C_mid": 2}[name]
+        q = (1.0 - self.level) / 2.0
+        lo, hi = np.quantile(self.samples[:, col], [q, 1.0 - q])
+        return float(lo), float(hi)
+
+    def intervals(self) -> dict[str, tuple[float, float]]:
+        return {k: self.interval(k) for k in ("A", "B", "C_mid")}
+
+
+def bootstrap(
+    compute: Any,
+    reward: Any,
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+    progress: bool = False,
+    **fit_kwargs: Any,
+) -> BootstrapResult:
+    """Percentile bootstrap intervals for A, B and C_mid.
+
+    Resamples the evaluation points used in the fit with replacement (seeded), keeping R0 and
+    the grids of the full-data fit; each resample is refitted by the same procedure.
+    """
+    base = fit(compute, reward, **fit_kwargs)
+    rng = np.random.default_rng(seed)
+    n = base.n_points
+    out = np.empty((n_boot, 3))
+    it: Iterable[int] = range(n_boot)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="bootstrap", unit="fit")
+    for k in it:
+        w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)  # [n] counts
+        A, B, C_mid, _, _ = _fit_core(base.compute, base.reward, w, base.R0, base.a_grid, base.c_mid_grid)
+        out[k] = (A, B, C_mid)
+    return BootstrapResult(base, out, level)
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    fit: FitResult  # fitted on compute <= cutoff
+    fraction: float
+    cutoff: float
+    final_compute: float
+    predicted_final: float
+    observed_final: float
+    error: float  # predicted − observed at the final point
+    heldout_compute: np.ndarray  # [m] points after the cutoff
+    heldout_reward: np.ndarray
+    heldout_predicted: np.ndarray
+    heldout_mae: float
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "fraction": self.fraction,
+            "cutoff": self.cutoff,
+            "final_compute": self.final_compute,
+            "predicted_final": self.predicted_final,
+            "observed_final": self.observed_final,
+            "error": self.error,
+            "abs_error": abs(self.error),
+            "heldout_mae": self.heldout_mae,
+            "n_heldout": int(self.heldout_compute.size),
+        }
+
+
+def predict(compute: Any, reward: Any, *, fraction: float = 0.5, **fit_kwargs: Any) -> Prediction:
+    """Fit on compute <= fraction × final compute; predict the final pass rate.
+
+    The error is predicted − observed at the last point; `heldout_mae` averages over all points
+    after the cutoff (the paper's "×" markers).
+    """
+    if not 0.0 < fraction < 1.0:
+        raise FitError(f"fraction must be in (0, 1), got {fraction!r}")
+    c, r = _validate(compute, reward)
+    if c.size == 0:
+        raise FitError("no points")
+    cutoff = fraction * float(c[-1])
+    head = c <= cutoff
+    if head.all():
+        raise FitError("no points after the cutoff to predict")
+    if "r0" not in fit_kwargs:
+        fit_kwargs["r0"] = float(r[0])
+    res = fit(c[head], r[head], **fit_kwargs)
+    tail_c, tail_r = c[~head], r[~head]
+    pred = res(tail_c)
+    return Prediction(
+        fit=res, fraction=float(fraction), cutoff=cutoff, final_compute=float(c[-1]),
+        predicted_final=float(pred[-1]), observed_final=float(tail_r[-1]),
+        error=float(pred[-1] - tail_r[-1]), heldout_compute=tail_c, heldout_reward=tail_r,
+        heldout_predicted=pred, heldout_mae=float(np.mean(np.abs(pred - tail_r))),
+    )

@@ -1,0 +1,195 @@
+"""Synthetic run directories from sigmoid parameters, in the exact trainer format.
+
+For tests (analysis, figures, `scalerl status`) and docs: every file and field of DESIGN.md
+"A run directory" is written, with the held-out pass rate following Eq. 1 plus seeded noise.
+
+    write_run(root, "loss_type", "loss=cispo", A=0.6, B=1.8, C_mid=0.05, factor="loss", value="cispo")
+    write_sweep(root, "batch_size", "batch_size", {512: (0.605, 1.77, 2818), 2048: (0.645, 1.70, 10909)})
+    write_paper_sweeps(root)   # every sweep the paper figures need (SYNTHETIC_SWEEPS)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from analysis.scaling_law import sigmoid
+
+__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "SYNTHETIC_SWEEPS", "run_name"]
+
+# sweep -> (factor, {value: (A, B, C_mid in units of the scale, i.e. GPU-hours at scale 1)}).
+# Values follow the paper's findings (Table 1 where it has numbers; PAPER.md §3 otherwise).
+SYNTHETIC_SWEEPS: dict[str, tuple[str, dict[Any, tuple[float, float, float]]]] = {
+    "model_size": ("model", {"8B": (0.610, 1.92, 2542), "scout-17Bx16": (0.710, 1.65, 4242)}),
+    "recipes": ("recipe", {
+        "deepseek_grpo": (0.49, 1.6, 3000), "qwen_dapo": (0.52, 1.7, 2900), "magistral": (0.53, 1.8, 2800),
+        "minimax": (0.58, 1.77, 2700), "scalerl": (0.61, 1.97, 2542),
+    }),
+    "offpolicy": ("off_policy", {"ppo_off_policy_1": (0.52, 1.2, 4000), "ppo_off_policy_8": (0.52, 1.3, 3800),
+                                 "pipeline_rl_8": (0.52, 1.9, 2600)}),
+    "pipeline_k": ("pipeline_k", {4: (0.52, 1.85, 2600), 8: (0.52, 1.9, 2600), 12: (0.49, 1.8, 2700)}),
+    "loss_type": ("loss", {"dapo": (0.52, 1.8, 2600), "gspo": (0.595, 1.7, 2700), "cispo": (0.595, 1.6, 2900)}),
+    "fp32_head": ("precision", {"bf16": (0.52, 1.8, 2600), "bf16_fp32_head": (0.61, 1.8, 2600)}),
+    "loss_aggregation": ("aggregation", {"sample_mean": (0.56, 1.8, 2600), "prompt_mean": (0.59, 1.8, 2600),
+                                         "token_mean": (0.55, 1.8, 2600)}),
+    "advantage_norm": ("advantage_norm", {"prompt": (0.58, 1.8, 2600), "batch": (0.585, 1.85, 2600),
+                                          "none": (0.58, 1.75, 2600)}),
+    "zero_variance_filter": ("zero_variance_filter", {True: (0.58, 1.8, 2600), False: (0.55, 1.8, 2600)}),
+    "no_positive_resampling": ("curriculum", {"no_positive_resampling": (0.59, 1.8, 2600),
+                                              "uniform": (0.56, 1.8, 2600)}),
+    "length_control": ("length_control", {"interruption": (0.61, 1.9, 2542), "length_penalty": (0.60, 1.8, 2700)}),
+    "batch_size": ("batch_size", {512: (0.605, 1.77, 2818), 768: (0.610, 1.92, 2542), 2048: (0.645, 1.70, 10909)}),
+    "generation_length": ("generation_length", {14336: (0.610, 1.92, 2542), 32768: (0.645, 1.89, 11272)}),
+    "generations_per_prompt": ("generations_per_prompt", {8: (0.585, 2.44, 2542), 16: (0.610, 1.92, 2542),
+                                                          24: (0.590, 2.22, 3054), 32: (0.595, 2.07, 2936)}),
+    "dapo_clip": ("eps_high", {0.2: (0.50, 1.8, 2600), 0.26: (0.53, 1.8, 2600), 0.28: (0.52, 1.8, 2600)}),
+    "cispo_clip": ("eps_max", {4.0: (0.60, 1.9, 2600), 5.0: (0.605, 1.9, 2600), 8.0: (0.60, 1.85, 2600)}),
+    "gspo_clip": ("gspo_clip", {"gspo_4_3_e_4": (0.55, 1.5, 3200), "gspo_4_3_e_3": (0.59, 1.8, 2700),
+                                "gspo_5_3_e_3": (0.60, 1.8, 2700)}),
+    "leave_one_out": ("leave_one_out", {
+        "scalerl": (0.610, 2.01, 2542), "loo-8op": (0.600, 1.80, 2900), "loo-dapo": (0.605, 1.77, 2800),
+        "loo-fp32": (0.610, 1.85, 2857), "loo-savg": (0.595, 1.85, 2700), "loo-plan": (0.600, 1.90, 2600),
+        "loo-batch": (0.600, 1.80, 2800), "loo-lp": (0.605, 1.85, 2700),
+    }),
+    "seeds": ("seed", {0: (0.610, 1.92, 2542), 1: (0.600, 1.95, 2500), 2: (0.620, 1.90, 2600)}),
+}
+
+
+def run_name(factor: str | None, value: Any, seed: int) -> str:
+    v = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return f"{factor}={v}-seed{seed}" if factor else f"seed{seed}"
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).isoformat()
+
+
+def write_run(
+    root: str | Path,
+    sweep: str,
+    name: str | None = None,
+    *,
+    A: float,
+    B: float,
+    C_mid: float,
+    R0: float = 0.1,
+    factor: str | None = None,
+    value: Any = None,
+    recipe: str = "scalerl",
+    seed: int = 0,
+    steps: int = 100,
+    eval_every: int = 5,
+    compute_per_step: float | None = None,
+    final_compute: float | None = None,
+    noise: float = 0.005,
+    k: int = 16,
+    prompts: int = 1000,
+    tasks: Sequence[str] = ("math",),
+    status: str = "done",
+    error: str | None = None,
+    device: str = "cuda",
+    count: int = 80,
+    partial_last_line: bool = False,
+    with_evals: bool = True,
+    params_per_token_flops: float = 8e9,
+) -> Path:
+    """Write one run directory whose eval pass rate follows Eq. 1 (+ N(0, noise), seeded).
+
+    Compute: `final_compute` (default 4·C_mid) spread evenly over `steps` learner steps (or
+    `compute_per_step`). Evaluations at step 0 and every `eval_every` steps. `status="failed"`
+    records `error`; `partial_last_line` leaves half a JSON line at the end of both logs (a run
+    being written); `with_evals=False` writes no eval.jsonl lines.
+    """
+    if compute_per_step is None:
+        compute_per_step = (4.0 * C_mid if final_compute is None else final_compute) / steps
+    run_dir = Path(root) / sweep / (name or run_name(factor, value, seed))
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([int(seed or 0), zlib.crc32(f"{sweep}/{run_dir.name}".encode())])
+    t0 = 1.77e9
+    wall_per_step = compute_per_step * 3600.0 / max(count, 1)
+    tokens_per_step = 768 * 2000
+    flops_per_step = 8.0 * params_per_token_flops * tokens_per_step
+
+    meta = {
+        "name": run_dir.name, "sweep": sweep, "factor": factor, "value": value, "recipe": recipe,
+        "seed": seed, "git_sha": "0" * 40, "hardware": {"device": device, "count": count},
+        "status": status, "error": error, "started": _iso(t0),
+        "finished": None if status == "running" else _iso(t0 + steps * wall_per_step),
+    }
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+    (run_dir / "config.gin").write_text(
+        f"# synthetic run (analysis.synthetic)\ntrain.recipe = '{recipe}'\ntrain.seed = {seed}\n"
+        + (f"# {factor} = {value!r}\n" if factor else "")
+    )
+
+    metrics, evals = [], []
+    for step in range(steps + 1):
+        c = step * compute_per_step
+        p = float(sigmoid(c, A, B, C_mid, R0))
+        if step > 0:
+            metrics.append({
+                "step": step, "version": step, "compute_hours": c, "flops": step * flops_per_step,
+                "wall_s": step * wall_per_step, "prompts": 48, "generations": 768, "tokens": tokens_per_step,
+                "reward_mean": 2 * p - 1 + float(rng.normal(0, 0.02)), "pass_rate": p + float(rng.normal(0, 0.02)),
+                "zero_variance_frac": max(0.0, 0.3 - 0.1 * p), "truncation_rate": 0.02 + 0.01 * float(rng.random()),
+                "entropy": 0.6 * math.exp(-step / (0.5 * steps)) + 0.1 + float(rng.normal(0, 0.005)),
+                "loss": float(rng.normal(0, 0.01)), "grad_norm": 0.5 + float(rng.random()),
+                "is_ratio_mean": 1.0, "is_ratio_min": 0.7, "is_ratio_max": 1.4, "clip_frac": 0.01,
+                "lag_mean": 2.5, "lag_max": 8, "time_generate": 0.7 * wall_per_step,
+                "time_train": 0.25 * wall_per_step, "time_sync": 0.03 * wall_per_step, "time_wait": 0.02 * wall_per_step,
+            })
+        if with_evals and step % eval_every == 0:
+            pr = float(np.clip(p + (rng.normal(0, noise) if step > 0 else 0.0), 0.0, 1.0))
+            per_task = {t: float(np.clip(pr + rng.normal(0, noise), 0, 1)) for t in tasks}
+            evals.append({"step": step, "compute_hours": c, "flops": step * flops_per_step, "pass_rate": pr,
+                          "k": k, "prompts": prompts, "per_task": per_task})
+
+    def dump(path: Path, rows: list[dict]) -> None:
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        if partial_last_line and rows:
+            text += json.dumps(rows[-1])[: len(json.dumps(rows[-1])) // 2]
+        path.write_text(text)
+
+    dump(run_dir / "metrics.jsonl", metrics)
+    dump(run_dir / "eval.jsonl", evals)
+    return run_dir
+
+
+def write_sweep(
+    root: str | Path,
+    sweep: str,
+    factor: str,
+    values: Mapping[Any, tuple[float, float, float]],
+    *,
+    seeds: Iterable[int] = (0,),
+    scale: float = 1.0,
+    **kwargs: Any,
+) -> list[Path]:
+    """One run per (value, seed) with that value's (A, B, C_mid); C_mid is multiplied by
+    `scale` (1.0: GPU-hours as in the paper; e.g. 1e-4 for CPU-sized runs)."""
+    out = []
+    for value, (A, B, C_mid) in values.items():
+        for seed in seeds:
+            s = seed if factor != "seed" else int(value)
+            out.append(write_run(root, sweep, run_name(factor, value, s), A=A, B=B, C_mid=C_mid * scale,
+                                 factor=factor, value=value, seed=s, **kwargs))
+    return out
+
+
+def write_paper_sweeps(
+    root: str | Path, *, sweeps: Iterable[str] | None = None, scale: float = 1.0, **kwargs: Any
+) -> dict[str, list[Path]]:
+    """Every sweep of SYNTHETIC_SWEEPS (or the named ones) under `root`; returns sweep -> runs."""
+    names = list(SYNTHETIC_SWEEPS) if sweeps is None else list(sweeps)
+    out = {}
+    for sweep in names:
+        factor, values = SYNTHETIC_SWEEPS[sweep]
+        out[sweep] = write_sweep(root, sweep, factor, values, scale=scale, **kwargs)
+    return out

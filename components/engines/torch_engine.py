@@ -1,0 +1,590 @@
+"""`torch` engine: a transformers causal LM with a KV cache and batched sampling (CPU or GPU).
+
+Scheduling: CONTINUOUS BATCHING. Each `step()` does exactly
+  1. one decode step (one forward of shape [B, 1]) for every in-flight sequence, then
+  2. admission of queued requests while the batch has room (`max_batch_size` sequences):
+     their prompts are prefilled together (left-padded, one forward), each prompt once
+     however many samples it has; the prompt's KV cache is then repeated for its `n`
+     samples and merged into the running cache (shorter caches are left-padded and the
+     padding is masked).
+Finished sequences leave the batch at once (their rows are dropped from the cache and
+leading all-padding columns are trimmed), and a group is returned by the `step()` in which
+its last sample finished (streaming). Caches whose layers are not plain `DynamicLayer`s
+(sliding-window models) cannot be merged; for those the engine admits in waves (only when
+the batch is empty) — same results, less throughput.
+
+Weight updates (`update_weights`) copy the new tensors into the existing parameters
+(`Tensor.copy_`, no reallocation, dtype converted to this engine's precision). The KV cache
+is kept, so sequences in flight continue under the new weights (PipelineRL); every token
+records the version of the weights that produced it.
+
+Forced interruption (`Interruption` on a request): once a sequence has sampled `at_token`
+tokens without stopping, the phrase tokens are fed one per decode step (forced=True,
+gen_logp 0.0, version = version at injection), then up to `answer_budget` more tokens are
+sampled. `SamplingParams.max_tokens` stays a hard cap on sampled tokens.
+
+Sampling: probabilities softmax(logits / T) (float32), optional top-p (nucleus) filtering,
+then `torch.multinomial` with the engine's seeded generator; temperature <= 0 is greedy.
+gen_logp = log_softmax(logits / T)[token] before top-p (`logprobs.token_logprobs`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from components.engines.base import (
+    CompletedGroup,
+    Completion,
+    Engine,
+    GenerationRequest,
+    Interruption,
+    SamplingParams,
+)
+from components.engines.logprobs import token_logprobs
+from components.precision import get_precision
+from components.registry import ENGINES
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TorchEngine", "top_p_filter", "eos_token_ids"]
+
+_STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero every token outside each row's nucleus (not renormalised).
+
+    probs [B, V] (rows sum to 1), top_p [B] in (0, 1] -> [B, V]. A token is kept when the
+    probability mass of the strictly more likely tokens is below top_p, so the most likely
+    token is always kept.
+    """
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p.unsqueeze(-1), 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def eos_token_ids(model_config, tokenizer) -> set[int]:
+    """Every EOS id the config or tokenizer names (always stop tokens)."""
+    ids: set[int] = set()
+    for src in (getattr(model_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if src is None:
+            continue
+        if isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+        else:
+            ids.add(int(src))
+    gen_cfg = getattr(model_config, "generation_config", None)
+    if gen_cfg is not None and getattr(gen_cfg, "eos_token_id", None) is not None:
+        e = gen_cfg.eos_token_id
+        ids.update(int(i) for i in (e if isinstance(e, (list, tuple)) else [e]))
+    return ids
+
+
+@dataclass
+class _Group:
+    request: GenerationRequest
+    completions: list
+    remaining: int
+
+
+@dataclass
+class _Row:
+    """One in-flight sequence (one sample of one request)."""
+
+    group: _Group
+    sample_index: int
+    prompt_len: int
+    temperature: float
+    top_p: float
+    cap: int  # hard cap on sampled tokens
+    stop_ids: frozenset
+    interruption: Optional[Interruption]
+    tokens: list = field(default_factory=list)
+    logps: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
+    forced: list = field(default_factory=list)
+    sampled: int = 0
+    pending: deque = field(default_factory=deque)  # forced tokens still to feed
+    injected_version: int = 0
+    interrupted: bool = False
+    finish_reason: Optional[str] = None
+
+    def wants_injection(self) -> bool:
+        it = self.interruption
+        return it is not None and not self.interrupted and self.sampled == it.at_token and self.sampled < self.cap
+
+
+@ENGINES.register("torch")
+class TorchEngine(Engine):
+    """transformers causal LM + KV cache + continuous batching (see module docstring).
+
+    Args:
+        model_path: a local checkpoint directory (save_pretrained).
+        precision: a PRECISIONS name (fp32, bf16, bf16_fp32_head), applied with prepare_model.
+        device: "cpu", "cuda", "cuda:1", ...
+        seed: seed of the sampling generator (reseeded by SamplingParams.seed when given).
+        max_batch_size: most sequences in flight at once.
+        attn_implementation: passed to from_pretrained (default: transformers' choice, sdpa).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        precision: str = "fp32",
+        device: str = "cpu",
+        seed: int = 0,
+        max_batch_size: int = 256,
+        attn_implementation: Optional[str] = None,
+        model: Optional[torch.nn.Module] = None,
+        tokenizer: Any = None,
+    ):
+        from transformers import DynamicCache  # noqa: F401  (fail early if transformers is missing)
+
+        from components.models import load_causal_lm, load_tokenizer
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.policy = get_precision(precision)
+        self.device = torch.device(device)
+        self.max_batch_size = int(max_batch_size)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        if model is None:
+            kwargs = {}
+            if attn_implementation:
+                from transformers import AutoModelForCausalLM
+
+                from components.models import check_model_path
+
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(check_model_path(model_path)),
+                    dtype=torch.float32,
+                    local_files_only=True,
+                    attn_implementation=attn_implementation,
+                    **kwargs,
+                )
+            else:
+                model = load_causal_lm(model_path, dtype=torch.float32)
+        self.model = self.policy.prepare_model(model).to(self.device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.version = 0
+        self.eos_ids = frozenset(eos_token_ids(self.model.config, self.tokenizer))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else next(iter(self.eos_ids), 0))
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self._params = list(self.model.named_parameters())  # deduplicated (tied weights once)
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(int(seed))
+        self._queue: deque = deque()  # (request, params)
+        self._rows: list[_Row] = []
+        self._cache = None
+        self._mask: Optional[torch.Tensor] = None  # [B, L] long
+        self._mergeable: Optional[bool] = None
+        self._done: list[CompletedGroup] = []
+
+    # ------------------------------------------------------------------ interface
+    def add_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> None:
+        if params.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+        if params.seed is not None:
+            self._generator.manual_seed(int(params.seed))
+        for req in requests:
+            if req.n < 1:
+                raise ValueError(f"request {req.group_id!r}: n must be >= 1, got {req.n}")
+            if not req.prompt_ids:
+                raise ValueError(f"request {req.group_id!r}: empty prompt")
+            if req.interruptions is not None and len(req.interruptions) != req.n:
+                raise ValueError(
+                    f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n} samples"
+                )
+            longest = len(req.prompt_ids) + params.max_tokens + self._max_forced(req)
+            if self.max_positions is not None and longest > self.max_positions:
+                raise ValueError(
+                    f"request {req.group_id!r}: prompt ({len(req.prompt_ids)} tokens) + max_tokens "
+                    f"({params.max_tokens}) + forced tokens exceeds the model's max_position_embeddings "
+                    f"({self.max_positions})"
+                )
+            self._queue.append((req, params))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue or self._done or any(r.finish_reason is None for r in self._rows))
+
+    @torch.inference_mode()
+    def step(self) -> list[CompletedGroup]:
+        if self._rows:
+            self._decode()
+        self._admit()
+        done, self._done = self._done, []
+        return done
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Copy `state_dict` into the loaded parameters (in place); tokens from now on get `version`."""
+        sd = state_dict
+        if any(k.startswith(_STRIP_PREFIXES) for k in sd):
+            sd = {_strip(k): v for k, v in sd.items()}
+        missing = [name for name, _ in self._params if name not in sd]
+        if missing:
+            raise KeyError(
+                f"update_weights: the state dict lacks {len(missing)} parameter(s) of the engine's model, "
+                f"e.g. {missing[:5]}; is it the same architecture (and the same precision policy, which unties "
+                f"the head for bf16_fp32_head)?"
+            )
+        with torch.no_grad():
+            for name, param in self._params:
+                src = sd[name]
+                if tuple(src.shape) != tuple(param.shape):
+                    raise ValueError(f"update_weights: {name} has shape {tuple(src.shape)}, engine has {tuple(param.shape)}")
+                param.copy_(src, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.version = int(version)
+
+    def abort_all(self) -> list[CompletedGroup]:
+        """Finish every in-flight sequence now (finish reason "length") and drop queued requests."""
+        self._queue.clear()
+        for row in self._rows:
+            if row.finish_reason is None:
+                self._finish(row, "length")
+        self._rows, self._cache, self._mask = [], None, None
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        self._queue.clear()
+        self._rows, self._cache, self._mask = [], None, None
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _max_forced(req: GenerationRequest) -> int:
+        if not req.interruptions:
+            return 0
+        return max((len(i.phrase_ids) for i in req.interruptions if i is not None), default=0)
+
+    def _new_cache(self):
+        """A DynamicCache; with growable (preallocated) layers when every layer is a plain DynamicLayer."""
+        global _GROWABLE
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if self._can_merge():
+            if _GROWABLE is None:
+                _GROWABLE = _growable_layer_class()
+            cache.layers = [_GROWABLE() for _ in cache.layers]
+        return cache
+
+    def _decode(self) -> None:
+        rows = self._rows
+        pad = self.pad_id
+        next_ids = torch.tensor(
+            [r.tokens[-1] if r.finish_reason is None else pad for r in rows], dtype=torch.long, device=self.device
+        )  # [B] (finished rows still in the batch are fed a pad token; their output is ignored)
+        positions = torch.tensor(
+            [r.prompt_len + len(r.tokens) - 1 for r in rows], dtype=torch.long, device=self.device
+        )  # [B]
+        ones = torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)
+        self._mask = torch.cat([self._mask, ones], dim=1)  # [B, L+1]
+        out = self.model(
+            input_ids=next_ids.unsqueeze(1),
+            attention_mask=self._mask,
+            position_ids=positions.unsqueeze(1),
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache = out.past_key_values
+        self._choose(out.logits[:, -1, :], rows)
+        self._drop_finished()
+
+    def _admit(self) -> None:
+        if not self._queue:
+            return
+        if self._rows and not self._can_merge():
+            if all(r.finish_reason is not None for r in self._rows):
+                self._drop_finished(force=True)
+            if self._rows:
+                return
+        if self._rows and self._queue[0][0].n <= self.max_batch_size - self._num_live():
+            self._drop_finished(force=True)  # make room for queued requests
+        free = self.max_batch_size - len(self._rows)
+        admitted: list[tuple[GenerationRequest, SamplingParams]] = []
+        while self._queue:
+            req, params = self._queue[0]
+            if req.n > free and (admitted or self._rows):
+                break
+            self._queue.popleft()
+            admitted.append((req, params))
+            free -= req.n
+            if free <= 0:
+                break
+        if not admitted:
+            return
+        # Prefill each prompt once: [Bp, P] left-padded.
+        prompts = [req.prompt_ids for req, _ in admitted]
+        P = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, P - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+            mask[i, P - len(p) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [Bp, P]
+        cache = self._new_cache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]  # [Bp, V]
+        # Expand prompt i to its n samples.
+        expand = torch.tensor(
+            [i for i, (req, _) in enumerate(admitted) for _ in range(req.n)], dtype=torch.long, device=self.device
+        )  # [Bn]
+        if expand.numel() != len(admitted):
+            cache.batch_select_indices(expand)
+            mask = mask.index_select(0, expand)
+            logits = logits.index_select(0, expand)
+        new_rows: list[_Row] = []
+        for req, params in admitted:
+            group = _Group(request=req, completions=[None] * req.n, remaining=req.n)
+            stop = frozenset(self.eos_ids | set(int(t) for t in params.stop_token_ids))
+            for s in range(req.n):
+                it = req.interruptions[s] if req.interruptions is not None else None
+                new_rows.append(
+                    _Row(
+                        group=group,
+                        sample_index=s,
+                        prompt_len=len(req.prompt_ids),
+                        temperature=float(params.temperature),
+                        top_p=float(params.top_p),
+                        cap=int(params.max_tokens),
+                        stop_ids=stop,
+                        interruption=it,
+                    )
+                )
+        self._choose(logits, new_rows)
+        self._merge(new_rows, cache, mask)
+        self._drop_finished()
+
+    def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> None:
+        """Pick each row's next token (sampled or forced) from logits [B, V]; update the rows."""
+        temps = [r.temperature if r.temperature > 0 else 1.0 for r in rows]
+        uniform_t = all(t == temps[0] for t in temps)
+        scaled = logits.float()  # [B, V]
+        if uniform_t:
+            if temps[0] != 1.0:
+                scaled = scaled / temps[0]
+        else:
+            scaled = scaled / torch.tensor(temps, dtype=torch.float32, device=scaled.device).unsqueeze(-1)
+        logp_all = torch.log_softmax(scaled, dim=-1)  # [B, V]
+        probs = logp_all.exp()
+        if any(r.top_p < 1.0 for r in rows):
+            top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=probs.device)
+            probs = top_p_filter(probs, top_p)
+        sampled = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)  # [B]
+        if any(r.temperature <= 0 for r in rows):
+            greedy = torch.tensor([r.temperature <= 0 for r in rows], device=probs.device)
+            sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
+        gen_logp = logp_all.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)  # [B]
+        tok_list = sampled.tolist()
+        logp_list = gen_logp.tolist()
+        version = self.version
+        for row, tok, lp in zip(rows, tok_list, logp_list):
+            if row.finish_reason is not None:
+                continue
+            if row.wants_injection():
+                row.interrupted = True
+                row.pending.extend(row.interruption.phrase_ids)
+                row.injected_version = version
+                row.cap = min(row.cap, row.interruption.at_token + row.interruption.answer_budget)
+            if row.pending:
+                row.tokens.append(row.pending.popleft())
+                row.logps.append(0.0)
+                row.versions.append(row.injected_version)
+                row.forced.append(True)
+                if not row.pending and row.sampled >= row.cap:
+                    self._finish(row, "length")
+                continue
+            row.tokens.append(tok)
+            row.logps.append(lp)
+            row.versions.append(version)
+            row.forced.append(False)
+            row.sampled += 1
+            if tok in row.stop_ids:
+                self._finish(row, "interrupted" if row.interrupted else "stop")
+            elif row.sampled >= row.cap:
+                self._finish(row, "length")
+
+    def _finish(self, row: _Row, reason: str) -> None:
+        row.finish_reason = reason
+        group = row.group
+        req = group.request
+        group.completions[row.sample_index] = Completion(
+            group_id=req.group_id,
+            sample_index=row.sample_index,
+            prompt_ids=list(req.prompt_ids),
+            token_ids=row.tokens,
+            gen_logp=row.logps,
+            versions=row.versions,
+            forced=row.forced,
+            finish_reason=reason,
+            meta=req.meta,
+        )
+        group.remaining -= 1
+        if group.remaining == 0:
+            self._done.append(CompletedGroup(request=req, completions=group.completions))
+
+    def _can_merge(self) -> bool:
+        if self._mergeable is None:
+            from transformers.cache_utils import DynamicLayer
+
+            from transformers import DynamicCache
+
+            probe = DynamicCache(config=self.model.config)
+            layers = getattr(probe, "layers", None)
+            self._mergeable = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+            if not self._mergeable:
+                log.warning("torch engine: this model's KV cache cannot be merged; admitting requests in waves")
+        return self._mergeable
+
+    def _merge(self, new_rows: list[_Row], cache, mask: torch.Tensor) -> None:
+        """Append new rows (cache, mask [Bn, Ln]) to the running batch, left-padding the shorter."""
+        if not self._rows:
+            self._rows, self._cache, self._mask = new_rows, cache, mask
+            return
+        L_old, L_new = self._mask.shape[1], mask.shape[1]
+        L = max(L_old, L_new)
+        headroom = max(self._max_remaining(), 1)
+        for old_layer, new_layer in zip(self._cache.layers, cache.layers):
+            keys = torch.cat([_left_pad(old_layer.keys, L), _left_pad(new_layer.keys, L)], dim=0)
+            values = torch.cat([_left_pad(old_layer.values, L), _left_pad(new_layer.values, L)], dim=0)
+            old_layer.set_kv(keys, values, headroom=headroom)
+        self._mask = torch.cat([_left_pad_mask(self._mask, L), _left_pad_mask(mask, L)], dim=0)
+        self._rows = self._rows + new_rows
+
+    def _num_live(self) -> int:
+        return sum(1 for r in self._rows if r.finish_reason is None)
+
+    def _max_remaining(self) -> int:
+        """Most decode steps any in-flight row may still take (sampled + forced)."""
+        return max((r.cap - r.sampled + len(r.pending) + (len(r.interruption.phrase_ids) if r.interruption and not r.interrupted else 0)
+                    for r in self._rows if r.finish_reason is None), default=0)
+
+    def _drop_finished(self, force: bool = False) -> None:
+        """Remove finished rows from the batch.
+
+        Lazy: finished rows stay (as dead rows fed a pad token) until they are a quarter of the
+        batch, or room is needed for queued requests (`force`), because every removal copies the
+        whole KV cache.
+        """
+        keep = [i for i, r in enumerate(self._rows) if r.finish_reason is None]
+        dead = len(self._rows) - len(keep)
+        if dead == 0 or (keep and not force and 4 * dead < len(self._rows)):
+            return
+        if not keep:
+            self._rows, self._cache, self._mask = [], None, None
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self._cache.batch_select_indices(idx)
+        self._mask = self._mask.index_select(0, idx)
+        self._rows = [self._rows[i] for i in keep]
+        # Trim leading columns that are padding in every remaining row.
+        used = self._mask.any(dim=0).nonzero()
+        start = int(used[0]) if used.numel() else 0
+        if start > 0 and self._can_merge():
+            self._mask = self._mask[:, start:]
+            headroom = max(self._max_remaining(), 1)
+            for layer in self._cache.layers:
+                layer.set_kv(layer.keys[:, :, start:, :], layer.values[:, :, start:, :], headroom=headroom)
+
+
+def _growable_layer_class():
+    """A DynamicLayer that writes into a preallocated, doubling buffer instead of torch.cat per step."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowableLayer(DynamicLayer):
+        _kbuf = _vbuf = None
+        _len = 0
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[-2]
+            need = self._len + n
+            if self._kbuf is None or need > self._kbuf.shape[-2] or self._kbuf.shape[0] != key_states.shape[0]:
+                self._reserve(need, key_states)
+            self._kbuf[:, :, self._len : need] = key_states
+            self._vbuf[:, :, self._len : need] = value_states
+            self._len = need
+            self.keys = self._kbuf[:, :, :need]
+            self.values = self._vbuf[:, :, :need]
+            return self.keys, self.values
+
+        def _reserve(self, need: int, like: torch.Tensor) -> None:
+            cap = max(need, 2 * (self._kbuf.shape[-2] if self._kbuf is not None else 0), 32)
+            B, H, _, D = like.shape
+            kbuf = like.new_zeros((B, H, cap, D))
+            vbuf = like.new_zeros((B, H, cap, self._vdim(like)))
+            if self._kbuf is not None and self._len:
+                kbuf[:, :, : self._len] = self._kbuf[:, :, : self._len]
+                vbuf[:, :, : self._len] = self._vbuf[:, :, : self._len]
+            self._kbuf, self._vbuf = kbuf, vbuf
+
+        def _vdim(self, like):
+            return self._vbuf.shape[-1] if self._vbuf is not None else like.shape[-1]
+
+        def set_kv(self, keys: torch.Tensor, values: torch.Tensor, headroom: int = 0) -> None:
+            """Replace the contents with keys/values [B, H, L, D] (copied into a new buffer)."""
+            B, H, L, D = keys.shape
+            cap = max(L + headroom, 32)
+            self._kbuf = keys.new_zeros((B, H, cap, D))
+            self._vbuf = values.new_zeros((B, H, cap, values.shape[-1]))
+            self._kbuf[:, :, :L] = keys
+            self._vbuf[:, :, :L] = values
+            self._len = L
+            self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self._kbuf is None:
+                return super().batch_select_indices(indices)
+            self._kbuf = self._kbuf.index_select(0, indices)
+            self._vbuf = self._vbuf.index_select(0, indices)
+            self.keys, self.values = self._kbuf[:, :, : self._len], self._vbuf[:, :, : self._len]
+
+    return GrowableLayer
+
+
+_GROWABLE = None
+
+
+def _strip(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for p in _STRIP_PREFIXES:
+            if key.startswith(p):
+                key, changed = key[len(p) :], True
+    return key
+
+
+def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, H, l, D] -> [B, H, length, D], zeros on the left."""
+    extra = length - x.shape[-2]
+    return x if extra == 0 else torch.nn.functional.pad(x, (0, 0, extra, 0))
+
+
+def _left_pad_mask(m: torch.Tensor, length: int) -> torch.Tensor:
+    extra = length - m.shape[1]
+    return m if extra == 0 else torch.nn.functional.pad(m, (extra, 0))

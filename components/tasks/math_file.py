@@ -1,0 +1,256 @@
+"""`math_file`: math problems from a local JSONL or Parquet file, graded by math-verify.
+
+The file holds one problem per row with a ``problem`` and an ``answer`` column (the
+Polaris-53K layout; other column names via `problem_key` / `answer_key`). Rows with an empty
+problem or answer are dropped, and repeated problem texts are kept once, so the seeded
+train / held-out split never shares a problem text. By default ``min(1000, 10%)`` of the
+problems are held out (Polaris runs hold out 1000), or set `eval_size` / `eval_fraction`.
+
+Grading: the text after the last ``</think>`` (no answer when a thinking part is left open) is
+parsed by math-verify and compared with the parsed gold answer (``math_verify.verify``).
+math-verify bounds its time with ``signal.alarm``, which only works in a process's main
+thread; in any other thread it is called without its alarm, and the time is bounded instead
+by grading at most the last `max_answer_chars` characters of the answer part.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from components.registry import TASKS
+from components.tasks.base import Problem, Task, Verdict
+from components.tasks.common import resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
+
+DEFAULT_PROMPT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
+
+
+class _DropTimeoutWarning(logging.Filter):
+    """math-verify warns on every call made without a timeout; we bound the time ourselves."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+_filter_installed = False
+
+
+def _install_log_filter() -> None:
+    global _filter_installed
+    if not _filter_installed:
+        for name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
+            logging.getLogger(name).addFilter(_DropTimeoutWarning())
+        _filter_installed = True
+
+
+def read_table(path: str | Path):
+    """A pandas DataFrame from a JSONL / JSON / Parquet file, with clear errors naming the path."""
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"math_file: no such file {str(path)!r}")
+    suffix = p.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise ValueError(f"math_file: cannot read {str(path)!r}: unsupported suffix {suffix!r}; use one of {SUPPORTED_SUFFIXES}")
+    try:
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(p)
+        if suffix == ".jsonl":
+            return pd.read_json(p, lines=True, dtype=False)
+        with open(p) as f:
+            data = json.load(f)
+        return pd.DataFrame(data)
+    except Exception as err:
+        raise ValueError(f"math_file: cannot read {str(path)!r} as {suffix[1:]}: {type(err).__name__}: {err}") from err
+
+
+def load_rows(path: str | Path, problem_key: str = "problem", answer_key: str = "answer") -> tuple[list[tuple[str, str]], dict]:
+    """[(problem, answer)] in file order, deduplicated by problem text, and counts of what was dropped."""
+    df = read_table(path)
+    missing = [k for k in (problem_key, answer_key) if k not in df.columns]
+    if missing:
+        raise ValueError(
+            f"math_file: {str(path)!r} has no column(s) {missing}; columns present: {list(map(str, df.columns))}"
+        )
+    rows, seen = [], set()
+    empty = dup = 0
+    for prob, ans in zip(df[problem_key].tolist(), df[answer_key].tolist()):
+        prob_s, ans_s = _text(prob), _text(ans)
+        if not prob_s or not ans_s:
+            empty += 1
+            continue
+        if prob_s in seen:
+            dup += 1
+            continue
+        seen.add(prob_s)
+        rows.append((prob_s, ans_s))
+    if not rows:
+        raise ValueError(f"math_file: {str(path)!r} has no rows with a non-empty {problem_key!r} and {answer_key!r}")
+    return rows, {"rows_read": len(df), "dropped_empty": empty, "dropped_duplicate": dup}
+
+
+def _text(x: Any) -> str:
+    if x is None:
+        return ""
+    try:
+        import math
+
+        if isinstance(x, float) and math.isnan(x):
+            return ""
+    except Exception:
+        pass
+    return str(x).strip()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def parse_math(text: str, main_thread: Optional[bool] = None):
+    """math-verify's parse, with its alarm-based timeout only where that works."""
+    from math_verify import parse
+
+    _install_log_filter()
+    main = _in_main_thread() if main_thread is None else main_thread
+    return parse(text) if main else parse(text, parsing_timeout=None)
+
+
+def parse_gold(answer: str):
+    """Parse a gold answer written as bare LaTeX or plain text ("\\frac{3}{4}", "12")."""
+    for candidate in (f"${answer}$", f"\\boxed{{{answer}}}", answer):
+        parsed = parse_math(candidate)
+        if parsed:
+            return parsed
+    return []
+
+
+def math_equal(gold_parsed, answer_text: str) -> bool:
+    from math_verify import verify
+
+    pred = parse_math(answer_text)
+    if not pred:
+        return False
+    if _in_main_thread():
+        return bool(verify(gold_parsed, pred))
+    return bool(verify(gold_parsed, pred, timeout_seconds=None))
+
+
+class MathFileTask(Task):
+    """Math problems from a local JSONL / Parquet file (``problem``, ``answer``), graded by math-verify.
+
+    Args:
+        path: the JSONL (.jsonl / .json) or Parquet (.parquet / .pq) file.
+        seed: seed of the train / held-out split.
+        eval_size / eval_fraction: size of the held-out split (give one; default min(1000, 10%)).
+        problem_key / answer_key: column names.
+        prompt_template: user message; ``{problem}`` is replaced by the problem text.
+        max_answer_chars: only this many trailing characters of the answer part are graded.
+    """
+
+    name = "math_file"
+
+    def __init__(
+        self,
+        path: str = "",
+        seed: int = 0,
+        reward_correct: float = 1.0,
+        reward_incorrect: float = -1.0,
+        eval_size: Optional[int] = None,
+        eval_fraction: Optional[float] = None,
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_answer_chars: int = 4000,
+    ):
+        if not path:
+            raise ValueError("math_file: give the data file, e.g. math_file.path = '/data/polaris.parquet'")
+        if "{problem}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
+        self.path = str(path)
+        self.seed = seed
+        self.reward_correct = float(reward_correct)
+        self.reward_incorrect = float(reward_incorrect)
+        self.prompt_template = prompt_template
+        self.max_answer_chars = int(max_answer_chars)
+        rows, self.load_stats = load_rows(path, problem_key, answer_key)
+        indexed = list(enumerate(rows))
+        n_eval = resolve_eval_size(len(rows), eval_size, eval_fraction, default=1000)
+        train, held = seeded_split(indexed, n_eval, seed)
+        stem = Path(path).stem
+        self._train = [self._problem(stem, i, prob, ans, "train") for i, (prob, ans) in train]
+        self._eval = [self._problem(stem, i, prob, ans, "eval") for i, (prob, ans) in held]
+        self._gold: dict[str, Any] = {}
+        self._gold_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_gold_lock", None)
+        state["_gold"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._gold_lock = threading.Lock()
+
+    def _problem(self, stem: str, i: int, prob: str, ans: str, split: str) -> Problem:
+        return Problem(
+            id=f"math_file:{stem}:{i}",
+            prompt=self.prompt_template.format(problem=prob),
+            answer=ans,
+            meta={"split": split, "row": i},
+        )
+
+    def train_problems(self) -> list[Problem]:
+        return list(self._train)
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)
+
+    def _gold_parsed(self, problem: Problem):
+        key = f"{problem.id}\x00{problem.answer}"
+        with self._gold_lock:
+            if key in self._gold:
+                return self._gold[key]
+        parsed = parse_gold(str(problem.answer))
+        with self._gold_lock:
+            self._gold[key] = parsed
+        return parsed
+
+    def verify(self, problem: Problem, completion: str) -> Verdict:
+        try:
+            final = strip_thinking(completion)
+            if final is None or not final.strip():
+                return self.verdict(False)
+            final = strip_special_tokens(final)[-self.max_answer_chars :]
+            gold = self._gold_parsed(problem)
+            if not gold:
+                # Gold that math-verify cannot parse (free text): exact match of the boxed / last line.
+                return self.verdict(_plain_answer(final) == str(problem.answer).strip())
+            return self.verdict(math_equal(gold, final))
+        except Exception as err:  # includes math-verify's TimeoutException
+            return self.verdict(False, error=f"{type(err).__name__}: {err}")
+
+
+def _plain_answer(text: str) -> str:
+    idx = text.rfind("\\boxed{")
+    if idx >= 0:
+        depth, start = 0, idx + len("\\boxed{")
+        for j in range(start, len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                if depth == 0:
+                    return text[start:j].strip()
+                depth -= 1
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
+# different class object of the same name), and `TASKS.get("math_file")` honours gin bindings.
+TASKS.register("math_file")(MathFileTask)

@@ -1,0 +1,388 @@
+"""Run untrusted programs (model-written code) in a sandbox.
+
+Each run is its own process tree, started by `_sandbox_launcher.py` (see its docstring for
+the order of operations), with:
+
+- **no network**: a new network namespace (only a down loopback device);
+- **an unprivileged, per-run uid/gid** (``uid_base + launcher pid``): it cannot read the
+  grader's files (root-owned, not world-readable), cannot signal or trace other processes,
+  and RLIMIT_NPROC (counted per uid) bounds a fork bomb to `max_processes`;
+- **a private filesystem view**: a new mount namespace where /tmp is a fresh size-capped
+  tmpfs holding the working dir /tmp/work, /var/tmp, /dev/shm are empty and read-only, and
+  the repository, the task's data files, /run (unix sockets) and $HOME are covered by empty
+  read-only mounts; everything else is read-only to the program by permissions;
+- **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (caps stdout / stderr too), RLIMIT_NOFILE,
+  no core dumps, a wall-clock timeout; every process of the run's uid is killed afterwards
+  and the control directory is removed, so nothing outlives a run;
+- a scrubbed environment.
+
+Where any of that cannot be set up (not root, no namespaces), `SandboxUnavailableError` is
+raised instead of running the program, unless the caller opts out explicitly:
+``allow_network=True`` (run without the network namespace) and / or ``allow_unsafe=True``
+(run as the grader's own user / without the private filesystem view).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+LAUNCHER = str(Path(__file__).with_name("_sandbox_launcher.py"))
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# World-writable places the program must not write to (covered by empty read-only mounts).
+READONLY_EMPTY_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home")
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot be set up here; programs are not run (unless explicitly opted out)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one run."""
+
+    cpu_seconds: float = 2.0  # RLIMIT_CPU (rounded up to whole seconds, >= 1)
+    wall_seconds: float = 5.0  # wall-clock timeout of the whole run
+    memory_bytes: int = 512 * 2**20  # RLIMIT_AS
+    max_processes: int = 32  # RLIMIT_NPROC of the run's own uid
+    output_bytes: int = 4 * 2**20  # RLIMIT_FSIZE: stdout, stderr and any file written
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    tmpfs_bytes: int = 64 * 2**20  # size of the private /tmp (the working dir lives there)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """How to isolate.
+
+    Args:
+        python: interpreter used for Python programs (must be executable by an unprivileged
+            user); default: the first of this Python's base interpreter, /usr/bin/python3,
+            /usr/local/bin/python3 that is.
+        hide_paths: extra files / directories the program must not see (e.g. the test data).
+        hide_repo: also hide this repository.
+        allow_network: run even where no network namespace can be created (opt-out).
+        allow_unsafe: run even where privileges cannot be dropped or no private filesystem
+            view can be made (opt-out: the program could then read the grader's files).
+        uid_base: runs use uid = gid = uid_base + launcher pid.
+    """
+
+    python: Optional[str] = None
+    hide_paths: tuple = ()
+    hide_repo: bool = True
+    allow_network: bool = False
+    allow_unsafe: bool = False
+    uid_base: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What one run did."""
+
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]  # None when killed by a signal
+    signal: Optional[int]  # the killing signal's number, if any
+    timed_out: bool  # the wall-clock timeout hit
+    cpu_limit: bool  # killed for CPU time (SIGXCPU / SIGKILL at the hard limit)
+    output_limit: bool  # stdout or stderr hit the output cap
+    wall_s: float
+    cpu_s: Optional[float]
+    error: Optional[str] = None  # the sandbox itself failed (the program may not have run)
+
+    @property
+    def ok(self) -> bool:
+        """The program ran to completion with exit code 0 within every limit."""
+        return (
+            self.error is None
+            and self.exit_code == 0
+            and not self.timed_out
+            and not self.cpu_limit
+            and not self.output_limit
+        )
+
+    def describe(self) -> str:
+        if self.error:
+            return f"sandbox error: {self.error}"
+        if self.timed_out:
+            return "wall-clock timeout"
+        if self.cpu_limit:
+            return "CPU time limit"
+        if self.output_limit:
+            return "output limit"
+        if self.signal is not None:
+            return f"killed by {signal.Signals(self.signal).name if self.signal in signal.valid_signals() else self.signal}"
+        if self.exit_code:
+            tail = self.stderr.strip().splitlines()[-1:] if self.stderr.strip() else []
+            return f"exit code {self.exit_code}" + (f": {tail[0][:200]}" if tail else "")
+        return "ok"
+
+
+# -- capabilities ------------------------------------------------------------------------
+_probe_cache: Optional[dict] = None
+_probe_lock = threading.Lock()
+_ready: dict = {}
+
+
+def probe() -> dict:
+    """What isolation this machine allows (cached): {"euid", "net_ns", "mount_ns", ...}."""
+    global _probe_cache
+    with _probe_lock:
+        if _probe_cache is None:
+            proc = subprocess.run(
+                [sys.executable, "-I", "-S", "-B", LAUNCHER, "--probe"], capture_output=True, text=True, timeout=30
+            )
+            if proc.returncode != 0:
+                raise SandboxUnavailableError(f"sandbox probe failed: {proc.stderr.strip()[-500:]}")
+            _probe_cache = json.loads(proc.stdout)
+        return dict(_probe_cache)
+
+
+def _world_executable(path: str) -> bool:
+    """Can an unprivileged user execute `path` (every parent dir traversable, file o+x)?"""
+    real = os.path.realpath(path)
+    try:
+        if not stat.S_IMODE(os.stat(real).st_mode) & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(real)
+        while True:
+            if not stat.S_IMODE(os.stat(parent).st_mode) & stat.S_IXOTH:
+                return False
+            if parent == "/":
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
+
+
+def find_python(config: SandboxConfig, need_world_executable: bool) -> str:
+    """The interpreter for Python programs (see `SandboxConfig.python`)."""
+    if config.python:
+        return config.python
+    candidates = [getattr(sys, "_base_executable", None), sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"]
+    candidates.append(shutil.which("python3") or "")
+    for c in candidates:
+        if not c or not os.path.isfile(c):
+            continue
+        real = os.path.realpath(c)
+        if REPO_ROOT in (real, os.path.commonpath([REPO_ROOT, real])) and config.hide_repo:
+            continue  # a venv inside the repo would be hidden from the program
+        if not need_world_executable or _world_executable(real):
+            return real
+    raise SandboxUnavailableError(
+        "no Python interpreter an unprivileged user can execute was found "
+        f"(tried {[c for c in candidates if c]}); set SandboxConfig(python=...)"
+    )
+
+
+def isolation_plan(config: SandboxConfig) -> dict:
+    """Which isolation to use; raises SandboxUnavailableError if a required part is missing."""
+    caps = probe()
+    root = caps["euid"] == 0
+    problems = []
+    if not caps["net_ns"] and not config.allow_network:
+        problems.append(
+            f"cannot create a network namespace ({caps.get('net_ns_error')}); "
+            "opt out with allow_network=True to run code WITH network access"
+        )
+    if not root and not config.allow_unsafe:
+        problems.append(
+            "not running as root, so programs cannot run as a separate unprivileged user; "
+            "opt out with allow_unsafe=True to run them as this user (they could read your files)"
+        )
+    if not caps["mount_ns"] and not config.allow_unsafe:
+        problems.append(
+            f"cannot create a private mount namespace ({caps.get('mount_ns_error')}); "
+            "opt out with allow_unsafe=True"
+        )
+    if problems:
+        raise SandboxUnavailableError("refusing to run untrusted code: " + "; ".join(problems))
+    return {"net_ns": bool(caps["net_ns"]), "mount_ns": bool(caps["mount_ns"]), "drop_privileges": root}
+
+
+def hidden_paths(config: SandboxConfig, python: str) -> list[str]:
+    """Paths covered inside the sandbox; never one holding the interpreter."""
+    paths = list(DEFAULT_HIDDEN) + [str(p) for p in config.hide_paths]
+    if config.hide_repo:
+        paths.append(REPO_ROOT)
+    py_real = os.path.realpath(python)
+    out = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if real == "/" or os.path.commonpath([real, py_real]) == real:
+            continue
+        out.append(real)
+    return out
+
+
+def check_available(config: SandboxConfig = SandboxConfig()) -> None:
+    """Fail early (SandboxUnavailableError) unless a trivial program runs correctly in the sandbox."""
+    plan = isolation_plan(config)  # raises where a required isolation is missing
+    key = (dataclasses.astuple(config), tuple(sorted(plan.items())))
+    if _ready.get(key):
+        return
+    result = run_python("print('sandbox-ok')", config=config, limits=SandboxLimits(wall_seconds=20.0))
+    if not (result.ok and result.stdout.strip() == "sandbox-ok"):
+        raise SandboxUnavailableError(
+            f"the sandbox cannot run a trivial program: {result.describe()}; stderr: {result.stderr.strip()[-500:]!r}"
+        )
+    _ready[key] = True
+
+
+# -- running -----------------------------------------------------------------------------
+def run_python(
+    code: str,
+    stdin: str = "",
+    *,
+    limits: SandboxLimits = SandboxLimits(),
+    config: SandboxConfig = SandboxConfig(),
+    files: Optional[Mapping[str, str]] = None,
+) -> SandboxResult:
+    """Run Python source `code` (as main.py in its working dir) with `stdin`."""
+    plan = isolation_plan(config)
+    python = find_python(config, need_world_executable=plan["drop_privileges"])
+    all_files = {"main.py": code, **dict(files or {})}
+    return run_program([python, "-I", "-B", "main.py"], all_files, stdin, limits=limits, config=config, _plan=plan)
+
+
+def run_program(
+    argv: Sequence[str],
+    files: Mapping[str, str],
+    stdin: str = "",
+    *,
+    limits: SandboxLimits = SandboxLimits(),
+    config: SandboxConfig = SandboxConfig(),
+    _plan: Optional[dict] = None,
+) -> SandboxResult:
+    """Run `argv` (argv[0] an absolute path) in the sandbox with `files` in its working dir."""
+    plan = _plan or isolation_plan(config)
+    if not argv or not os.path.isabs(argv[0]):
+        raise ValueError(f"argv[0] must be an absolute path, got {list(argv)[:1]}")
+    for name in files:
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"sandbox file names must be plain names, got {name!r}")
+    control = tempfile.mkdtemp(prefix="scalerl-sandbox-")
+    try:
+        os.chmod(control, 0o700)
+        work = os.path.join(control, "work")
+        os.mkdir(work, 0o700)
+        for name, text in files.items():
+            with open(os.path.join(work, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        with open(os.path.join(control, "stdin"), "w", encoding="utf-8") as f:
+            f.write(stdin)
+        spec = {
+            "argv": list(argv),
+            "env": {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": "/tmp/work" if plan["mount_ns"] else work,
+                "TMPDIR": "/tmp",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+                "PYTHONIOENCODING": "utf-8",
+                "PYTHONHASHSEED": "0",
+            },
+            "cpu_seconds": limits.cpu_seconds,
+            "wall_seconds": limits.wall_seconds,
+            "memory_bytes": limits.memory_bytes,
+            "max_processes": limits.max_processes,
+            "output_bytes": limits.output_bytes,
+            "max_open_files": limits.max_open_files,
+            "tmpfs_bytes": limits.tmpfs_bytes,
+            "uid_base": config.uid_base,
+            "readonly_empty": list(READONLY_EMPTY_DIRS),
+            "hide_paths": hidden_paths(config, argv[0]),
+            **plan,
+        }
+        with open(os.path.join(control, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        return _launch(control, limits, config, plan)
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+
+
+def _launch(control: str, limits: SandboxLimits, config: SandboxConfig, plan: dict) -> SandboxResult:
+    with open(os.path.join(control, "launcher.log"), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", LAUNCHER, control],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+        # The launcher enforces the wall timeout itself; this timer is only a backstop for a
+        # launcher that hangs (a blocking wait instead of Popen.wait(timeout), which polls).
+        fired = threading.Event()
+
+        def backstop() -> None:
+            fired.set()
+            _kill_group(proc.pid)
+            if plan["drop_privileges"]:
+                subprocess.run(
+                    [sys.executable, "-I", "-S", "-B", LAUNCHER, "--kill-uid", str(config.uid_base + proc.pid)],
+                    timeout=30,
+                )
+
+        timer = threading.Timer(limits.wall_seconds + 10.0, backstop)
+        timer.daemon = True
+        timer.start()
+        try:
+            proc.wait()
+        finally:
+            timer.cancel()
+        launcher_timeout = fired.is_set()
+    stdout, out_full = _read_capped(os.path.join(control, "stdout"), limits.output_bytes)
+    stderr, err_full = _read_capped(os.path.join(control, "stderr"), limits.output_bytes)
+    try:
+        with open(os.path.join(control, "result.json")) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        log_text = Path(control, "launcher.log").read_text(errors="replace")[-1000:]
+        why = "the launcher timed out" if launcher_timeout else f"the launcher exited {proc.returncode}"
+        return SandboxResult(stdout, stderr, None, None, launcher_timeout, False, False, 0.0, None, f"{why}: {log_text}")
+    sig = res.get("signal")
+    cpu_s = res.get("cpu_s")
+    cpu_limit = sig == signal.SIGXCPU or (
+        sig == signal.SIGKILL and cpu_s is not None and cpu_s >= max(1.0, limits.cpu_seconds) - 0.05
+    )
+    return SandboxResult(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=res.get("exit_code"),
+        signal=sig,
+        timed_out=bool(res.get("timed_out")),
+        cpu_limit=bool(cpu_limit) and not res.get("timed_out"),
+        output_limit=out_full or err_full or sig == signal.SIGXFSZ,
+        wall_s=float(res.get("wall_s") or 0.0),
+        cpu_s=cpu_s,
+        error=res.get("setup_error"),
+    )
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_capped(path: str, cap: int) -> tuple[str, bool]:
+    """Up to `cap` bytes of a file, decoded; and whether the cap was reached."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(cap + 1)
+    except OSError:
+        return "", False
+    return data[:cap].decode("utf-8", errors="replace"), len(data) >= cap

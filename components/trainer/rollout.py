@@ -1,0 +1,152 @@
+"""Rollout groups (what crosses the rollout queue) and their collation into learner tensors."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from components.engines.base import Completion
+
+__all__ = ["Rollout", "WorkOrder", "safe_verify", "collate", "Batch"]
+
+
+@dataclass
+class WorkOrder:
+    """A batch of prompts the learner asks the generators to complete (control channel)."""
+
+    orders: list  # [(order_id, Problem)]
+    seed: int  # sampling seed of this order, derived from (run seed, step)
+
+
+@dataclass
+class Rollout:
+    """One finished rollout group: a prompt, its G completions, their rewards."""
+
+    order_id: int  # learner's handle; orders are issued in a deterministic sequence
+    problem_id: str
+    completions: list  # list[Completion]
+    rewards: list  # [G] float, after any reward shaping
+    passed: list  # [G] bool
+    verifier_errors: int = 0
+    engine_version: int = 0  # generator's loaded weight version when the group finished
+    generator: int = 0  # which generator produced it
+    time_generate: float = 0.0  # seconds the generator spent stepping the engine for it (amortised)
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(bool(p) for p in self.passed) / max(len(self.passed), 1)
+
+    def trained_versions(self) -> list[int]:
+        """Versions of the sampled (not forced) tokens."""
+        out = []
+        for c in self.completions:
+            out.extend(v for v, f in zip(c.versions, c.forced) if not f)
+        return out
+
+    @property
+    def min_version(self) -> int:
+        v = self.trained_versions()
+        return min(v) if v else self.engine_version
+
+
+def safe_verify(task, problem, text: str, timeout_s: float):
+    """task.verify that never raises or hangs: on error or timeout the sample fails (reward_incorrect).
+
+    Returns (Verdict, error-or-None). A hung verifier is left running in a daemon thread.
+    """
+    from components.tasks.base import Verdict
+
+    result: dict[str, Any] = {}
+
+    def target():
+        try:
+            result["verdict"] = task.verify(problem, text)
+        except BaseException as err:  # noqa: BLE001 - any verifier failure marks the sample
+            result["error"] = f"{type(err).__name__}: {err}"
+
+    thread = threading.Thread(target=target, daemon=True, name="verifier")
+    thread.start()
+    thread.join(timeout_s)
+    fail = float(getattr(task, "reward_incorrect", -1.0))
+    if thread.is_alive():
+        return Verdict(passed=False, reward=fail, error=f"verifier timed out after {timeout_s}s"), "timeout"
+    if "error" in result:
+        return Verdict(passed=False, reward=fail, error=result["error"]), result["error"]
+    verdict = result.get("verdict")
+    if verdict is None or not hasattr(verdict, "passed"):
+        return Verdict(passed=False, reward=fail, error=f"verifier returned {verdict!r}"), "bad verdict"
+    if verdict.error:
+        return Verdict(passed=False, reward=fail, error=verdict.error), verdict.error
+    return verdict, None
+
+
+@dataclass
+class Batch:
+    """Learner tensors for one step, in the layout of `components.engines.logprobs.build_batch`:
+    prompts LEFT-padded to P columns, completions RIGHT-padded to T columns (B sequences)."""
+
+    input_ids: torch.Tensor  # [B, P+T] long
+    attention_mask: torch.Tensor  # [B, P+T] long
+    mask: torch.Tensor  # [B, T] bool: sampled completion tokens (trained on; forced tokens excluded)
+    gen_logp: torch.Tensor  # [B, T] float32
+    versions: torch.Tensor  # [B, T] long (-1 on padding)
+    rewards: torch.Tensor  # [B] float32
+    passed: torch.Tensor  # [B] bool
+    group_ids: torch.Tensor  # [B] long
+    truncated: torch.Tensor  # [B] bool (finish reason "length")
+    num_tokens: torch.Tensor  # [B] long, completion lengths (forced included)
+    completion_start: int = 1  # P
+
+    _TENSORS = ("input_ids", "attention_mask", "mask", "gen_logp", "versions", "rewards", "passed", "group_ids", "truncated", "num_tokens")
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def slice(self, start: int, stop: int) -> "Batch":
+        return Batch(**{k: getattr(self, k)[start:stop] for k in self._TENSORS}, completion_start=self.completion_start)
+
+    def to(self, device) -> "Batch":
+        return Batch(**{k: getattr(self, k).to(device) for k in self._TENSORS}, completion_start=self.completion_start)
+
+
+def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
+    """Flatten groups into learner tensors; group_ids are the rollouts' order ids."""
+    from components.engines.logprobs import build_batch
+
+    seqs: list[Completion] = []
+    rewards: list[float] = []
+    passed: list[bool] = []
+    groups: list[int] = []
+    for r in rollouts:
+        for c, rew, ok in zip(r.completions, r.rewards, r.passed):
+            seqs.append(c)
+            rewards.append(float(rew))
+            passed.append(bool(ok))
+            groups.append(int(r.order_id))
+    packed = build_batch([c.prompt_ids for c in seqs], [c.token_ids for c in seqs], pad_id)
+    B, T = packed["completion_mask"].shape
+    mask = packed["completion_mask"].clone()  # [B, T]
+    gen_logp = torch.zeros((B, T), dtype=torch.float32)
+    versions = torch.full((B, T), -1, dtype=torch.long)
+    for b, c in enumerate(seqs):
+        n = len(c.token_ids)
+        if n:
+            mask[b, :n] &= ~torch.tensor(list(c.forced), dtype=torch.bool)
+            gen_logp[b, :n] = torch.tensor(list(c.gen_logp), dtype=torch.float32)
+            versions[b, :n] = torch.tensor(list(c.versions), dtype=torch.long)
+    return Batch(
+        input_ids=packed["input_ids"],
+        attention_mask=packed["attention_mask"],
+        mask=mask,
+        gen_logp=gen_logp,
+        versions=versions,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        passed=torch.tensor(passed, dtype=torch.bool),
+        group_ids=torch.tensor(groups, dtype=torch.long),
+        truncated=torch.tensor([c.finish_reason == "length" for c in seqs], dtype=torch.bool),
+        num_tokens=torch.tensor([len(c.token_ids) for c in seqs], dtype=torch.long),
+        completion_start=int(packed["completion_start"]),
+    )

@@ -1,0 +1,973 @@
+"""`scalerl sweep`: one-factor-at-a-time sweeps through submitit (slurm | local | debug).
+
+A sweep spec is a small `.gin` file in `experiments/sweeps/` made only of bindings to a
+`sweep` pseudo-configurable::
+
+    sweep.name = "loss_type"
+    sweep.base = "baseline.gin"               # the recipe every run starts from
+    sweep.factor = "train.loss"               # a gin binding key ...
+    sweep.values = ["dapo", "gspo", "cispo"]  # ... and the values it takes
+    sweep.seeds = [0]
+    sweep.tiny_base = "tiny_cpu.gin"          # `--scale tiny`: the CPU setting (default)
+    sweep.tiny_values = [...]                 # optional: values mapped onto the CPU scale
+
+Instead of `factor` + `values`, a sweep may list named override sets (leave-one-out, or a
+factor that moves several bindings together)::
+
+    sweep.factor = "leave_one_out"
+    sweep.variants = {"scalerl": [], "loo-dapo": ['train.loss = "dapo"'], ...}
+
+and `sweep.factor = "recipe"` with `sweep.values = ["scalerl.gin", "minimax.gin", ...]`
+swaps the recipe itself. Optional keys: `overrides` / `tiny_overrides` (bindings added to
+every run; a run's bindings are, in order, overrides, the factor's, tiny_overrides, the
+seed), `tiny_variants`, `description`. `base` and `tiny_base` may list several files
+(e.g. a recipe and an overlay from experiments/sweeps/overlays/).
+
+The spec is NOT parsed into gin's global config (a run's own gin config is): it is read
+statement by statement with gin's own parser (`gin.config_parser.ConfigParser`) into a
+plain `SweepSpec`, so a spec never clashes with, or leaks into, a training config.
+
+Each run gets a stable name from its factor value and seed (`cispo-s0`) and lands in
+`<runs>/<sweep>/<run>/`. A sweep is submitted as ONE submitit job array. Re-running a
+sweep skips runs whose run.json says done, leaves runs whose job is still queued or
+running alone, resubmits the rest (the trainer resumes from the run's last checkpoint)
+and resubmits failed runs only with `--retry-failed`. A run that hits its Slurm time
+limit or is preempted is checkpointed by submitit (`RunJob` is `Checkpointable`) and
+requeued; it resumes from the last checkpoint in its run directory.
+
+Everything is validated before anything is submitted: unknown factors (gin configurables
+and their parameters), values a component registry does not know, missing recipe files,
+and a Slurm partition that does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import submitit
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parent
+CONFIGS_DIR = EXPERIMENTS_DIR / "configs"
+SWEEPS_DIR = EXPERIMENTS_DIR / "sweeps"
+DEFAULT_TARGET = "experiments.train:run_training"
+SLURM_FILE = "slurm.json"  # written by the launcher at submission
+ATTEMPTS_FILE = "attempts.jsonl"  # one line per job start (requeues included), written by the job
+
+# `train.<param>` factors whose values are component names, and the registry that knows them.
+COMPONENT_PARAMS = {
+    "loss": "LOSSES",
+    "aggregation": "AGGREGATIONS",
+    "advantage_norm": "ADVANTAGE_NORMS",
+    "curriculum": "CURRICULA",
+    "precision": "PRECISIONS",
+    "length_control": "LENGTH_CONTROLS",
+    "off_policy": "OFF_POLICY",
+    "task": "TASKS",
+    "engine": "ENGINES",
+}
+
+SPEC_KEYS = (
+    "name", "description", "base", "factor", "values", "variants", "seeds", "overrides",
+    "tiny_base", "tiny_values", "tiny_variants", "tiny_overrides", "seed_binding",
+)
+
+
+class SweepError(ValueError):
+    """A sweep spec or launch option is wrong; raised before anything is submitted."""
+
+
+# ----------------------------------------------------------------------------------------
+# Sweep specs
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: tuple  # recipe file(s), applied in order
+    factor: str
+    values: tuple = ()
+    variants: dict = field(default_factory=dict)  # name -> tuple of bindings
+    seeds: tuple = (0,)
+    overrides: tuple = ()
+    tiny_base: tuple = ("tiny_cpu.gin",)
+    tiny_values: tuple | None = None
+    tiny_variants: dict | None = None
+    tiny_overrides: tuple = ()
+    seed_binding: str = "train.seed"
+    description: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: what to train and where."""
+
+    name: str
+    sweep: str
+    factor: str
+    value: Any
+    recipe: str
+    seed: int
+    config_files: tuple
+    bindings: tuple
+
+    def run_info(self) -> dict:
+        return {"name": self.name, "sweep": self.sweep, "factor": self.factor,
+                "value": self.value, "recipe": self.recipe, "seed": self.seed}
+
+
+class _SpecDelegate:
+    """gin parser delegate: a sweep spec holds literals only (no @references or %macros)."""
+
+    def configurable_reference(self, name, evaluate):  # noqa: D401
+        raise SweepError(f"sweep specs hold literal values only; got a reference @{name}")
+
+    def macro(self, name):
+        raise SweepError(f"sweep specs hold literal values only; got a macro %{name}")
+
+
+class _AnyDelegate:
+    """gin parser delegate for checking one binding: references and macros are opaque."""
+
+    def configurable_reference(self, name, evaluate):
+        return f"@{name}{'()' if evaluate else ''}"
+
+    def macro(self, name):
+        return f"%{name}"
+
+
+def _gin_parser():
+    import gin.config_parser as cp
+
+    return cp
+
+
+def resolve_spec_path(spec: str | os.PathLike) -> Path:
+    """A spec path as given, or a bare name looked up in experiments/sweeps/."""
+    p = Path(spec)
+    candidates = [p, SWEEPS_DIR / p, SWEEPS_DIR / f"{p}.gin"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    known = ", ".join(sorted(q.stem for q in SWEEPS_DIR.glob("*.gin")))
+    raise SweepError(f"sweep spec {str(spec)!r} not found (looked at {', '.join(map(str, candidates))}); "
+                     f"shipped sweeps: {known}")
+
+
+def parse_spec_text(text: str, *, default_name: str = "sweep", path: str = "") -> SweepSpec:
+    """Parse the `sweep.<key> = <literal>` statements of a spec (no gin global state)."""
+    cp = _gin_parser()
+    raw: dict[str, Any] = {}
+    try:
+        for stmt in cp.ConfigParser(text, _SpecDelegate()):
+            if not isinstance(stmt, cp.BindingStatement):
+                raise SweepError(f"{path or 'sweep spec'}: only `sweep.<key> = <value>` lines are allowed, "
+                                 f"got {type(stmt).__name__} at line {stmt.location.lineno}")
+            if stmt.scope or stmt.selector != "sweep":
+                raise SweepError(f"{path or 'sweep spec'}: line {stmt.location.lineno}: expected `sweep.<key>`, "
+                                 f"got {stmt.selector!r} (a run's bindings go inside sweep.overrides/variants)")
+            if stmt.arg_name not in SPEC_KEYS:
+                raise SweepError(f"{path or 'sweep spec'}: unknown key sweep.{stmt.arg_name}; valid keys: "
+                                 f"{', '.join(SPEC_KEYS)}")
+            raw[stmt.arg_name] = stmt.value
+    except SyntaxError as err:
+        raise SweepError(f"{path or 'sweep spec'}: cannot parse: {err}") from None
+    return spec_from_dict(raw, default_name=default_name, path=path)
+
+
+def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") -> SweepSpec:
+    where = path or "sweep spec"
+    for key in ("base", "factor"):
+        if key not in raw:
+            raise SweepError(f"{where}: sweep.{key} is required")
+    has_values, has_variants = "values" in raw, "variants" in raw
+    if has_values == has_variants:
+        raise SweepError(f"{where}: give exactly one of sweep.values or sweep.variants")
+
+    def _bindings(x, key) -> tuple:
+        if isinstance(x, str):
+            x = [x]
+        if not isinstance(x, (list, tuple)) or not all(isinstance(b, str) for b in x):
+            raise SweepError(f"{where}: sweep.{key} must be a list of binding strings, got {x!r}")
+        return tuple(x)
+
+    def _variants(x, key) -> dict:
+        if not isinstance(x, dict) or not x:
+            raise SweepError(f"{where}: sweep.{key} must be a non-empty dict name -> list of bindings")
+        return {str(k): _bindings(v, f"{key}[{k!r}]") for k, v in x.items()}
+
+    def _values(x, key) -> tuple:
+        if not isinstance(x, (list, tuple)) or not x:
+            raise SweepError(f"{where}: sweep.{key} must be a non-empty list, got {x!r}")
+        return tuple(x)
+
+    seeds = raw.get("seeds", [0])
+    if isinstance(seeds, int):
+        seeds = [seeds]
+    if not isinstance(seeds, (list, tuple)) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise SweepError(f"{where}: sweep.seeds must be a non-empty list of ints, got {seeds!r}")
+    def _files(x, key) -> tuple:
+        x = [x] if isinstance(x, str) else x
+        if not isinstance(x, (list, tuple)) or not all(isinstance(f, str) for f in x) or (
+                not x and raw.get("factor") != "recipe"):  # a recipe sweep's values are the recipes
+            raise SweepError(f"{where}: sweep.{key} must be a gin file or a list of gin files, got {x!r}")
+        return tuple(x)
+
+    spec = SweepSpec(
+        name=str(raw.get("name", default_name)),
+        base=_files(raw["base"], "base"),
+        factor=str(raw["factor"]),
+        values=_values(raw["values"], "values") if has_values else (),
+        variants=_variants(raw["variants"], "variants") if has_variants else {},
+        seeds=tuple(seeds),
+        overrides=_bindings(raw.get("overrides", []), "overrides"),
+        tiny_base=_files(raw.get("tiny_base", "tiny_cpu.gin"), "tiny_base"),
+        tiny_values=_values(raw["tiny_values"], "tiny_values") if "tiny_values" in raw else None,
+        tiny_variants=_variants(raw["tiny_variants"], "tiny_variants") if "tiny_variants" in raw else None,
+        tiny_overrides=_bindings(raw.get("tiny_overrides", []), "tiny_overrides"),
+        seed_binding=str(raw.get("seed_binding", "train.seed")),
+        description=str(raw.get("description", "")),
+        path=path,
+    )
+    if spec.tiny_values is not None and has_variants:
+        raise SweepError(f"{where}: sweep.tiny_values goes with sweep.values; use sweep.tiny_variants")
+    if spec.tiny_values is not None and len(spec.tiny_values) != len(spec.values):
+        raise SweepError(f"{where}: sweep.tiny_values has {len(spec.tiny_values)} entries but sweep.values "
+                         f"has {len(spec.values)}; they map one to one")
+    if spec.tiny_variants is not None and set(spec.tiny_variants) != set(spec.variants):
+        raise SweepError(f"{where}: sweep.tiny_variants must name the same variants as sweep.variants "
+                         f"({', '.join(spec.variants)})")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.name):
+        raise SweepError(f"{where}: sweep.name {spec.name!r} must use letters, digits, '.', '_' or '-'")
+    return spec
+
+
+def load_spec(spec: str | os.PathLike) -> SweepSpec:
+    path = resolve_spec_path(spec)
+    return parse_spec_text(path.read_text(), default_name=path.stem, path=str(path))
+
+
+# ----------------------------------------------------------------------------------------
+# Expansion into runs
+# ----------------------------------------------------------------------------------------
+def slug(value: Any) -> str:
+    """A stable, filesystem-safe name for a factor value: 'cispo', '0.28', 'scalerl'."""
+    if isinstance(value, bool):
+        text = "on" if value else "off"
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, (list, tuple)):
+        text = "_".join(slug(v) for v in value)
+    else:
+        text = str(value)
+    text = re.sub(r"\.gin$", "", text)
+    text = re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_.")
+    return text or "value"
+
+
+def run_name(value_name: Any, seed: int) -> str:
+    return f"{slug(value_name)}-s{int(seed)}"
+
+
+def gin_literal(value: Any) -> str:
+    """A Python value written as a gin literal."""
+    if isinstance(value, _Raw):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(gin_literal(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{gin_literal(k)}: {gin_literal(v)}" for k, v in value.items()) + "}"
+    raise SweepError(f"cannot write {value!r} ({type(value).__name__}) as a gin literal")
+
+
+def resolve_config(name: str, relative_to: Path | None = None) -> str:
+    """A recipe path as given, next to the spec, or in experiments/configs/."""
+    p = Path(name)
+    candidates = [p]
+    if relative_to is not None:
+        candidates.append(relative_to / p)
+    candidates.append(CONFIGS_DIR / p)
+    for c in candidates:
+        if c.is_file():
+            return str(c.resolve())
+    known = ", ".join(sorted(q.name for q in CONFIGS_DIR.glob("*.gin"))) or "(none yet)"
+    raise SweepError(f"recipe {name!r} not found (looked at {', '.join(map(str, candidates))}); "
+                     f"recipes in {CONFIGS_DIR}: {known}")
+
+
+class _Raw(str):
+    """A gin reference or macro kept verbatim when a binding is written back out."""
+
+
+class _KeepDelegate:
+    def configurable_reference(self, name, evaluate):
+        return _Raw(f"@{name}{'()' if evaluate else ''}")
+
+    def macro(self, name):
+        return _Raw(f"%{name}")
+
+
+# `train.<param>`s that select the algorithm (not its scale, task, engine or schedule).
+ALGORITHM_PARAMS = ("loss", "aggregation", "advantage_norm", "curriculum", "off_policy", "precision",
+                    "length_control")
+ALGORITHM_REGISTRIES = ("LOSSES", "AGGREGATIONS", "ADVANTAGE_NORMS", "CURRICULA", "PRECISIONS",
+                        "LENGTH_CONTROLS", "OFF_POLICY")
+
+
+def _is_algorithm_selector(selector: str, param: str) -> bool:
+    from components import registry as reg
+
+    name = selector.split(".")[-1]
+    if name == "train":
+        return param in ALGORITHM_PARAMS
+    return any(name in getattr(reg, r) for r in ALGORITHM_REGISTRIES)
+
+
+def algorithm_bindings(recipe: str, _seen: set | None = None) -> list[str]:
+    """The bindings of a recipe (following its includes) that choose the algorithm:
+    `train.loss/aggregation/advantage_norm/curriculum/off_policy/precision/length_control`
+    and every hyper-parameter of a registered algorithm component (`cispo.eps_max`,
+    `pipeline_rl.k`, ...), in file order, written back as gin binding strings."""
+    from components.registry import load_builtin_components
+
+    load_builtin_components()
+    cp = _gin_parser()
+    path = Path(recipe).resolve()
+    seen = _seen if _seen is not None else set()
+    if path in seen:
+        return []
+    seen.add(path)
+    out = []
+    for stmt in cp.ConfigParser(path.read_text(), _KeepDelegate()):
+        if isinstance(stmt, cp.IncludeStatement):
+            out += algorithm_bindings(resolve_config(stmt.filename, path.parent), seen)
+        elif isinstance(stmt, cp.BindingStatement) and _is_algorithm_selector(stmt.selector, stmt.arg_name):
+            scope = f"{stmt.scope}/" if stmt.scope else ""
+            out.append(f"{scope}{stmt.selector}.{stmt.arg_name} = {gin_literal(stmt.value)}")
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
+    """The runs of a sweep at `scale` ("paper" or "tiny"), in spec order, seeds innermost."""
+    if scale not in ("paper", "tiny"):
+        raise SweepError(f"unknown scale {scale!r}; choose from: paper, tiny")
+    spec_dir = Path(spec.path).parent if spec.path else None
+    tiny = scale == "tiny"
+    # binding order (later wins): overrides, the factor's bindings, tiny_overrides (they map
+    # sizes onto the CPU, also a recipe's), the seed
+    tiny_overrides = tuple(spec.tiny_overrides) if tiny else ()
+    # (value name, value recorded in run.json, config files, factor bindings)
+    cells: list[tuple[str, Any, tuple, tuple]] = []
+    base = tuple(resolve_config(f, spec_dir) for f in (spec.tiny_base if tiny else spec.base))
+    if spec.variants:
+        variants = spec.tiny_variants if (tiny and spec.tiny_variants is not None) else spec.variants
+        for vname in spec.variants:  # spec order
+            cells.append((vname, vname, base, tuple(variants[vname])))
+    elif spec.factor == "recipe":
+        # The recipe itself is the factor: each value is a gin file, applied before the
+        # rest of the base (at tiny scale the tiny base maps sizes onto the CPU).
+        # At tiny scale a paper recipe's sizes cannot run on a CPU: the run takes the tiny
+        # base and re-applies the recipe's ALGORITHM bindings (components and their
+        # hyper-parameters, see `algorithm_bindings`); tiny_overrides map the rest.
+        values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
+        for shown, value in zip(spec.values, values):
+            recipe = resolve_config(str(value), spec_dir)
+            if tiny:
+                cells.append((str(shown), str(shown), base, tuple(algorithm_bindings(recipe))))
+            else:
+                cells.append((str(shown), str(shown), (recipe,) + base, ()))
+    else:
+        values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
+        param = spec.factor.rsplit(".", 1)[-1]
+        for shown, value in zip(spec.values, values):
+            # a number alone makes a poor name: prefix the parameter ("k8", "eps_max4.0")
+            vname = f"{param}{slug(shown)}" if isinstance(shown, (int, float)) and not isinstance(shown, bool) else shown
+            cells.append((vname, _json_value(value), base, (f"{spec.factor} = {gin_literal(value)}",)))
+    runs, seen = [], {}
+    for vname, value, files, bindings in cells:
+        for seed in spec.seeds:
+            name = run_name(vname, seed)
+            if name in seen:
+                raise SweepError(f"sweep {spec.name!r}: values {seen[name]!r} and {vname!r} give the same "
+                                 f"run name {name!r}; rename one")
+            seen[name] = vname
+            seed_b = (f"{spec.seed_binding} = {int(seed)}",) if spec.seed_binding else ()
+            runs.append(RunSpec(
+                name=name, sweep=spec.name, factor=spec.factor, value=value,
+                recipe="+".join(Path(f).stem for f in files), seed=int(seed), config_files=files,
+                bindings=tuple(spec.overrides) + tuple(bindings) + tiny_overrides + seed_b,
+            ))
+    return runs
+
+
+# ----------------------------------------------------------------------------------------
+# Validation (before anything is submitted)
+# ----------------------------------------------------------------------------------------
+def parse_binding(binding: str) -> tuple[str, str, str, Any]:
+    """'scope/train.loss = "dapo"' -> (scope, selector, param, value)."""
+    cp = _gin_parser()
+    try:
+        stmts = list(cp.ConfigParser(binding, _AnyDelegate()))
+    except SyntaxError as err:
+        raise SweepError(f"cannot parse binding {binding!r}: {err}") from None
+    if len(stmts) != 1 or not isinstance(stmts[0], cp.BindingStatement):
+        raise SweepError(f"expected one `configurable.param = value` binding, got {binding!r}")
+    s = stmts[0]
+    return s.scope, s.selector, s.arg_name, s.value
+
+
+def _load_trainer_configurables(target: str = DEFAULT_TARGET) -> None:
+    """Fill the registries and import the module of the function the jobs will call (it
+    registers the gin configurables the runs bind)."""
+    from components.registry import load_builtin_components
+
+    load_builtin_components()
+    module = target.partition(":")[0]
+    try:
+        importlib.import_module(module)
+        importlib.import_module("components.trainer.config")  # `train` and `model` (imported lazily by the trainer)
+    except ImportError as err:
+        raise SweepError(f"cannot import the trainer ({module}): {err}") from None
+
+
+def _configurable_signature_params(fn: Any) -> list[str] | None:
+    import inspect
+
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None  # accepts anything
+    return [p.name for p in sig.parameters.values() if p.name != "self"]
+
+
+def check_binding(binding: str) -> None:
+    """The binding's configurable and parameter exist; component-name values are registered."""
+    import gin
+    from components import registry as reg
+
+    _scope, selector, param, value = parse_binding(binding)
+    gin_registry = gin.config._REGISTRY  # gin's own selector map (no public lookup API)
+    try:
+        configurable = gin_registry.get_match(selector)
+    except (KeyError, ValueError) as err:  # ValueError: ambiguous selector
+        raise SweepError(f"binding {binding!r}: {err}") from None
+    if configurable is None:
+        close = _close(selector, [k for k in gin_registry.keys()])
+        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: no gin configurable named "
+                         f"{selector!r}.{close}")
+    params = _configurable_signature_params(configurable.wrapped)
+    if params is not None and param not in params:
+        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: {selector} has no "
+                         f"parameter {param!r}; its parameters: {', '.join(params)}.{_close(param, params)}")
+    if configurable.name == "train" and param in COMPONENT_PARAMS:
+        registry = getattr(reg, COMPONENT_PARAMS[param])
+        names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+        for name in names:  # train.curriculum is a list of names
+            if not isinstance(name, str) or name.startswith(("@", "%")):
+                continue
+            try:
+                registry.check(name)
+            except reg.UnknownComponentError as err:
+                raise SweepError(f"binding {binding!r}: {err}") from None
+
+
+def _close(word: str, choices: Iterable[str]) -> str:
+    import difflib
+
+    m = difflib.get_close_matches(word, list(choices), n=1)
+    return f" Did you mean {m[0]!r}?" if m else ""
+
+
+def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None:
+    """Check every run's recipe and bindings with gin and the registries, in a clean gin state."""
+    import gin
+
+    if not runs:
+        raise SweepError("the sweep has no runs")
+    _load_trainer_configurables(target)
+    try:
+        for files in dict.fromkeys(r.config_files for r in runs):
+            gin.clear_config()
+            try:  # imports the modules a recipe names, so user components are registered too
+                gin.parse_config_files_and_bindings(list(files), [], finalize_config=False)
+            except Exception as err:  # gin raises ValueError/KeyError/ImportError/... with a message
+                raise SweepError(f"recipe {', '.join(files)} does not parse: {err}") from None
+        for binding in dict.fromkeys(b for r in runs for b in r.bindings):
+            check_binding(binding)
+        for r in runs:
+            gin.clear_config()
+            try:
+                gin.parse_config_files_and_bindings(list(r.config_files), list(r.bindings), finalize_config=False)
+            except Exception as err:
+                raise SweepError(f"run {r.name}: config does not parse: {err}") from None
+    finally:
+        gin.clear_config()
+
+
+def slurm_partitions() -> list[str]:
+    if shutil.which("sinfo") is None:
+        raise SweepError("--executor slurm needs Slurm, but `sinfo` is not on PATH")
+    out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise SweepError(f"`sinfo` failed ({out.returncode}): {out.stderr.strip()}")
+    return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()})
+
+
+def check_partition(partition: str | None) -> None:
+    names = slurm_partitions()
+    if partition is not None and partition not in names:
+        raise SweepError(f"unknown Slurm partition {partition!r}; partitions on this cluster: {', '.join(names)}"
+                         f"{_close(partition, names)}")
+
+
+def parse_time_min(text: str | int) -> int:
+    """Slurm time formats -> minutes: '90', '1:30:00', '2-00:00:00', '45:00' (MM:SS)."""
+    if isinstance(text, int):
+        return text
+    t = str(text).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        raise SweepError(f"cannot read time limit {text!r}; use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    days = int(days or 0)
+    if days and b is None:  # D-HH
+        h, mi, s = int(a), 0, 0
+    elif c is not None:  # HH:MM:SS
+        h, mi, s = int(a), int(b), int(c)
+    elif b is not None:  # MM:SS, or D-HH:MM
+        h, mi, s = (int(a), int(b), 0) if days else (0, int(a), int(b))
+    else:
+        h, mi, s = 0, int(a), 0
+    minutes = days * 1440 + h * 60 + mi + math.ceil(s / 60)
+    if minutes <= 0:
+        raise SweepError(f"time limit {text!r} must be at least one minute")
+    return minutes
+
+
+# ----------------------------------------------------------------------------------------
+# Run directories: what is done, what is running
+# ----------------------------------------------------------------------------------------
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    ck = Path(run_dir) / "checkpoints"
+    return ck.is_dir() and any(ck.iterdir())
+
+
+def active_slurm_jobs(job_ids: Iterable[str]) -> dict[str, str]:
+    """{job id: state} for the given ids that squeue still lists (pending, running, ...)."""
+    ids = sorted({j for j in job_ids if j})
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)],
+                         capture_output=True, text=True, timeout=60)
+    states = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+@dataclass
+class Planned:
+    run: RunSpec
+    run_dir: Path
+    action: str  # submit | resume | retry | skip-done | skip-active | skip-failed
+    reason: str = ""
+
+
+def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> list[Planned]:
+    """Decide for every run: submit, resume, retry, or skip (and why)."""
+    root = Path(root)
+    infos = {r.name: (read_json(root / r.sweep / r.name / "run.json") or {}) for r in runs}
+    jobs = {r.name: (read_json(root / r.sweep / r.name / SLURM_FILE) or {}) for r in runs}
+    slurm_ids = [j.get("job_id") for j in jobs.values() if j.get("executor") == "slurm"]
+    active = active_slurm_jobs(slurm_ids)
+    out = []
+    for r in runs:
+        run_dir = root / r.sweep / r.name
+        status = infos[r.name].get("status")
+        job = jobs[r.name]
+        job_active = (job.get("executor") == "slurm" and job.get("job_id") in active) or (
+            job.get("executor") == "local" and _pid_alive(job.get("pid")))
+        if status == "done":
+            out.append(Planned(r, run_dir, "skip-done", "run.json says done"))
+        elif job_active:
+            state = active.get(job.get("job_id"), "running")
+            out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {state}"))
+        elif status == "failed" and not retry_failed:
+            err = infos[r.name].get("error", "")
+            out.append(Planned(r, run_dir, "skip-failed", f"failed: {str(err)[:120]} (use --retry-failed)"))
+        elif status == "failed":
+            out.append(Planned(r, run_dir, "retry", "failed before; retrying"
+                               + (" from its checkpoint" if has_checkpoint(run_dir) else "")))
+        elif has_checkpoint(run_dir):
+            out.append(Planned(r, run_dir, "resume", f"status {status or 'unknown'}; resumes from its checkpoint"))
+        else:
+            out.append(Planned(r, run_dir, "submit", "new run" if not status else f"status {status}, no checkpoint"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# The job
+# ----------------------------------------------------------------------------------------
+class RunFailed(RuntimeError):
+    """The trainer finished a run with status 'failed'."""
+
+
+def _resolve_target(target: str):
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise SweepError(f"trainer target must look like 'package.module:function', got {target!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+class RunJob(submitit.helpers.Checkpointable):
+    """One training run as a submitit job.
+
+    Checkpointable: on a Slurm time limit or preemption submitit calls `checkpoint` (the
+    inherited one resubmits this same call) and requeues the job; the trainer then resumes
+    from the latest checkpoint in the run directory.
+    """
+
+    def __init__(self, target: str = DEFAULT_TARGET):
+        self.target = target
+
+    def __call__(self, config_files: Sequence[str], bindings: Sequence[str], run_dir: str,
+                 run_info: dict) -> str:
+        _record_job_start(Path(run_dir))
+        train = _resolve_target(self.target)
+        status = train(list(config_files), list(bindings), run_dir, run_info=dict(run_info))
+        if status != "done":
+            info = read_json(Path(run_dir) / "run.json") or {}
+            raise RunFailed(f"run {run_info.get('name')} ended with status {status!r}: "
+                            f"{info.get('error', 'no error recorded in run.json')}")
+        return status
+
+
+def _record_job_start(run_dir: Path) -> None:
+    """Append to attempts.jsonl which job (and which Slurm restart) runs this run now."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = os.environ
+    job_id = env.get("SLURM_JOB_ID")
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        job_id = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID')}"
+    rec = {"at": _now(), "pid": os.getpid(), "job_id": job_id, "node": env.get("SLURMD_NODENAME"),
+           "restart_count": int(env.get("SLURM_RESTART_COUNT", 0) or 0)}
+    with open(run_dir / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------
+# Executors and submission
+# ----------------------------------------------------------------------------------------
+@dataclass
+class LaunchOptions:
+    executor: str = "slurm"
+    partition: str | None = None
+    gpus: int = 0
+    cpus: int = 1
+    mem_gb: float | None = None
+    time_min: int = 60
+    array_parallelism: int = 64
+    account: str | None = None
+    qos: str | None = None
+    slurm_extra: dict = field(default_factory=dict)
+    max_requeues: int = 10
+    target: str = DEFAULT_TARGET
+
+
+def make_executor(opts: LaunchOptions, folder: Path, sweep: str) -> submitit.Executor:
+    if opts.executor not in ("slurm", "local", "debug"):
+        raise SweepError(f"unknown executor {opts.executor!r}; choose from: slurm, local, debug")
+    executor = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor,
+                                     slurm_max_num_timeout=opts.max_requeues)
+    params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
+    if opts.executor != "debug":
+        params.update(cpus_per_task=opts.cpus, gpus_per_node=opts.gpus, tasks_per_node=1, nodes=1)
+    if opts.mem_gb is not None:
+        params["mem_gb"] = opts.mem_gb
+    if opts.executor == "slurm":
+        params["slurm_array_parallelism"] = opts.array_parallelism
+        if opts.partition:
+            params["slurm_partition"] = opts.partition
+        if opts.account:
+            params["slurm_account"] = opts.account
+        if opts.qos:
+            params["slurm_qos"] = opts.qos
+        if opts.slurm_extra:
+            params["slurm_additional_parameters"] = dict(opts.slurm_extra)
+    executor.update_parameters(**params)
+    return executor
+
+
+def _job_record(job: submitit.Job, opts: LaunchOptions, folder: Path) -> dict:
+    rec = {"executor": opts.executor, "job_id": str(job.job_id), "submitit_folder": str(folder),
+           "submitted_at": _now()}
+    if opts.executor == "slurm":
+        rec["array_job_id"] = str(job.job_id).split("_")[0]
+        rec.update(partition=opts.partition, time_min=opts.time_min, gpus=opts.gpus, cpus=opts.cpus)
+    elif opts.executor == "local":
+        rec["pid"] = getattr(getattr(job, "_process", None), "pid", None) or str(job.job_id)
+    return rec
+
+
+def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: str) -> list[tuple[Planned, Any]]:
+    """Submit the runs to launch as ONE job array; record each run's job in its slurm.json."""
+    todo = [p for p in planned if not p.action.startswith("skip")]
+    if not todo:
+        return []
+    folder = Path(root) / sweep / ".submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = make_executor(opts, folder, sweep)
+    fn = RunJob(opts.target)
+    for p in todo:
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+    jobs: list = []
+    if opts.executor == "slurm":
+        with executor.batch():
+            for p in todo:
+                jobs.append(executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
+                                            str(p.run_dir), p.run.run_info()))
+    else:
+        # local/debug run in waves of `array_parallelism` (local starts every job at once)
+        jobs = [None] * len(todo)
+        wave = max(1, opts.array_parallelism) if opts.executor == "local" else len(todo)
+        for start in range(0, len(todo), wave):
+            chunk = range(start, min(start + wave, len(todo)))
+            for i in chunk:
+                p = todo[i]
+                jobs[i] = executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
+                                          str(p.run_dir), p.run.run_info())
+                _record(p, jobs[i], opts, folder)
+            if opts.executor == "local" and start + wave < len(todo):
+                for i in chunk:
+                    _wait_quietly(jobs[i])
+        return list(zip(todo, jobs))
+    for p, job in zip(todo, jobs):
+        _record(p, job, opts, folder)
+    return list(zip(todo, jobs))
+
+
+def _record(p: Planned, job: Any, opts: LaunchOptions, folder: Path) -> None:
+    path = p.run_dir / SLURM_FILE
+    old = read_json(path) or {}
+    rec = _job_record(job, opts, folder)
+    rec["history"] = old.get("history", []) + [{"job_id": rec["job_id"], "submitted_at": rec["submitted_at"],
+                                                 "action": p.action}]
+    _write_json_atomic(path, rec)
+
+
+def _wait_quietly(job: Any) -> None:
+    try:
+        job.result()
+    except Exception:  # reported by `wait`
+        pass
+
+
+def wait(submitted: Sequence[tuple[Planned, Any]], poll_s: float = 5.0) -> dict[str, tuple[str, str]]:
+    """Wait for every job; {run name: (outcome, error)} with outcome done | failed."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from submitit.local.debug import DebugJob
+
+    outcomes: dict[str, tuple[str, str]] = {}
+    pending = list(submitted)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), transient=False) as progress:
+        task = progress.add_task("runs finished", total=len(pending))
+        while pending:
+            still = []
+            for p, job in pending:
+                if isinstance(job, DebugJob) or job.done():
+                    outcomes[p.run.name] = _outcome(p, job)
+                    progress.advance(task)
+                else:
+                    still.append((p, job))
+            pending = still
+            if pending:
+                time.sleep(poll_s)
+    return outcomes
+
+
+def _outcome(p: Planned, job: Any) -> tuple[str, str]:
+    """("done", "") or ("failed", the run's recorded error, else the job's last error line)."""
+    try:
+        job.result()
+        return "done", ""
+    except Exception as err:  # FailedJobError / UncompletedJobError / RunFailed (debug)
+        recorded = (read_json(p.run_dir / "run.json") or {}).get("error")
+        if recorded:
+            return "failed", str(recorded).splitlines()[0][:500]
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        lines = [ln for ln in lines if not ln.startswith(("You can check", "'job.stdout", "- /", "srun: error"))]
+        return "failed", (lines[-1] if lines else type(err).__name__)[:500]
+
+
+# ----------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="sweep spec (.gin), or the name of one in experiments/sweeps/")
+    parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
+                        help="slurm: one job array; local: subprocesses here; debug: in this process")
+    parser.add_argument("--scale", choices=("paper", "tiny"), default="paper",
+                        help="paper: the spec's recipe at paper scale; tiny: mapped onto the CPU setting")
+    parser.add_argument("--runs", default="runs", help="runs root; runs land in RUNS/<sweep>/<run>/ (default runs/)")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs and their overrides; submit nothing")
+    parser.add_argument("--retry-failed", action="store_true", help="resubmit runs whose status is failed")
+    parser.add_argument("--only", nargs="+", metavar="RUN", help="launch only these runs (names as in --dry-run)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
+    parser.add_argument("--gin", action="append", default=[], metavar="BINDING",
+                        help="extra gin binding for every run, applied last (repeatable)")
+    parser.add_argument("--trainer", dest="target", default=DEFAULT_TARGET, metavar="MODULE:FUNCTION",
+                        help=f"the function each job calls (default {DEFAULT_TARGET}); same signature as run_training")
+    parser.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and report (local/debug always wait)")
+    slurm = parser.add_argument_group("Slurm")
+    slurm.add_argument("--partition", help="Slurm partition (checked with sinfo); default: the cluster's default")
+    slurm.add_argument("--gpus", type=int, default=0, help="GPUs per run (default 0)")
+    slurm.add_argument("--cpus", type=int, default=1, help="CPUs per run (default 1)")
+    slurm.add_argument("--mem-gb", type=float, help="memory per run in GB")
+    slurm.add_argument("--time", default="60", help="time limit per job: minutes or [D-]HH:MM:SS (default 60); "
+                       "a run that hits it is checkpointed and requeued")
+    slurm.add_argument("--array-parallelism", type=int, default=64, help="max runs at once (default 64)")
+    slurm.add_argument("--account", help="Slurm account (passed through)")
+    slurm.add_argument("--qos", help="Slurm QOS (passed through)")
+    slurm.add_argument("--slurm-extra", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option, e.g. constraint=a100 (repeatable)")
+    slurm.add_argument("--max-requeues", type=int, default=10,
+                       help="how many time-limit requeues a run may use (default 10)")
+
+
+def _parse_extra(items: Sequence[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SweepError(f"--slurm-extra expects KEY=VALUE, got {item!r}")
+        out[key.strip().lstrip("-").replace("-", "_")] = value
+    return out
+
+
+def prepare(args: argparse.Namespace) -> tuple[SweepSpec, list[RunSpec], LaunchOptions]:
+    spec = load_spec(args.spec)
+    if args.seeds:
+        spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
+    runs = expand(spec, args.scale)
+    if args.gin:
+        runs = [dataclasses.replace(r, bindings=r.bindings + tuple(args.gin)) for r in runs]
+    if args.only:
+        names = [r.name for r in runs]
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            raise SweepError(f"--only: unknown run(s) {', '.join(unknown)}; runs of {spec.name}: {', '.join(names)}")
+        runs = [r for r in runs if r.name in args.only]
+    opts = LaunchOptions(
+        executor=args.executor, partition=args.partition, gpus=args.gpus, cpus=args.cpus, mem_gb=args.mem_gb,
+        time_min=parse_time_min(args.time), array_parallelism=args.array_parallelism, account=args.account,
+        qos=args.qos, slurm_extra=_parse_extra(args.slurm_extra), max_requeues=args.max_requeues,
+        target=getattr(args, "target", DEFAULT_TARGET),
+    )
+    return spec, runs, opts
+
+
+def print_plan(spec: SweepSpec, planned: Sequence[Planned], root: Path, scale: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"sweep {spec.name} ({scale} scale, factor {spec.factor}) -> {Path(root) / spec.name}")
+    for col in ("run", "action", "config", "overrides", "note"):
+        table.add_column(col, overflow="fold")
+    for p in planned:
+        table.add_row(p.run.name, p.action, " + ".join(Path(f).name for f in p.run.config_files),
+                      "\n".join(p.run.bindings), p.reason)
+    console.print(table)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        spec, runs, opts = prepare(args)
+        root = Path(args.runs)
+        planned = plan(runs, root, retry_failed=args.retry_failed)
+        print_plan(spec, planned, root, args.scale, console)
+        validate_runs(runs, opts.target)
+        if opts.executor == "slurm" and not args.dry_run:
+            check_partition(opts.partition)
+        elif opts.executor == "slurm" and opts.partition and shutil.which("sinfo"):
+            check_partition(opts.partition)
+    except SweepError as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+    if args.dry_run:
+        n = sum(not p.action.startswith("skip") for p in planned)
+        console.print(f"dry run: {n} of {len(planned)} runs would be submitted ({opts.executor}); nothing submitted")
+        return 0
+    submitted = submit(planned, opts, root, spec.name)
+    if not submitted:
+        console.print("nothing to submit: every run is done, active or failed (see --retry-failed)")
+        return 0
+    ids = sorted({str(job.job_id).split("_")[0] for _, job in submitted})
+    console.print(f"submitted {len(submitted)} runs ({opts.executor}, job {'/'.join(ids)}); "
+                  f"follow with: scalerl status {root / spec.name}")
+    if opts.executor == "slurm" and not args.wait:
+        return 0
+    outcomes = wait(submitted, poll_s=2.0 if opts.executor != "slurm" else 10.0)
+    failed = {k: v for k, v in outcomes.items() if v[0] != "done"}
+    for name, (_, err) in failed.items():
+        console.print(f"[red]{name} failed:[/red] {err}")
+    console.print(f"{len(outcomes) - len(failed)} done, {len(failed)} failed")
+    return 1 if failed else 0

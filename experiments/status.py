@@ -1,0 +1,229 @@
+"""`scalerl status runs/<sweep>`: one table row per run of a sweep.
+
+Columns: run, state (run.json status), Slurm (the state of the run's last job, from
+`sacct`, or `squeue` where accounting is off, through the job id `scalerl sweep` records
+in the run's slurm.json), step and compute_hours (last line of metrics.jsonl), the last
+held-out pass rate (eval.jsonl) and the fitted asymptote A and exponent B of the sigmoid
+law once the run has enough evaluation points (`analysis.scaling_law.fit`).
+
+PATH may be one run directory, a sweep directory (its runs are the subdirectories) or a
+runs root (every sweep below it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from experiments.launch import SLURM_FILE, read_json
+
+MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are shown
+
+
+@dataclass
+class RunStatus:
+    run: str
+    path: str
+    state: str  # run.json status: running | done | failed | queued (no run.json yet) | unknown
+    slurm: str  # last job's Slurm state, "" when not on Slurm / unknown
+    job_id: str
+    step: int | None
+    compute_hours: float | None
+    pass_rate: float | None
+    eval_points: int
+    A: float | None
+    B: float | None
+    fit_note: str
+    error: str
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every parseable line of a JSONL file (a half-written last line is ignored)."""
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return rows
+
+
+def last_jsonl(path: Path) -> dict | None:
+    rows = read_jsonl(path)
+    return rows[-1] if rows else None
+
+
+def find_runs(path: Path) -> list[Path]:
+    """Run directories at or below PATH (a run, a sweep, or a runs root)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no such directory: {path}")
+
+    def is_run(d: Path) -> bool:
+        return any((d / f).exists() for f in ("run.json", SLURM_FILE, "metrics.jsonl"))
+
+    if is_run(path):
+        return [path]
+    children = sorted(d for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+    runs = [d for d in children if is_run(d)]
+    if runs:
+        return runs
+    return [g for d in children for g in sorted(x for x in d.iterdir() if x.is_dir() and is_run(x))]
+
+
+def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """{job id: Slurm state} from sacct (accounting) with squeue for jobs sacct does not know."""
+    ids = sorted({str(j) for j in job_ids if j})
+    states: dict[str, str] = {}
+    if not ids:
+        return states
+    if shutil.which("sacct"):
+        try:
+            out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids)],
+                                 capture_output=True, text=True, timeout=60)
+            for line in out.stdout.splitlines():
+                parts = line.strip().split("|")
+                if len(parts) >= 2 and parts[0]:
+                    states[parts[0]] = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
+        except (OSError, subprocess.SubprocessError):
+            pass
+    missing = [j for j in ids if j not in states]
+    if missing and shutil.which("squeue"):
+        try:
+            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(missing)],
+                                 capture_output=True, text=True, timeout=60)
+            for line in out.stdout.splitlines():
+                parts = line.strip().split("|")
+                if len(parts) == 2:
+                    states[parts[0]] = parts[1]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return states
+
+
+def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS) -> tuple[float | None, float | None, str]:
+    """(A, B, note) of the sigmoid law on (compute_hours, pass_rate) points; None where not fittable."""
+    pts = [(e.get("compute_hours"), e.get("pass_rate")) for e in evals]
+    pts = [(float(c), float(r)) for c, r in pts if isinstance(c, (int, float)) and isinstance(r, (int, float))
+           and math.isfinite(c) and math.isfinite(r)]
+    pts.sort()
+    dedup: list[tuple[float, float]] = []
+    for c, r in pts:  # compute must be strictly increasing
+        if dedup and c <= dedup[-1][0]:
+            continue
+        dedup.append((c, r))
+    if len(dedup) < min_points:
+        return None, None, f"{len(dedup)}/{min_points} eval points"
+    try:
+        from analysis.scaling_law import fit
+    except ImportError as err:
+        return None, None, f"no analysis.scaling_law ({err})"
+    try:
+        res = fit([c for c, _ in dedup], [r for _, r in dedup])
+    except Exception as err:  # FitError: flat curve, too few points past the cutoff, ...
+        return None, None, f"no fit ({type(err).__name__})"
+    note = "; ".join(getattr(res, "flags", ()) or ())
+    return float(res.A), float(res.B), note
+
+
+def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_POINTS) -> list[RunStatus]:
+    run_dirs = find_runs(path)
+    jobs = {d: (read_json(d / SLURM_FILE) or {}) for d in run_dirs}
+    slurm_ids = [j.get("job_id") for j in jobs.values() if j.get("executor", "slurm") == "slurm" and j.get("job_id")]
+    states = slurm_states(slurm_ids) if with_slurm else {}
+    root = Path(path)
+    out = []
+    for d in run_dirs:
+        info = read_json(d / "run.json") or {}
+        last = last_jsonl(d / "metrics.jsonl") or {}
+        evals = read_jsonl(d / "eval.jsonl")
+        job = jobs[d]
+        job_id = str(job.get("job_id", "") or "")
+        state = info.get("status") or ("queued" if job else "unknown")
+        A, B, note = fit_ab(evals, min_points) if evals else (None, None, "no evals")
+        name = str(d.relative_to(root)) if d != root else d.name
+        out.append(RunStatus(
+            run=name, path=str(d), state=state,
+            slurm=states.get(job_id, "") if job.get("executor", "slurm") == "slurm" else job.get("executor", ""),
+            job_id=job_id,
+            step=last.get("step"), compute_hours=last.get("compute_hours"),
+            pass_rate=(evals[-1].get("pass_rate") if evals else None), eval_points=len(evals),
+            A=A, B=B, fit_note=note, error=str(info.get("error", "") or ""),
+        ))
+    return out
+
+
+def _fmt(x, spec: str) -> str:
+    if x is None:
+        return "-"
+    try:
+        return format(x, spec)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "queued": "yellow"}
+
+
+def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=title)
+    for col, kw in (("run", {"no_wrap": True}), ("state", {}), ("slurm", {}), ("step", {"justify": "right"}),
+                    ("compute_h", {"justify": "right"}), ("pass rate", {"justify": "right"}),
+                    ("evals", {"justify": "right"}), ("A", {"justify": "right"}), ("B", {"justify": "right"}),
+                    ("note", {"overflow": "fold"})):
+        table.add_column(col, **kw)
+    for r in rows:
+        style = STATE_STYLE.get(r.state, "")
+        note = r.error.splitlines()[0][:40] if r.state == "failed" and r.error else r.fit_note[:40]
+        table.add_row(r.run, f"[{style}]{r.state}[/{style}]" if style else r.state, r.slurm or "-",
+                      _fmt(r.step, "d"), _fmt(r.compute_hours, ".4g"), _fmt(r.pass_rate, ".3f"), str(r.eval_points),
+                      _fmt(r.A, ".3f"), _fmt(r.B, ".2f"), note)
+    console.print(table)
+    for r in rows:
+        if r.state == "failed" and r.error:
+            console.print(f"[red]{r.run}[/red]: {r.error.splitlines()[0]}", overflow="fold")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", nargs="?", default="runs", help="a sweep directory (runs/<sweep>), a run, or a runs root")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.add_argument("--no-slurm", action="store_true", help="do not query sacct/squeue")
+    parser.add_argument("--min-points", type=int, default=MIN_FIT_POINTS,
+                        help=f"evaluation points needed before A and B are fitted (default {MIN_FIT_POINTS})")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console() if Console().is_terminal else Console(width=160)
+    try:
+        rows = collect(Path(args.path), with_slurm=not args.no_slurm, min_points=args.min_points)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2, default=str))
+    else:
+        render(rows, title=f"runs in {args.path}", console=console)
+    return 0

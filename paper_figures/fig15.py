@@ -1,0 +1,18 @@
+"""Fig 15: Leave-one-out variants. Needs runs with sweep leave_one_out | loo or factor leave_one_out | loo.
+
+Each run of the sweep is drawn with its sigmoid fitted on the first part of its compute
+(Options.fit_fraction), solid over the fitted range and dashed beyond; stars are fitted
+points, "×" the points held out. Runs are selected by paper_figures/spec.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paper_figures.common import Options, RunData, draw_sweep_curves
+
+FIGURE = "fig15"
+
+
+def draw(data: RunData, out_dir: str | Path, opts: Options = Options()) -> list[Path]:
+    return draw_sweep_curves(FIGURE, data, out_dir, opts)

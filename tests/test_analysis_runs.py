@@ -1,0 +1,159 @@
+"""Loading run directories, fitting runs, the synthetic-run writer and `scalerl fit`."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.runs import fit_run, fit_runs, load_runs, read_jsonl, run_curve
+from analysis.scaling_law import FitResult
+from analysis.synthetic import SYNTHETIC_SWEEPS, write_paper_sweeps, write_run, write_sweep
+from experiments.cli import main as scalerl
+
+# The run-directory contract (DESIGN.md "A run directory"; the trainer writes these fields).
+RUN_JSON_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "error",
+                   "started", "finished"}
+METRICS_FIELDS = {"step", "version", "compute_hours", "flops", "wall_s", "prompts", "generations", "tokens",
+                  "reward_mean", "pass_rate", "zero_variance_frac", "truncation_rate", "entropy", "loss", "grad_norm",
+                  "is_ratio_mean", "is_ratio_min", "is_ratio_max", "clip_frac", "lag_mean", "lag_max",
+                  "time_generate", "time_train", "time_sync", "time_wait"}
+EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task"}
+
+
+def small_run(root, sweep="loss_type", value="cispo", **kw):
+    params = dict(A=0.6, B=1.8, C_mid=0.05, R0=0.1, factor="loss", value=value, steps=40, eval_every=2,
+                  device="cpu", count=2)
+    params.update(kw)
+    return write_run(root, sweep, **params)
+
+
+def test_synthetic_run_has_exactly_the_contract_fields(tmp_path):
+    d = small_run(tmp_path)
+    meta = json.loads((d / "run.json").read_text())
+    assert set(meta) == RUN_JSON_FIELDS and set(meta["hardware"]) == {"device", "count"}
+    metrics, _ = read_jsonl(d / "metrics.jsonl")
+    evals, _ = read_jsonl(d / "eval.jsonl")
+    assert all(set(m) == METRICS_FIELDS for m in metrics) and len(metrics) == 40
+    assert all(set(e) == EVAL_FIELDS for e in evals) and len(evals) == 21
+    assert (d / "config.gin").is_file() and (d / "checkpoints").is_dir()
+    c = np.array([e["compute_hours"] for e in evals])
+    assert np.all(np.diff(c) > 0) and c[0] == 0.0
+
+
+def test_load_runs_eval_rows_and_metadata(tmp_path):
+    write_sweep(tmp_path, "batch_size", "batch_size", {512: (0.6, 1.8, 1.0), 2048: (0.65, 1.7, 3.0)},
+                seeds=(0, 1), steps=20, eval_every=5)
+    df = load_runs(tmp_path)
+    assert len(df) == 4 * 5
+    assert {"sweep", "run", "factor", "value", "seed", "status", "step", "compute_hours", "flops", "pass_rate",
+            "k", "prompts", "per_task.math", "path"} <= set(df.columns)
+    assert set(df["value"]) == {512, 2048} and set(df["seed"]) == {0, 1}
+    # a sweep directory and a single run directory load the same way
+    assert len(load_runs(tmp_path / "batch_size")) == 20
+    one = load_runs(tmp_path / "batch_size" / "batch_size=512-seed0")
+    assert len(one) == 5 and one["run"].unique().tolist() == ["batch_size=512-seed0"]
+    metrics = load_runs(tmp_path, what="metrics")
+    assert len(metrics) == 4 * 20 and "entropy" in metrics
+
+
+def test_load_runs_tolerates_partial_failed_and_empty_runs(tmp_path, caplog):
+    small_run(tmp_path, value="partial", status="running", partial_last_line=True)
+    small_run(tmp_path, value="failed", status="failed", error="RuntimeError: NaN loss", steps=10)
+    small_run(tmp_path, value="noevals", status="running", with_evals=False)
+    ev = load_runs(tmp_path)
+    runs = load_runs(tmp_path, what="runs").set_index("value")
+    assert set(ev["value"]) == {"partial", "failed"}  # the run without evaluations has no eval rows
+    assert runs.loc["noevals", "n_evals"] == 0 and runs.loc["noevals", "n_steps"] == 40
+    assert runs.loc["failed", "status"] == "failed" and "NaN loss" in runs.loc["failed", "error"]
+    assert runs.loc["partial", "partial_lines"] == 2  # half a line at the end of both logs
+    assert runs.loc["partial", "n_evals"] == 21
+    with caplog.at_level(logging.WARNING):
+        load_runs(tmp_path)
+    assert not caplog.records  # a partial LAST line is expected, not a warning
+
+
+def test_corrupt_middle_line_is_skipped_with_a_warning(tmp_path, caplog):
+    d = small_run(tmp_path)
+    lines = (d / "eval.jsonl").read_text().splitlines()
+    lines[3] = "{not json"
+    (d / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING):
+        ev = load_runs(tmp_path)
+    assert len(ev) == 20 and "eval.jsonl:4" in caplog.text
+
+
+def test_run_without_run_json_is_found(tmp_path):
+    d = small_run(tmp_path)
+    (d / "run.json").unlink()
+    runs = load_runs(tmp_path, what="runs")
+    assert runs["run"].tolist() == [d.name] and runs["sweep"].tolist() == ["loss_type"]
+
+
+def test_load_runs_missing_path_and_empty_dir(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_runs(tmp_path / "nope")
+    assert load_runs(tmp_path).empty and load_runs(tmp_path, what="runs").empty
+
+
+def test_resumed_run_with_repeated_steps_keeps_last(tmp_path):
+    d = small_run(tmp_path, steps=10)
+    rows, _ = read_jsonl(d / "eval.jsonl")
+    with open(d / "eval.jsonl", "a") as f:  # a resume re-evaluates the last step
+        f.write(json.dumps({**rows[-1], "pass_rate": 0.99}) + "\n")
+    ev = load_runs(tmp_path)
+    assert len(ev) == len(rows) and ev["pass_rate"].iloc[-1] == 0.99
+
+
+def test_fit_run_returns_fit_or_none(tmp_path):
+    small_run(tmp_path, value="good", noise=0.003)
+    small_run(tmp_path, value="short", steps=6)
+    small_run(tmp_path, value="flat", A=0.1000001, R0=0.1, noise=0.0)
+    ev = load_runs(tmp_path)
+    good = fit_run(ev[ev["value"] == "good"])
+    assert isinstance(good, FitResult) and abs(good.A - 0.6) < 0.02
+    assert fit_run(ev[ev["value"] == "short"]) is None  # 4 evaluations < min_points
+    assert fit_run(ev[ev["value"] == "flat"]) is None
+    flops = fit_run(ev[ev["value"] == "good"], compute="flops")
+    assert flops is not None and flops.C_mid > 1e15 and abs(flops.A - good.A) < 1e-6
+    c, r = run_curve(ev[ev["value"] == "good"])
+    assert c.size == 21 and np.all(np.diff(c) > 0)
+
+
+def test_fit_runs_table_and_prediction(tmp_path):
+    write_paper_sweeps(tmp_path, sweeps=["loss_type"], steps=60, eval_every=3, noise=0.003)
+    table = fit_runs(load_runs(tmp_path))
+    assert len(table) == 3 and table["fit_error"].eq("").all()
+    want = SYNTHETIC_SWEEPS["loss_type"][1]
+    for row in table.itertuples():
+        assert abs(row.A - want[row.value][0]) < 0.02, row
+    pred = fit_runs(load_runs(tmp_path), fraction=0.5)
+    assert (pred["error"].abs() < 0.03).all() and (pred["fit_to"] < pred["final_compute"]).all()
+
+
+def test_scalerl_fit_cli_writes_csv(tmp_path, capsys):
+    write_paper_sweeps(tmp_path / "runs", sweeps=["loss_type"], steps=60, eval_every=3)
+    small_run(tmp_path / "runs", value="noevals", with_evals=False, status="running")
+    csv = tmp_path / "fits.csv"
+    assert scalerl(["fit", str(tmp_path / "runs"), "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv)
+    assert len(df) == 4 and {"A", "B", "C_mid", "R0", "rank", "fit_error"} <= set(df.columns)
+    assert df.loc[df["value"] == "noevals", "fit_error"].str.contains("0 evaluations").all()
+    # the paper's rule inside the sweep: dapo (A 0.52) ranks below gspo / cispo (A 0.595)
+    ls = df[df["factor"] == "loss"].set_index("value")
+    assert ls.loc["dapo", "rank"] == 3 and not ls.loc["dapo", "tied_with_best_A"]
+    out = capsys.readouterr().out
+    assert "sigmoid fits" in out and "dapo" in out
+    assert scalerl(["fit", str(tmp_path / "missing")]) == 2
+
+
+def test_scalerl_fit_cli_prediction_and_bootstrap(tmp_path):
+    write_paper_sweeps(tmp_path / "runs", sweeps=["fp32_head"], steps=40, eval_every=2)
+    csv = tmp_path / "fits.csv"
+    assert scalerl(["fit", str(tmp_path / "runs"), "--csv", str(csv), "--fraction", "0.5", "--bootstrap", "8"]) == 0
+    df = pd.read_csv(csv)
+    assert {"predicted_final", "observed_final", "prediction_error", "A_lo", "A_hi"} <= set(df.columns)
+    assert (df["A_lo"] <= df["A_hi"]).all()

@@ -1,0 +1,143 @@
+"""Every paper figure renders from small synthetic run directories, in the paper's conventions."""
+
+from __future__ import annotations
+
+import importlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from analysis.synthetic import SYNTHETIC_SWEEPS, write_paper_sweeps  # noqa: E402
+from experiments.cli import main as scalerl  # noqa: E402
+from paper_figures.common import MissingRuns, Options, RunData, draw_curves_on, select  # noqa: E402
+from paper_figures.render import render_all  # noqa: E402
+from paper_figures.spec import FIGURES  # noqa: E402
+
+OPTS = Options(dpi=30)
+# The figures and tables the issue lists (arXiv v1 numbering).
+LISTED = ["fig1a", "fig2", "fig3", "fig12", "fig13", "fig4a", "fig4b", "fig5a", "fig5b", "fig6a", "fig6b", "fig7",
+          "fig8a", "fig9a", "fig10a", "fig14a", "fig14b", "fig15", "fig16", "fig17a", "fig19a", "fig19b", "fig20",
+          "table1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    # CPU-sized runs: C_mid of the paper's GPU-hours scaled down to minutes of CPU time.
+    write_paper_sweeps(root, scale=1e-4, steps=30, eval_every=2, device="cpu", count=2, k=4, prompts=64)
+    return root
+
+
+def test_every_listed_figure_is_in_the_table_and_every_sweep_is_synthesised():
+    assert set(LISTED) == set(FIGURES)
+    for spec in FIGURES.values():
+        assert spec.synthetic or set(spec.sweeps) & set(SYNTHETIC_SWEEPS), spec.id
+
+
+def test_curve_figure_follows_the_paper_conventions(runs):
+    data = RunData(runs)
+    spec = FIGURES["fig5a"]
+    ev = select(data.eval, spec)
+    fig, ax = plt.subplots()
+    fits = draw_curves_on(ax, spec, ev, Options(fit_fraction=0.5))
+    assert ax.get_xscale() == "log"
+    assert "pass rate (mean@4)" in ax.get_ylabel() and "CPU" in ax.get_xlabel()
+    assert set(fits) == {"dapo", "gspo", "cispo"} and all(f is not None for f in fits.values())
+    markers = {c.get_paths()[0].vertices.shape[0] for c in ax.collections}
+    assert len(ax.collections) == 6 and len(markers) == 2  # stars (fitted) and × (held out) per run
+    styles = [line.get_linestyle() for line in ax.lines]
+    assert styles.count("-") >= 3 and styles.count("--") == 3  # solid fit, dashed extrapolation
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all("A=" in t and "B=" in t for t in labels)
+    # the solid line ends at the cutoff, the dashed one starts there
+    solid = [ln for ln in ax.lines if ln.get_linestyle() == "-" and len(ln.get_xdata())]
+    dashed = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
+    for s, d in zip(solid, dashed):
+        assert s.get_xdata()[-1] == pytest.approx(d.get_xdata()[0])
+    plt.close(fig)
+
+
+def test_fig3_matches_eq1_numerically(tmp_path):
+    from paper_figures import fig3
+    from paper_figures.illustrations import COMPUTE
+
+    (title, curves), = fig3.PANELS
+    c = curves[0]
+    expected = c.R0 + (c.A - c.R0) / (1.0 + (c.C_mid / COMPUTE) ** c.B)  # Eq. 1 written out
+    np.testing.assert_allclose(c.values(), expected, rtol=1e-12)
+    # and the drawn line carries exactly those values
+    fig, ax = plt.subplots()
+    from paper_figures.illustrations import draw_curve_panel
+
+    draw_curve_panel(ax, title, curves)
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), expected, rtol=1e-12)
+    half = np.interp(np.log(c.C_mid), np.log(COMPUTE), expected)
+    assert half == pytest.approx(c.R0 + (c.A - c.R0) / 2, abs=1e-3)  # C_mid = half the gain
+    plt.close(fig)
+
+
+def test_fig13_crossover_crosses():
+    from paper_figures import fig13
+    from paper_figures.illustrations import COMPUTE
+
+    fast, slow = fig13.PANELS[1][1]
+    diff = fast.values() - slow.values()
+    assert diff[COMPUTE.searchsorted(1000.0)] > 0 and diff[-1] < 0
+
+
+def test_fig7_table_slope_is_b(runs, tmp_path):
+    from paper_figures import fig7
+
+    table, transformed, common_a = fig7.loo_table(RunData(runs), Options(fit_fraction=1.0))
+    assert set(table["run"]) == set(SYNTHETIC_SWEEPS["leave_one_out"][1])
+    assert np.allclose(table["common_A"], common_a) and common_a == pytest.approx(table["A"].mean())
+    # the least-squares slope of log F vs log C is close to the refit B
+    np.testing.assert_allclose(table["slope_logF_logC"], table["B_at_common_A"], rtol=0.15)
+
+
+def test_missing_figures_are_listed_with_reasons(tmp_path):
+    write_paper_sweeps(tmp_path / "runs", sweeps=["loss_type"], steps=20, eval_every=2)
+    written, missing, failed = render_all(tmp_path / "runs", tmp_path / "out", OPTS,
+                                          only=["fig5a", "fig3", "fig10a", "fig16", "table1"])
+    assert set(written) == {"fig5a", "fig3"} and not failed
+    assert "batch_size" in missing["fig10a"] and "batch_size" in missing["fig16"]
+    with pytest.raises(KeyError, match="unknown figure"):
+        render_all(tmp_path / "runs", tmp_path / "out", OPTS, only=["fig99"])
+
+
+def test_runs_without_evaluations_are_missing_not_failed(tmp_path):
+    write_paper_sweeps(tmp_path / "runs", sweeps=["batch_size"], steps=10, with_evals=False)
+    written, missing, failed = render_all(tmp_path / "runs", tmp_path / "out", OPTS, only=["fig10a", "fig16"])
+    assert "none has evaluations" in missing["fig10a"] and "fig16" in written and not failed
+
+
+def test_factor_match_selects_runs_from_other_sweep_names(tmp_path):
+    from analysis.synthetic import write_sweep
+
+    write_sweep(tmp_path, "my_loss_ablation", "train.loss", {"dapo": (0.52, 1.8, 1.0), "cispo": (0.6, 1.7, 1.0)},
+                steps=10, eval_every=2)
+    ev = select(RunData(tmp_path).eval, FIGURES["fig5a"])
+    assert set(ev["value"]) == {"dapo", "cispo"}
+
+
+def test_scalerl_figures_cli_writes_every_figure(runs, tmp_path, capsys):
+    """`scalerl figures` draws every listed figure (PNG + PDF) from the synthetic sweeps."""
+    out = tmp_path / "figs"
+    rc = scalerl(["figures", str(runs), "--out", str(out), "--dpi", "30"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert f"{len(LISTED)} drawn, 0 missing, 0 failed" in text, text
+    for fig_id in LISTED:
+        for ext in ("png", "pdf"):
+            assert (out / f"{fig_id}.{ext}").stat().st_size > 1000, (fig_id, ext)
+    assert plt.get_fignums() == []  # every figure was closed
+    assert pd.read_csv(out / "table1.csv").shape[0] == sum(
+        len(SYNTHETIC_SWEEPS[s][1]) for s in FIGURES["table1"].sweeps if s in SYNTHETIC_SWEEPS)
+    assert (out / "fig7.csv").is_file() and (out / "table1.md").is_file()
+    assert scalerl(["figures", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert scalerl(["figures", str(runs), "--out", str(out), "--only", "fig99"]) == 2

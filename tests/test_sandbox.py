@@ -1,0 +1,333 @@
+"""The code sandbox and the `code_file` task: hostile programs end as -1, the grader survives, nothing leaks.
+
+These run in CI (which runs as root, like the development machine). Without root the
+sandbox refuses to run programs by design; the hostile tests then skip with that reason and
+`test_refuses_without_isolation` still checks the refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from components.tasks import make_task
+from components.tasks import sandbox
+from components.tasks.sandbox import SandboxConfig, SandboxLimits, SandboxUnavailableError
+
+# A uid range of our own, so leftover checks cannot see other sandboxes on the machine.
+UID_BASE = 3_000_000
+FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_bytes=256 * 2**20, max_processes=8, output_bytes=64 * 1024)
+CONFIG = SandboxConfig(uid_base=UID_BASE)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox isolates programs only when run as root")
+
+
+def sandbox_processes() -> list[tuple[int, int]]:
+    """(pid, uid) of live processes whose real uid is in our sandbox range."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        uid = int(line.split()[1])
+                        if UID_BASE <= uid < UID_BASE + 2**22:
+                            found.append((int(entry), uid))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def sandbox_tmp(tmp_path, monkeypatch):
+    """Route the sandbox's control dirs to a private dir, and check that nothing is left behind."""
+    control_root = tmp_path / "control"
+    control_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(control_root))
+    yield control_root
+    assert list(control_root.iterdir()) == [], "sandbox control dirs were left behind"
+    assert sandbox_processes() == [], "sandbox processes were left running"
+
+
+SUM_TESTS = [{"input": "1 2\n", "output": "3\n"}, {"input": "40 2\n", "output": "42\n"}]
+GOOD_SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.fixture
+def sum_task(tmp_path):
+    path = tmp_path / "data" / "code.jsonl"
+    path.parent.mkdir()
+    rows = [{"problem": f"Read two integers and print their sum. (variant {i})", "tests": SUM_TESTS} for i in range(4)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    task = make_task(
+        "code_file", path=str(path), eval_size=1, cpu_seconds=1, wall_seconds=3, memory_mb=256, max_processes=8, output_kb=64
+    )
+    # Same limits, our uid range.
+    task.sandbox_config = SandboxConfig(
+        hide_paths=task.sandbox_config.hide_paths, uid_base=UID_BASE, python=task.sandbox_config.python
+    )
+    return task
+
+
+def fenced(code: str) -> str:
+    return f"<think>let me write it</think>Here is my program:\n```python\n{code}\n```"
+
+
+# -- the code_file task -------------------------------------------------------------------------
+@needs_root
+def test_correct_program_passes_and_wrong_fails(sum_task, sandbox_tmp):
+    p = sum_task.train_problems()[0]
+    ok = sum_task.verify(p, fenced(GOOD_SUM))
+    assert ok.passed and ok.reward == 1.0 and ok.error is None
+    for bad in [fenced("print(3)"), fenced("a, b = map(int, input().split())\nprint(a - b)"), "no code at all", ""]:
+        v = sum_task.verify(p, bad)
+        assert not v.passed and v.reward == -1.0
+
+
+@needs_root
+def test_grading_from_threads(sum_task, sandbox_tmp):
+    probs = sum_task.train_problems()
+    with ThreadPoolExecutor(4) as pool:
+        good = list(pool.map(lambda p: sum_task.verify(p, fenced(GOOD_SUM)).passed, probs))
+        bad = list(pool.map(lambda p: sum_task.verify(p, fenced("print(0)")).passed, probs))
+    assert good == [True] * len(probs) and bad == [False] * len(probs)
+
+
+HOSTILE = {
+    "infinite_loop": "while True:\n    pass\n",
+    "sleep_forever": "import time\ntime.sleep(60)\n",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "huge_allocation": "x = bytearray(8 * 2**30)\nprint(3)\n",
+    "output_flood": "while True:\n    print('3' * 4096)\n",
+    "background_child": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+        "a, b = map(int, input().split())\nprint(a + b + 1)\n"
+    ),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_program_gets_minus_one_and_nothing_leaks(name, sum_task, sandbox_tmp):
+    p = sum_task.train_problems()[0]
+    t0 = time.monotonic()
+    v = sum_task.verify(p, fenced(HOSTILE[name]))
+    elapsed = time.monotonic() - t0
+    assert not v.passed and v.reward == -1.0
+    assert v.error is None  # a failing program, not a sandbox failure
+    assert elapsed < 8.0, f"{name} took {elapsed:.1f} s"
+    # The grader survives and can still start processes (the fork bomb used another uid).
+    assert subprocess.run(["true"]).returncode == 0
+
+
+@needs_root
+def test_limits_are_reported(sandbox_tmp):
+    loop = sandbox.run_python("while True: pass", limits=FAST, config=CONFIG)
+    assert loop.cpu_limit and not loop.ok and loop.wall_s < 3.0
+    sleep = sandbox.run_python("import time; time.sleep(60)", limits=FAST, config=CONFIG)
+    assert sleep.timed_out and not sleep.ok and 2.9 < sleep.wall_s < 4.0
+    flood = sandbox.run_python("while True: print('x' * 1000)", limits=FAST, config=CONFIG)
+    assert flood.output_limit and len(flood.stdout) == FAST.output_bytes
+    mem = sandbox.run_python("x = bytearray(2**30)", limits=FAST, config=CONFIG)
+    assert mem.exit_code == 1 and "MemoryError" in mem.stderr
+    bomb = sandbox.run_python(
+        "import os, time\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+        "    n += 1\nprint(n)\n",
+        limits=FAST,
+        config=CONFIG,
+    )
+    # RLIMIT_NPROC counts the run's own uid: the program itself plus at most 7 children.
+    assert bomb.ok and int(bomb.stdout) == FAST.max_processes - 1
+
+
+@needs_root
+def test_no_network(sandbox_tmp):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    try:
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        res = sandbox.run_python(code, limits=FAST, config=CONFIG)
+        assert not res.ok and "connected" not in res.stdout
+        assert "Network is unreachable" in res.stderr or "Connection refused" in res.stderr
+        with pytest.raises(socket.timeout):
+            listener.accept()  # nobody connected to the grader's listener
+        ifaces = sandbox.run_python("import socket; print(socket.if_nameindex())", limits=FAST, config=CONFIG)
+        assert ifaces.ok and "eth" not in ifaces.stdout and "ens" not in ifaces.stdout
+    finally:
+        listener.close()
+
+
+@pytest.fixture
+def outside_dir():
+    """A root-owned, world-readable directory outside /tmp with a secret (0600) and a public (0644) file."""
+    d = tempfile.mkdtemp(prefix="scalerl-sandbox-test-", dir="/")
+    os.chmod(d, 0o755)
+    secret, public = os.path.join(d, "secret.txt"), os.path.join(d, "public.txt")
+    with open(secret, "w") as f:
+        f.write("TOP-SECRET")
+    os.chmod(secret, 0o600)
+    with open(public, "w") as f:
+        f.write("PUBLIC")
+    os.chmod(public, 0o644)
+    yield d
+    shutil.rmtree(d)
+
+
+@needs_root
+def test_cannot_read_grader_files(outside_dir, sum_task, sandbox_tmp, tmp_path):
+    secret = os.path.join(outside_dir, "secret.txt")
+    assert open(secret).read() == "TOP-SECRET"  # the grader can
+    read = lambda path: sandbox.run_python(f"print(open({path!r}).read())", limits=FAST, config=CONFIG)
+    res = read(secret)
+    assert not res.ok and "PermissionError" in res.stderr and "TOP-SECRET" not in res.stdout
+    # The same directory is visible: the protection above is the permissions, not a missing path.
+    assert read(os.path.join(outside_dir, "public.txt")).stdout.strip() == "PUBLIC"
+    # The task's own test data, the repository, the grader's temp files and environment are out of reach.
+    data = sum_task.path
+    note = tmp_path / "grader_note.txt"
+    note.write_text("grader only")
+    for path in [data, os.path.join(sandbox.REPO_ROOT, "pyproject.toml"), str(note), "/etc/shadow",
+                 f"/proc/{os.getpid()}/environ"]:
+        res = read(path)
+        assert not res.ok, path
+    # ... and a program trying it through the task gets -1.
+    p = sum_task.train_problems()[0]
+    cheat = f"print(open({data!r}).read())"
+    assert not sum_task.verify(p, fenced(cheat)).passed
+
+
+@needs_root
+def test_cannot_write_outside_its_directory(outside_dir, sandbox_tmp, tmp_path):
+    host_tmp_target = os.path.join(tempfile.gettempdir(), f"scalerl-escape-{os.getpid()}")
+    targets = [
+        os.path.join(outside_dir, "written.txt"),
+        os.path.join(sandbox.REPO_ROOT, "written.txt"),
+        "/var/tmp/written.txt",
+        "/dev/shm/written.txt",
+    ]
+    for target in targets:
+        res = sandbox.run_python(f"open({target!r}, 'w').write('x')", limits=FAST, config=CONFIG)
+        assert not res.ok, target
+        assert not os.path.exists(target), target
+    # /tmp inside the sandbox is private: a write there succeeds but never reaches the host.
+    res = sandbox.run_python(
+        f"open('/tmp/scalerl-escape-{os.getpid()}', 'w').write('x'); open('here.txt', 'w').write('y'); print('ok')",
+        limits=FAST,
+        config=CONFIG,
+    )
+    assert res.ok and res.stdout.strip() == "ok"
+    assert not os.path.exists(f"/tmp/scalerl-escape-{os.getpid()}") and not os.path.exists(host_tmp_target)
+
+
+@needs_root
+def test_hostile_sandbox_runs_concurrently_with_a_correct_one(sum_task, sandbox_tmp):
+    """A fork bomb in one run does not starve a concurrent correct run (separate uids)."""
+    p = sum_task.train_problems()[0]
+    with ThreadPoolExecutor(2) as pool:
+        bomb = pool.submit(sum_task.verify, p, fenced(HOSTILE["fork_bomb"]))
+        time.sleep(0.3)
+        good = pool.submit(sum_task.verify, p, fenced(GOOD_SUM))
+        assert good.result().passed
+        assert not bomb.result().passed
+
+
+# -- refusal and opt-outs -------------------------------------------------------------------------
+def _fake_probe(**caps):
+    base = {"euid": os.geteuid(), "net_ns": True, "net_ns_error": None, "mount_ns": True, "mount_ns_error": None}
+    base.update(caps)
+    return lambda: dict(base)
+
+
+def test_refuses_without_isolation(monkeypatch, tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"problem": "sum", "tests": SUM_TESTS}) + "\n" + json.dumps({"problem": "s2", "tests": SUM_TESTS}))
+    monkeypatch.setattr(sandbox, "probe", _fake_probe(net_ns=False, net_ns_error="OSError: EPERM"))
+    with pytest.raises(SandboxUnavailableError, match="network namespace.*allow_network=True"):
+        make_task("code_file", path=str(path), eval_size=1)
+    with pytest.raises(SandboxUnavailableError):
+        sandbox.run_python("print(1)")
+    monkeypatch.setattr(sandbox, "probe", _fake_probe(euid=1000))
+    with pytest.raises(SandboxUnavailableError, match="not running as root.*allow_unsafe=True"):
+        make_task("code_file", path=str(path), eval_size=1)
+
+
+@needs_root
+def test_network_opt_out_runs_without_network_namespace(monkeypatch, tmp_path, sandbox_tmp):
+    monkeypatch.setattr(sandbox, "probe", _fake_probe(net_ns=False, net_ns_error="OSError: EPERM"))
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"problem": "sum", "tests": SUM_TESTS}) + "\n" + json.dumps({"problem": "s2", "tests": SUM_TESTS}))
+    task = make_task("code_file", path=str(path), eval_size=1, allow_network=True)
+    p = task.train_problems()[0]
+    assert task.verify(p, fenced(GOOD_SUM)).passed
+    # The program now shares the host's network namespace (that is what the opt-out means).
+    res = sandbox.run_python(
+        "import socket; print(sorted(n for _, n in socket.if_nameindex()))",
+        config=SandboxConfig(allow_network=True, uid_base=UID_BASE),
+    )
+    host = sorted(n for _, n in socket.if_nameindex())
+    assert res.ok and json.loads(res.stdout.replace("'", '"')) == host
+
+
+# -- test formats -------------------------------------------------------------------------------
+@needs_root
+def test_assert_and_functional_tests(tmp_path, sandbox_tmp):
+    rows = [
+        {"problem": "Write add(a, b).", "test": "assert add(1, 2) == 3\nassert add(-1, 1) == 0"},
+        {"problem": "Double it.", "test": "def check(candidate):\n    assert candidate(2) == 4\n", "entry_point": "double"},
+        {
+            "problem": "Two sum.",
+            "tests": json.dumps([
+                {"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional"},
+                {"input": "[3,3]\n6", "output": "[0, 1]", "testtype": "functional"},
+            ]),
+            "metadata": {"func_name": "twoSum"},
+        },
+        {"problem": "Echo.", "tests": [{"input": "hi\n", "output": "hi"}]},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    task = make_task("code_file", path=str(path), eval_size=1, cpu_seconds=1, wall_seconds=3)
+    by_row = {p.meta["row"]: p for p in task.train_problems() + task.eval_problems()}
+    assert [by_row[i].meta["test_kind"] for i in range(4)] == ["assert", "assert", "functional", "stdio"]
+    assert "twoSum" in by_row[2].prompt
+    two_sum = (
+        "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+        "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+        "                return [seen[target - x], i]\n            seen[x] = i\n"
+    )
+    good = {0: "def add(a, b):\n    return a + b", 1: "def double(x):\n    return 2 * x", 2: two_sum, 3: "print(input())"}
+    bad = {0: "def add(a, b):\n    return a * b", 1: "def double(x):\n    return x + 1",
+           2: "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 0]", 3: "print('bye')"}
+    for i in range(4):
+        assert task.verify(by_row[i], fenced(good[i])).passed, i
+        assert not task.verify(by_row[i], fenced(bad[i])).passed, i
+    # A functional solution cannot pass by printing: expected outputs never enter the sandbox.
+    assert not task.verify(by_row[2], fenced("print('[0, 1]')")).passed
+
+
+def test_code_file_schema_errors(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"problem": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 0 has no tests.*keys present: \['problem'\]"):
+        make_task("code_file", path=str(path))
+    path.write_text(json.dumps({"statement": "x", "tests": SUM_TESTS}) + "\n")
+    with pytest.raises(ValueError, match=r"no 'problem' text; keys present: \['statement', 'tests'\]"):
+        make_task("code_file", path=str(path))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        make_task("code_file", path=str(tmp_path / "missing.jsonl"))
