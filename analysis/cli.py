@@ -45,7 +45,7 @@ def _comparisons(table: pd.DataFrame, margin: float) -> pd.DataFrame:
         for idx, row in g.iterrows():
             rec = {"sweep": sweep, "run": row["run"], "A": row["A"], "tied_with_best_A": bool(row["A"] >= best - margin)}
             if rec["tied_with_best_A"] and len(tied) > 1:
-                res = row["_fit"]
+                res = row["fit"]
                 rec["common_A"] = common
                 rec["B_at_common_A"] = refit_at(res, common).B
             out.append(rec)
@@ -63,8 +63,7 @@ def _comparisons(table: pd.DataFrame, margin: float) -> pd.DataFrame:
 def fit_main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from analysis.runs import load_runs, run_curve
-    from analysis.scaling_law import FitError, bootstrap, fit
+    from analysis.runs import fit_runs, load_runs
 
     console = Console(width=max(Console().width, 120))
     try:
@@ -76,44 +75,14 @@ def fit_main(args: argparse.Namespace) -> int:
     if runs.empty:
         console.print(f"[red]no runs under {args.runs}")
         return 1
-    rows = []
-    for _, run in runs.iterrows():
-        g = ev[ev["path"] == run["path"]] if not ev.empty else ev
-        rec = {k: run.get(k) for k in ("sweep", "run", "factor", "value", "seed", "status")}
-        c, r = run_curve(g, args.compute) if not g.empty else (np.array([]), np.array([]))
-        rec["n_evals"] = int(c.size)
-        rec["_fit"] = None
-        try:
-            if c.size < args.min_points:
-                raise FitError(f"{c.size} evaluations (< --min-points {args.min_points})")
-            kw = {"r0": float(r[0]), "min_compute": args.min_compute}
-            if args.fraction is not None:
-                cut = args.fraction * float(c[-1])
-                c_fit, r_fit = c[c <= cut], r[c <= cut]
-            else:
-                c_fit, r_fit = c, r
-            res = fit(c_fit, r_fit, **kw)
-            rec.update({k: v for k, v in res.summary().items()})
-            rec["_fit"] = res
-            if args.fraction is not None:
-                rec["predicted_final"] = float(res(c[-1]))
-                rec["observed_final"] = float(r[-1])
-                rec["prediction_error"] = rec["predicted_final"] - rec["observed_final"]
-            if args.bootstrap:
-                bs = bootstrap(c_fit, r_fit, n_boot=args.bootstrap, seed=args.seed, **kw)
-                for name, (lo, hi) in bs.intervals().items():
-                    rec[f"{name}_lo"], rec[f"{name}_hi"] = lo, hi
-            rec["fit_error"] = ""
-        except FitError as e:
-            rec["fit_error"] = str(e)
-        rows.append(rec)
-    table = pd.DataFrame(rows)
+    table = fit_runs(ev, runs=runs, compute=args.compute, min_points=args.min_points, fraction=args.fraction,
+                     min_compute=args.min_compute, bootstrap=args.bootstrap, seed=args.seed, keep_fits=True)
     comp = _comparisons(table, args.margin) if "A" in table else pd.DataFrame()
     if not comp.empty:
         table = table.merge(comp[["sweep", "run", "tied_with_best_A", "B_at_common_A", "rank"]]
                             if "B_at_common_A" in comp else comp[["sweep", "run", "tied_with_best_A", "rank"]],
                             on=["sweep", "run"], how="left")
-    out = table.drop(columns=["_fit"])
+    out = table.drop(columns=["fit"])
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(args.csv, index=False)
 
@@ -183,7 +152,7 @@ def figures_main(args: argparse.Namespace) -> int:
     from paper_figures.render import render_all
     from paper_figures.spec import FIGURES
 
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     if not Path(args.runs).exists():
         console.print(f"[red]no such run directory: {args.runs}")
         return 2

@@ -235,39 +235,57 @@ def fit_run(
 def fit_runs(
     df: pd.DataFrame,
     *,
+    runs: pd.DataFrame | None = None,
     compute: str = "compute_hours",
     min_points: int = 6,
     fraction: float | None = None,
-    **fit_kwargs: Any,
+    min_compute: float = 0.0,
+    bootstrap: int = 0,
+    seed: int = 0,
+    keep_fits: bool = False,
 ) -> pd.DataFrame:
-    """One row per run: RUN_KEYS, A, B, C_mid, R0, rmse, n_points, flags, error.
+    """One row per run: RUN_KEYS, n_evals, A, B, C_mid, R0, sse, rmse, r2, n_points, flags, fit_error.
 
-    `fraction`: fit only on compute <= fraction × the run's final compute (then the row also
-    holds the predicted and observed final pass rate).
+    df: evaluation rows (`load_runs(path)`); runs: the run table (`load_runs(path, what="runs")`)
+    to also list runs without evaluations. R0 is each run's first evaluation.
+    fraction: fit only on compute <= fraction × the run's final compute; the row then also
+    holds predicted_final, observed_final and prediction_error (predicted − observed).
+    bootstrap: N > 0 adds seeded percentile 95% intervals A_lo/A_hi, B_lo/B_hi, C_mid_lo/C_mid_hi.
+    keep_fits: add a `fit` column holding each FitResult (None where not fitted).
     """
+    from analysis.scaling_law import bootstrap as bootstrap_fit
+
+    groups = {p: g for p, g in df.groupby("path", sort=False)} if not df.empty else {}
+    metas = (runs.to_dict("records") if runs is not None
+             else [g.iloc[0].to_dict() for g in groups.values()])
     rows = []
-    for _, g in df.groupby("path", sort=False):
-        meta = {k: g[k].iloc[0] for k in RUN_KEYS if k in g}
-        c, r = run_curve(g, compute)
-        row: dict[str, Any] = {**meta, "n_evals": int(c.size), "final_compute": float(c[-1]) if c.size else math.nan}
+    for meta in metas:
+        g = groups.get(meta["path"])
+        c, r = run_curve(g, compute) if g is not None else (np.array([]), np.array([]))
+        row: dict[str, Any] = {k: meta.get(k) for k in RUN_KEYS}
+        row.update(n_evals=int(c.size), final_compute=float(c[-1]) if c.size else math.nan)
+        res = None
         try:
             if c.size < min_points:
-                raise FitError(f"{c.size} evaluations (< {min_points})")
+                raise FitError(f"{c.size} evaluations (< min_points {min_points})")
+            keep = c <= fraction * float(c[-1]) if fraction is not None else np.ones(c.size, bool)
+            kw = {"r0": float(r[0]), "min_compute": min_compute}
+            res = fit(c[keep], r[keep], **kw)
+            row.update(res.summary())
             if fraction is not None:
-                cut = fraction * float(c[-1])
-                res = fit(c[c <= cut], r[c <= cut], r0=float(r[0]), **fit_kwargs)
-                row["fit_to"] = cut
-                row["predicted_final"] = float(res(c[-1])[()])
+                row["predicted_final"] = float(res(c[-1]))
                 row["observed_final"] = float(r[-1])
-                row["error"] = row["predicted_final"] - row["observed_final"]
-            else:
-                res = fit(c, r, **fit_kwargs)
-            row.update({k: v for k, v in res.summary().items() if k != "fit_to" or fraction is None})
+                row["prediction_error"] = row["predicted_final"] - row["observed_final"]
+            if bootstrap:
+                bs = bootstrap_fit(c[keep], r[keep], n_boot=bootstrap, seed=seed, **kw)
+                for name, (lo, hi) in bs.intervals().items():
+                    row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
             row["fit_error"] = ""
         except FitError as e:
             row["fit_error"] = str(e)
+        if keep_fits:
+            row["fit"] = res
         rows.append(row)
     out = pd.DataFrame.from_records(rows)
-    cols = [*[k for k in RUN_KEYS if k in out], "A", "B", "C_mid", "R0", "rmse", "n_points", "n_evals"]
-    rest = [c for c in out.columns if c not in cols]
-    return out.reindex(columns=[c for c in cols if c in out or c in ("A", "B", "C_mid")] + rest)
+    first = [*RUN_KEYS, "n_evals", "A", "B", "C_mid", "R0"]
+    return out.reindex(columns=first + [c for c in out.columns if c not in first])

@@ -59,7 +59,8 @@ A_MARGIN = 0.02
 N_A_DEFAULT = 71
 N_C_MID_DEFAULT = 100
 # B is searched on a log grid in [B_MIN, B_MAX] then polished; a winner on the edge is flagged.
-B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 192
+B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 128
+_WORK_ELEMENTS = 2_000_000  # size of the solver's work arrays (memory bound for large grids)
 MIN_POINTS = 4  # three free parameters (A, B, C_mid) need at least four points
 
 
@@ -195,7 +196,7 @@ def _best_b(
     d: np.ndarray,  # [nA] A − R0
     c_mid: np.ndarray,  # [nC]
     b_grid: np.ndarray,  # [nB]
-    newton_iters: int = 8,
+    newton_iters: int = 5,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares B for every (A, C_mid) grid point. Returns B [nA, nC] and SSE [nA, nC]."""
     u = np.log(c_mid)[:, None] - log_c[None, :]  # [nC, n]   ln(C_mid / C_i)
@@ -245,7 +246,13 @@ def _fit_core(
     t = r - r0
     const_sse = float(np.sum(w[~pos] * t[~pos] ** 2))
     b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
-    b_mat, sse = _best_b(np.log(c[pos]), t[pos], w[pos], const_sse, a_grid - r0, c_mid_grid, b_grid)
+    log_c, d = np.log(c[pos]), a_grid - r0
+    # C_mid in chunks so that the [max(nA, nB), chunk, n] work arrays stay near 2M floats.
+    chunk = max(1, _WORK_ELEMENTS // (max(a_grid.size, b_grid.size) * max(int(pos.sum()), 1)))
+    parts = [_best_b(log_c, t[pos], w[pos], const_sse, d, c_mid_grid[i:i + chunk], b_grid)
+             for i in range(0, c_mid_grid.size, chunk)]
+    b_mat = np.concatenate([p[0] for p in parts], axis=1)  # [nA, nC]
+    sse = np.concatenate([p[1] for p in parts], axis=1)  # [nA, nC]
     i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
     return float(a_grid[i]), float(b_mat[i, j]), float(c_mid_grid[j]), float(sse[i, j]), b_mat
 

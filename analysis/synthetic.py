@@ -3,8 +3,8 @@
 For tests (analysis, figures, `scalerl status`) and docs: every file and field of DESIGN.md
 "A run directory" is written, with the held-out pass rate following Eq. 1 plus seeded noise.
 
-    write_run(root, "loss_type", "loss=cispo", A=0.6, B=1.8, C_mid=0.05, factor="loss", value="cispo")
-    write_sweep(root, "batch_size", "batch_size", {512: (0.605, 1.77, 2818), 2048: (0.645, 1.70, 10909)})
+    write_run(root, "loss_type", "cispo-seed0", A=0.6, B=1.8, C_mid=0.05, factor="train.loss", value="cispo")
+    write_sweep(root, "batch_size", "train.prompts_per_step", {"bs512": (0.605, 1.77, 2818), "bs2048": (0.645, 1.70, 10909)})
     write_paper_sweeps(root)   # every sweep the paper figures need (SYNTHETIC_SWEEPS)
 """
 
@@ -20,49 +20,60 @@ import numpy as np
 
 from analysis.scaling_law import sigmoid
 
-__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "SYNTHETIC_SWEEPS", "run_name"]
+__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "SYNTHETIC_SWEEPS", "SYNTHETIC_SEEDS", "run_name"]
 
 # sweep -> (factor, {value: (A, B, C_mid in units of the scale, i.e. GPU-hours at scale 1)}).
-# Values follow the paper's findings (Table 1 where it has numbers; PAPER.md §3 otherwise).
+# Sweep names, factors and values mirror experiments/sweeps/*.gin; (A, B, C_mid) follow the
+# paper's findings (Table 1 where it has numbers; PAPER.md §3 otherwise). For a one-value
+# sweep with several seeds (scalerl_seeds) every seed gets the same law and its own noise.
 SYNTHETIC_SWEEPS: dict[str, tuple[str, dict[Any, tuple[float, float, float]]]] = {
-    "model_size": ("model", {"8B": (0.610, 1.92, 2542), "scout-17Bx16": (0.710, 1.65, 4242)}),
+    "model_size": ("model.path", {"8B": (0.610, 1.92, 2542), "scout-17Bx16": (0.710, 1.65, 4242)}),
     "recipes": ("recipe", {
-        "deepseek_grpo": (0.49, 1.6, 3000), "qwen_dapo": (0.52, 1.7, 2900), "magistral": (0.53, 1.8, 2800),
-        "minimax": (0.58, 1.77, 2700), "scalerl": (0.61, 1.97, 2542),
+        "deepseek_grpo.gin": (0.49, 1.6, 3000), "qwen_dapo.gin": (0.52, 1.7, 2900),
+        "magistral.gin": (0.53, 1.8, 2800), "minimax.gin": (0.58, 1.77, 2700), "scalerl.gin": (0.61, 1.97, 2542),
     }),
-    "offpolicy": ("off_policy", {"ppo_off_policy_1": (0.52, 1.2, 4000), "ppo_off_policy_8": (0.52, 1.3, 3800),
-                                 "pipeline_rl_8": (0.52, 1.9, 2600)}),
-    "pipeline_k": ("pipeline_k", {4: (0.52, 1.85, 2600), 8: (0.52, 1.9, 2600), 12: (0.49, 1.8, 2700)}),
-    "loss_type": ("loss", {"dapo": (0.52, 1.8, 2600), "gspo": (0.595, 1.7, 2700), "cispo": (0.595, 1.6, 2900)}),
-    "fp32_head": ("precision", {"bf16": (0.52, 1.8, 2600), "bf16_fp32_head": (0.61, 1.8, 2600)}),
-    "loss_aggregation": ("aggregation", {"sample_mean": (0.56, 1.8, 2600), "prompt_mean": (0.59, 1.8, 2600),
-                                         "token_mean": (0.55, 1.8, 2600)}),
-    "advantage_norm": ("advantage_norm", {"prompt": (0.58, 1.8, 2600), "batch": (0.585, 1.85, 2600),
-                                          "none": (0.58, 1.75, 2600)}),
-    "zero_variance_filter": ("zero_variance_filter", {True: (0.58, 1.8, 2600), False: (0.55, 1.8, 2600)}),
-    "no_positive_resampling": ("curriculum", {"no_positive_resampling": (0.59, 1.8, 2600),
-                                              "uniform": (0.56, 1.8, 2600)}),
-    "length_control": ("length_control", {"interruption": (0.61, 1.9, 2542), "length_penalty": (0.60, 1.8, 2700)}),
-    "batch_size": ("batch_size", {512: (0.605, 1.77, 2818), 768: (0.610, 1.92, 2542), 2048: (0.645, 1.70, 10909)}),
-    "generation_length": ("generation_length", {14336: (0.610, 1.92, 2542), 32768: (0.645, 1.89, 11272)}),
-    "generations_per_prompt": ("generations_per_prompt", {8: (0.585, 2.44, 2542), 16: (0.610, 1.92, 2542),
-                                                          24: (0.590, 2.22, 3054), 32: (0.595, 2.07, 2936)}),
-    "dapo_clip": ("eps_high", {0.2: (0.50, 1.8, 2600), 0.26: (0.53, 1.8, 2600), 0.28: (0.52, 1.8, 2600)}),
-    "cispo_clip": ("eps_max", {4.0: (0.60, 1.9, 2600), 5.0: (0.605, 1.9, 2600), 8.0: (0.60, 1.85, 2600)}),
-    "gspo_clip": ("gspo_clip", {"gspo_4_3_e_4": (0.55, 1.5, 3200), "gspo_4_3_e_3": (0.59, 1.8, 2700),
-                                "gspo_5_3_e_3": (0.60, 1.8, 2700)}),
+    "off_policy": ("train.off_policy", {"ppo_off_policy-k1": (0.52, 1.2, 4000), "ppo_off_policy-k8": (0.52, 1.3, 3800),
+                                        "pipeline_rl-k8": (0.52, 1.9, 2600)}),
+    "pipeline_k": ("pipeline_rl.k", {4: (0.52, 1.85, 2600), 8: (0.52, 1.9, 2600), 12: (0.49, 1.8, 2700)}),
+    "loss_type": ("train.loss", {"dapo": (0.52, 1.8, 2600), "gspo": (0.595, 1.7, 2700), "cispo": (0.595, 1.6, 2900)}),
+    "fp32_head": ("train.precision", {"bf16": (0.52, 1.8, 2600), "bf16_fp32_head": (0.61, 1.8, 2600)}),
+    "loss_aggregation": ("train.aggregation", {"sample_mean": (0.56, 1.8, 2600), "prompt_mean": (0.59, 1.8, 2600),
+                                               "token_mean": (0.55, 1.8, 2600)}),
+    "advantage_norm": ("train.advantage_norm", {"prompt": (0.58, 1.8, 2600), "batch": (0.585, 1.85, 2600),
+                                                "none": (0.58, 1.75, 2600)}),
+    "zero_variance_filtering": ("train.curriculum", {"zero_variance_filter": (0.58, 1.8, 2600),
+                                                     "all_prompts": (0.55, 1.8, 2600)}),
+    "no_positive_resampling": ("train.curriculum", {"no_positive_resampling": (0.59, 1.8, 2600),
+                                                    "uniform": (0.56, 1.8, 2600)}),
+    "length_control": ("train.length_control", {"interruption": (0.61, 1.9, 2542),
+                                                "length_penalty": (0.60, 1.8, 2700)}),
+    "batch_size": ("train.prompts_per_step", {"bs512": (0.605, 1.77, 2818), "bs768": (0.610, 1.92, 2542),
+                                              "bs2048": (0.645, 1.70, 10909)}),
+    "generation_length": ("interruption.thinking_max", {"gen14k": (0.610, 1.92, 2542), "gen32k": (0.645, 1.89, 11272)}),
+    "generations_per_prompt": ("train.generations_per_prompt", {
+        "gen8": (0.585, 2.44, 2542), "gen16": (0.610, 1.92, 2542), "gen24": (0.590, 2.22, 3054),
+        "gen32": (0.595, 2.07, 2936)}),
+    "dapo_clip": ("losses.dapo.eps_high", {0.2: (0.50, 1.8, 2600), 0.26: (0.53, 1.8, 2600), 0.28: (0.52, 1.8, 2600)}),
+    "cispo_clip": ("losses.cispo.eps_max", {4.0: (0.60, 1.9, 2600), 5.0: (0.605, 1.9, 2600), 8.0: (0.60, 1.85, 2600)}),
+    "gspo_clip": ("losses.gspo.eps_high", {"gspo_4_3_e4": (0.55, 1.5, 3200), "gspo_4_3_e3": (0.59, 1.8, 2700),
+                                           "gspo_5_3_e3": (0.60, 1.8, 2700)}),
     "leave_one_out": ("leave_one_out", {
         "scalerl": (0.610, 2.01, 2542), "loo-8op": (0.600, 1.80, 2900), "loo-dapo": (0.605, 1.77, 2800),
         "loo-fp32": (0.610, 1.85, 2857), "loo-savg": (0.595, 1.85, 2700), "loo-plan": (0.600, 1.90, 2600),
         "loo-batch": (0.600, 1.80, 2800), "loo-lp": (0.605, 1.85, 2700),
     }),
-    "seeds": ("seed", {0: (0.610, 1.92, 2542), 1: (0.600, 1.95, 2500), 2: (0.620, 1.90, 2600)}),
+    "scalerl_seeds": ("recipe", {"scalerl.gin": (0.610, 1.92, 2542)}),
 }
+# Seeds written per sweep (default: seed 0 only).
+SYNTHETIC_SEEDS: dict[str, tuple[int, ...]] = {"scalerl_seeds": (0, 1, 2)}
 
 
 def run_name(factor: str | None, value: Any, seed: int) -> str:
+    """A stable directory name: <value>-seed<seed> (the factor's last part when the value is a number)."""
     v = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return f"{factor}={v}-seed{seed}" if factor else f"seed{seed}"
+    if isinstance(value, (int, float)) and factor:
+        v = f"{factor.rsplit('.', 1)[-1]}={v}"
+    return f"{v}-seed{seed}".replace("/", "_")
 
 
 def _iso(t: float) -> str:
@@ -177,9 +188,8 @@ def write_sweep(
     out = []
     for value, (A, B, C_mid) in values.items():
         for seed in seeds:
-            s = seed if factor != "seed" else int(value)
-            out.append(write_run(root, sweep, run_name(factor, value, s), A=A, B=B, C_mid=C_mid * scale,
-                                 factor=factor, value=value, seed=s, **kwargs))
+            out.append(write_run(root, sweep, run_name(factor, value, seed), A=A, B=B, C_mid=C_mid * scale,
+                                 factor=factor, value=value, seed=seed, **kwargs))
     return out
 
 
@@ -191,5 +201,6 @@ def write_paper_sweeps(
     out = {}
     for sweep in names:
         factor, values = SYNTHETIC_SWEEPS[sweep]
-        out[sweep] = write_sweep(root, sweep, factor, values, scale=scale, **kwargs)
+        out[sweep] = write_sweep(root, sweep, factor, values, scale=scale,
+                                 seeds=SYNTHETIC_SEEDS.get(sweep, (0,)), **kwargs)
     return out

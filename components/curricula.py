@@ -8,8 +8,9 @@ No sampler named means `uniform`.
 
 - ``uniform``: epochs over the training prompts, each a fresh seeded permutation.
 - ``no_positive_resampling(threshold=0.9, history=1)``: keeps per prompt the pass rates of
-  its last `history` rollout groups; once their mean reaches `threshold` the prompt is
-  dropped for good (Polaris / ScaleRL). If every prompt is dropped the sampler falls back
+  its last `history` rollout groups; once it has `history` of them and their mean reaches
+  `threshold` the prompt is dropped for good (Polaris / ScaleRL; the paper does not say how
+  many observations define the "historical pass rate", so it is a parameter). If every prompt is dropped the sampler falls back
   to all prompts (reported as `curriculum_exhausted`) rather than stopping the run.
 - ``zero_variance_filter``: groups whose rewards are all equal leave the loss; no refill.
 - ``dynamic_sampling(max_rounds=8)``: DAPO's dynamic sampling: the same filter, but the
@@ -109,12 +110,10 @@ class PromptSampler:
         return {"curriculum_epoch": self.epoch}
 
 
-@CURRICULA.register("uniform")
 class UniformSampler(PromptSampler):
     """Uniform resampling: epochs over all training prompts, one seeded permutation per epoch."""
 
 
-@CURRICULA.register("no_positive_resampling")
 class NoPositiveResampling(PromptSampler):
     """Drop a prompt for good once the mean of its last `history` pass rates reaches `threshold`."""
 
@@ -135,7 +134,7 @@ class NoPositiveResampling(PromptSampler):
     def observe(self, problem_id: str, pass_rate: float) -> None:
         h = self.pass_history.setdefault(problem_id, deque(maxlen=self.history))
         h.append(float(pass_rate))
-        if float(np.mean(h)) >= self.threshold:
+        if len(h) == self.history and float(np.mean(h)) >= self.threshold:
             self.dropped.add(problem_id)
 
     def state_dict(self) -> dict:
@@ -169,7 +168,6 @@ class GroupFilter:
         raise NotImplementedError
 
 
-@CURRICULA.register("zero_variance_filter")
 class ZeroVarianceFilter(GroupFilter):
     """Groups whose rewards are all equal leave the loss (ScaleRL's effective batch); no refill."""
 
@@ -177,7 +175,6 @@ class ZeroVarianceFilter(GroupFilter):
         return not is_zero_variance(rewards)
 
 
-@CURRICULA.register("dynamic_sampling")
 class DynamicSampling(ZeroVarianceFilter):
     """DAPO dynamic sampling: drop zero-variance groups and refill the batch (at most `max_rounds` extra rounds)."""
 
@@ -187,6 +184,14 @@ class DynamicSampling(ZeroVarianceFilter):
         if int(max_rounds) < 0:
             raise ValueError(f"dynamic_sampling.max_rounds must be >= 0, got {max_rounds!r}")
         self.max_rounds = int(max_rounds)
+
+
+# Registered without rebinding the module names, so `isinstance(x, UniformSampler)` holds for
+# objects built through the registry's gin-configurable wrappers.
+CURRICULA.register("uniform")(UniformSampler)
+CURRICULA.register("no_positive_resampling")(NoPositiveResampling)
+CURRICULA.register("zero_variance_filter")(ZeroVarianceFilter)
+CURRICULA.register("dynamic_sampling")(DynamicSampling)
 
 
 @dataclass
@@ -242,5 +247,5 @@ def build_curriculum(names: Sequence[str] | str, problems: Sequence[Any], seed: 
                 raise TypeError(f"curriculum entry {name!r} is neither a prompt sampler nor a group filter")
             filters.append(obj)
     if sampler is None:
-        sampler = UniformSampler(problems, seed)
+        sampler = CURRICULA.get("uniform")(problems, seed)
     return Curriculum(sampler=sampler, filters=filters)

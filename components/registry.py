@@ -241,7 +241,10 @@ def _gin_register(obj: Callable, name: str, module: str) -> Callable:
     try:
         # external_configurable returns a wrapper that applies gin bindings when called
         # directly (gin.register would leave direct calls unconfigured).
-        return gin.external_configurable(obj, name=name, module=module)
+        # A module may register components after the run's config was parsed and locked
+        # (a lazily imported engine, a user's module): registering adds no bindings.
+        with gin.unlock_config():
+            return gin.external_configurable(obj, name=name, module=module)
     except ValueError as err:  # gin refuses a second registration of the same selector
         if "already" in str(err).lower() or "exists" in str(err).lower():
             raise DuplicateComponentError(

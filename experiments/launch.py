@@ -175,9 +175,9 @@ def parse_spec_text(text: str, *, default_name: str = "sweep", path: str = "") -
         for stmt in cp.ConfigParser(text, _SpecDelegate()):
             if not isinstance(stmt, cp.BindingStatement):
                 raise SweepError(f"{path or 'sweep spec'}: only `sweep.<key> = <value>` lines are allowed, "
-                                 f"got {type(stmt).__name__} at line {stmt.location.lineno}")
+                                 f"got {type(stmt).__name__} at line {stmt.location.line_num}")
             if stmt.scope or stmt.selector != "sweep":
-                raise SweepError(f"{path or 'sweep spec'}: line {stmt.location.lineno}: expected `sweep.<key>`, "
+                raise SweepError(f"{path or 'sweep spec'}: line {stmt.location.line_num}: expected `sweep.<key>`, "
                                  f"got {stmt.selector!r} (a run's bindings go inside sweep.overrides/variants)")
             if stmt.arg_name not in SPEC_KEYS:
                 raise SweepError(f"{path or 'sweep spec'}: unknown key sweep.{stmt.arg_name}; valid keys: "
@@ -396,10 +396,11 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
         values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
         for shown, value in zip(spec.values, values):
             recipe = resolve_config(str(value), spec_dir)
+            label = Path(str(shown)).stem if str(shown).endswith(".gin") else str(shown)
             if tiny:
-                cells.append((str(shown), str(shown), base, tuple(algorithm_bindings(recipe))))
+                cells.append((label, label, base, tuple(algorithm_bindings(recipe))))
             else:
-                cells.append((str(shown), str(shown), (recipe,) + base, ()))
+                cells.append((label, label, (recipe,) + base, ()))
     else:
         values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
         param = spec.factor.rsplit(".", 1)[-1]
@@ -479,7 +480,8 @@ def check_binding(binding: str) -> None:
     except (KeyError, ValueError) as err:  # ValueError: ambiguous selector
         raise SweepError(f"binding {binding!r}: {err}") from None
     if configurable is None:
-        close = _close(selector, [k for k in gin_registry.keys()])
+        known = list(getattr(gin_registry, "_selector_map", {}))  # complete selectors, e.g. "losses.cispo"
+        close = _close(selector, sorted({k.rsplit(".", 1)[-1] for k in known} | set(known)))
         raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: no gin configurable named "
                          f"{selector!r}.{close}")
     params = _configurable_signature_params(configurable.wrapped)
@@ -505,6 +507,9 @@ def _close(word: str, choices: Iterable[str]) -> str:
     return f" Did you mean {m[0]!r}?" if m else ""
 
 
+_SEARCH_PATHS_ADDED: set = set()
+
+
 def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None:
     """Check every run's recipe and bindings with gin and the registries, in a clean gin state."""
     import gin
@@ -512,6 +517,14 @@ def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None
     if not runs:
         raise SweepError("the sweep has no runs")
     _load_trainer_configurables(target)
+    # as the trainer does: `include 'base.gin'` resolves next to the including file, and a
+    # recipe's `import my_components` finds modules next to it or in the working directory
+    for d in dict.fromkeys([str(Path(f).parent) for r in runs for f in r.config_files] + [os.getcwd()]):
+        if d not in _SEARCH_PATHS_ADDED:
+            gin.add_config_file_search_path(d)
+            _SEARCH_PATHS_ADDED.add(d)
+        if d not in sys.path:
+            sys.path.append(d)
     try:
         for files in dict.fromkeys(r.config_files for r in runs):
             gin.clear_config()
@@ -636,6 +649,9 @@ def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> 
         elif job_active:
             state = active.get(job.get("job_id"), "running")
             out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {state}"))
+        elif status in ("failed", "running") and was_interrupted(run_dir):
+            out.append(Planned(r, run_dir, "resume", "interrupted (preempted or timed out) and not requeued; resumes"
+                               + (" from its checkpoint" if has_checkpoint(run_dir) else "")))
         elif status == "failed" and not retry_failed:
             err = infos[r.name].get("error", "")
             out.append(Planned(r, run_dir, "skip-failed", f"failed: {str(err)[:120]} (use --retry-failed)"))
@@ -684,6 +700,26 @@ class RunJob(submitit.helpers.Checkpointable):
             raise RunFailed(f"run {run_info.get('name')} ended with status {status!r}: "
                             f"{info.get('error', 'no error recorded in run.json')}")
         return status
+
+    def checkpoint(self, config_files, bindings, run_dir, run_info) -> submitit.helpers.DelayedSubmission:
+        """Called by submitit on preemption or time-out, just before the requeue: note it in
+        attempts.jsonl (so a later `scalerl sweep` resumes the run even if the trainer marked
+        it failed on the way out) and resubmit the same call."""
+        try:
+            with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
+                f.write(json.dumps({"at": _now(), "event": "interrupted", "pid": os.getpid()}) + "\n")
+        except OSError:
+            pass
+        return super().checkpoint(config_files, bindings, run_dir, run_info)
+
+
+def was_interrupted(run_dir: Path) -> bool:
+    """True when the run's last job was preempted or timed out (RunJob.checkpoint ran)."""
+    try:
+        lines = [ln for ln in (Path(run_dir) / ATTEMPTS_FILE).read_text().splitlines() if ln.strip()]
+        return bool(lines) and json.loads(lines[-1]).get("event") == "interrupted"
+    except (OSError, ValueError):
+        return False
 
 
 def _record_job_start(run_dir: Path) -> None:

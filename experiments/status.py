@@ -1,7 +1,7 @@
 """`scalerl status runs/<sweep>`: one table row per run of a sweep.
 
 Columns: run, state (run.json status), Slurm (the state of the run's last job, from
-`sacct`, or `squeue` where accounting is off, through the job id `scalerl sweep` records
+`squeue` while it is live, else `sacct`, through the job id `scalerl sweep` records
 in the run's slurm.json), step and compute_hours (last line of metrics.jsonl), the last
 held-out pass rate (eval.jsonl) and the fitted asymptote A and exponent B of the sigmoid
 law once the run has enough evaluation points (`analysis.scaling_law.fit`).
@@ -23,6 +23,8 @@ from typing import Iterable, Sequence
 
 from experiments.launch import SLURM_FILE, read_json
 
+LIVE_QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED"}
+LIVE_RUNNING = {"RUNNING", "COMPLETING"}
 MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are shown
 
 
@@ -85,30 +87,30 @@ def find_runs(path: Path) -> list[Path]:
 
 
 def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """{job id: Slurm state} from sacct (accounting) with squeue for jobs sacct does not know."""
+    """{job id: Slurm state}: squeue for live jobs, then sacct (accounting) for finished ones."""
     ids = sorted({str(j) for j in job_ids if j})
     states: dict[str, str] = {}
     if not ids:
         return states
-    if shutil.which("sacct"):
+    if shutil.which("squeue"):
         try:
-            out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids)],
+            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(ids)],
                                  capture_output=True, text=True, timeout=60)
             for line in out.stdout.splitlines():
                 parts = line.strip().split("|")
-                if len(parts) >= 2 and parts[0]:
-                    states[parts[0]] = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
+                if len(parts) == 2 and parts[0] in ids:
+                    states[parts[0]] = parts[1]
         except (OSError, subprocess.SubprocessError):
             pass
     missing = [j for j in ids if j not in states]
-    if missing and shutil.which("squeue"):
+    if missing and shutil.which("sacct"):
         try:
-            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(missing)],
+            out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
                                  capture_output=True, text=True, timeout=60)
             for line in out.stdout.splitlines():
                 parts = line.strip().split("|")
-                if len(parts) == 2:
-                    states[parts[0]] = parts[1]
+                if len(parts) >= 2 and parts[0] in missing:
+                    states[parts[0]] = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
         except (OSError, subprocess.SubprocessError):
             pass
     return states
@@ -153,6 +155,11 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
         job = jobs[d]
         job_id = str(job.get("job_id", "") or "")
         state = info.get("status") or ("queued" if job else "unknown")
+        slurm_state = states.get(job_id, "")
+        if slurm_state in LIVE_QUEUED and state != "done":
+            state = "queued"  # e.g. requeued after a preemption or a time limit
+        elif slurm_state in LIVE_RUNNING and state != "done":
+            state = "running"
         A, B, note = fit_ab(evals, min_points) if evals else (None, None, "no evals")
         name = str(d.relative_to(root)) if d != root else d.name
         out.append(RunStatus(

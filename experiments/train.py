@@ -44,7 +44,9 @@ def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
     for mod, err in failures.items():
         log.debug("built-in component module %s not loaded: %s", mod, err)
     gin.clear_config()
-    gin.parse_config_files_and_bindings(files, list(bindings), skip_unknown=False)
+    for d in sys_path:  # `include 'base.gin'` resolves next to the including file
+        gin.add_config_file_search_path(d)
+    gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False, skip_unknown=False)
     return files, sys_path
 
 
@@ -81,6 +83,13 @@ def validate_components(cfg) -> None:
 
             if engine not in getattr(engines_pkg, "_LAZY", {}):
                 ENGINES.check(engine)  # raises the registry's error listing valid names
+            import importlib.util
+
+            if importlib.util.find_spec(engine) is None:  # a lazily registered engine (vllm) that is not installed
+                raise ConfigError(
+                    f"engine {engine!r} needs the {engine} package, which is not installed in this python "
+                    f"({sys.executable}); install it or use train.engine = \"torch\""
+                )
     task_name = "reasoning_gym" if str(cfg.task).startswith("reasoning_gym:") else cfg.task
     TASKS.check(task_name)
     check_model_path(cfg.model_path)

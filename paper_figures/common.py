@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
@@ -65,20 +66,23 @@ class RunData:
 # ----------------------------------------------------------------------------- selection
 
 
-def _factor_matches(factor: Any, wanted: Sequence[str]) -> bool:
+def factor_matches(factor: Any, wanted: Sequence[str]) -> bool:
+    """Exact match, or one is a dotted suffix of the other ("train.loss" and "loss";
+    "losses.dapo.eps_high" and "dapo.eps_high")."""
     if not isinstance(factor, str) or not factor:
         return False
     f = factor.lower()
-    return any(f == w.lower() or f.rsplit(".", 1)[-1] == w.lower().rsplit(".", 1)[-1] for w in wanted)
+    return any(f == w or f.endswith("." + w) or w.endswith("." + f) for w in (x.lower() for x in wanted))
 
 
 def select(df: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
-    """Rows of the runs a figure uses: sweep name in spec.sweeps OR factor in spec.factors."""
+    """Rows of the runs a figure uses: sweep name in spec.sweeps; if none, factor in spec.factors."""
     if df.empty:
         return df
     by_sweep = df["sweep"].isin(spec.sweeps)
-    by_factor = df["factor"].map(lambda f: _factor_matches(f, spec.factors)) if "factor" in df else False
-    return df[by_sweep | by_factor]
+    if by_sweep.any() or not spec.factors or "factor" not in df:
+        return df[by_sweep]
+    return df[df["factor"].map(lambda f: factor_matches(f, spec.factors))]
 
 
 def require_eval(spec: FigureSpec, data: RunData, compute: str) -> pd.DataFrame:
@@ -95,15 +99,18 @@ def require_eval(spec: FigureSpec, data: RunData, compute: str) -> pd.DataFrame:
 
 
 def _sort_key(v: Any) -> tuple:
+    """Numbers by value; strings naturally ("bs512" < "bs768" < "bs2048")."""
     try:
-        return (0, float(v), "")
+        return (0, float(v), ())
     except (TypeError, ValueError):
-        return (1, 0.0, str(v))
+        parts = re.split(r"(\d+(?:\.\d+)?)", str(v))
+        return (1, 0.0, tuple((0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)))
 
 
 def curves(ev: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(label, rows) per run, ordered by factor value then seed. The label is the value (the
-    run name where there is none), with the seed when a value has several seeds."""
+    run name where there is none), with the seed when a value has several seeds, and
+    "[failed]" / "[running]" for runs that did not finish."""
     groups = []
     for path, g in ev.groupby("path", sort=False):
         first = g.iloc[0]
@@ -118,6 +125,9 @@ def curves(ev: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         label = run if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
         if n_per_value.get(str(value), 1) > 1:
             label += f" (seed {seed})"
+        status = g["status"].iloc[0] if "status" in g else None
+        if status in ("failed", "running"):
+            label += f" [{status}]"
         out.append((label, g))
     return out
 

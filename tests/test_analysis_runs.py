@@ -131,7 +131,7 @@ def test_fit_runs_table_and_prediction(tmp_path):
     for row in table.itertuples():
         assert abs(row.A - want[row.value][0]) < 0.02, row
     pred = fit_runs(load_runs(tmp_path), fraction=0.5)
-    assert (pred["error"].abs() < 0.03).all() and (pred["fit_to"] < pred["final_compute"]).all()
+    assert (pred["prediction_error"].abs() < 0.03).all() and (pred["fit_to"] < pred["final_compute"]).all()
 
 
 def test_scalerl_fit_cli_writes_csv(tmp_path, capsys):
@@ -143,7 +143,7 @@ def test_scalerl_fit_cli_writes_csv(tmp_path, capsys):
     assert len(df) == 4 and {"A", "B", "C_mid", "R0", "rank", "fit_error"} <= set(df.columns)
     assert df.loc[df["value"] == "noevals", "fit_error"].str.contains("0 evaluations").all()
     # the paper's rule inside the sweep: dapo (A 0.52) ranks below gspo / cispo (A 0.595)
-    ls = df[df["factor"] == "loss"].set_index("value")
+    ls = df[df["factor"] == "train.loss"].set_index("value")
     assert ls.loc["dapo", "rank"] == 3 and not ls.loc["dapo", "tied_with_best_A"]
     out = capsys.readouterr().out
     assert "sigmoid fits" in out and "dapo" in out

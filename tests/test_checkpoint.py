@@ -16,6 +16,17 @@ from components.trainer.checkpoint import latest_checkpoint, load_checkpoint, sa
 from components.trainer.runlog import repair_jsonl
 
 
+@pytest.fixture(autouse=True)
+def _fresh_gin():
+    """Gin bindings are process-global: start and end every test with none."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+
 def test_save_checkpoint_is_atomic_and_keeps_latest(tmp_path):
     for step in (2, 4, 6):
         save_checkpoint(tmp_path, step, {"step": step, "w": torch.arange(3)}, keep=2)

@@ -39,6 +39,16 @@ def test_every_listed_figure_is_in_the_table_and_every_sweep_is_synthesised():
         assert spec.synthetic or set(spec.sweeps) & set(SYNTHETIC_SWEEPS), spec.id
 
 
+@pytest.mark.parametrize("fig_id", ["fig3", "fig5a", "fig7", "fig16", "table1"])
+def test_figures_are_written_as_png_and_pdf(fig_id, runs, tmp_path):
+    paths = importlib.import_module(f"paper_figures.{fig_id}").draw(RunData(runs), tmp_path, OPTS)
+    for ext in ("png", "pdf"):
+        p = tmp_path / f"{fig_id}.{ext}"
+        assert p in paths and p.stat().st_size > 1000
+    assert p.read_bytes()[:4] == b"%PDF"
+    assert plt.get_fignums() == []
+
+
 def test_curve_figure_follows_the_paper_conventions(runs):
     data = RunData(runs)
     spec = FIGURES["fig5a"]
@@ -126,18 +136,53 @@ def test_factor_match_selects_runs_from_other_sweep_names(tmp_path):
 
 
 def test_scalerl_figures_cli_writes_every_figure(runs, tmp_path, capsys):
-    """`scalerl figures` draws every listed figure (PNG + PDF) from the synthetic sweeps."""
+    """`scalerl figures` draws every listed figure from the synthetic sweeps (PNG here; PDF in
+    test_figures_are_written_as_png_and_pdf, to keep the suite fast)."""
     out = tmp_path / "figs"
-    rc = scalerl(["figures", str(runs), "--out", str(out), "--dpi", "30"])
+    rc = scalerl(["figures", str(runs), "--out", str(out), "--dpi", "30", "--formats", "png"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert f"{len(LISTED)} drawn, 0 missing, 0 failed" in text, text
     for fig_id in LISTED:
-        for ext in ("png", "pdf"):
-            assert (out / f"{fig_id}.{ext}").stat().st_size > 1000, (fig_id, ext)
+        assert (out / f"{fig_id}.png").stat().st_size > 1000, fig_id
     assert plt.get_fignums() == []  # every figure was closed
     assert pd.read_csv(out / "table1.csv").shape[0] == sum(
         len(SYNTHETIC_SWEEPS[s][1]) for s in FIGURES["table1"].sweeps if s in SYNTHETIC_SWEEPS)
     assert (out / "fig7.csv").is_file() and (out / "table1.md").is_file()
     assert scalerl(["figures", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert scalerl(["figures", str(runs), "--out", str(out), "--only", "fig99"]) == 2
+
+
+def test_sweeps_sharing_a_factor_do_not_mix(runs):
+    """zero_variance_filtering and no_positive_resampling both vary train.curriculum; DAPO's and
+    GSPO's clip sweeps both end in eps_high: each figure gets only its own sweep."""
+    ev = RunData(runs).eval
+    assert set(select(ev, FIGURES["fig6a"])["sweep"]) == {"zero_variance_filtering"}
+    assert set(select(ev, FIGURES["fig6b"])["sweep"]) == {"no_positive_resampling"}
+    assert set(select(ev, FIGURES["fig8a"])["sweep"]) == {"scalerl_seeds"}
+    only_dapo = ev[ev["sweep"] == "dapo_clip"].assign(sweep="renamed")
+    assert select(only_dapo, FIGURES["fig19a"]).shape[0] == only_dapo.shape[0]  # by factor
+    assert select(only_dapo, FIGURES["fig20"]).empty
+
+
+def test_values_are_ordered_naturally():
+    from paper_figures.common import _sort_key
+
+    assert sorted(["bs2048", "bs512", "bs768"], key=_sort_key) == ["bs512", "bs768", "bs2048"]
+    assert sorted([8.0, 4.0, 5.0], key=_sort_key) == [4.0, 5.0, 8.0]
+
+
+def test_a_figure_without_its_runs_raises_missing_runs(tmp_path):
+    from paper_figures import fig5a
+
+    with pytest.raises(MissingRuns, match="loss_type"):
+        fig5a.draw(RunData(tmp_path), tmp_path / "out", OPTS)
+
+
+def test_factor_matching_rule():
+    from paper_figures.common import factor_matches
+
+    assert factor_matches("train.loss", ["train.loss"]) and factor_matches("loss", ["train.loss"])
+    assert factor_matches("losses.dapo.eps_high", ["dapo.eps_high"])
+    assert not factor_matches("losses.gspo.eps_high", ["dapo.eps_high"])
+    assert not factor_matches("train.lossy", ["train.loss"]) and not factor_matches(None, ["loss"])

@@ -33,8 +33,10 @@ SCRIPT = textwrap.dedent(
     import gin, torch
     sys.path.insert(0, {user_dir!r})              # the user's module is importable, not installed
     import components.trainer.config              # defines `train.*`, as `scalerl train` does
-    import components.aggregation                 # fills AGGREGATIONS
+    import components.aggregation                 # built-ins are imported before the parse,
+    import components.losses                      # as `scalerl train` does
     from components.aggregation import token_weights, weighted_sum
+    from components.losses import loss_diagnostics
     from components.registry import AGGREGATIONS, LOSSES
 
     assert {module!r} not in sys.modules
@@ -61,12 +63,13 @@ SCRIPT = textwrap.dedent(
     for lo, hi in [(0, 3), (3, len(mask))]:
         weighted_sum(loss_fn(logp_mb[lo:hi], gen_logp[lo:hi], adv[lo:hi], mask[lo:hi]), w[lo:hi]).backward()
 
+    diag = loss_diagnostics(loss_name, logp, gen_logp, adv, mask)   # a user loss declares no clip rule
     info = LOSSES.describe()[loss_name]
     print(json.dumps({{
         "loss": loss_name, "aggregation": agg_name, "value": value.item(),
         "grad": grad.tolist(), "grad_micro": logp_mb.grad.tolist(),
         "per_token": per_token.tolist(), "params": info["params"], "where": info["where"],
-        "bound": gin.query_parameter({param!r}),
+        "bound": gin.query_parameter({param!r}), "diagnostics": diag,
     }}))
     """
 )
@@ -99,6 +102,10 @@ def test_user_loss_from_own_file_selected_by_gin_runs_through_registry_and_aggre
     assert got["where"] == "my_losses.my_reinforce"
     assert got["params"] == {"scale": 1.0}  # the default, as written in the user's file
     assert got["bound"] == 0.5
+    assert math.isnan(got["diagnostics"]["clip_frac"])  # docs: NaN for a loss the zoo did not write
+    ratios = [math.exp(x - y) for rl, rg, rm in zip(batch["logp"].tolist(), batch["gen_logp"].tolist(), batch["mask"].tolist())
+              for x, y, keep in zip(rl, rg, rm) if keep]
+    assert got["diagnostics"]["is_ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-12)
 
     # reference: loss = -scale * A * log pi per token, scale = 0.5 from the gin file
     lp, adv, m = batch["logp"].tolist(), batch["advantages"].tolist(), batch["mask"].tolist()

@@ -10,6 +10,17 @@ from components.offpolicy import is_too_stale, pipeline_rl, ppo_off_policy, toke
 from components.registry import OFF_POLICY
 
 
+@pytest.fixture(autouse=True)
+def _fresh_gin():
+    """Gin bindings are process-global: start and end every test with none."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+
 def test_schemes_registered_and_gin_bindable():
     assert {"ppo_off_policy", "pipeline_rl"} <= set(OFF_POLICY.names())
     assert OFF_POLICY.get("ppo_off_policy")().k == 1  # synchronous by default

@@ -7,6 +7,9 @@ Isolated tests use a temporary Registry whose gin module and entry names are uni
 from __future__ import annotations
 
 import collections
+import importlib
+import os
+import sys
 import uuid
 
 import gin
@@ -152,6 +155,54 @@ def test_redefinition_under_same_module_and_qualname_is_not_silently_ignored(reg
     assert returned(0) == "new"
 
 
+def test_importlib_reload_of_an_edited_module_runs_the_new_code(tmp_path, monkeypatch):
+    """The real workflow behind the test above: edit a component file, reload the module."""
+    uid = _uid()
+    holder, comp, name = f"lt_holder_{uid}", f"lt_comp_{uid}", f"reloaded_{uid}"
+    (tmp_path / f"{holder}.py").write_text(
+        f"from components.registry import Registry\nREG = Registry('widget', 'widgets_{uid}')\n"
+    )
+    body = "from {holder} import REG\n\n@REG.register({name!r})\ndef f(x, *, k=1):\n    return {expr}\n"
+    path = tmp_path / f"{comp}.py"
+    path.write_text(body.format(holder=holder, name=name, expr="x * k"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module(comp)
+        reg = importlib.import_module(holder).REG
+        assert reg.get(name)(3) == 3
+        gin.parse_config(f"{name}.k = 2")
+        assert reg.get(name)(3) == 6
+        path.write_text(body.format(holder=holder, name=name, expr="x * k + 100"))
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))  # a new mtime: no stale .pyc
+        importlib.reload(module)
+        assert reg.get(name)(3) == 106  # new body, gin binding still applied
+        assert module.f(3) == 106
+    finally:
+        for m in (comp, holder):
+            sys.modules.pop(m, None)
+
+
+def test_redefining_a_registered_class_is_refused_or_takes_effect(reg):
+    name = f"cls_{_uid()}"
+
+    class Thing:
+        def __init__(self, *, v=1):
+            self.v = ("old", v)
+
+    reg.register(name)(Thing)
+
+    class Thing2:
+        def __init__(self, *, v=1):
+            self.v = ("new", v)
+
+    Thing2.__qualname__, Thing2.__module__ = Thing.__qualname__, Thing.__module__
+    try:
+        reg.register(name)(Thing2)
+    except DuplicateComponentError:
+        return
+    assert reg.get(name)().v == ("new", 1), "re-registration silently kept the OLD class"
+
+
 @pytest.mark.parametrize("bad", ["", None, 3])
 def test_invalid_names_are_refused(reg, bad):
     with pytest.raises(ValueError):
@@ -256,6 +307,18 @@ def test_registered_class_is_constructed_with_gin_bound_arguments(reg):
     gin.parse_config(f"{name}.size = 16")
     obj = reg.get(name)(label="y")
     assert (obj.size, obj.label) == (16, "y")
+
+
+def test_registering_after_the_gin_config_is_locked(reg):
+    """A module imported lazily after the run's gin config was parsed (and so locked by gin's
+    finalize step) -- e.g. the vllm engine imported on demand by make_engine, or a user module
+    imported late -- must still register, and the parsed bindings must still apply."""
+    name, late = f"early_{_uid()}", f"late_{_uid()}"
+    reg.register(name)(lambda x, *, k=1: x * k)
+    gin.parse_config_files_and_bindings([], [f"{name}.k = 3"])  # finalize_config=True locks
+    reg.register(late)(lambda x, *, k=1: x + k)
+    assert late in reg and reg.get(late)(1) == 2
+    assert reg.get(name)(2) == 6
 
 
 @pytest.mark.parametrize("registry", [LOSSES, AGGREGATIONS, ADVANTAGE_NORMS], ids=lambda r: r.family)

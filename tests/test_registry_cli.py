@@ -88,8 +88,10 @@ def test_json_lists_a_users_loss_imported_with_import(listing):
     assert entry["doc"].startswith("Plain REINFORCE")
 
 
-def test_unknown_family_is_a_clear_error():
+def test_unknown_family_is_a_clear_error(monkeypatch):
     from experiments.cli import main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts "." on sys.path
 
     with pytest.raises(SystemExit) as err:
         main(["components", "--family", "lossez"])

@@ -7,13 +7,13 @@ sandbox refuses to run programs by design; the hostile tests then skip with that
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,8 +23,9 @@ from components.tasks import make_task
 from components.tasks import sandbox
 from components.tasks.sandbox import SandboxConfig, SandboxLimits, SandboxUnavailableError
 
-# A uid range of our own, so leftover checks cannot see other sandboxes on the machine.
-UID_BASE = 3_000_000
+# A uid range of our own (per test session, away from the default 2e9 + pid), so the
+# leftover checks cannot see other sandboxes on the machine.
+UID_BASE = 1_500_000_000 + (os.getpid() % 100) * 2**22
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_bytes=256 * 2**20, max_processes=8, output_bytes=64 * 1024)
 CONFIG = SandboxConfig(uid_base=UID_BASE)
 
@@ -105,16 +106,13 @@ def test_grading_from_threads(sum_task, sandbox_tmp):
     assert good == [True] * len(probs) and bad == [False] * len(probs)
 
 
+# Each would pass (print the right sum) if its attack succeeded or its limit were missing.
 HOSTILE = {
     "infinite_loop": "while True:\n    pass\n",
-    "sleep_forever": "import time\ntime.sleep(60)\n",
-    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-    "huge_allocation": "x = bytearray(8 * 2**30)\nprint(3)\n",
-    "output_flood": "while True:\n    print('3' * 4096)\n",
-    "background_child": (
-        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
-        "a, b = map(int, input().split())\nprint(a + b + 1)\n"
-    ),
+    "sleep_forever": "import time\ntime.sleep(60)\n" + GOOD_SUM,
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + GOOD_SUM,
+    "huge_allocation": "x = bytearray(2**30)\n" + GOOD_SUM,  # 1 GiB: 4x the limit, quick to fill without it
+    "output_flood": GOOD_SUM + "import sys\nsys.stdout.flush()\nwhile True:\n    sys.stderr.write('x' * 4096)\n",
 }
 
 
@@ -133,9 +131,63 @@ def test_hostile_program_gets_minus_one_and_nothing_leaks(name, sum_task, sandbo
 
 
 @needs_root
+def test_background_processes_of_a_passing_program_are_killed(sum_task, sandbox_tmp):
+    p = sum_task.train_problems()[0]
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n" + GOOD_SUM
+    assert sum_task.verify(p, fenced(code)).passed
+    # sandbox_tmp's teardown asserts that the setsid'ed sleeper is gone.
+
+
+@needs_root
+def test_oracle_over_the_network_does_not_help(sum_task, sandbox_tmp):
+    """A listener on the grader's loopback that answers every question: unreachable from the sandbox."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.1)
+    port = server.getsockname()[1]
+    served = []
+    stop = False
+
+    def serve():
+        while not stop:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                a, b = map(int, conn.recv(100).split())
+                conn.sendall(f"{a + b}\n".encode())
+                served.append((a, b))
+
+    import threading
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        cheat = (
+            "import socket, sys\ns = socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
+            "s.sendall(sys.stdin.read().encode())\nprint(s.recv(100).decode(), end='')\n" % port
+        )
+        # The oracle works from the grader's side...
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as c:
+            c.sendall(b"1 2")
+            assert c.recv(100) == b"3\n"
+        # ... but not from inside the sandbox.
+        p = sum_task.train_problems()[0]
+        assert not sum_task.verify(p, fenced(cheat)).passed
+        assert served == [(1, 2)]
+    finally:
+        stop = True
+        thread.join(2)
+        server.close()
+
+
+@needs_root
 def test_limits_are_reported(sandbox_tmp):
-    loop = sandbox.run_python("while True: pass", limits=FAST, config=CONFIG)
-    assert loop.cpu_limit and not loop.ok and loop.wall_s < 3.0
+    # A generous wall limit, so that the CPU limit (1 s of CPU) is what stops it even on a busy machine.
+    loop = sandbox.run_python("while True: pass", limits=dataclasses.replace(FAST, wall_seconds=20), config=CONFIG)
+    assert loop.cpu_limit and not loop.timed_out and not loop.ok and 0.5 < loop.cpu_s < 2.5  # rusage lags the limit
     sleep = sandbox.run_python("import time; time.sleep(60)", limits=FAST, config=CONFIG)
     assert sleep.timed_out and not sleep.ok and 2.9 < sleep.wall_s < 4.0
     flood = sandbox.run_python("while True: print('x' * 1000)", limits=FAST, config=CONFIG)
@@ -206,9 +258,15 @@ def test_cannot_read_grader_files(outside_dir, sum_task, sandbox_tmp, tmp_path):
                  f"/proc/{os.getpid()}/environ"]:
         res = read(path)
         assert not res.ok, path
-    # ... and a program trying it through the task gets -1.
+    # ... and a program that would pass by looking its answer up in the test data gets -1.
     p = sum_task.train_problems()[0]
-    cheat = f"print(open({data!r}).read())"
+    cheat = (
+        "import json, sys\ninp = sys.stdin.read()\n"
+        f"for line in open({data!r}):\n"
+        "    for t in json.loads(line)['tests']:\n"
+        "        if t['input'] == inp:\n"
+        "            print(t['output'], end='')\n            sys.exit(0)\n"
+    )
     assert not sum_task.verify(p, fenced(cheat)).passed
 
 
@@ -331,3 +389,54 @@ def test_code_file_schema_errors(tmp_path):
         make_task("code_file", path=str(path))
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         make_task("code_file", path=str(tmp_path / "missing.jsonl"))
+
+
+@needs_root
+def test_unsafe_opt_out_runs_as_the_grader_user(monkeypatch, sandbox_tmp):
+    """allow_unsafe=True on a machine that cannot drop privileges: the program runs as this user."""
+    monkeypatch.setattr(sandbox, "probe", _fake_probe(euid=12345))
+    with pytest.raises(SandboxUnavailableError, match="allow_unsafe=True"):
+        sandbox.run_python("print(1)", config=CONFIG)
+    res = sandbox.run_python("import os; print(os.getuid())", limits=FAST, config=SandboxConfig(allow_unsafe=True, uid_base=UID_BASE))
+    assert res.ok and res.stdout.strip() == str(os.getuid())
+
+
+@needs_root
+def test_apps_and_primeintellect_layouts(tmp_path, sandbox_tmp):
+    rows = [
+        {"problem": "APPS stdin", "tests": {"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}},
+        {"problem": "TACO call", "tests": json.dumps({"fn_name": "mul", "inputs": [[2, 3], [4, 5]], "outputs": [[6], [20]]})},
+        {"problem": "PrimeIntellect", "tests": [{"type": "stdin_stdout", "input": "4 4\n", "output": "8\n"}]},
+    ]
+    path = tmp_path / "layouts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    task = make_task("code_file", path=str(path), eval_size=1, cpu_seconds=1, wall_seconds=3)
+    by_row = {p.meta["row"]: p for p in task.train_problems() + task.eval_problems()}
+    assert [by_row[i].meta["test_kind"] for i in range(3)] == ["stdio", "functional", "stdio"]
+    add = "a, b = map(int, input().split())\nprint(a + b)"
+    assert task.verify(by_row[0], fenced(add)).passed
+    assert task.verify(by_row[1], fenced("def mul(a, b):\n    return a * b")).passed
+    assert not task.verify(by_row[1], fenced("def mul(a, b):\n    return a + b")).passed
+    assert task.verify(by_row[2], fenced(add)).passed
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "x", "tests": {"inputs": ["1"], "outputs": []}}))
+    with pytest.raises(ValueError, match="row 0 tests: 1 inputs but 0 outputs"):
+        make_task("code_file", path=str(bad))
+
+
+def test_launcher_refuses_uids_of_real_accounts(monkeypatch):
+    import importlib.util
+    import pwd
+
+    spec = importlib.util.spec_from_file_location("_launcher_under_test", sandbox.LAUNCHER)
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    with pytest.raises(OSError, match="below 65536"):
+        launcher._check_unused_uid(0)
+    launcher._check_unused_uid(2_000_000_001)  # no account: fine
+    real = pwd.getpwuid(0)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: real if uid == 2_000_000_001 else pwd.getpwnam("?"))
+    with pytest.raises(OSError, match="belongs to the account 'root'"):
+        launcher._check_unused_uid(2_000_000_001)
+    with pytest.raises(ValueError, match="not a sandbox uid"):
+        launcher.kill_uid(0)

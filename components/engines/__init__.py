@@ -25,17 +25,6 @@ from components.registry import ENGINES
 _LAZY = {"vllm": "components.engines.vllm_engine"}
 
 
-def _try_register_vllm() -> None:
-    import importlib.util
-
-    if "vllm" in ENGINES or importlib.util.find_spec("vllm") is None:
-        return
-    try:
-        importlib.import_module(_LAZY["vllm"])
-    except ImportError:  # vllm present but broken: make_engine("vllm") will show the error
-        pass
-
-
 def make_engine(name: str, model_path: str, **kwargs) -> Engine:
     """Build the engine registered as `name` (e.g. "torch", "vllm") for the checkpoint at `model_path`.
 

@@ -2,7 +2,9 @@
 
 Scheduling: CONTINUOUS BATCHING. Each `step()` does exactly
   1. one decode step (one forward of shape [B, 1]) for every in-flight sequence, then
-  2. admission of queued requests while the batch has room (`max_batch_size` sequences):
+  2. admission of queued requests while the batch has room (`max_batch_size` sequences;
+     to amortise the cache copy a merge waits until an eighth of the batch, or all that is
+     queued, fits):
      their prompts are prefilled together (left-padded, one forward), each prompt once
      however many samples it has; the prompt's KV cache is then repeated for its `n`
      samples and merged into the running cache (shorter caches are left-padded and the
@@ -131,6 +133,8 @@ class TorchEngine(Engine):
         seed: seed of the sampling generator (reseeded by SamplingParams.seed when given).
         max_batch_size: most sequences in flight at once.
         attn_implementation: passed to from_pretrained (default: transformers' choice, sdpa).
+        model, tokenizer: an already loaded model / tokenizer to use instead of loading
+            `model_path` (the engine applies the precision policy to the model in place).
     """
 
     def __init__(
@@ -156,7 +160,6 @@ class TorchEngine(Engine):
         self.max_batch_size = int(max_batch_size)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         if model is None:
-            kwargs = {}
             if attn_implementation:
                 from transformers import AutoModelForCausalLM
 
@@ -167,7 +170,6 @@ class TorchEngine(Engine):
                     dtype=torch.float32,
                     local_files_only=True,
                     attn_implementation=attn_implementation,
-                    **kwargs,
                 )
             else:
                 model = load_causal_lm(model_path, dtype=torch.float32)
@@ -311,7 +313,13 @@ class TorchEngine(Engine):
                 self._drop_finished(force=True)
             if self._rows:
                 return
-        if self._rows and self._queue[0][0].n <= self.max_batch_size - self._num_live():
+        if self._rows:
+            # Merging copies the whole KV cache: admit only when a worthwhile amount fits
+            # (an eighth of the batch, or everything that is queued).
+            room = self.max_batch_size - self._num_live()
+            demand = sum(req.n for req, _ in self._queue)
+            if room < max(self._queue[0][0].n, min(demand, max(1, self.max_batch_size // 8))):
+                return
             self._drop_finished(force=True)  # make room for queued requests
         free = self.max_batch_size - len(self._rows)
         admitted: list[tuple[GenerationRequest, SamplingParams]] = []

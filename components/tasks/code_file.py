@@ -9,6 +9,9 @@ Schema: one JSON object per line with
     ``"testtype": "functional"``: then ``input`` holds one JSON value per line (the positional
     arguments), ``output`` the JSON of the return value, and the row names the function in
     ``fn_name`` (or ``metadata.func_name``); a method of a ``Solution`` class is found too.
+    ``"type": "stdin_stdout"`` / ``"function_call"`` are accepted as synonyms (PrimeIntellect),
+    and so is the APPS / TACO layout ``{"inputs": [...], "outputs": [...], "fn_name"?}``
+    (a call's expected value may be wrapped in a one-element list, as TACO does).
   * ``test``: Python source with ``assert`` statements run after the program (MBPP style);
     with ``entry_point`` and a ``def check(`` in it, ``check(<entry_point>)`` is called
     (HumanEval style).
@@ -77,6 +80,11 @@ def parse_tests(row: dict, where: str) -> dict:
             tests = json.loads(tests)
         except json.JSONDecodeError:
             return {"kind": "assert", "code": tests, "entry_point": row.get("entry_point")}
+    if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
+        try:
+            tests = _from_apps(tests, row)
+        except ValueError as err:
+            raise ValueError(f"code_file: {where} tests: {err}") from err
     if not isinstance(tests, list) or not tests:
         raise ValueError(
             f"code_file: {where} has no tests: give 'tests' (a list of {{'input', 'output'}} cases) "
@@ -86,7 +94,9 @@ def parse_tests(row: dict, where: str) -> dict:
     for j, case in enumerate(tests):
         if not isinstance(case, dict) or "input" not in case or "output" not in case:
             raise ValueError(f"code_file: {where} test {j} must be an object with 'input' and 'output', got {case!r:.200}")
-        cases.append((str(case["input"]), str(case["output"]), str(case.get("testtype", "stdin"))))
+        kind = str(case.get("testtype", case.get("type", "stdin")))
+        kind = {"stdin_stdout": "stdin", "function_call": "functional"}.get(kind, kind)
+        cases.append((str(case["input"]), str(case["output"]), kind))
     kinds = {t for _, _, t in cases}
     if kinds <= {"stdin", "stdio"}:
         return {"kind": "stdio", "cases": [(i, o) for i, o, _ in cases]}
@@ -102,6 +112,25 @@ def parse_tests(row: dict, where: str) -> dict:
             raise ValueError(f"code_file: {where} has functional tests but no 'fn_name' (or metadata.func_name)")
         return {"kind": "functional", "fn_name": fn_name, "cases": [(i, o) for i, o, _ in cases]}
     raise ValueError(f"code_file: {where} mixes test types {sorted(kinds)}; use 'stdin' or 'functional'")
+
+
+def _from_apps(tests: dict, row: dict) -> list[dict]:
+    """APPS / TACO layout {"inputs": [...], "outputs": [...], "fn_name"?} -> a list of cases."""
+    fn_name = tests.get("fn_name") or row.get("fn_name")
+    if len(tests["inputs"]) != len(tests["outputs"]):
+        raise ValueError(f"{len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
+    if not fn_name:
+        return [{"input": _join(i), "output": _join(o)} for i, o in zip(tests["inputs"], tests["outputs"])]
+    row.setdefault("fn_name", fn_name)
+    cases = []
+    for args, out in zip(tests["inputs"], tests["outputs"]):
+        args = args if isinstance(args, list) else [args]
+        cases.append({"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(out), "testtype": "functional"})
+    return cases
+
+
+def _join(x: Any) -> str:
+    return "\n".join(map(str, x)) if isinstance(x, list) else str(x)
 
 
 def outputs_match(got: str, expected: str) -> bool:
@@ -307,6 +336,8 @@ def _json_equal(got_json: str, expected: str) -> bool:
         exp = json.loads(expected)
     except ValueError:
         exp = expected
+    if isinstance(exp, list) and len(exp) == 1 and not isinstance(got, list):
+        exp = exp[0]  # APPS / TACO wrap a call's expected return value in a list
     if isinstance(got, float) or isinstance(exp, float):
         try:
             return abs(float(got) - float(exp)) <= 1e-6 * max(1.0, abs(float(exp)))

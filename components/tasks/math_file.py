@@ -211,6 +211,10 @@ class MathFileTask(Task):
     def eval_problems(self) -> list[Problem]:
         return list(self._eval)
 
+    def solution_text(self, problem: Problem) -> str:
+        """A minimal correct completion (the gold answer boxed), e.g. for SFT warm starts."""
+        return f"\\boxed{{{problem.answer}}}"
+
     def _gold_parsed(self, problem: Problem):
         key = f"{problem.id}\x00{problem.answer}"
         with self._gold_lock:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from components.registry import TASKS
 from components.tasks.base import Problem, Task, Verdict
@@ -137,6 +137,10 @@ class ReasoningGymTask(Task):
 
     def eval_problems(self) -> list[Problem]:
         return list(self._eval)
+
+    def solution_text(self, problem: Problem) -> str:
+        """A minimal correct completion (the dataset's gold answer in tags), e.g. for SFT warm starts."""
+        return f"<answer>{problem.answer}</answer>"
 
     def _entry(self, problem: Problem) -> dict:
         split = problem.meta.get("split")

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -75,7 +75,8 @@ class SandboxConfig:
         allow_network: run even where no network namespace can be created (opt-out).
         allow_unsafe: run even where privileges cannot be dropped or no private filesystem
             view can be made (opt-out: the program could then read the grader's files).
-        uid_base: runs use uid = gid = uid_base + launcher pid.
+        uid_base: runs use uid = gid = uid_base + launcher pid (pids are below 2**22), a
+            range no real account uses; a uid that names an account is refused.
     """
 
     python: Optional[str] = None
@@ -83,7 +84,11 @@ class SandboxConfig:
     hide_repo: bool = True
     allow_network: bool = False
     allow_unsafe: bool = False
-    uid_base: int = 1_000_000
+    uid_base: int = 2_000_000_000
+
+    def __post_init__(self):
+        if not 65536 <= self.uid_base <= 2**31 - 1 - 2**22:
+            raise ValueError(f"uid_base must be in [65536, 2**31 - 1 - 2**22] (pids go up to 2**22), got {self.uid_base}")
 
 
 @dataclass(frozen=True)
@@ -312,7 +317,18 @@ def run_program(
         shutil.rmtree(control, ignore_errors=True)
 
 
+# At most this many sandboxed programs run at once in this process (more grading threads
+# queue here; a run's wall clock starts only when its launcher starts).
+MAX_CONCURRENT_RUNS = max(2, 2 * (os.cpu_count() or 1))
+_run_slots = threading.BoundedSemaphore(MAX_CONCURRENT_RUNS)
+
+
 def _launch(control: str, limits: SandboxLimits, config: SandboxConfig, plan: dict) -> SandboxResult:
+    with _run_slots:
+        return _launch_now(control, limits, config, plan)
+
+
+def _launch_now(control: str, limits: SandboxLimits, config: SandboxConfig, plan: dict) -> SandboxResult:
     with open(os.path.join(control, "launcher.log"), "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", LAUNCHER, control],

@@ -111,6 +111,12 @@ def model_config(
     return str(p)
 
 
+@gin.configurable("data")
+def data_config(path: Optional[str] = None) -> Optional[str]:
+    """`data.path`: a local dataset file for file-backed tasks (passed to the task as `path`)."""
+    return None if path is None else str(path)
+
+
 @gin.configurable("train")
 def train_config(
     *,
@@ -157,10 +163,14 @@ def train_config(
         model_path = model_config()
     if isinstance(curriculum, str):
         curriculum = (curriculum,)
+    task_kwargs = dict(task_kwargs or {})
+    data_path = data_config()
+    if data_path is not None:
+        task_kwargs.setdefault("path", data_path)
     return TrainConfig(
         model_path=str(model_path),
         task=task,
-        task_kwargs=dict(task_kwargs or {}),
+        task_kwargs=task_kwargs,
         engine=engine,
         eval_engine=eval_engine,
         loss=loss,

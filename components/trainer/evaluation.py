@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import random
 import time
 from collections import defaultdict
 from typing import Sequence
@@ -29,10 +29,12 @@ def evaluate(engine, task, problems: Sequence, tokenizer, *, k: int, seed: int, 
     for i, problem in enumerate(problems):
         interruptions = None
         if length_control is not None and hasattr(length_control, "interruptions"):
-            interruptions = length_control.interruptions(k, np.random.default_rng([seed, i, 77]), tokenizer)
+            interruptions = length_control.interruptions(k, random.Random(f"{seed}-{i}-eval-interruption"), tokenizer)
         requests.append(
             GenerationRequest(group_id=i, prompt_ids=list(render_prompt(problem, tokenizer)), n=k, interruptions=interruptions)
         )
+    if length_control is not None and hasattr(length_control, "max_tokens"):
+        max_tokens = int(length_control.max_tokens(max_tokens))
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
     per_task: dict[str, list[float]] = defaultdict(list)
     errors = 0

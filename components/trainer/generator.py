@@ -49,7 +49,9 @@ def apply_gin(setup: WorkerSetup) -> None:
             sys.path.insert(0, p)
     load_builtin_components()
     gin.clear_config()
-    gin.parse_config_files_and_bindings(list(setup.config_files), list(setup.bindings), skip_unknown=False)
+    for p in setup.sys_path:
+        gin.add_config_file_search_path(p)
+    gin.parse_config_files_and_bindings(list(setup.config_files), list(setup.bindings), finalize_config=False, skip_unknown=False)
 
 
 def resolve_device(device: str, role: str, index: int = 0) -> str:
@@ -82,6 +84,13 @@ def make_length_control(cfg):
     return LENGTH_CONTROLS.get(cfg.length_control)()
 
 
+def generation_cap(cfg, length_control) -> int:
+    """SamplingParams.max_tokens: the length control's cap for the run's train.max_tokens."""
+    if length_control is not None and hasattr(length_control, "max_tokens"):
+        return int(length_control.max_tokens(cfg.max_tokens))
+    return int(cfg.max_tokens)
+
+
 def _drain(control_q, block: bool, timeout: float = 1.0) -> list:
     msgs = []
     if block:
@@ -109,7 +118,7 @@ def _load_weights(payload):
 
 def build_requests(work, tokenizer, length_control, cfg) -> list:
     """GenerationRequests of a work order (interruptions drawn from (seed, order id))."""
-    import numpy as np
+    import random
 
     from components.engines.base import GenerationRequest
     from components.tasks import render_prompt
@@ -118,7 +127,7 @@ def build_requests(work, tokenizer, length_control, cfg) -> list:
     for order_id, problem in work.orders:
         interruptions = None
         if length_control is not None and hasattr(length_control, "interruptions"):
-            rng = np.random.default_rng([cfg.seed, int(order_id), 31])
+            rng = random.Random(f"{cfg.seed}-{int(order_id)}-interruption")
             interruptions = length_control.interruptions(cfg.generations_per_prompt, rng, tokenizer)
         requests.append(
             GenerationRequest(
@@ -174,7 +183,7 @@ def generator_main(index: int, setup: WorkerSetup, control_q, rollout_q) -> None
         tokenizer = load_tokenizer(cfg.model_path)
         engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
         length_control = make_length_control(cfg)
-        base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens)
+        base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
         problems: dict[int, Any] = {}
         rollout_q.put(("ready", index))
         busy = 0.0

@@ -94,6 +94,13 @@ class Learner:
         """One learner step on `rollouts`; `keep[i]` is the curriculum filters' verdict on group i."""
         cfg = self.cfg
         t0 = time.perf_counter()
+        if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
+            stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
+                     "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
+                     "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0}
+            stats.update(_empty_step_stats(self.version))
+            stats["time_train"] = time.perf_counter() - t0
+            return stats
         all_batch = collate(rollouts, self.pad_id)
         stats = _rollout_stats(all_batch, rollouts, keep)
 

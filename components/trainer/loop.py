@@ -79,6 +79,8 @@ class Trainer:
 
         cfg = self.cfg
         self.device = resolve_device(cfg.device, "learner")
+        if self.device == "cpu":
+            torch.set_num_threads(1)  # one core for the learner, one per generator
         torch.manual_seed(cfg.seed)
         self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
@@ -99,7 +101,8 @@ class Trainer:
         self.next_order = 0
         self.wall_base = 0.0
         self.flops = 0.0
-        self.pending: list[Rollout] = []  # received, not yet trained on
+        self.pending: list[Rollout] = []  # pipeline_rl: received, not yet trained on
+        self.pending_batches: list[list[Rollout]] = []  # ppo_off_policy: the rest of a round
         self.totals = {"generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0, "verifier_errors": 0}
 
     def _resume_or_start(self) -> bool:
@@ -118,6 +121,7 @@ class Trainer:
         self.wall_base = float(state["wall_s"])
         self.flops = float(state["flops"])
         self.pending = list(state.get("pending", []))
+        self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
         self.totals.update(state.get("totals", {}))
         set_rng_state(state["rng"])
         repair_jsonl(metrics_path, self.step)
@@ -134,6 +138,7 @@ class Trainer:
             "wall_s": self.wall_s(),
             "flops": self.flops,
             "pending": self.pending,
+            "pending_batches": self.pending_batches,
             "totals": dict(self.totals),
             "rng": rng_state(),
             "config": self.cfg.to_dict(),
@@ -333,13 +338,14 @@ class Trainer:
         """ppo_off_policy(k): k x batch with frozen weights, k learner steps, then sync."""
         cfg, k = self.cfg, self.scheme.k
         while self.step < cfg.total_steps:
-            if not self.pending:
-                steps_left = cfg.total_steps - self.step
-                n = self.P * min(k, steps_left)
-                self.pending = self._collect(n, derive_seed(cfg.seed, self.step, 1))
+            if not self.pending_batches:
+                steps = min(k, cfg.total_steps - self.step)
+                got = self._collect(self.P * steps, derive_seed(cfg.seed, self.step, 1))
+                # k mini-batches of P prompts (a refill that ran out of rounds leaves some short)
+                self.pending_batches = [got[i * self.P : (i + 1) * self.P] for i in range(steps)]
             stop = False
-            while self.pending and not stop:
-                batch, self.pending = self.pending[: self.P], self.pending[self.P :]
+            while self.pending_batches and not stop:
+                batch = self.pending_batches.pop(0)
                 self._train_step(batch)
                 stop = self._after_step()
             if stop:

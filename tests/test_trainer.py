@@ -1,0 +1,323 @@
+"""The trainer end to end: run directory contract, learner step, bad input, misbehaving verifiers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import gin
+import pytest
+import torch
+
+from _helpers_trainer import read_jsonl, run_json, tiny_model, write_gin, write_user_task
+from components.registry import UnknownComponentError
+from components.trainer.config import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gin():
+    """Gin bindings are process-global: start and end every test with none."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+torch.set_num_threads(1)
+
+METRIC_FIELDS = {
+    "step", "version", "compute_hours", "flops", "wall_s", "prompts", "generations", "tokens", "reward_mean",
+    "pass_rate", "zero_variance_frac", "truncation_rate", "entropy", "loss", "grad_norm", "is_ratio_mean",
+    "is_ratio_min", "is_ratio_max", "clip_frac", "lag_mean", "lag_max", "time_generate", "time_train",
+    "time_sync", "time_wait", "logprob_gap_mean", "logprob_gap_max", "verifier_errors",
+}
+EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task"}
+RUN_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "started", "finished"}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("trainer_model"))
+
+
+# ---------------------------------------------------------------------------------------
+# the learner step on hand-made rollouts (no processes)
+def _rollouts(model, tokenizer, n_groups=3, G=4, T=5, seed=0):
+    """Sample completions from `model` by hand, recording gen_logp like an engine would."""
+    from components.engines.base import Completion
+    from components.engines.logprobs import token_logprobs
+    from components.trainer.rollout import Rollout
+
+    g = torch.Generator().manual_seed(seed)
+    rollouts = []
+    for gi in range(n_groups):
+        prompt = tokenizer.encode(f"{gi}+1=", add_special_tokens=False)
+        comps, rewards = [], []
+        for s in range(G):
+            ids = list(prompt)
+            toks, lps = [], []
+            with torch.no_grad():
+                for _ in range(T):
+                    logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                    tok = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+                    lps.append(float(token_logprobs(logits, torch.tensor(tok))))
+                    toks.append(tok)
+                    ids.append(tok)
+            comps.append(Completion(gi, s, list(prompt), toks, lps, [0] * T, [False] * T, "length"))
+            rewards.append(1.0 if s % 2 == 0 else -1.0)
+        rollouts.append(Rollout(order_id=gi, problem_id=f"p{gi}", completions=comps, rewards=rewards,
+                                passed=[r > 0 for r in rewards]))
+    return rollouts
+
+
+def _learner(model_path, **overrides):
+    from components.models import load_causal_lm, load_tokenizer
+    from components.trainer.config import TrainConfig
+    from components.trainer.learner import Learner
+
+    settings = dict(lr=1e-2, warmup_steps=0, weight_decay=0.0, micro_batch_size=12, prompts_per_step=3,
+                    generations_per_prompt=4, temperature=1.0)
+    settings.update(overrides)
+    cfg = TrainConfig(model_path=model_path, **settings)
+    tok = load_tokenizer(model_path)
+    model = load_causal_lm(model_path)
+    return Learner(model, cfg, tok.pad_token_id, torch.device("cpu")), tok
+
+
+def test_learner_micro_batches_sum_to_the_full_batch_gradient(model_path):
+    from components.registry import load_builtin_components
+
+    load_builtin_components()
+    full, tok = _learner(model_path, micro_batch_size=12, grad_clip=0.0)
+    micro, _ = _learner(model_path, micro_batch_size=5, grad_clip=0.0)  # 3 uneven micro-batches
+    rollouts = _rollouts(full.model, tok)
+    keep = [True] * len(rollouts)
+    s_full = full.step(rollouts, keep)
+    s_micro = micro.step(rollouts, keep)
+    assert s_full["loss"] == pytest.approx(s_micro["loss"], rel=1e-5, abs=1e-7)
+    assert s_full["grad_norm"] == pytest.approx(s_micro["grad_norm"], rel=1e-4)
+    for (name, a), (_, b) in zip(full.model.named_parameters(), micro.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    assert full.version == micro.version == 1
+    # on-policy: the recomputed log-probs equal the recorded ones, so every IS ratio is 1
+    assert s_full["is_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert s_full["lag_max"] == 0 and s_full["clip_frac"] == 0.0
+    assert s_full["entropy"] > 0
+
+
+def test_learner_step_moves_logprobs_along_the_advantage(model_path):
+    from components.engines.logprobs import sequence_logprobs
+    from components.registry import load_builtin_components
+    from components.trainer.rollout import collate
+
+    load_builtin_components()
+    learner, tok = _learner(model_path, loss="grpo", aggregation="sample_mean", advantage_norm="prompt")
+    rollouts = _rollouts(learner.model, tok, seed=1)
+    batch = collate(rollouts, tok.pad_token_id)
+
+    def seq_logp():
+        with torch.no_grad():
+            lp = sequence_logprobs(learner.model, batch.input_ids, batch.attention_mask, batch.completion_start)
+        return (lp * batch.mask).sum(1)  # [B]
+
+    before = seq_logp()
+    stats = learner.step(rollouts, [True] * len(rollouts))
+    delta = seq_logp() - before
+    positive = batch.rewards > 0
+    assert delta[positive].mean() > 0 > delta[~positive].mean()
+    assert stats["groups_trained"] == 3 and stats["trained_tokens"] == 3 * 4 * 5
+    # a filtered-out group leaves the loss: no update when every group is dropped
+    v = learner.version
+    empty = learner.step(rollouts, [False] * len(rollouts))
+    assert learner.version == v and empty["skipped_update"] == 1 and empty["prompts"] == 3
+
+
+def test_optimizer_defaults_follow_the_paper(model_path):
+    from components.trainer.config import TrainConfig
+    from components.trainer.learner import make_optimizer
+
+    cfg = TrainConfig(model_path=model_path)
+    assert (cfg.adam_eps, cfg.lr, cfg.warmup_steps, cfg.weight_decay) == (1e-15, 5e-7, 100, 0.01)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), lr=1.0, betas=(0.9, 0.999), eps=1e-15, weight_decay=0.0, warmup_steps=4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]  # linear warmup, then constant
+    assert opt.param_groups[0]["eps"] == 1e-15
+
+
+# ---------------------------------------------------------------------------------------
+# bad input fails early and clearly (nothing is spawned)
+def _prepare(tmp_path, model_path, **overrides):
+    from experiments.train import prepare
+
+    return prepare([write_gin(tmp_path / "bad.gin", model_path, **overrides)])
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (dict(train__loss='"cispoo"'), "Unknown loss 'cispoo'.*cispo"),
+        (dict(train__aggregation='"prompt_avg"'), "Unknown loss aggregation"),
+        (dict(train__advantage_norm='"group"'), "Unknown advantage normalization"),
+        (dict(train__curriculum='["uniform", "zero_varience_filter"]'), "Unknown curriculum 'zero_varience_filter'"),
+        (dict(train__off_policy='"pipeline"'), "Unknown off-policy scheme.*pipeline_rl"),
+        (dict(train__precision='"fp16"'), "Unknown precision policy"),
+        (dict(train__length_control='"interrupt"'), "Unknown length control"),
+        (dict(train__engine='"vllm2"'), "Unknown engine"),
+        (dict(train__task='"arithmatic"'), "Unknown task"),
+    ],
+)
+def test_unknown_component_names(tmp_path, model_path, override, match):
+    with pytest.raises(UnknownComponentError, match=match):
+        _prepare(tmp_path, model_path, **override)
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (dict(train__micro_batch_size="64"), r"micro_batch_size \(64\) is larger than the step batch"),
+        (dict(train__generations_per_prompt="1", train__micro_batch_size="1"), "generations_per_prompt must be >= 2"),
+        (dict(train__prompts_per_step="0"), "prompts_per_step must be >= 1"),
+        (dict(train__temperature="0.0"), "temperature must be > 0"),
+        (dict(train__adam_betas="(0.9, 1.5)"), "adam_betas"),
+        (dict(pipeline_rl__k="0", train__off_policy='"pipeline_rl"'), "k must be an integer >= 1"),
+        (dict(train__curriculum='["uniform", "no_positive_resampling"]'), "two prompt samplers"),
+    ],
+)
+def test_inconsistent_settings(tmp_path, model_path, override, match):
+    with pytest.raises((ConfigError, ValueError), match=match):
+        _prepare(tmp_path, model_path, **override)
+
+
+def test_missing_model_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model path .*not a directory"):
+        _prepare(tmp_path, str(tmp_path / "no_such_model"))
+    from experiments.train import prepare
+
+    bare = tmp_path / "bare.gin"
+    bare.write_text('train.task = "arithmetic"\n')
+    with pytest.raises(ConfigError, match="model.path is not set"):
+        prepare([str(bare)])
+
+
+def test_unreadable_dataset(tmp_path, model_path):
+    with pytest.raises(ConfigError, match="could not be loaded"):
+        _prepare(tmp_path, model_path, train__task='"math_file"', data__path=json.dumps(str(tmp_path / "missing.jsonl")))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("this is not json\n")
+    with pytest.raises(ConfigError, match="could not be loaded"):
+        _prepare(tmp_path, model_path, train__task='"math_file"', train__task_kwargs=json.dumps({"path": str(bad)}))
+
+
+def test_missing_config_file_and_gin_typo(tmp_path, model_path):
+    from experiments.train import prepare
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        prepare([str(tmp_path / "nope.gin")])
+    with pytest.raises(ValueError, match="learning_rate"):
+        _prepare(tmp_path, model_path, train__learning_rate="1e-3")
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path, model_path, capsys):
+    from experiments import train as train_cli
+
+    parser = argparse.ArgumentParser()
+    train_cli.add_arguments(parser)
+    gin_file = write_gin(tmp_path / "bad.gin", model_path, train__loss='"nope"')
+    run_dir = tmp_path / "run"
+    rc = train_cli.main(parser.parse_args([gin_file, "--run-dir", str(run_dir), "--no-progress"]))
+    err = capsys.readouterr().err
+    assert rc == 2 and "Unknown loss 'nope'" in err
+    info = run_json(run_dir)  # an explicit run dir records why the run never started
+    assert info["status"] == "failed" and "Unknown loss" in info["error"]
+    assert (run_dir / "error.txt").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# end to end
+@pytest.mark.slow
+def test_run_directory_contract(tmp_path, model_path):
+    from experiments.train import run_training
+
+    gin_file = write_gin(tmp_path / "run.gin", model_path, train__total_steps="4", train__eval_every="2")
+    run_dir = tmp_path / "sweepname" / "runname"
+    info_in = {"name": "runname", "sweep": "sweepname", "factor": "loss", "value": "cispo", "recipe": "tiny", "seed": 0}
+    assert run_training([gin_file], ["train.lr = 2e-3"], str(run_dir), run_info=info_in, progress=False) == "done"
+
+    info = run_json(run_dir)
+    assert RUN_FIELDS <= set(info)
+    assert {k: info[k] for k in info_in} == info_in
+    assert info["status"] == "done" and info["hardware"] == {"device": "cpu", "count": 2}
+    assert info["finished"] >= info["started"]
+
+    config = (run_dir / "config.gin").read_text()
+    assert "train.lr = 0.002" in config and "model.path" in config  # the operative config
+    gin.clear_config()
+    gin.parse_config(config)  # and it parses back
+    gin.clear_config()
+
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        missing = METRIC_FIELDS - set(m)
+        assert not missing, missing
+        assert m["compute_hours"] == pytest.approx(m["wall_s"] * 2 / 3600, rel=1e-6)  # 2 processes on CPU
+        assert m["prompts"] == 4 and m["generations"] == 16
+    assert all(b["flops"] > a["flops"] for a, b in zip(metrics, metrics[1:]))
+    assert all(b["wall_s"] > a["wall_s"] for a, b in zip(metrics, metrics[1:]))
+
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4]  # R0 before any training
+    for e in evals:
+        assert EVAL_FIELDS <= set(e) and e["k"] == 2 and e["prompts"] == 4
+        assert set(e["per_task"]) == {"arithmetic"} and 0.0 <= e["pass_rate"] <= 1.0
+    assert evals[0]["compute_hours"] <= metrics[0]["compute_hours"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt")) == ["step_00000002.pt", "step_00000004.pt"]
+
+
+@pytest.mark.slow
+def test_misbehaving_verifier_never_stops_the_run(tmp_path, model_path):
+    """A verifier that raises (every 5th call) or hangs (every 7th) marks that sample failed and is counted."""
+    from experiments.train import run_training
+
+    module = write_user_task(tmp_path)
+    gin_file = write_gin(
+        tmp_path / "verifier.gin", model_path, imports=(module,),  # the user's module, imported by gin
+        train__task='"trainer_test_arithmetic"',
+        train__task_kwargs='{"num_train": 120, "num_eval": 8, "max_operand": 12, "operators": "+", "raise_every": 5, "hang_every": 7}',
+        train__verifier_timeout_s="0.2", train__total_steps="2", train__eval_every="100", train__checkpoint_every="100",
+    )
+    assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["verifier_errors"] >= 16 // 5 for m in metrics)  # raised + timed-out samples, counted
+    assert all(m["reward_mean"] == -1.0 or m["reward_mean"] <= 1.0 for m in metrics)
+    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    assert evals[0]["eval_verifier_errors"] > 0
+
+
+@pytest.mark.slow
+def test_generator_failure_marks_the_run_failed(tmp_path, model_path):
+    """An exception inside the generator process ends the run as failed with the error, not a hang."""
+    from experiments.train import run_training
+
+    module = write_user_task(tmp_path)
+    gin_file = write_gin(
+        tmp_path / "broken.gin", model_path, imports=(module,),
+        train__engine='"trainer_test_slow_torch"', trainer_test_slow_torch__step_delay='"not a number"',
+        train__eval_every="100",
+    )
+    # the learner's eval engine has the same bad setting, so this fails early in the learner
+    # too; either way the run is recorded as failed with the error and a traceback file
+    status = run_training([gin_file], [], str(tmp_path / "run"), progress=False)
+    info = run_json(tmp_path / "run")
+    assert status == "failed" and info["status"] == "failed"
+    assert "TypeError" in info["error"] or "not a number" in info["error"]
+    assert (tmp_path / "run" / "error.txt").read_text().strip()
