@@ -761,6 +761,7 @@ class LaunchOptions:
     qos: str | None = None
     slurm_extra: dict = field(default_factory=dict)
     max_requeues: int = 10
+    signal_delay_s: int = 90
     target: str = DEFAULT_TARGET
 
 
@@ -776,6 +777,7 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str) -> submitit.Exe
         params["mem_gb"] = opts.mem_gb
     if opts.executor == "slurm":
         params["slurm_array_parallelism"] = opts.array_parallelism
+        params["slurm_signal_delay_s"] = opts.signal_delay_s
         if opts.partition:
             params["slurm_partition"] = opts.partition
         if opts.account:
@@ -923,6 +925,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="any other sbatch option, e.g. constraint=a100 (repeatable)")
     slurm.add_argument("--max-requeues", type=int, default=10,
                        help="how many time-limit requeues a run may use (default 10)")
+    slurm.add_argument("--signal-delay", type=int, default=90, metavar="SECONDS",
+                       help="warn a job this long before its time limit, so it can checkpoint and requeue (default 90)")
 
 
 def _parse_extra(items: Sequence[str]) -> dict:
@@ -952,6 +956,7 @@ def prepare(args: argparse.Namespace) -> tuple[SweepSpec, list[RunSpec], LaunchO
         executor=args.executor, partition=args.partition, gpus=args.gpus, cpus=args.cpus, mem_gb=args.mem_gb,
         time_min=parse_time_min(args.time), array_parallelism=args.array_parallelism, account=args.account,
         qos=args.qos, slurm_extra=_parse_extra(args.slurm_extra), max_requeues=args.max_requeues,
+        signal_delay_s=args.signal_delay,
         target=getattr(args, "target", DEFAULT_TARGET),
     )
     return spec, runs, opts

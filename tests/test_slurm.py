@@ -12,6 +12,7 @@ where they fail: CI must have the cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -168,7 +169,7 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
     spec = L.load_spec("loss_type")
     (run,) = [r for r in L.expand(spec, "tiny") if r.name == "cispo-s0"]
     extra = tuple(TINY) + ("train.total_steps = 6", "train.eval_every = 3", f'model.path = "{model_dir}"')
-    run = L.dataclasses.replace(run, bindings=run.bindings + extra)
+    run = dataclasses.replace(run, bindings=run.bindings + extra)
     root = tmp_path / "runs"
     opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=10)
     ((planned, job),) = L.submit(L.plan([run], root), opts, root, "loss_type")
@@ -201,3 +202,40 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
         time.sleep(2)
     (row,) = S.collect(root / "loss_type")
     assert row.state == "done" and row.slurm == "COMPLETED" and row.step == 6
+
+
+def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatch):
+    """A real Slurm time limit (1 minute, the smallest): submitit asks for USR2 `signal_delay`
+    seconds before it, checkpoints, requeues; the next attempt resumes (stand-in trainer,
+    one step per second, so the first attempt cannot finish in time)."""
+    from _helpers_sweep import FAKE_RECIPE
+
+    monkeypatch.setenv("SCALERL_FAKE_STEP_S", "1.0")
+    (tmp_path / "recipe.gin").write_text(FAKE_RECIPE)
+    spec = L.parse_spec_text('sweep.name = "tl"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
+                             "sweep.values = [30]" % (tmp_path / "recipe.gin"))
+    runs = L.expand(spec, "paper")
+    root = tmp_path / "runs"
+    opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=1, signal_delay_s=40, target=FAKE)
+    ((planned, job),) = L.submit(L.plan(runs, root), opts, root, "tl")
+    deadline = time.time() + 200
+    released = set()
+    while True:
+        state = _squeue(job.job_id)
+        if not state:
+            break
+        attempts = (planned.run_dir / L.ATTEMPTS_FILE)
+        n = len(attempts.read_text().splitlines()) if attempts.exists() else 0
+        if state.startswith("PENDING") and "BeginTime" in state and n not in released:
+            released.add(n)  # release the requeued job from Slurm's ~2 min hold, as the admin
+            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
+        assert time.time() < deadline, f"job still {state}"
+        time.sleep(1)
+    lines = [json.loads(x) for x in (planned.run_dir / L.ATTEMPTS_FILE).read_text().splitlines()]
+    starts = [a for a in lines if "restart_count" in a]
+    assert [a["restart_count"] for a in starts] == list(range(len(starts))) and len(starts) >= 2
+    assert any(a.get("event") == "interrupted" for a in lines)
+    assert json.loads((planned.run_dir / "run.json").read_text())["status"] == "done"
+    assert _steps(planned.run_dir / "metrics.jsonl") == list(range(1, 31))
+    log = "".join(p.read_text() for p in (root / "tl" / ".submitit").glob("*_log.err"))
+    assert "timed-out" in log, "submitit did not see a time-out"
