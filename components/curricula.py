@@ -53,7 +53,7 @@ class PromptSampler:
 
     kind = "sampler"
 
-    def __init__(self, problems: Sequence[Any], seed: int = 0):
+    def __init__(self, problems: Sequence[Any], seed: int = 0, /):
         if len(problems) == 0:
             raise ValueError(f"{type(self).__name__}: the task has no training problems")
         self.problems = list(problems)
@@ -117,7 +117,7 @@ class UniformSampler(PromptSampler):
 class NoPositiveResampling(PromptSampler):
     """Drop a prompt for good once the mean of its last `history` pass rates reaches `threshold`."""
 
-    def __init__(self, problems: Sequence[Any], seed: int = 0, *, threshold: float = 0.9, history: int = 1):
+    def __init__(self, problems: Sequence[Any], seed: int = 0, /, *, threshold: float = 0.9, history: int = 1):
         super().__init__(problems, seed)
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"no_positive_resampling.threshold must be in (0, 1], got {threshold!r}")

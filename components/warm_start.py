@@ -153,12 +153,16 @@ def sft_examples(task, tokenizer, problems, *, label_noise: float, noise_offsets
     return draw
 
 
-def sft_loss(model, ids, loss_mask, attention):
-    """Mean cross-entropy over target tokens. ids [B, L], loss_mask [B, L-1], attention [B, L]."""
+def sft_loss(model, ids, loss_mask, attention, label_smoothing: float = 0.0):
+    """Mean cross-entropy over target tokens. ids [B, L], loss_mask [B, L-1], attention [B, L].
+
+    `label_smoothing` mixes the one-hot target with the uniform distribution over the vocabulary.
+    """
     import torch.nn.functional as F
 
     logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # [B, L-1, V]
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none",
+                          label_smoothing=label_smoothing)
     nll = nll.view(ids.shape[0], -1)  # [B, L-1]
     return (nll * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
 
@@ -222,6 +226,7 @@ def build_warm_policy(
     sft_lr: float,
     label_noise: float,
     noise_offsets: Sequence[int],
+    label_smoothing: float,
     seed: int,
     eval_temperature: float,
     eval_max_tokens: int,
@@ -251,7 +256,7 @@ def build_warm_policy(
         bar = _progress(sft_steps, "warm start (SFT)", progress)
         for step in range(sft_steps):
             ids, loss_mask, attention = draw(sft_batch_size)
-            loss = sft_loss(model, ids, loss_mask, attention)
+            loss = sft_loss(model, ids, loss_mask, attention, label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -297,8 +302,9 @@ def ensure_warm_policy(
     sft_steps: int = 600,
     sft_batch_size: int = 64,
     sft_lr: float = 2e-3,
-    label_noise: float = 0.65,
+    label_noise: float = 0.0,
     noise_offsets: Sequence[int] = (-2, -1, 1, 2),
+    label_smoothing: float = 0.4,
     seed: int = 0,
     eval_temperature: float = 1.0,
     eval_max_tokens: int = 8,
@@ -332,12 +338,15 @@ def ensure_warm_policy(
         "sft_lr": float(sft_lr),
         "label_noise": float(label_noise),
         "noise_offsets": [int(o) for o in noise_offsets],
+        "label_smoothing": float(label_smoothing),
         "seed": int(seed),
         "eval_temperature": float(eval_temperature),
         "eval_max_tokens": int(eval_max_tokens),
     }
     if not 0.0 <= settings["label_noise"] < 1.0:
         raise ValueError(f"label_noise must be in [0, 1), got {label_noise}")
+    if not 0.0 <= settings["label_smoothing"] < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if settings["label_noise"] > 0 and (not settings["noise_offsets"] or 0 in settings["noise_offsets"]):
         raise ValueError(f"noise_offsets must be non-empty and not contain 0, got {list(noise_offsets)}")
     if settings["sft_steps"] < 0 or settings["sft_batch_size"] < 1:

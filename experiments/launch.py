@@ -525,6 +525,11 @@ def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None
             _SEARCH_PATHS_ADDED.add(d)
         if d not in sys.path:
             sys.path.append(d)
+    import logging
+
+    # gin logs "Path not found" at ERROR for every search path it tries before the right one
+    previous_disable = logging.root.manager.disable
+    logging.disable(logging.ERROR)
     try:
         for files in dict.fromkeys(r.config_files for r in runs):
             gin.clear_config()
@@ -540,8 +545,23 @@ def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None
                 gin.parse_config_files_and_bindings(list(r.config_files), list(r.bindings), finalize_config=False)
             except Exception as err:
                 raise SweepError(f"run {r.name}: config does not parse: {err}") from None
+            _check_train_config(r)
     finally:
         gin.clear_config()
+        logging.disable(previous_disable)
+
+
+def _check_train_config(run: RunSpec) -> None:
+    """The trainer's own consistency checks (batch vs micro-batch, ...) on the parsed config,
+    without touching the model (model.path is not resolved or built here)."""
+    try:
+        from components.trainer.config import ConfigError, train_config, validate
+    except ImportError:
+        return
+    try:
+        validate(train_config(model_path="<not checked before submission>"))
+    except ConfigError as err:
+        raise SweepError(f"run {run.name}: {err}") from None
 
 
 def slurm_partitions() -> list[str]:

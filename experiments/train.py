@@ -173,6 +173,7 @@ def run_training(
             _record_failure(ri, run_path, err)
         raise
     run_path.mkdir(parents=True, exist_ok=True)
+    lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
     (run_path / "config.gin").write_text(gin.config_str())
     info = RunInfo(run_path)
     resumed = (run_path / "checkpoints").is_dir() and any((run_path / "checkpoints").glob("step_*.pt"))
@@ -182,16 +183,36 @@ def run_training(
     info.start(merged, _hardware(cfg), resumed=resumed)
     setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg)
     try:
-        status = Trainer(cfg, run_path, setup, run_info=merged, progress=progress).run()
-    except BaseException as err:  # noqa: BLE001 - record every failure, KeyboardInterrupt included
-        _record_failure(info, run_path, err)
-        if isinstance(err, (KeyboardInterrupt, SystemExit)):
-            raise
-        log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
-        return "failed"
-    (run_path / "config.gin").write_text(gin.operative_config_str())
-    info.finish(status)
-    return status
+        try:
+            status = Trainer(cfg, run_path, setup, run_info=merged, progress=progress).run()
+        except BaseException as err:  # noqa: BLE001 - record every failure, KeyboardInterrupt included
+            _record_failure(info, run_path, err)
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
+            return "failed"
+        (run_path / "config.gin").write_text(gin.operative_config_str())
+        info.finish(status)
+        return status
+    finally:
+        lock.close()
+
+
+class RunDirBusyError(RuntimeError):
+    """Another process is training in this run directory."""
+
+
+def _lock_run_dir(run_path: Path):
+    """An exclusive advisory lock on <run>/.lock, released when the process exits (even on kill -9)."""
+    import fcntl
+
+    f = open(run_path / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunDirBusyError(f"run directory {str(run_path)!r} is being trained by another process") from None
+    return f
 
 
 def _record_failure(info, run_path: Path, err: BaseException) -> None:

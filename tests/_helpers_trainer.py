@@ -120,6 +120,22 @@ USER_TASK_MODULE = textwrap.dedent(
         def step(self):
             time.sleep(self.step_delay)
             return super().step()
+
+
+    @ENGINES.register("trainer_test_failing_torch")
+    class FailingTorchEngine(TorchEngine):
+        """The torch engine, raising on its `fail_after`-th decode step (a crashing generator)."""
+
+        def __init__(self, *args, fail_after=3, **kw):
+            super().__init__(*args, **kw)
+            self.fail_after = fail_after
+            self.steps = 0
+
+        def step(self):
+            self.steps += 1
+            if self.steps >= self.fail_after:
+                raise RuntimeError("engine blew up mid-generation")
+            return super().step()
     '''
 )
 

@@ -11,7 +11,7 @@ import torch
 from components.engines import Engine, GenerationRequest, Interruption, SamplingParams, make_engine
 from components.engines.logprobs import build_batch, sequence_logprobs
 from components.engines.torch_engine import top_p_filter
-from components.models import build_tiny_policy, load_causal_lm, load_tokenizer
+from components.models import build_tiny_policy, load_causal_lm
 from components.precision import get_precision
 from components.registry import ENGINES
 
@@ -168,8 +168,10 @@ def test_interruption_forced_phrase(tiny):
     seen_interrupted = False
     for c, it in zip(group.completions, its):
         n_sampled_before = next((i for i, f in enumerate(c.forced) if f), None)
-        if n_sampled_before is None:  # stopped before the interruption point
-            assert c.finish_reason == "stop" and c.num_tokens <= it.at_token
+        if n_sampled_before is None:  # stopped before the interruption point, or it lies beyond max_tokens
+            assert (c.finish_reason == "stop" and c.num_tokens <= it.at_token) or (
+                c.finish_reason == "length" and c.num_tokens == 40 and it.at_token >= 40
+            ), c
             continue
         assert n_sampled_before == it.at_token
         k = len(phrase)
@@ -323,3 +325,14 @@ def test_faster_than_transformers_generate(tiny):
     engine_rate(), generate_rate()  # warm up
     ratios = [engine_rate() / generate_rate() for _ in range(3)]
     assert max(ratios) >= 0.9, ratios
+
+
+def test_abort_all_returns_in_flight_groups(tiny):
+    eng = make_engine("torch", tiny, seed=0, max_batch_size=4)
+    eng.add_requests(_requests(_prompts(4), n=2), SamplingParams(max_tokens=40, stop_token_ids=()))
+    for _ in range(3):
+        eng.step()
+    groups = eng.abort_all()
+    assert len(groups) == 2  # the two admitted groups; the queued ones are dropped
+    assert all(c.finish_reason in ("length", "stop") and 1 <= c.num_tokens <= 3 for g in groups for c in g.completions)
+    assert not eng.has_unfinished()

@@ -78,6 +78,7 @@ def test_pipeline_rl_bounds_staleness_and_spans_versions(tmp_path):
     gin_file = write_gin(
         tmp_path / "pipe.gin", tiny_model(tmp_path.parent / "model"), imports=(write_user_task(tmp_path),),
         train__engine='"trainer_test_slow_torch"',  # decoding slower than a learner step, as on real hardware
+        trainer_test_slow_torch__step_delay="0.02",
         train__off_policy='"pipeline_rl"', pipeline_rl__k=str(k), pipeline_rl__inflight_batches="3",
         train__max_tokens="32", train__total_steps="10", train__eval_every="100", train__checkpoint_every="100",
         train__task_kwargs='{"num_train": 120, "num_eval": 8, "max_operand": 12, "operators": "+"}',

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from components.engines.logprobs import build_batch, logprob_gap_stats, sequence_logprobs, token_logprobs
+from components.engines.logprobs import (
+    build_batch,
+    logprob_gap_stats,
+    scaled_log_softmax,
+    sequence_logprobs,
+    token_logprobs,
+)
 from components.models import build_tiny_policy, load_causal_lm
 from components.precision import PrecisionPolicy, get_precision, heads_are_tied, vllm_dtype
 from components.registry import PRECISIONS, UnknownComponentError
@@ -106,6 +112,12 @@ def test_token_logprobs_float64_reference():
         assert (got.double() - ref).abs().max() < 1e-5
     greedy = token_logprobs(logits, tokens, 0.0)
     assert torch.equal(greedy, token_logprobs(logits, tokens, 1.0))
+    # one temperature per row (the engine's mixed batches): same as each row at its own temperature
+    rows = logits[:, 0, :]  # [3, V]
+    temps = torch.tensor([0.5, 0.0, 2.0])
+    per_row = scaled_log_softmax(rows, temps)
+    for i, t in enumerate(temps.tolist()):
+        assert torch.allclose(per_row[i], scaled_log_softmax(rows[i], t), atol=1e-6)
 
 
 def test_sequence_logprobs_matches_unpadded_float64_reference(tiny):

@@ -193,7 +193,8 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
         time.sleep(1)
     assert requeued, "the job was never requeued"
     attempts = [json.loads(x) for x in (planned.run_dir / L.ATTEMPTS_FILE).read_text().splitlines()]
-    assert [a["restart_count"] for a in attempts] == [0, 1]
+    assert [a["restart_count"] for a in attempts if "restart_count" in a] == [0, 1]
+    assert [a.get("event") for a in attempts] == [None, "interrupted", None]  # start, checkpoint(), start
     info = json.loads((planned.run_dir / "run.json").read_text())
     assert info["status"] == "done"
     assert _steps(metrics) == [1, 2, 3, 4, 5, 6]  # no gap, no duplicate across the requeue

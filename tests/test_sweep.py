@@ -197,6 +197,12 @@ def test_unknown_component_value_names_the_valid_choices():
         L.validate_runs(_runs_with('train.precision = "fp8"'))
 
 
+def test_inconsistent_run_config_is_an_error_before_submission():
+    # the trainer's own checks run on each run's parsed config (no model is touched)
+    with pytest.raises(L.SweepError, match=r"run v-s0: train.micro_batch_size \(128\) is larger than the step batch"):
+        L.validate_runs(_runs_with("train.prompts_per_step = 2"))
+
+
 def test_cli_reports_validation_errors_and_submits_nothing(tmp_path, capsys):
     from experiments.cli import main
 

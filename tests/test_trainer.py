@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from pathlib import Path
 
 import gin
 import pytest
@@ -305,19 +303,46 @@ def test_misbehaving_verifier_never_stops_the_run(tmp_path, model_path):
 
 @pytest.mark.slow
 def test_generator_failure_marks_the_run_failed(tmp_path, model_path):
-    """An exception inside the generator process ends the run as failed with the error, not a hang."""
+    """An exception inside the generator process ends the run as failed with its traceback, not a hang."""
     from experiments.train import run_training
 
     module = write_user_task(tmp_path)
     gin_file = write_gin(
         tmp_path / "broken.gin", model_path, imports=(module,),
-        train__engine='"trainer_test_slow_torch"', trainer_test_slow_torch__step_delay='"not a number"',
-        train__eval_every="100",
+        train__engine='"trainer_test_failing_torch"', train__eval_engine='"torch"',  # only the generator fails
+        train__eval_every="100", train__queue_timeout_s="120",
     )
-    # the learner's eval engine has the same bad setting, so this fails early in the learner
-    # too; either way the run is recorded as failed with the error and a traceback file
     status = run_training([gin_file], [], str(tmp_path / "run"), progress=False)
     info = run_json(tmp_path / "run")
     assert status == "failed" and info["status"] == "failed"
-    assert "TypeError" in info["error"] or "not a number" in info["error"]
-    assert (tmp_path / "run" / "error.txt").read_text().strip()
+    assert "GeneratorError" in info["error"] and "engine blew up mid-generation" in info["error"]
+    assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == []  # it never completed a step
+
+
+@pytest.mark.slow
+def test_compute_budget_stops_the_run(tmp_path, model_path):
+    """train.compute_budget_hours ends a run early (evaluated and checkpointed), status done."""
+    from experiments.train import run_training
+
+    gin_file = write_gin(tmp_path / "budget.gin", model_path, train__total_steps="50", train__compute_budget_hours="1e-7",
+                         train__eval_every="100", train__checkpoint_every="100")
+    assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
+    assert [e["step"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 1]
+    assert (tmp_path / "run" / "checkpoints" / "step_00000001.pt").exists()
+    assert run_json(tmp_path / "run")["status"] == "done"
+
+
+def test_one_trainer_per_run_directory(tmp_path, model_path):
+    """A second trainer on a run directory that is being trained fails clearly instead of interleaving logs."""
+    from experiments.train import RunDirBusyError, _lock_run_dir, run_training
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    held = _lock_run_dir(run_dir)  # as a running trainer holds it
+    try:
+        with pytest.raises(RunDirBusyError, match="being trained by another process"):
+            run_training([write_gin(tmp_path / "a.gin", model_path)], [], str(run_dir), progress=False)
+    finally:
+        held.close()

@@ -79,7 +79,7 @@ def test_build_is_deterministic_and_settings_change_the_key(tmp_path):
 
 def test_sft_learns(tmp_path):
     """More SFT steps give a lower training loss than the untrained model's ~ln(vocab)."""
-    path = ensure_warm_policy(tmp_path, **{**SMALL, "sft_steps": 60, "sft_batch_size": 16, "label_noise": 0.0})
+    path = ensure_warm_policy(tmp_path, **{**SMALL, "sft_steps": 60, "sft_batch_size": 16, "label_noise": 0.0, "label_smoothing": 0.0})
     info = warm_start_info(path)
     assert info["sft_final_loss"] < 2.0, info  # ln(100 tokens) ~ 4.6 at initialisation
 
@@ -150,3 +150,22 @@ def test_gin_binds_the_warm_start(tmp_path):
     info = warm_start_info(path)
     assert Path(path).parent == tmp_path.absolute()
     assert info["settings"]["sft_steps"] == 3 and info["settings"]["task_kwargs"] == TASK_KWARGS
+
+
+def test_label_smoothing_raises_the_loss_floor():
+    """With smoothing the target mixes in the uniform distribution: a perfect model still pays ~eps*ln(V)."""
+    import torch
+
+    from components.warm_start import sft_loss
+
+    class Perfect(torch.nn.Module):  # puts all its mass on the next token of `ids`
+        def forward(self, input_ids, attention_mask):
+            logits = torch.full((*input_ids.shape, 50), -1e4)
+            logits[:, :-1].scatter_(-1, input_ids[:, 1:, None], 0.0)
+            return type("Out", (), {"logits": logits})()
+
+    ids = torch.randint(0, 50, (2, 6))
+    mask = torch.ones(2, 5)
+    att = torch.ones(2, 6, dtype=torch.long)
+    assert float(sft_loss(Perfect(), ids, mask, att)) < 1e-3
+    assert float(sft_loss(Perfect(), ids, mask, att, label_smoothing=0.4)) > 0.4 * 1e3 / 2

@@ -24,12 +24,28 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 __all__ = [
+    "scaled_log_softmax",
     "token_logprobs",
     "sequence_logprobs",
     "build_batch",
     "logprob_gap_stats",
     "position_ids_from_mask",
 ]
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperature: "float | torch.Tensor" = 1.0) -> torch.Tensor:
+    """log_softmax(logits.float() / temperature) over the vocabulary, float32.
+
+    logits [..., V]; temperature a float, or a tensor [...] with one temperature per row.
+    A temperature <= 0 (greedy decoding) counts as 1.
+    """
+    scaled = logits.float()
+    if torch.is_tensor(temperature):
+        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(scaled)
+        scaled = scaled / t.unsqueeze(-1)
+    elif temperature > 0 and temperature != 1.0:
+        scaled = scaled / temperature
+    return torch.log_softmax(scaled, dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -39,10 +55,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     temperature <= 0 means greedy decoding; its log-prob is taken at temperature 1.
     Not renormalised after top-p (the gen_logp contract in engines/base.py).
     """
-    scaled = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        scaled = scaled / temperature
-    logp = torch.log_softmax(scaled, dim=-1)  # [..., V]
+    logp = scaled_log_softmax(logits, temperature)  # [..., V]
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 

@@ -47,7 +47,7 @@ from components.engines.base import (
     Interruption,
     SamplingParams,
 )
-from components.engines.logprobs import token_logprobs
+from components.engines.logprobs import scaled_log_softmax
 from components.precision import get_precision
 from components.registry import ENGINES
 
@@ -388,14 +388,10 @@ class TorchEngine(Engine):
     def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> None:
         """Pick each row's next token (sampled or forced) from logits [B, V]; update the rows."""
         temps = [r.temperature if r.temperature > 0 else 1.0 for r in rows]
-        uniform_t = all(t == temps[0] for t in temps)
-        scaled = logits.float()  # [B, V]
-        if uniform_t:
-            if temps[0] != 1.0:
-                scaled = scaled / temps[0]
+        if all(t == temps[0] for t in temps):
+            logp_all = scaled_log_softmax(logits, temps[0])  # [B, V], the shared definition
         else:
-            scaled = scaled / torch.tensor(temps, dtype=torch.float32, device=scaled.device).unsqueeze(-1)
-        logp_all = torch.log_softmax(scaled, dim=-1)  # [B, V]
+            logp_all = scaled_log_softmax(logits, torch.tensor(temps, dtype=torch.float32, device=logits.device))
         probs = logp_all.exp()
         if any(r.top_p < 1.0 for r in rows):
             top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=probs.device)

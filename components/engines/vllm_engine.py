@@ -33,9 +33,11 @@ reloaded between two steps:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from components.engines.base import (
@@ -179,9 +181,6 @@ class VllmEngine(Engine):
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if self.policy.fp32_head:
-            import json
-            from pathlib import Path
-
             cfg = json.loads((Path(path) / "config.json").read_text())
             if cfg.get("tie_word_embeddings", False):
                 raise NotImplementedError(
@@ -208,10 +207,6 @@ class VllmEngine(Engine):
             if head:
                 self._reload(head)
         self.version = 0
-        self.eos_ids = set()
-        from components.engines.torch_engine import eos_token_ids
-
-        self.eos_ids = eos_token_ids(self._engine.model_config.hf_config, self.tokenizer)
         self._rng = random.Random(int(seed))
         self._seqs: dict[str, _Seq] = {}
         self._counter = 0

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = ["WorkerSetup", "generator_main", "apply_gin", "resolve_device", "make_run_engine", "make_length_control"]
 

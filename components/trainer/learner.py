@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -50,7 +50,7 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            lp = torch.log_softmax(logits.detach().float() / temperature, dim=-1)  # [B, T, V]
+            lp = torch.log_softmax(logits.detach().float() / temperature, dim=-1)  # [B, T, V], as token_logprobs
             entropy = -(lp.exp() * lp).sum(-1)  # [B, T]
     return logp, entropy
 

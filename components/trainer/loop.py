@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import queue
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from components.trainer.evaluation import eval_seed, evaluate
 from components.trainer.generator import WorkerSetup, generator_main, make_length_control, make_run_engine, resolve_device
 from components.trainer.learner import Learner
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import JsonlLog, RunInfo, read_jsonl, repair_jsonl
+from components.trainer.runlog import JsonlLog, read_jsonl, repair_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +172,15 @@ class Trainer:
             except Exception:  # noqa: BLE001
                 pass
         deadline = time.time() + 15
+        while self.rollout_q is not None and any(p.is_alive() for p in self.procs) and time.time() < deadline:
+            try:  # a generator blocked on a full rollout queue must be able to see "stop"
+                self.rollout_q.get(timeout=0.05)
+            except (queue.Empty, OSError, ValueError, EOFError):
+                pass
         for p in self.procs:
-            p.join(timeout=max(0.1, deadline - time.time()))
             if p.is_alive():
                 p.terminate()
-                p.join(timeout=5)
+            p.join(timeout=5)
         for q in self.control_qs + ([self.rollout_q] if self.rollout_q is not None else []):
             try:
                 q.cancel_join_thread()
@@ -401,9 +404,9 @@ class Trainer:
         """Train to the end (or the compute budget). Returns "done"; raises on failure."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._build()
-        self._start_generators()  # they load their engines while the learner sets up
         try:
-            resumed = self._resume_or_start()
+            self._start_generators()  # they load their engines while the learner sets up
+            self._resume_or_start()
             self.t_start = time.time()
             self._reset_since()
             self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
