@@ -77,19 +77,13 @@ def validate_components(cfg) -> None:
     PRECISIONS.check(cfg.precision)
     if cfg.length_control:
         LENGTH_CONTROLS.check(cfg.length_control)
+    from components.engines import check_engine
+
     for engine in {cfg.engine, cfg.eval_engine or cfg.engine}:
-        if engine not in ENGINES:
-            import components.engines as engines_pkg
-
-            if engine not in getattr(engines_pkg, "_LAZY", {}):
-                ENGINES.check(engine)  # raises the registry's error listing valid names
-            import importlib.util
-
-            if importlib.util.find_spec(engine) is None:  # a lazily registered engine (vllm) that is not installed
-                raise ConfigError(
-                    f"engine {engine!r} needs the {engine} package, which is not installed in this python "
-                    f"({sys.executable}); install it or use train.engine = \"torch\""
-                )
+        try:
+            check_engine(engine)  # unknown name: the registry's error; vllm not installed: ImportError
+        except ImportError as err:
+            raise ConfigError(f"{err} Or use train.engine = \"torch\".") from None
     task_name = "reasoning_gym" if str(cfg.task).startswith("reasoning_gym:") else cfg.task
     TASKS.check(task_name)
     check_model_path(cfg.model_path)

@@ -346,3 +346,35 @@ def test_one_trainer_per_run_directory(tmp_path, model_path):
             run_training([write_gin(tmp_path / "a.gin", model_path)], [], str(run_dir), progress=False)
     finally:
         held.close()
+
+
+@pytest.mark.slow
+def test_scalerl_composition_end_to_end(tmp_path, model_path):
+    """ScaleRL's ingredients at once on the tiny model: PipelineRL, CISPO, prompt_mean, batch
+    advantages, No-Positive-Resampling, bf16 body with FP32 head on both sides, forced
+    interruptions (forced tokens are excluded from the loss)."""
+    from experiments.train import run_training
+
+    gin_file = write_gin(
+        tmp_path / "scalerl_tiny.gin", model_path,
+        train__off_policy='"pipeline_rl"', pipeline_rl__k="2",
+        # (no zero-variance filter here: an untrained model fails every prompt, so it would filter
+        # every group and leave the forced-token check below with nothing to check)
+        train__curriculum='["no_positive_resampling"]',
+        train__precision='"bf16_fp32_head"', train__length_control='"interruption"',
+        interruption__thinking_min="2", interruption__thinking_max="4", interruption__answer_budget="3",
+        interruption__phrase='" ok </think>"',
+        train__total_steps="4", train__eval_every="4", train__checkpoint_every="4",
+    )
+    assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        # sampled budget: at most thinking_max + answer_budget tokens, plus the forced phrase
+        assert m["completion_len_mean"] <= 4 + 3 + len(" ok ") + 1
+        if m["groups_trained"] == m["prompts"]:  # nothing filtered: every sampled token is trained on ...
+            assert m["trained_tokens"] == m["tokens"] - m["forced_tokens"]  # ... and no forced one
+        assert m["lag_max"] is None or m["lag_max"] <= 2
+    assert sum(m["forced_tokens"] for m in metrics) > 0
+    assert any(m["groups_trained"] == m["prompts"] for m in metrics)
+    assert [e["step"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 4]

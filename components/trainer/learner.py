@@ -10,6 +10,7 @@ import math
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
@@ -97,7 +98,8 @@ class Learner:
         if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
             stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
                      "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
-                     "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0}
+                     "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
+                     "forced_tokens": 0, "interrupted_frac": math.nan}
             stats.update(_empty_step_stats(self.version))
             stats["time_train"] = time.perf_counter() - t0
             return stats
@@ -215,6 +217,9 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
         "completion_len_mean": float(batch.num_tokens.float().mean()) if len(batch) else math.nan,
         "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
         "multi_version_frac": sum(spans) / max(len(spans), 1),
+        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
+        "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
+        if len(batch) else math.nan,
     }
 
 
