@@ -792,7 +792,9 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str) -> submitit.Exe
                                      slurm_max_num_timeout=opts.max_requeues)
     params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
     if opts.executor != "debug":
-        params.update(cpus_per_task=opts.cpus, gpus_per_node=opts.gpus, tasks_per_node=1, nodes=1)
+        params.update(cpus_per_task=opts.cpus, tasks_per_node=1, nodes=1)
+        if opts.gpus:  # no --gpus-per-node=0 line: clusters without GPU GRES may refuse it
+            params["gpus_per_node"] = opts.gpus
     if opts.mem_gb is not None:
         params["mem_gb"] = opts.mem_gb
     if opts.executor == "slurm":

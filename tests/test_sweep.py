@@ -433,3 +433,9 @@ def test_only_selects_runs_and_rejects_unknown_names(tmp_path, capsys):
     assert main(base + ["--seeds", "1", "2"]) == 0
     out = capsys.readouterr().out
     assert "cispo-s1" in out and "cispo-s2" in out and "6 of 6 runs" in out
+
+
+def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
+    params = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s")._executor.parameters
+    assert "gpus_per_node" not in params and params["cpus_per_task"] == 1 and params["time"] == 60
+    assert params["signal_delay_s"] == 90
