@@ -99,6 +99,8 @@ def run_trl(args) -> dict:
     from components.tasks import make_task
     from experiments.train import prepare
 
+    if args.trl_threads:
+        torch.set_num_threads(args.trl_threads)
     cfg, _, _ = prepare([CONFIG], _common_bindings(args) + list(args.gin))
     task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
     problems = list(task.train_problems())
@@ -192,7 +194,7 @@ def measure(variant: str, args) -> dict:
         result_path = Path(tmp) / "result.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--result", str(result_path),
                "--steps", str(args.steps), "--prompts", str(args.prompts), "--generations", str(args.generations),
-               "--max-tokens", str(args.max_tokens)] + [x for g in args.gin for x in ("--gin", g)]
+               "--max-tokens", str(args.max_tokens), "--trl-threads", str(args.trl_threads)] + [x for g in args.gin for x in ("--gin", g)]
         t0 = time.perf_counter()
         child = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         proc = psutil.Process(child.pid)
@@ -226,6 +228,7 @@ def measure(variant: str, args) -> dict:
         "peak_rss_mib": peak[0] / 2**20,
         "wall_s": wall,
         "train_pass_rate": res.get("train_pass_rate"),
+        "torch_threads": res.get("torch_threads"),
     }
 
 
@@ -255,7 +258,10 @@ def table(results: list[dict], args) -> str:
         f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; load average at start "
         f"{os.getloadavg()[0]:.1f}.",
         f"Command: `python benchmarks/trainer.py --steps {args.steps} --warmup {args.warmup} --prompts {args.prompts} "
-        f"--generations {args.generations} --max-tokens {args.max_tokens}`",
+        f"--generations {args.generations} --max-tokens {args.max_tokens}"
+        + (f" --trl-threads {args.trl_threads}" if args.trl_threads else "") + "`",
+        f"TRL torch threads: {results[-1].get('torch_threads', '-') if results and results[-1]['variant'] == 'trl' else '-'}; "
+        "ours: one thread per process (learner + generator).",
     ]
     return "\n".join(lines)
 
@@ -269,6 +275,7 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--variants", default="ours_sync,ours_pipeline,trl", help=f"comma-separated, of {sorted(VARIANTS)}")
     p.add_argument("--gin", action="append", default=[], help="extra gin binding for our trainer and the shared config")
+    p.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default, all cores)")
     p.add_argument("--out", default=None, help="also write the markdown table (and a .json) here")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)

@@ -669,7 +669,7 @@ def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> 
         elif job_active:
             state = active.get(job.get("job_id"), "running")
             out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {state}"))
-        elif status in ("failed", "running") and was_interrupted(run_dir):
+        elif status == "interrupted" or (status in ("failed", "running") and was_interrupted(run_dir)):
             out.append(Planned(r, run_dir, "resume", "interrupted (preempted or timed out) and not requeued; resumes"
                                + (" from its checkpoint" if has_checkpoint(run_dir) else "")))
         elif status == "failed" and not retry_failed:

@@ -182,7 +182,7 @@ def _fmt(x, spec: str) -> str:
         return str(x)
 
 
-STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "queued": "yellow"}
+STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "queued": "yellow", "interrupted": "magenta"}
 
 
 def render(rows: Sequence[RunStatus], title: str, console=None) -> None:

@@ -179,9 +179,14 @@ def run_training(
     try:
         try:
             status = Trainer(cfg, run_path, setup, run_info=merged, progress=progress).run()
+        except SystemExit:
+            # submitit's preemption / time-limit handler exits the job after checkpointing:
+            # the run is not failed, it resumes from its last checkpoint when requeued.
+            info.finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
+            raise
         except BaseException as err:  # noqa: BLE001 - record every failure, KeyboardInterrupt included
             _record_failure(info, run_path, err)
-            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            if isinstance(err, KeyboardInterrupt):
                 raise
             log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
             return "failed"
@@ -221,6 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default=None, help="run directory (default: runs/<config stem>/<timestamp>); an existing one is resumed")
     parser.add_argument("--name", default=None, help="run name recorded in run.json")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-report", action="store_true", help="skip the end-of-run fit and figure")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -237,4 +243,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"scalerl train: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     print(f"run {status}: {run_dir}", flush=True)
+    if status == "done" and not args.no_report:
+        # start / end pass rate, the fitted sigmoid law and a figure of pass rate vs compute
+        from experiments.report import finish_report
+
+        try:
+            finish_report(run_dir)
+        except Exception as err:  # the run itself is done and logged; say why there is no report
+            print(f"scalerl train: no end-of-run report: {type(err).__name__}: {err}", file=sys.stderr)
     return 0 if status == "done" else 1

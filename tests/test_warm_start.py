@@ -109,7 +109,9 @@ def test_bad_settings_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="label_noise"):
         ensure_warm_policy(tmp_path, **{**SMALL, "label_noise": 1.0})
     with pytest.raises(ValueError, match="noise_offsets"):
-        ensure_warm_policy(tmp_path, **{**SMALL, "noise_offsets": (0, 1)})
+        ensure_warm_policy(tmp_path, **{**SMALL, "label_noise": 0.5, "noise_offsets": (0, 1)})
+    with pytest.raises(ValueError, match="label_smoothing"):
+        ensure_warm_policy(tmp_path, **{**SMALL, "label_smoothing": -0.1})
 
 
 def test_sft_targets_are_the_answer_and_eos_only(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import queue
 import sys
 import time
@@ -168,6 +169,12 @@ def score_group(group, problem, task, tokenizer, length_control, cfg):
 
 def generator_main(index: int, setup: WorkerSetup, control_q, rollout_q) -> None:
     """Entry point of a generator process (torch.multiprocessing, spawn)."""
+    # Shutdown belongs to the learner: Slurm signals every process of a job (SIGTERM on
+    # scancel, SIGUSR2 before a time limit or preemption) and a terminal sends SIGINT to the
+    # whole process group. The learner checkpoints and stops its generators; a generator whose
+    # learner died exits by itself (the parent-pid check below).
+    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         import torch
 
