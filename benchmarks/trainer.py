@@ -15,7 +15,7 @@ evaluation are excluded): (time at the last step - time at step `warmup`) / (ste
 Samples per second = prompts x generations / seconds per step. Ratios are within one run
 (the machine is shared; absolute numbers move, ratios much less).
 
-    python benchmarks/trainer.py                      # defaults: 8 prompts x 4 generations x 32 tokens, 14 steps
+    python benchmarks/trainer.py                      # defaults: 8 prompts x 4 generations x 32 tokens, 30 steps
     python benchmarks/trainer.py --steps 30 --out benchmarks/results/trainer.md
 """
 
@@ -232,16 +232,26 @@ def measure(variant: str, args) -> dict:
     }
 
 
+def median_result(rs: list[dict]) -> dict:
+    """The repeat with the median seconds per step (its memory alongside), plus the spread."""
+    ordered = sorted(rs, key=lambda r: r["sec_per_step"])
+    out = dict(ordered[(len(ordered) - 1) // 2])
+    out["sec_per_step_all"] = [r["sec_per_step"] for r in rs]
+    out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in rs)
+    return out
+
+
 def table(results: list[dict], args) -> str:
     base = {r["variant"]: r for r in results}
     trl = base.get("trl")
     sync = base.get("ours_sync")
     lines = [
         f"Trainer throughput, {args.prompts} prompts x {args.generations} generations x {args.max_tokens} max tokens, "
-        f"{args.steps} steps (first {args.warmup} excluded), main-job tiny model and arithmetic task.",
+        f"{args.steps} steps (first {args.warmup} excluded), main-job tiny model and arithmetic task; "
+        f"median of {args.repeats} interleaved repeats (s/step of every repeat in the last column).",
         "",
-        "| trainer | s/step | samples/s | peak RSS (MiB, all processes) | x TRL samples/s | x ours sync samples/s | train pass rate |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| trainer | s/step | samples/s | peak RSS (MiB, all processes) | x TRL samples/s | x ours sync samples/s | train pass rate | s/step, each repeat |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         vs_trl = f"{r['samples_per_s'] / trl['samples_per_s']:.2f}" if trl else "-"
@@ -249,18 +259,18 @@ def table(results: list[dict], args) -> str:
         pr = r.get("train_pass_rate")
         pr_text = f"{pr:.2f}" if pr is not None else "-"
         lines.append(f"| {r['name']} | {r['sec_per_step']:.3f} | {r['samples_per_s']:.1f} | {r['peak_rss_mib']:.0f} | "
-                     f"{vs_trl} | {vs_sync} | {pr_text} |")
+                     f"{vs_trl} | {vs_sync} | {pr_text} | {', '.join(f'{x:.3f}' for x in r.get('sec_per_step_all', []))} |")
     import torch
 
     lines += [
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; torch {torch.__version__}; "
-        f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; load average at start "
+        f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; 1-min load average at the end "
         f"{os.getloadavg()[0]:.1f}.",
-        f"Command: `python benchmarks/trainer.py --steps {args.steps} --warmup {args.warmup} --prompts {args.prompts} "
+        f"Command: `python benchmarks/trainer.py --steps {args.steps} --warmup {args.warmup} --repeats {args.repeats} --prompts {args.prompts} "
         f"--generations {args.generations} --max-tokens {args.max_tokens}"
         + (f" --trl-threads {args.trl_threads}" if args.trl_threads else "") + "`",
-        f"TRL torch threads: {results[-1].get('torch_threads', '-') if results and results[-1]['variant'] == 'trl' else '-'}; "
+        f"TRL torch threads: {next((r.get('torch_threads') for r in results if r['variant'] == 'trl'), '-')}; "
         "ours: one thread per process (learner + generator).",
     ]
     return "\n".join(lines)
@@ -268,8 +278,9 @@ def table(results: list[dict], args) -> str:
 
 def parse_args(argv: Optional[list[str]] = None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=14)
-    p.add_argument("--warmup", type=int, default=3, help="steps excluded from the timing (>= 1)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="steps excluded from the timing (>= 1)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every variant; the median is reported")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -280,6 +291,8 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     if not 1 <= args.warmup < args.steps:
         p.error(f"--warmup must be in [1, steps), got {args.warmup} with --steps {args.steps}")
     return args
@@ -299,13 +312,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     cfg, _, _ = prepare([CONFIG], _common_bindings(args) + list(args.gin))
     print(f"model: {cfg.model_path}", flush=True)
-    results = []
-    for v in variants:
-        print(f"running {VARIANTS[v]} ...", flush=True)
-        r = measure(v, args)
-        print(f"  {r['sec_per_step']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, peak {r['peak_rss_mib']:.0f} MiB "
-              f"(wall {r['wall_s']:.0f} s)", flush=True)
-        results.append(r)
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for rep in range(args.repeats):  # interleaved, so a burst of load hits every variant alike
+        for v in variants:
+            print(f"[{rep + 1}/{args.repeats}] running {VARIANTS[v]} ...", flush=True)
+            r = measure(v, args)
+            print(f"  {r['sec_per_step']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, peak {r['peak_rss_mib']:.0f} MiB "
+                  f"(wall {r['wall_s']:.0f} s)", flush=True)
+            runs[v].append(r)
+    results = [median_result(runs[v]) for v in variants]
     md = table(results, args)
     print()
     print(md)
@@ -313,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(md + "\n")
-        out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+        out.with_suffix(".json").write_text(json.dumps({"median": results, "all": runs}, indent=2))
     return 0
 
 

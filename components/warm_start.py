@@ -4,14 +4,22 @@ RL can only sharpen what a policy already does sometimes; a random tiny Llama ne
 an arithmetic prompt correctly, so the main job starts from a policy that has seen a short
 supervised phase (SFT: cross-entropy on prompt -> answer, answer tokens only).
 
-The regime is chosen so that RL has something to do and a clear rise to show: the SFT
-targets are NOISY. With probability `label_noise` a target answer is replaced by a near
-miss (the gold integer plus one of `noise_offsets`, e.g. ±1, ±2), so the warm policy learns
-the arithmetic but, sampled at temperature 1, puts only about (1 - label_noise) of its mass
-on the right answer: a held-out pass rate around 0.2-0.3 whose mode is nevertheless the
-correct answer. RL (reward +1/-1) then sharpens the policy onto its mode, and the held-out
-pass rate climbs towards the greedy accuracy of the warm policy (0.7-0.9). This mirrors the
-paper's setting in miniature: an SFT'd model whose sampled pass rate RL raises.
+The regime is chosen so that RL has something to do and a clear rise to show: the warm
+policy KNOWS the answers (its greedy held-out pass rate is ~0.8) but SAMPLES them badly.
+Two knobs make it so:
+
+- `label_smoothing` (the default, 0.4): the SFT target mixes the gold token with the uniform
+  distribution over the vocabulary, so at temperature 1 every answer token (and EOS) is
+  right with probability ~0.6: a sampled held-out pass rate around 0.2 whose mode is the
+  correct answer. RL (reward +1/-1) sharpens the policy onto its mode, and the held-out pass
+  rate climbs towards the greedy accuracy (tiny_cpu.gin: 0.24 -> 0.84 in ~500 steps).
+- `label_noise`: with this probability a target answer is replaced by a near miss (gold
+  plus one of `noise_offsets`, e.g. ±1, ±2); the policy then learns a mixture of right and
+  near-miss answers. Measured slower to learn than smoothing; kept as an option.
+
+This mirrors the paper's setting in miniature: an SFT'd model whose sampled pass rate RL
+raises. Use one torch thread per process on a shared or small machine: two threads on two
+busy cores spin and slow the build many times over.
 
 `ensure_warm_policy(...)` builds such a policy once and caches it under a directory keyed
 by a hash of every setting (model size, task, SFT hyper-parameters, seed, library

@@ -13,4 +13,8 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmctld slurmd munge slurmdbd mariadb-server >/dev/null
 fi
-bash "$SLURM_DIR/start_slurm.sh"
+# A MariaDB that was killed leaves its socket behind; start_slurm.sh would then query too early.
+if ! pidof mariadbd >/dev/null 2>&1; then rm -f /run/mysqld/mysqld.sock; fi
+# setsid: start_slurm.sh starts MariaDB with `nohup ... &`, which would otherwise die with the
+# calling shell's session (slurmctld, slurmd and slurmdbd daemonize themselves).
+setsid -w bash "$SLURM_DIR/start_slurm.sh"
