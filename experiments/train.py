@@ -58,7 +58,6 @@ def validate_components(cfg) -> None:
         ADVANTAGE_NORMS,
         AGGREGATIONS,
         CURRICULA,
-        ENGINES,
         LENGTH_CONTROLS,
         LOSSES,
         OFF_POLICY,
@@ -104,7 +103,6 @@ def validate_components(cfg) -> None:
 
 def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
     """Parse and validate; returns (TrainConfig, absolute config files, sys_path). Raises on bad input."""
-    import gin
 
     from components.trainer.config import ConfigError, train_config
 

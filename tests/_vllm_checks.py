@@ -146,7 +146,6 @@ def check_fp32(model_dir: str) -> dict:
 def check_bf16_fp32_head(model_dir: str) -> dict:
     import tempfile
 
-    import torch
 
     from components.engines import GenerationRequest, SamplingParams, make_engine
     from components.models import build_tiny_policy, load_causal_lm

@@ -139,7 +139,6 @@ def test_optimizer_defaults_follow_the_paper(model_path):
 
     cfg = TrainConfig(model_path=model_path)
     assert (cfg.adam_eps, cfg.lr, cfg.warmup_steps, cfg.weight_decay) == (1e-15, 5e-7, 100, 0.01)
-    p = torch.nn.Parameter(torch.zeros(2))
     opt, sched = make_optimizer(torch.nn.Linear(2, 2), lr=1.0, betas=(0.9, 0.999), eps=1e-15, weight_decay=0.0, warmup_steps=4)
     lrs = []
     for _ in range(6):

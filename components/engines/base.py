@@ -107,6 +107,44 @@ class CompletedGroup:
     completions: list[Completion]
 
 
+@dataclass
+class PendingGroup:
+    """Engine-side bookkeeping of one request whose samples are still being generated."""
+
+    request: GenerationRequest
+    completions: list = field(init=False)
+    remaining: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.completions = [None] * self.request.n
+        self.remaining = self.request.n
+
+    def finish_sample(
+        self,
+        sample_index: int,
+        token_ids: list[int],
+        gen_logp: list[float],
+        versions: list[int],
+        forced: list[bool],
+        finish_reason: FinishReason,
+    ) -> Optional[CompletedGroup]:
+        """Record one finished sample; the whole group once its last sample is in, else None."""
+        req = self.request
+        self.completions[sample_index] = Completion(
+            group_id=req.group_id,
+            sample_index=sample_index,
+            prompt_ids=list(req.prompt_ids),
+            token_ids=token_ids,
+            gen_logp=gen_logp,
+            versions=versions,
+            forced=forced,
+            finish_reason=finish_reason,
+            meta=req.meta,
+        )
+        self.remaining -= 1
+        return CompletedGroup(request=req, completions=self.completions) if self.remaining == 0 else None
+
+
 class Engine(ABC):
     """A generation engine. Subclasses register with `@ENGINES.register(name)`."""
 

@@ -40,8 +40,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from components.engines.base import (
+    PendingGroup,
     CompletedGroup,
-    Completion,
     Engine,
     GenerationRequest,
     Interruption,
@@ -89,17 +89,10 @@ def eos_token_ids(model_config, tokenizer) -> set[int]:
 
 
 @dataclass
-class _Group:
-    request: GenerationRequest
-    completions: list
-    remaining: int
-
-
-@dataclass
 class _Row:
     """One in-flight sequence (one sample of one request)."""
 
-    group: _Group
+    group: PendingGroup
     sample_index: int
     prompt_len: int
     temperature: float
@@ -366,7 +359,7 @@ class TorchEngine(Engine):
             logits = logits.index_select(0, expand)
         new_rows: list[_Row] = []
         for req, params in admitted:
-            group = _Group(request=req, completions=[None] * req.n, remaining=req.n)
+            group = PendingGroup(request=req)
             stop = frozenset(self.eos_ids | set(int(t) for t in params.stop_token_ids))
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
@@ -433,22 +426,9 @@ class TorchEngine(Engine):
 
     def _finish(self, row: _Row, reason: str) -> None:
         row.finish_reason = reason
-        group = row.group
-        req = group.request
-        group.completions[row.sample_index] = Completion(
-            group_id=req.group_id,
-            sample_index=row.sample_index,
-            prompt_ids=list(req.prompt_ids),
-            token_ids=row.tokens,
-            gen_logp=row.logps,
-            versions=row.versions,
-            forced=row.forced,
-            finish_reason=reason,
-            meta=req.meta,
-        )
-        group.remaining -= 1
-        if group.remaining == 0:
-            self._done.append(CompletedGroup(request=req, completions=group.completions))
+        done = row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason)
+        if done is not None:
+            self._done.append(done)
 
     def _can_merge(self) -> bool:
         if self._mergeable is None:

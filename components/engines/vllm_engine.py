@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from components.engines.base import (
+    PendingGroup,
     CompletedGroup,
-    Completion,
     Engine,
     GenerationRequest,
     Interruption,
@@ -101,15 +101,8 @@ def _head_dtype(worker) -> str:
 
 # ----------------------------------------------------------------------------- engine
 @dataclass
-class _Group:
-    request: GenerationRequest
-    completions: list
-    remaining: int
-
-
-@dataclass
 class _Seq:
-    group: _Group
+    group: PendingGroup
     sample_index: int
     params: SamplingParams
     interruption: Optional[Interruption]
@@ -226,7 +219,7 @@ class VllmEngine(Engine):
                 raise ValueError(f"request {req.group_id!r}: need n >= 1 and a non-empty prompt")
             if req.interruptions is not None and len(req.interruptions) != req.n:
                 raise ValueError(f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n}")
-            group = _Group(request=req, completions=[None] * req.n, remaining=req.n)
+            group = PendingGroup(request=req)
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
                 seq = _Seq(group=group, sample_index=s, params=params, interruption=it)
@@ -357,19 +350,6 @@ class VllmEngine(Engine):
             self._finish(seq, reason)
 
     def _finish(self, seq: _Seq, reason: str) -> None:
-        group = seq.group
-        req = group.request
-        group.completions[seq.sample_index] = Completion(
-            group_id=req.group_id,
-            sample_index=seq.sample_index,
-            prompt_ids=list(req.prompt_ids),
-            token_ids=seq.tokens,
-            gen_logp=seq.logps,
-            versions=seq.versions,
-            forced=seq.forced,
-            finish_reason=reason,
-            meta=req.meta,
-        )
-        group.remaining -= 1
-        if group.remaining == 0:
-            self._done.append(CompletedGroup(request=req, completions=group.completions))
+        done = seq.group.finish_sample(seq.sample_index, seq.tokens, seq.logps, seq.versions, seq.forced, reason)
+        if done is not None:
+            self._done.append(done)
