@@ -62,6 +62,7 @@ class Trainer:
         self.setup = setup
         self.run_info = run_info
         self.progress = progress
+        self.last_eval_pass_rate = float("nan")  # shown in the progress bar
         self.scheme = OFF_POLICY.get(cfg.off_policy)()
         self.P = cfg.prompts_per_step
         self.procs: list = []
@@ -267,6 +268,10 @@ class Trainer:
         self.flops += 2.0 * self.learner.num_parameters * record["eval_tokens"]
         self.eval_log.write({"step": self.step, "version": self.learner.version, "compute_hours": self.compute_hours(),
                              "flops": self.flops, "wall_s": self.wall_s(), **record})
+        self.last_eval_pass_rate = record["pass_rate"]
+        if self.bar is not None:
+            self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
+                           f"(mean@{cfg.eval_k}, compute {self.compute_hours():.4f} h)")
 
     def _reset_since(self) -> None:
         self._since = {"time_generate": 0.0, "time_sync": 0.0, "time_wait": 0.0, "generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0}
@@ -295,7 +300,12 @@ class Trainer:
         self._reset_since()
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(pass_rate=f"{record['pass_rate']:.2f}", lag=record.get("lag_max"))
+            self.bar.set_postfix(
+                train_pass=f"{record['pass_rate']:.2f}",
+                held_out=f"{self.last_eval_pass_rate:.2f}",
+                compute=f"{record['compute_hours']:.4f}h",
+                lag=record.get("lag_max"),
+            )
         return record
 
     def _after_step(self) -> bool:
@@ -417,7 +427,10 @@ class Trainer:
                 from tqdm.auto import tqdm
 
                 self.bar = tqdm(total=self.cfg.total_steps, initial=self.step, desc=f"train {self.run_dir.name}", mininterval=2.0)
-            if self.step == 0 and not read_jsonl(self.run_dir / "eval.jsonl"):
+            evals = read_jsonl(self.run_dir / "eval.jsonl")
+            if evals:  # a resumed run: show its last held-out pass rate until the next evaluation
+                self.last_eval_pass_rate = evals[-1].get("pass_rate", float("nan"))
+            if self.step == 0 and not evals:
                 self._evaluate()  # R0: the pass rate before any training
             if self.step < self.cfg.total_steps:
                 self._push_weights()  # version of the (possibly resumed) learner
