@@ -58,7 +58,10 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int):
     """AdamW + linear warmup to a constant LR (the paper's schedule)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    params = list(model.parameters())
+    # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
     warm = max(int(warmup_steps), 0)
 
     def factor(update: int) -> float:
@@ -113,7 +116,9 @@ class Learner:
             stats.update(_empty_step_stats(self.version))
             stats["time_train"] = time.perf_counter() - t0
             return stats
-        batch = collate(kept, self.pad_id)
+        # the kept groups' rows of the step batch (no second collate)
+        kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
+        batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
         batch = batch.to(self.device)
 
         # 2. advantages: one per sequence, normalised by name (ADVANTAGE_NORMS)

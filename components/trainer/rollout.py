@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -52,26 +53,52 @@ class Rollout:
         return min(v) if v else self.engine_version
 
 
+class _VerifierThread:
+    """One long-lived daemon thread that runs verifications (no thread start per sample).
+
+    A verification that outlives its timeout leaves this thread stuck; it is then abandoned
+    (daemon: it cannot block the process's exit) and the next call starts a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="verifier")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, result, done = self.jobs.get()
+            try:
+                result["verdict"] = fn()
+            except BaseException as err:  # noqa: BLE001 - any verifier failure marks the sample
+                result["error"] = f"{type(err).__name__}: {err}"
+            done.set()
+
+    def run(self, fn, timeout_s: float) -> Optional[dict]:
+        """fn() with a timeout: its result dict, or None if it did not finish in time."""
+        result: dict[str, Any] = {}
+        done = threading.Event()
+        self.jobs.put((fn, result, done))
+        return result if done.wait(timeout_s) else None
+
+
+_verifier: Optional[_VerifierThread] = None
+
+
 def safe_verify(task, problem, text: str, timeout_s: float):
     """task.verify that never raises or hangs: on error or timeout the sample fails (reward_incorrect).
 
-    Returns (Verdict, error-or-None). A hung verifier is left running in a daemon thread.
+    Returns (Verdict, error-or-None). A hung verifier is left running in its daemon thread.
     """
     from components.tasks.base import Verdict
 
-    result: dict[str, Any] = {}
-
-    def target():
-        try:
-            result["verdict"] = task.verify(problem, text)
-        except BaseException as err:  # noqa: BLE001 - any verifier failure marks the sample
-            result["error"] = f"{type(err).__name__}: {err}"
-
-    thread = threading.Thread(target=target, daemon=True, name="verifier")
-    thread.start()
-    thread.join(timeout_s)
+    global _verifier
+    if _verifier is None:
+        _verifier = _VerifierThread()
+    result = _verifier.run(lambda: task.verify(problem, text), timeout_s)
     fail = float(getattr(task, "reward_incorrect", -1.0))
-    if thread.is_alive():
+    if result is None:
+        _verifier = None  # its thread is stuck in the hung verification: the next call gets a new one
         return Verdict(passed=False, reward=fail, error=f"verifier timed out after {timeout_s}s"), "timeout"
     if "error" in result:
         return Verdict(passed=False, reward=fail, error=result["error"]), result["error"]
@@ -107,6 +134,10 @@ class Batch:
 
     def slice(self, start: int, stop: int) -> "Batch":
         return Batch(**{k: getattr(self, k)[start:stop] for k in self._TENSORS}, completion_start=self.completion_start)
+
+    def select(self, rows: torch.Tensor) -> "Batch":
+        """The sequences at `rows` (a [B] bool mask or an index tensor), same padding."""
+        return Batch(**{k: getattr(self, k)[rows] for k in self._TENSORS}, completion_start=self.completion_start)
 
     def to(self, device) -> "Batch":
         return Batch(**{k: getattr(self, k).to(device) for k in self._TENSORS}, completion_start=self.completion_start)
