@@ -11,8 +11,8 @@ PAPER.md §5:
   old: learner version - oldest token version <= k.
 
 How the trainer enforces the pipeline_rl bound (documented choice):
-1. The learner keeps at most ``inflight_batches`` batches of prompts ordered ahead of
-   what it has consumed, so the generators cannot run far ahead.
+1. The learner keeps at most ``inflight_batches`` (default k) batches of prompts ordered
+   ahead of what it has consumed, so the generators run at most about k versions ahead.
 2. The learner WAITS (blocks) while the generator has not yet loaded a version within k of
    its own (the generator reports its loaded version with every group).
 3. A group whose oldest token is nevertheless more than k versions old when the learner
@@ -24,7 +24,7 @@ How the trainer enforces the pipeline_rl bound (documented choice):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from components.registry import OFF_POLICY
 
@@ -59,9 +59,16 @@ def ppo_off_policy(k: int = 1) -> OffPolicyScheme:
 
 
 @OFF_POLICY.register("pipeline_rl")
-def pipeline_rl(k: int = 8, inflight_batches: int = 2) -> OffPolicyScheme:
-    """PipelineRL-k: streaming generation, in-flight weight updates, never train on a token > k versions old."""
-    return OffPolicyScheme(name="pipeline_rl", k=int(k), streaming=True, inflight_batches=int(inflight_batches))
+def pipeline_rl(k: int = 8, inflight_batches: Optional[int] = None) -> OffPolicyScheme:
+    """PipelineRL-k: streaming generation, in-flight weight updates, never train on a token > k versions old.
+
+    inflight_batches (default: k) bounds how many batches of prompts the generators run ahead
+    of the learner. At the default, generation is throttled only by k itself, as in the paper
+    (the learner waits when it is k versions ahead); a smaller value throttles the generators
+    further, and the observed lag then stays at about inflight_batches.
+    """
+    ahead = int(k) if inflight_batches is None else int(inflight_batches)
+    return OffPolicyScheme(name="pipeline_rl", k=int(k), streaming=True, inflight_batches=ahead)
 
 
 def token_lag(learner_version: int, token_versions: Sequence[int]) -> int:
