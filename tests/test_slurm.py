@@ -51,6 +51,9 @@ pytestmark = [
     pytest.mark.skipif(_PROBLEM is not None, reason=f"no Slurm cluster: {_PROBLEM}"),
 ]
 
+# Seconds a requeued job stays held before the tests release it (see the requeue tests).
+RELEASE_AFTER_S = 5
+
 # Keep the real trainer's runs short on a 2-core machine.
 TINY = [
     "train.total_steps = 2",
@@ -180,15 +183,19 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
         time.sleep(0.5)
     subprocess.check_call(["scancel", "--signal=USR2", job.job_id])
     requeued = False
+    pending_since = None
     while True:
         state = _squeue(job.job_id)
         if not state:
             break
         if state.startswith("PENDING") and not requeued:
             # Slurm holds a requeued job for its credential lifetime (~2 min, BeginTime);
-            # as the admin, release it now so the test stays short.
-            requeued = True
-            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
+            # as the admin, release it so the test stays short, once the previous attempt
+            # is cleaned up (a release within ~1 s gets it killed: "Job credential revoked").
+            pending_since = pending_since or time.time()
+            if time.time() - pending_since >= RELEASE_AFTER_S:
+                requeued = True
+                subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
         assert time.time() < deadline + 240, f"job still {state}"
         time.sleep(1)
     assert requeued, "the job was never requeued"
@@ -221,6 +228,7 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
     ((planned, job),) = L.submit(L.plan(runs, root), opts, root, "tl")
     deadline = time.time() + 200
     released = set()
+    held_since: dict[int, float] = {}
     while True:
         state = _squeue(job.job_id)
         if not state:
@@ -228,8 +236,10 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
         attempts = (planned.run_dir / L.ATTEMPTS_FILE)
         n = len(attempts.read_text().splitlines()) if attempts.exists() else 0
         if state.startswith("PENDING") and "BeginTime" in state and n not in released:
-            released.add(n)  # release the requeued job from Slurm's ~2 min hold, as the admin
-            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
+            # release the requeued job from Slurm's ~2 min hold, as the admin, once settled
+            if time.time() - held_since.setdefault(n, time.time()) >= RELEASE_AFTER_S:
+                released.add(n)
+                subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
         assert time.time() < deadline, f"job still {state}"
         time.sleep(1)
     lines = [json.loads(x) for x in (planned.run_dir / L.ATTEMPTS_FILE).read_text().splitlines()]
