@@ -21,6 +21,9 @@ __all__ = ["run_training", "prepare", "add_arguments", "main"]
 log = logging.getLogger("scalerl.train")
 
 
+_GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path
+
+
 def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
     """Import paths + built-in components, then parse the gin files and bindings."""
     import gin
@@ -45,7 +48,9 @@ def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
         log.debug("built-in component module %s not loaded: %s", mod, err)
     gin.clear_config()
     for d in sys_path:  # `include 'base.gin'` resolves next to the including file
-        gin.add_config_file_search_path(d)
+        if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs
+            gin.add_config_file_search_path(d)
+            _GIN_SEARCH_PATHS.add(d)
     gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False, skip_unknown=False)
     return files, sys_path
 

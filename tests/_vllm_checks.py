@@ -17,19 +17,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _recompute(model, comps, temperature):
-    import torch
+    from _helpers_engines import recompute_logprobs  # tests/ is this script's directory
 
-    from components.engines.logprobs import build_batch, sequence_logprobs
-
-    b = build_batch([c.prompt_ids for c in comps], [c.token_ids for c in comps], pad_id=0)
-    with torch.no_grad():
-        logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"], b["completion_start"], temperature)
-    gen = torch.zeros_like(logp)
-    mask = torch.zeros_like(b["completion_mask"])
-    for i, c in enumerate(comps):
-        gen[i, : c.num_tokens] = torch.tensor(c.gen_logp)
-        mask[i, : c.num_tokens] = ~torch.tensor(c.forced)
-    return logp, gen, mask
+    return recompute_logprobs(model, comps, temperature)
 
 
 def _gap(model, comps, temperature):

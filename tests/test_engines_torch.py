@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
+from _helpers_engines import recompute_logprobs
 from components.engines import Engine, GenerationRequest, Interruption, SamplingParams, make_engine
-from components.engines.logprobs import build_batch, sequence_logprobs
+from components.engines.logprobs import build_batch
 from components.engines.torch_engine import top_p_filter
 from components.models import build_tiny_policy, load_causal_lm
 from components.precision import get_precision
@@ -32,17 +33,7 @@ def _requests(prompts, n, **kw):
     return [GenerationRequest(group_id=i, prompt_ids=p, n=n, **kw) for i, p in enumerate(prompts)]
 
 
-def _recompute(model, completions, temperature):
-    """Trainer-side log-probs [N, T] of each completion, plus gen_logp [N, T] and a mask of sampled tokens."""
-    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id=0)
-    with torch.no_grad():
-        logp = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"], temperature)
-    gen = torch.zeros_like(logp)
-    sampled = torch.zeros_like(batch["completion_mask"])
-    for i, c in enumerate(completions):
-        gen[i, : c.num_tokens] = torch.tensor(c.gen_logp)
-        sampled[i, : c.num_tokens] = ~torch.tensor(c.forced)
-    return logp, gen, sampled
+_recompute = recompute_logprobs
 
 
 def _all(groups):

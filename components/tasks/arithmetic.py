@@ -17,8 +17,8 @@ import re
 from typing import Optional, Sequence
 
 from components.registry import TASKS
-from components.tasks.base import Problem, Task, Verdict
-from components.tasks.common import strip_special_tokens, strip_thinking
+from components.tasks.base import Problem, Verdict
+from components.tasks.common import SplitTask, strip_special_tokens, strip_thinking
 
 _INT = re.compile(r"-?\d+")
 _VALID_OPERATORS = "+-*"
@@ -61,7 +61,7 @@ def parse_last_int(text: str) -> Optional[int]:
     return int(found[-1]) if found else None
 
 
-class ArithmeticTask(Task):
+class ArithmeticTask(SplitTask):
     """Procedural integer arithmetic ("12+7=" -> "19") with a seeded, disjoint train / held-out split.
 
     Args:
@@ -174,12 +174,6 @@ class ArithmeticTask(Task):
         )
 
     # -- Task interface -----------------------------------------------------------------
-    def train_problems(self) -> list[Problem]:
-        return list(self._train)
-
-    def eval_problems(self) -> list[Problem]:
-        return list(self._eval)
-
     def solution_text(self, problem: Problem) -> str:
         """The gold completion, formatted exactly as a correct answer (e.g. ``"19"``)."""
         return str(problem.answer)

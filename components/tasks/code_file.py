@@ -35,8 +35,8 @@ from typing import Any, Optional
 
 from components.registry import TASKS
 from components.tasks import sandbox
-from components.tasks.base import Problem, Task, Verdict
-from components.tasks.common import extract_code, resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
+from components.tasks.base import Problem, Verdict
+from components.tasks.common import SplitTask, extract_code, resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
 
 STDIO_INSTRUCTION = (
     "Write a Python 3 program that reads the input from standard input and prints the answer to "
@@ -167,7 +167,7 @@ _sys.stdout.write("\\n{marker}" + _json.dumps(_results) + "\\n")
 '''
 
 
-class CodeFileTask(Task):
+class CodeFileTask(SplitTask):
     """Programming problems with unit tests from a local JSONL file, graded in a sandbox.
 
     Args:
@@ -263,12 +263,6 @@ class CodeFileTask(Task):
             answer=None,  # the tests live in `tests_of(problem)` (kept out of logs)
             meta={"split": split, "row": i, "test_kind": tests["kind"], "num_tests": len(tests.get("cases", [1]))},
         )
-
-    def train_problems(self) -> list[Problem]:
-        return list(self._train)
-
-    def eval_problems(self) -> list[Problem]:
-        return list(self._eval)
 
     def tests_of(self, problem: Problem) -> dict:
         try:

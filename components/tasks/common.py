@@ -6,7 +6,7 @@ import random
 import re
 from typing import Any, Optional, Sequence, TypeVar, Union
 
-from components.tasks.base import Problem
+from components.tasks.base import Problem, Task
 
 T = TypeVar("T")
 
@@ -103,3 +103,16 @@ def extract_code(text: str) -> str:
         return text
     python_blocks = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
     return (python_blocks or [code for _, code in blocks])[-1]
+
+
+class SplitTask(Task):
+    """A task whose constructor builds both splits up front as `self._train` and `self._eval`."""
+
+    _train: list[Problem]
+    _eval: list[Problem]
+
+    def train_problems(self) -> list[Problem]:
+        return list(self._train)
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)

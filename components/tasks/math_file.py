@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.registry import TASKS
-from components.tasks.base import Problem, Task, Verdict
-from components.tasks.common import resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
+from components.tasks.base import Problem, Verdict
+from components.tasks.common import SplitTask, resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
 
 DEFAULT_PROMPT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
@@ -140,7 +140,7 @@ def math_equal(gold_parsed, answer_text: str) -> bool:
     return bool(verify(gold_parsed, pred, timeout_seconds=None))
 
 
-class MathFileTask(Task):
+class MathFileTask(SplitTask):
     """Math problems from a local JSONL / Parquet file (``problem``, ``answer``), graded by math-verify.
 
     Args:
@@ -204,12 +204,6 @@ class MathFileTask(Task):
             answer=ans,
             meta={"split": split, "row": i},
         )
-
-    def train_problems(self) -> list[Problem]:
-        return list(self._train)
-
-    def eval_problems(self) -> list[Problem]:
-        return list(self._eval)
 
     def solution_text(self, problem: Problem) -> str:
         """A minimal correct completion (the gold answer boxed), e.g. for SFT warm starts."""

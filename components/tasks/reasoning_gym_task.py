@@ -18,8 +18,8 @@ import re
 from typing import Optional
 
 from components.registry import TASKS
-from components.tasks.base import Problem, Task, Verdict
-from components.tasks.common import strip_special_tokens, strip_thinking
+from components.tasks.base import Problem, Verdict
+from components.tasks.common import SplitTask, strip_special_tokens, strip_thinking
 
 EVAL_SEED_OFFSET = 1_000_003
 DEFAULT_INSTRUCTION = "\n\nGive only your final answer inside <answer></answer> tags."
@@ -58,7 +58,7 @@ def extract_answer(completion: str) -> Optional[str]:
     return lines[-1] if lines else None
 
 
-class ReasoningGymTask(Task):
+class ReasoningGymTask(SplitTask):
     """A reasoning-gym dataset as a task; pass iff its scorer gives >= `threshold`.
 
     Args:
@@ -131,12 +131,6 @@ class ReasoningGymTask(Task):
             # The dataset and index locate the full entry the scorer needs.
             meta={"split": split, "question": question, "dataset": self.dataset, "index": i},
         )
-
-    def train_problems(self) -> list[Problem]:
-        return list(self._train)
-
-    def eval_problems(self) -> list[Problem]:
-        return list(self._eval)
 
     def solution_text(self, problem: Problem) -> str:
         """A minimal correct completion (the dataset's gold answer in tags), e.g. for SFT warm starts."""

@@ -178,8 +178,8 @@ class Learner:
 
     # -------------------------------------------------------------------------------------
     def weights_for_generators(self) -> dict:
-        """A CPU copy of the current weights (the learner keeps training on its own tensors)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """The current weights on CPU, to be serialized at once (no copy on CPU: serializing is the copy)."""
+        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict:
         return {

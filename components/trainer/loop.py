@@ -245,8 +245,14 @@ class Trainer:
     def wall_s(self) -> float:
         return self.wall_base + (time.time() - self.t_start)
 
-    def compute_hours(self) -> float:
-        return self.wall_s() * self.num_processes / 3600.0
+    def compute_hours(self, wall_s: Optional[float] = None) -> float:
+        """Processes in use x wall-clock hours (at `wall_s`, default now)."""
+        return (self.wall_s() if wall_s is None else wall_s) * self.num_processes / 3600.0
+
+    def clock(self) -> dict:
+        """wall_s and compute_hours from ONE clock reading, so a log line's two fields agree."""
+        wall = self.wall_s()
+        return {"compute_hours": self.compute_hours(wall), "wall_s": wall}
 
     def _evaluate(self) -> None:
         cfg = self.cfg
@@ -266,12 +272,13 @@ class Trainer:
             verifier_timeout_s=cfg.verifier_timeout_s,
         )
         self.flops += 2.0 * self.learner.num_parameters * record["eval_tokens"]
-        self.eval_log.write({"step": self.step, "version": self.learner.version, "compute_hours": self.compute_hours(),
-                             "flops": self.flops, "wall_s": self.wall_s(), **record})
+        clock = self.clock()
+        self.eval_log.write({"step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"],
+                             "flops": self.flops, "wall_s": clock["wall_s"], **record})
         self.last_eval_pass_rate = record["pass_rate"]
         if self.bar is not None:
             self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
-                           f"(mean@{cfg.eval_k}, compute {self.compute_hours():.4f} h)")
+                           f"(mean@{cfg.eval_k}, compute {clock['compute_hours']:.4f} h)")
 
     def _reset_since(self) -> None:
         self._since = {"time_generate": 0.0, "time_sync": 0.0, "time_wait": 0.0, "generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0}
@@ -284,9 +291,8 @@ class Trainer:
         record = {
             "step": self.step,
             "version": self.learner.version,
-            "compute_hours": self.compute_hours(),
+            **self.clock(),
             "flops": self.flops,
-            "wall_s": self.wall_s(),
             **stats,
             "time_generate": self._since["time_generate"],
             "time_sync": self._since["time_sync"],
