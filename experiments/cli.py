@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str, str, str]] = {
     "fit": ("analysis.cli", "add_fit_arguments", "fit_main", "fit the sigmoid law to logged runs; table + CSV"),
     "figures": ("analysis.cli", "add_figures_arguments", "figures_main", "draw every paper figure whose runs exist"),
     "components": ("experiments.components_cli", "add_arguments", "main", "list every registry, its entries and their parameters"),
+    "export": ("experiments.export", "add_arguments", "main", "write a run's policy (final or any checkpoint) in Hugging Face format"),
+    "plan": ("experiments.plan", "add_arguments", "main", "memory plan of a config per learner and generator GPU, before submission"),
+    "eval": ("experiments.evaluate", "add_arguments", "main", "evaluate a model or run on benchmark files: mean@k and pass@k"),
+    "reproduce": ("experiments.reproduce", "add_arguments", "main", "run every paper ablation at a scale, draw the figures, write the report"),
 }
 
 

@@ -13,8 +13,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.scalerl-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "[setup] installing torch==2.13.0 and scalerl-zoo[test,bench] into $VENV"
+  echo "[setup] installing torch==2.13.0 and scalerl-zoo[test,bench,track] into $VENV"
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[test,bench]"
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[test,bench,track]"
   touch "$stamp"
 fi
