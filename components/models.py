@@ -73,6 +73,9 @@ def build_tiny_policy(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from components.quiet import quiet_libraries
+
+    quiet_libraries()  # no "Writing model shards" bar
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = make_char_tokenizer(alphabet)
@@ -113,17 +116,25 @@ def check_model_path(path: str | os.PathLike) -> Path:
 def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
+    from components.quiet import quiet_libraries
+
+    quiet_libraries()  # no library progress bars in any process that loads a model
+
     tok = AutoTokenizer.from_pretrained(str(check_model_path(path)), local_files_only=True)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_causal_lm(path: str | os.PathLike, dtype=None):
+def load_causal_lm(path: str | os.PathLike, dtype=None, attn_implementation: Optional[str] = None):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from components.quiet import quiet_libraries
+
+    quiet_libraries()  # no "Loading weights" bar (one per process would stack up around the trainer's)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(check_model_path(path)), dtype=dtype or torch.float32, local_files_only=True
+        str(check_model_path(path)), dtype=dtype or torch.float32, local_files_only=True, **extra
     )
     return model

@@ -712,7 +712,8 @@ class RunJob(submitit.helpers.Checkpointable):
 
     def __call__(self, config_files: Sequence[str], bindings: Sequence[str], run_dir: str,
                  run_info: dict) -> str:
-        _record_job_start(Path(run_dir))
+        if int(os.environ.get("SLURM_PROCID", "0") or 0) == 0:  # one record per job, not per task
+            _record_job_start(Path(run_dir))
         train = _resolve_target(self.target)
         status = train(list(config_files), list(bindings), run_dir, run_info=dict(run_info))
         if status != "done":
@@ -772,8 +773,8 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 class LaunchOptions:
     executor: str = "slurm"
     partition: str | None = None
-    gpus: int = 0
-    cpus: int = 1
+    gpus: int = 0  # GPUs per node of a run; 0 with --gpu runs: what the run's layout needs
+    cpus: int | None = None  # CPUs per task; None: one per process of the run (runs never share cores)
     mem_gb: float | None = None
     time_min: int = 60
     array_parallelism: int = 64
@@ -783,18 +784,106 @@ class LaunchOptions:
     max_requeues: int = 10
     signal_delay_s: int = 90
     target: str = DEFAULT_TARGET
+    nodes: int = 1  # nodes per run
+    tasks_per_node: int | None = None  # set (or nodes > 1): one Slurm task per process, roles from the rank
+    overcommit: bool = False  # let a node run more tasks than it has CPUs (Slurm --overcommit)
+
+    @property
+    def multi_task(self) -> bool:
+        return self.tasks_per_node is not None or self.nodes > 1
 
 
-def make_executor(opts: LaunchOptions, folder: Path, sweep: str) -> submitit.Executor:
+@dataclass(frozen=True)
+class RunResources:
+    """The processes one run starts (train.learner_ranks + train.num_generators) and where."""
+
+    learner_ranks: int = 1
+    num_generators: int = 1
+    gpus_per_generator: int = 1
+    on_gpu: bool = False
+
+    @property
+    def processes(self) -> int:
+        return self.learner_ranks + self.num_generators
+
+    @property
+    def gpus(self) -> int:
+        return self.learner_ranks + self.num_generators * self.gpus_per_generator if self.on_gpu else 0
+
+
+def job_parameters(opts: LaunchOptions, res: RunResources) -> dict:
+    """nodes, tasks_per_node, cpus_per_task and gpus_per_node of one run's job.
+
+    One task (default): the run's processes are started by `scalerl train` inside it, so it
+    reserves one CPU per process (and every GPU the run uses): on a CPU node, two runs never
+    share a core unless --cpus says less. Several tasks (--tasks-per-node, or --nodes > 1):
+    one task per process, its role from its rank; nodes x tasks_per_node must equal the
+    run's processes.
+    """
+    if not opts.multi_task:
+        cpus = opts.cpus if opts.cpus is not None else res.processes
+        return {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": int(cpus), "gpus_per_node": opts.gpus or res.gpus}
+    nodes = max(int(opts.nodes), 1)
+    per_node = opts.tasks_per_node if opts.tasks_per_node is not None else -(-res.processes // nodes)
+    if nodes * per_node != res.processes:
+        raise SweepError(
+            f"a run has {res.processes} processes (train.learner_ranks={res.learner_ranks} + "
+            f"train.num_generators={res.num_generators}) but --nodes {nodes} x --tasks-per-node {per_node} = "
+            f"{nodes * per_node} tasks; they must be equal"
+        )
+    gpus = opts.gpus
+    if not gpus and res.on_gpu:  # the busiest node's GPUs (ranks are placed in blocks of per_node)
+        need = [1] * res.learner_ranks + [res.gpus_per_generator] * res.num_generators
+        gpus = max(sum(need[i : i + per_node]) for i in range(0, len(need), per_node))
+    return {"nodes": nodes, "tasks_per_node": int(per_node), "cpus_per_task": int(opts.cpus or 1), "gpus_per_node": gpus}
+
+
+def run_resources(runs: Sequence[RunSpec], opts: LaunchOptions | None = None) -> dict:
+    """{run name: RunResources} from each run's parsed config (a clean gin state per run)."""
+    import gin
+
+    from experiments.train import engine_gpus
+
+    _load_trainer_configurables(DEFAULT_TARGET)
+    out = {}
+    try:
+        for r in runs:
+            gin.clear_config()
+            try:
+                gin.parse_config_files_and_bindings(list(r.config_files), list(r.bindings), finalize_config=False)
+                from components.trainer.config import train_config
+
+                cfg = train_config(model_path="<not resolved before submission>")
+            except Exception:  # a stand-in trainer's config (tests) or one validate_runs already reported
+                out[r.name] = RunResources()
+                continue
+            gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and bool(opts is not None and opts.gpus))
+            out[r.name] = RunResources(cfg.learner_ranks, cfg.num_generators, engine_gpus(cfg), gpu)
+    finally:
+        gin.clear_config()
+    return out
+
+
+def local_parallelism(opts: LaunchOptions, res: Sequence[RunResources]) -> int:
+    """How many runs the local executor may run at once: as many as this machine has cores for."""
+    cores = os.cpu_count() or 1
+    need = max([opts.cpus if opts.cpus is not None else r.processes for r in res] or [1])
+    return max(1, min(int(opts.array_parallelism), cores // max(int(need), 1)))
+
+
+def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunResources | None = None) -> submitit.Executor:
     if opts.executor not in ("slurm", "local", "debug"):
         raise SweepError(f"unknown executor {opts.executor!r}; choose from: slurm, local, debug")
+    if opts.executor != "slurm" and opts.multi_task:
+        raise SweepError("--nodes > 1 and --tasks-per-node need --executor slurm (locally `scalerl train` starts a run's processes itself)")
     executor = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor,
                                      slurm_max_num_timeout=opts.max_requeues)
     params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
     if opts.executor != "debug":
-        params.update(cpus_per_task=opts.cpus, tasks_per_node=1, nodes=1)
-        if opts.gpus:  # no --gpus-per-node=0 line: clusters without GPU GRES may refuse it
-            params["gpus_per_node"] = opts.gpus
+        job = job_parameters(opts, resources or RunResources())
+        params.update(cpus_per_task=job["cpus_per_task"], tasks_per_node=job["tasks_per_node"], nodes=job["nodes"])
+        if job["gpus_per_node"]:  # no --gpus-per-node=0 line: clusters without GPU GRES may refuse it
+            params["gpus_per_node"] = job["gpus_per_node"]
     if opts.mem_gb is not None:
         params["mem_gb"] = opts.mem_gb
     if opts.executor == "slurm":
@@ -806,8 +895,11 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str) -> submitit.Exe
             params["slurm_account"] = opts.account
         if opts.qos:
             params["slurm_qos"] = opts.qos
-        if opts.slurm_extra:
-            params["slurm_additional_parameters"] = dict(opts.slurm_extra)
+        extra = dict(opts.slurm_extra)
+        if opts.overcommit:
+            extra["overcommit"] = True
+        if extra:
+            params["slurm_additional_parameters"] = extra
     executor.update_parameters(**params)
     return executor
 
@@ -817,46 +909,59 @@ def _job_record(job: submitit.Job, opts: LaunchOptions, folder: Path) -> dict:
            "submitted_at": _now()}
     if opts.executor == "slurm":
         rec["array_job_id"] = str(job.job_id).split("_")[0]
-        rec.update(partition=opts.partition, time_min=opts.time_min, gpus=opts.gpus, cpus=opts.cpus)
+        rec.update(partition=opts.partition, time_min=opts.time_min, gpus=opts.gpus, cpus=opts.cpus, nodes=opts.nodes,
+                   tasks_per_node=opts.tasks_per_node)
     elif opts.executor == "local":
         rec["pid"] = getattr(getattr(job, "_process", None), "pid", None) or str(job.job_id)
     return rec
 
 
-def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: str) -> list[tuple[Planned, Any]]:
-    """Submit the runs to launch as ONE job array; record each run's job in its slurm.json."""
+def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: str,
+           folder: Path | None = None) -> list[tuple[Planned, Any]]:
+    """Submit the runs to launch: one job array per distinct resource shape (usually one);
+    record each run's job in its slurm.json."""
     todo = [p for p in planned if not p.action.startswith("skip")]
     if not todo:
         return []
-    folder = Path(root) / sweep / ".submitit"
+    folder = Path(folder) if folder is not None else Path(root) / sweep / ".submitit"
     folder.mkdir(parents=True, exist_ok=True)
-    executor = make_executor(opts, folder, sweep)
+    resources = run_resources([p.run for p in todo], opts) if opts.executor != "debug" else {}
     fn = RunJob(opts.target)
     for p in todo:
         p.run_dir.mkdir(parents=True, exist_ok=True)
-    jobs: list = []
     if opts.executor == "slurm":
-        with executor.batch():
-            for p in todo:
-                jobs.append(executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
-                                            str(p.run_dir), p.run.run_info()))
-    else:
-        # local/debug run in waves of `array_parallelism` (local starts every job at once)
-        jobs = [None] * len(todo)
-        wave = max(1, opts.array_parallelism) if opts.executor == "local" else len(todo)
-        for start in range(0, len(todo), wave):
-            chunk = range(start, min(start + wave, len(todo)))
+        shapes: dict = {}
+        for p in todo:
+            key = resources.get(p.run.name, RunResources())
+            job_parameters(opts, key)  # a run that does not fit the task layout is refused before anything is submitted
+            shapes.setdefault(key, []).append(p)
+        submitted = []
+        for key, group in shapes.items():
+            executor = make_executor(opts, folder, sweep, key)
+            jobs: list = []
+            with executor.batch():
+                for p in group:
+                    jobs.append(executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
+                                                str(p.run_dir), p.run.run_info()))
+            for p, job in zip(group, jobs):
+                _record(p, job, opts, folder)
+            submitted.extend(zip(group, jobs))
+        order = {p.run.name: i for i, p in enumerate(todo)}
+        return sorted(submitted, key=lambda pj: order[pj[0].run.name])
+    # local/debug: waves of runs (local: as many at once as this machine has cores for)
+    jobs = [None] * len(todo)
+    wave = local_parallelism(opts, list(resources.values())) if opts.executor == "local" else len(todo)
+    executor = make_executor(opts, folder, sweep, max(resources.values(), key=lambda r: r.processes, default=None))
+    for start in range(0, len(todo), wave):
+        chunk = range(start, min(start + wave, len(todo)))
+        for i in chunk:
+            p = todo[i]
+            jobs[i] = executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
+                                      str(p.run_dir), p.run.run_info())
+            _record(p, jobs[i], opts, folder)
+        if opts.executor == "local" and start + wave < len(todo):
             for i in chunk:
-                p = todo[i]
-                jobs[i] = executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
-                                          str(p.run_dir), p.run.run_info())
-                _record(p, jobs[i], opts, folder)
-            if opts.executor == "local" and start + wave < len(todo):
-                for i in chunk:
-                    _wait_quietly(jobs[i])
-        return list(zip(todo, jobs))
-    for p, job in zip(todo, jobs):
-        _record(p, job, opts, folder)
+                _wait_quietly(jobs[i])
     return list(zip(todo, jobs))
 
 
@@ -930,17 +1035,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
     parser.add_argument("--gin", action="append", default=[], metavar="BINDING",
                         help="extra gin binding for every run, applied last (repeatable)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=None, metavar="GB",
+                        help="GPU memory (GiB) the memory plan checks each run against; runs that cannot fit are "
+                             "refused (default 80 for GPU runs; CPU runs, train.device = \"cpu\", only when given)")
     parser.add_argument("--trainer", dest="target", default=DEFAULT_TARGET, metavar="MODULE:FUNCTION",
                         help=f"the function each job calls (default {DEFAULT_TARGET}); same signature as run_training")
     parser.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and report (local/debug always wait)")
     slurm = parser.add_argument_group("Slurm")
+    add_slurm_arguments(slurm)
+    slurm.add_argument("--array-parallelism", type=int, default=64,
+                       help="max runs at once (default 64; the local executor also stops at this machine's cores)")
+
+
+def add_resource_arguments(group) -> None:
+    """Per-run resources (shared by `scalerl sweep` and `scalerl train --executor slurm`)."""
+    group.add_argument("--gpus", type=int, default=0,
+                       help="GPUs per node of a run (default 0 = CPU; with train.device cuda: what the layout needs)")
+    group.add_argument("--cpus", type=int, default=None,
+                       help="CPUs per task (default: one per process of the run, so runs never share cores)")
+    group.add_argument("--nodes", type=int, default=1, help="nodes per run (default 1)")
+    group.add_argument("--tasks-per-node", type=int, default=None,
+                       help="one Slurm task per process of the run, this many per node (roles from the rank); "
+                            "default: one task that starts the run's processes itself")
+    group.add_argument("--overcommit", action="store_true",
+                       help="let a node run more tasks than it has CPUs (sbatch --overcommit)")
+
+
+def add_slurm_arguments(slurm) -> None:
+    """The Slurm options of a job (shared by `scalerl sweep` and `scalerl train --executor slurm`)."""
     slurm.add_argument("--partition", help="Slurm partition (checked with sinfo); default: the cluster's default")
-    slurm.add_argument("--gpus", type=int, default=0, help="GPUs per run (default 0)")
-    slurm.add_argument("--cpus", type=int, default=1, help="CPUs per run (default 1)")
+    add_resource_arguments(slurm)
     slurm.add_argument("--mem-gb", type=float, help="memory per run in GB")
     slurm.add_argument("--time", default="60", help="time limit per job: minutes or [D-]HH:MM:SS (default 60); "
                        "a run that hits it is checkpointed and requeued")
-    slurm.add_argument("--array-parallelism", type=int, default=64, help="max runs at once (default 64)")
     slurm.add_argument("--account", help="Slurm account (passed through)")
     slurm.add_argument("--qos", help="Slurm QOS (passed through)")
     slurm.add_argument("--slurm-extra", action="append", default=[], metavar="KEY=VALUE",
@@ -949,6 +1076,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how many time-limit requeues a run may use (default 10)")
     slurm.add_argument("--signal-delay", type=int, default=90, metavar="SECONDS",
                        help="warn a job this long before its time limit, so it can checkpoint and requeue (default 90)")
+
+
+def options_from_args(args: argparse.Namespace) -> "LaunchOptions":
+    return LaunchOptions(
+        executor=args.executor, partition=args.partition, gpus=args.gpus, cpus=args.cpus, mem_gb=args.mem_gb,
+        time_min=parse_time_min(args.time), array_parallelism=getattr(args, "array_parallelism", 64),
+        account=args.account, qos=args.qos, slurm_extra=_parse_extra(args.slurm_extra), max_requeues=args.max_requeues,
+        signal_delay_s=args.signal_delay, target=getattr(args, "target", DEFAULT_TARGET),
+        nodes=args.nodes, tasks_per_node=args.tasks_per_node, overcommit=args.overcommit,
+    )
 
 
 def _parse_extra(items: Sequence[str]) -> dict:
@@ -974,13 +1111,7 @@ def prepare(args: argparse.Namespace) -> tuple[SweepSpec, list[RunSpec], LaunchO
         if unknown:
             raise SweepError(f"--only: unknown run(s) {', '.join(unknown)}; runs of {spec.name}: {', '.join(names)}")
         runs = [r for r in runs if r.name in args.only]
-    opts = LaunchOptions(
-        executor=args.executor, partition=args.partition, gpus=args.gpus, cpus=args.cpus, mem_gb=args.mem_gb,
-        time_min=parse_time_min(args.time), array_parallelism=args.array_parallelism, account=args.account,
-        qos=args.qos, slurm_extra=_parse_extra(args.slurm_extra), max_requeues=args.max_requeues,
-        signal_delay_s=args.signal_delay,
-        target=getattr(args, "target", DEFAULT_TARGET),
-    )
+    opts = options_from_args(args)
     return spec, runs, opts
 
 
@@ -1008,6 +1139,14 @@ def main(args: argparse.Namespace) -> int:
         planned = plan(runs, root, retry_failed=args.retry_failed)
         print_plan(spec, planned, root, args.scale, console)
         validate_runs(runs, opts.target)
+        from experiments.plan import print_sweep_memory, sweep_memory  # memory per GPU of every run (`scalerl plan`)
+
+        memory = sweep_memory(runs, getattr(args, "gpu_memory_gb", None))
+        print_sweep_memory(memory, console)
+        unfit = [p.run.name for p in planned if not p.action.startswith("skip") and memory[p.run.name][0] is False]
+        if unfit:
+            raise SweepError(f"{len(unfit)} run(s) cannot fit in GPU memory: {', '.join(unfit)} (details: `scalerl plan "
+                             "CONFIG --gin ...`); nothing submitted")
         if opts.executor == "slurm" and not args.dry_run:
             check_partition(opts.partition)
         elif opts.executor == "slurm" and opts.partition and shutil.which("sinfo"):

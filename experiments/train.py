@@ -16,6 +16,8 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
+from components.trainer.runlog import RunInfo
+
 __all__ = ["run_training", "prepare", "add_arguments", "main"]
 
 log = logging.getLogger("scalerl.train")
@@ -67,7 +69,6 @@ def validate_components(cfg) -> None:
         LOSSES,
         OFF_POLICY,
         PRECISIONS,
-        TASKS,
     )
     from components.trainer.config import ConfigError, validate
 
@@ -88,11 +89,11 @@ def validate_components(cfg) -> None:
             check_engine(engine)  # unknown name: the registry's error; vllm not installed: ImportError
         except ImportError as err:
             raise ConfigError(f"{err} Or use train.engine = \"torch\".") from None
-    task_name = "reasoning_gym" if str(cfg.task).startswith("reasoning_gym:") else cfg.task
-    TASKS.check(task_name)
+    from components.tasks import check_task_spec, make_task
+
+    check_task_spec(cfg.task)  # a name, "reasoning_gym:<dataset>" or a mixture {spec: weight}
     check_model_path(cfg.model_path)
     # the dataset: build the task and read both splits now, not in a generator process later
-    from components.tasks import make_task
 
     try:
         task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
@@ -104,6 +105,13 @@ def validate_components(cfg) -> None:
     if not held_out:
         raise ConfigError(f"task {cfg.task!r} has no held-out problems to evaluate on")
     build_curriculum(cfg.curriculum, train, cfg.seed)  # composition errors (two samplers, ...)
+    if cfg.downstream_benchmarks:  # read and check the benchmark files now, not on a generator later
+        from components.benchmarks import load_benchmarks
+
+        try:
+            load_benchmarks(cfg.downstream_benchmarks)
+        except (OSError, ValueError, TypeError, ImportError, RuntimeError) as err:  # RuntimeError: no sandbox
+            raise ConfigError(f"train.downstream_benchmarks: {type(err).__name__}: {err}") from err
 
 
 def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
@@ -128,15 +136,51 @@ def default_run_dir(config_files: Sequence[str]) -> Path:
     return Path("runs") / stem / stamp
 
 
+def layout_of(cfg):
+    """The run's process layout (learner ranks, generators, GPUs per generator) from its config."""
+    from components.trainer.roles import Layout
+
+    return Layout(learner_ranks=cfg.learner_ranks, num_generators=cfg.num_generators,
+                  gpus_per_generator=engine_gpus(cfg))
+
+
+def engine_gpus(cfg) -> int:
+    """GPUs one generator's engine uses: vLLM's tensor_parallel_size (bound in gin), else 1."""
+    if cfg.engine != "vllm":
+        return 1
+    import gin
+
+    try:
+        return max(int(gin.query_parameter("vllm.tensor_parallel_size")), 1)
+    except (ValueError, KeyError):
+        return 1
+
+
+def on_gpu(cfg) -> bool:
+    import torch
+
+    return cfg.device != "cpu" and (cfg.device != "auto" or torch.cuda.is_available())
+
+
 def _hardware(cfg) -> dict:
     import torch
 
-    from components.trainer.generator import resolve_device
-
-    device = resolve_device(cfg.device, "learner")
-    if device == "cpu":
-        return {"device": "cpu", "count": 1 + cfg.num_generators}
-    return {"device": torch.cuda.get_device_name(0), "count": 1 + cfg.num_generators}
+    layout = layout_of(cfg)
+    gpu = on_gpu(cfg)
+    name = "cpu"
+    if gpu:
+        try:
+            name = torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - a GPU the supervisor cannot see (Slurm binds it to the task)
+            name = "cuda"
+    return {
+        "device": name,
+        "count": layout.devices_reserved(gpu),
+        "learner_ranks": layout.learner_ranks,
+        "num_generators": layout.num_generators,
+        "gpus_per_generator": layout.gpus_per_generator if gpu else 0,
+        "processes": layout.world_size,
+    }
 
 
 def run_training(
@@ -148,18 +192,23 @@ def run_training(
     progress: bool = True,
     record_invalid: bool = True,
 ) -> str:
-    """Train (or resume, or skip if done) one run. Returns "done" or "failed"; bad input raises early."""
-    import gin
+    """Train (or resume, or skip if done) one run. Returns "done" or "failed"; bad input raises early.
 
-    from components.trainer.generator import WorkerSetup
-    from components.trainer.loop import Trainer
-    from components.trainer.runlog import RunInfo
+    On one machine this process starts the run's T learner ranks and G generators itself
+    (components/trainer/launcher.py) and watches them. Inside a Slurm job step with several
+    tasks (`srun`, or a submitit job with tasks_per_node / nodes), every task calls this
+    function and takes the role of its rank (components/trainer/roles.py).
+    """
+    from components.trainer.roles import process_env
 
     run_path = Path(run_dir) if run_dir is not None else default_run_dir(config_files)
     info = RunInfo(run_path) if (run_path / "run.json").exists() else None
     if info is not None and info.status == "done":
         log.info("run %s is already done", run_path)
         return "done"
+    penv = process_env()
+    if penv is not None and penv.source == "slurm":
+        return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress)
     try:
         cfg, files, sys_path = prepare(config_files, bindings)
     except Exception as err:
@@ -169,35 +218,118 @@ def run_training(
             ri.start(run_info, {"device": "unknown", "count": 0}, resumed=False)
             _record_failure(ri, run_path, err)
         raise
+    return _supervise_local(cfg, files, sys_path, bindings, run_path, run_info, progress)
+
+
+def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
+    """config.gin, run.json (running), the run-directory lock. Returns (lock, RunInfo, merged run info)."""
+    import gin
+
     run_path.mkdir(parents=True, exist_ok=True)
     lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
     (run_path / "config.gin").write_text(gin.config_str())
     info = RunInfo(run_path)
-    resumed = (run_path / "checkpoints").is_dir() and any((run_path / "checkpoints").glob("step_*.pt"))
-    merged = dict(run_info or {})
+    resumed = (run_path / "checkpoints").is_dir() and any((run_path / "checkpoints").glob("step_*"))
+    merged = {k: v for k, v in (run_info or {}).items() if v is not None}
     merged.setdefault("seed", cfg.seed)
     merged.setdefault("recipe", Path(files[0]).stem if files else None)
     info.start(merged, _hardware(cfg), resumed=resumed)
-    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg)
+    return lock, info, merged
+
+
+def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, progress: bool) -> str:
+    from components.trainer.generator import WorkerSetup
+    from components.trainer.launcher import launch_local
+
+    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
+    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg,
+                        run_dir=str(run_path), run_info=merged, progress=progress)
     try:
         try:
-            status = Trainer(cfg, run_path, setup, run_info=merged, progress=progress).run()
+            code = launch_local(setup, layout_of(cfg), run_path, on_gpu(cfg))
         except SystemExit:
             # submitit's preemption / time-limit handler exits the job after checkpointing:
             # the run is not failed, it resumes from its last checkpoint when requeued.
-            info.finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
+            RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
             raise
         except BaseException as err:  # noqa: BLE001 - record every failure, KeyboardInterrupt included
-            _record_failure(info, run_path, err)
+            _record_failure(RunInfo(run_path), run_path, err)
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            return "failed"
+        info = RunInfo(run_path)  # learner-0 may have written it
+        if code == 0:
+            info.finish("done")
+            return "done"
+        if info.status == "running":
+            _record_failure(info, run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
+        log.error("run %s failed: %s (traceback in %s)", run_path, info.data.get("error"), run_path / "error.txt")
+        return "failed"
+    finally:
+        lock.close()
+
+
+def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool) -> str:
+    """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
+    import dataclasses
+
+    from components.trainer.generator import WorkerSetup, resolve_device
+    from components.trainer.worker import run_role
+
+    cfg, files, sys_path = prepare(config_files, bindings)
+    layout = layout_of(cfg)
+    if penv.world_size != layout.world_size:
+        from components.trainer.config import ConfigError
+
+        raise ConfigError(f"this Slurm job step has {penv.world_size} tasks but the run needs {layout.world_size} "
+                           f"(train.learner_ranks={layout.learner_ranks} + train.num_generators={layout.num_generators}); "
+                           f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
+    role = layout.role(penv.rank)
+    if on_gpu(cfg):
+        _bind_gpus(layout, penv)
+    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg, run_dir=str(run_path),
+                        run_info=run_info, progress=progress and role.is_hub)
+    setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
+    if not role.is_hub:
+        run_role(penv.rank, setup, penv.endpoints, layout)
+        return "done"
+    import gin
+
+    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
+    setup = dataclasses.replace(setup, run_info=merged)
+    try:
+        try:
+            status = run_role(penv.rank, setup, penv.endpoints, layout)
+        except SystemExit:
+            RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
+            raise
+        except BaseException as err:  # noqa: BLE001
+            _record_failure(RunInfo(run_path), run_path, err)
             if isinstance(err, KeyboardInterrupt):
                 raise
             log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
             return "failed"
         (run_path / "config.gin").write_text(gin.operative_config_str())
-        info.finish(status)
+        RunInfo(run_path).finish(status)
         return status
     finally:
         lock.close()
+
+
+def _bind_gpus(layout, penv) -> None:
+    """Restrict this task to its own GPU(s) of the node before CUDA starts (Slurm shows every task all of them)."""
+    from components.trainer.roles import assign_gpus
+
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip() != ""]
+    if not visible:
+        import torch
+
+        visible = [str(i) for i in range(torch.cuda.device_count())]
+    first = penv.rank - penv.local_rank
+    per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(os.environ.get("SLURM_NNODES", "1")), 1))
+    node_ranks = list(range(first, min(first + per_node, penv.world_size)))
+    mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] for i in mine)
 
 
 class RunDirBusyError(RuntimeError):
@@ -222,6 +354,11 @@ def _record_failure(info, run_path: Path, err: BaseException) -> None:
     info.finish("failed", error=f"{type(err).__name__}: {err}")
 
 
+def record_failure(run_path: Path, err: BaseException) -> None:
+    """run.json failed with the error, error.txt with its traceback (learner rank 0's end of a failed run)."""
+    _record_failure(RunInfo(Path(run_path)), Path(run_path), err)
+
+
 # ---------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="gin config file(s), e.g. experiments/configs/tiny_cpu.gin")
@@ -230,10 +367,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="run name recorded in run.json")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="skip the end-of-run fit and figure")
+    parser.add_argument("--executor", choices=("here", "slurm"), default="here",
+                        help="here (default): run on this machine; slurm: submit this one run as a Slurm job")
+    parser.add_argument("--wait", action="store_true", help="slurm: wait for the job and report")
+    from experiments.launch import add_slurm_arguments
+
+    add_slurm_arguments(parser.add_argument_group("Slurm (with --executor slurm)"))
+
+
+def submit_run(args: argparse.Namespace) -> int:
+    """`scalerl train CONFIG --executor slurm`: one run as one Slurm job (no sweep spec needed)."""
+    from experiments import launch as L
+
+    run_dir = Path(args.run_dir or default_run_dir(args.configs)).absolute()
+    files = [str(Path(f).resolve()) for f in args.configs]
+    run = L.RunSpec(name=args.name or run_dir.name, sweep=run_dir.parent.name, factor=None, value=None,
+                    recipe=Path(files[0]).stem if files else None, seed=None, config_files=tuple(files), bindings=tuple(args.gin))
+    try:
+        opts = L.options_from_args(args)
+        L.validate_runs([run], opts.target)
+        L.check_partition(opts.partition)
+        planned = L.plan([run], run_dir.parent.parent)
+        if planned[0].action.startswith("skip"):
+            print(f"nothing to submit: {run_dir} is {planned[0].action[5:]} ({planned[0].reason})")
+            return 0
+        submitted = L.submit(planned, opts, run_dir.parent.parent, run_dir.parent.name, folder=run_dir / ".submitit")
+    except L.SweepError as err:
+        print(f"scalerl train: error: {err}", file=sys.stderr)
+        return 2
+    job = submitted[0][1]
+    print(f"submitted run {run_dir} as Slurm job {job.job_id}; follow with: scalerl status {run_dir.parent}", flush=True)
+    if not args.wait:
+        return 0
+    outcomes = L.wait(submitted, poll_s=5.0)
+    state, err = outcomes[run.name]
+    print(f"run {state}: {run_dir}" + (f" ({err})" if err else ""), flush=True)
+    return 0 if state == "done" else 1
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if getattr(args, "executor", "here") == "slurm":
+        return submit_run(args)
     run_dir = args.run_dir or str(default_run_dir(args.configs))
     print(f"run directory: {run_dir}", flush=True)
     run_info = {"name": args.name} if args.name else None

@@ -64,7 +64,10 @@ def _config(tmp_path: Path, name: str, total_steps: int, **kw) -> str:
 
 
 def _final_model(run_dir: Path) -> dict:
-    return load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["learner"]["model"]
+    """The run's final policy (RUN_DIR/final, written from its last checkpoint)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "final" / "model.safetensors"))
 
 
 @pytest.mark.slow

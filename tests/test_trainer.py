@@ -31,8 +31,10 @@ METRIC_FIELDS = {
     "pass_rate", "zero_variance_frac", "truncation_rate", "entropy", "loss", "grad_norm", "is_ratio_mean",
     "is_ratio_min", "is_ratio_max", "clip_frac", "lag_mean", "lag_max", "time_generate", "time_train",
     "time_sync", "time_wait", "logprob_gap_mean", "logprob_gap_max", "verifier_errors",
+    "epoch", "cpu_hours", "contention", "contention_run", "procs", "eval_wall_s", "startup_s",
 }
-EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task"}
+EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task", "eval_wall_s", "eval_compute_hours",
+               "entropy"}
 RUN_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "started", "finished"}
 
 
@@ -251,7 +253,9 @@ def test_run_directory_contract(tmp_path, model_path):
     info = run_json(run_dir)
     assert RUN_FIELDS <= set(info)
     assert {k: info[k] for k in info_in} == info_in
-    assert info["status"] == "done" and info["hardware"] == {"device": "cpu", "count": 2}
+    assert info["status"] == "done"
+    assert info["hardware"] == {"device": "cpu", "count": 2, "learner_ranks": 1, "num_generators": 1,
+                                "gpus_per_generator": 0, "processes": 2}
     assert info["finished"] >= info["started"]
 
     config = (run_dir / "config.gin").read_text()
@@ -267,6 +271,8 @@ def test_run_directory_contract(tmp_path, model_path):
         assert not missing, missing
         assert m["compute_hours"] == pytest.approx(m["wall_s"] * 2 / 3600, rel=1e-6)  # 2 processes on CPU
         assert m["prompts"] == 4 and m["generations"] == 16
+        assert set(m["procs"]) == {"learner-0", "generator-0"} and 0.0 <= m["contention_run"] <= 1.0
+        assert m["cpu_hours"] > 0 and m["epoch"] == pytest.approx(m["step"] * 4 / 120)
     assert all(b["flops"] > a["flops"] for a, b in zip(metrics, metrics[1:]))
     assert all(b["wall_s"] > a["wall_s"] for a, b in zip(metrics, metrics[1:]))
 
@@ -276,7 +282,15 @@ def test_run_directory_contract(tmp_path, model_path):
         assert EVAL_FIELDS <= set(e) and e["k"] == 2 and e["prompts"] == 4
         assert set(e["per_task"]) == {"arithmetic"} and 0.0 <= e["pass_rate"] <= 1.0
     assert evals[0]["compute_hours"] <= metrics[0]["compute_hours"]
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt")) == ["step_00000002.pt", "step_00000004.pt"]
+    # evaluation is not billed as training: its time is logged apart and the training clock paused
+    assert all(e["eval_wall_s"] > 0 and e["eval_compute_hours"] == pytest.approx(e["eval_wall_s"] * 2 / 3600) for e in evals)
+    assert metrics[-1]["eval_wall_s"] == pytest.approx(sum(e["eval_wall_s"] for e in evals[:-1]), rel=1e-6)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
+    # the final policy in Hugging Face format
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(str(run_dir / "final"), local_files_only=True)
+    assert final.config.num_hidden_layers == 1
 
 
 @pytest.mark.slow
@@ -329,7 +343,7 @@ def test_compute_budget_stops_the_run(tmp_path, model_path):
     assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
     assert [e["step"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 1]
-    assert (tmp_path / "run" / "checkpoints" / "step_00000001.pt").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step_00000001").is_dir()
     assert run_json(tmp_path / "run")["status"] == "done"
 
 

@@ -40,7 +40,11 @@ class TrainConfig:
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    micro_batch_size: int = 64  # sequences per forward/backward
+    micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
+    max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
+    activation_checkpointing: bool = False  # recompute each decoder block in backward
+    logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
+    attn_implementation: Optional[str] = None  # transformers attn_implementation (None: sdpa)
     # -- optimizer ----------------------------------------------------------------------
     lr: float = 5e-7
     warmup_steps: int = 100
@@ -57,8 +61,20 @@ class TrainConfig:
     eval_temperature: Optional[float] = None  # None: the training temperature
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
+    # -- downstream benchmarks (components/benchmarks.py; evaluation.evaluate_downstream) --
+    downstream_every: int = 0  # 0: never; else every N steps (and at step 0 and the last step)
+    downstream_benchmarks: tuple = ()  # benchmark specs: files / hub names, or dicts (components.benchmarks)
+    downstream_k: int = 16  # samples per benchmark problem (mean@k, pass@1..k)
+    # -- tracking (components/trainer/tracking.py; the run directory's JSONL stays the source of truth) --
+    trackers: tuple = ()  # any of "wandb", "tensorboard", "mlflow"
+    samples_every: int = 50  # every N steps a few completions go to samples.jsonl and the trackers (0: never)
+    samples_per_log: int = 4  # completions per samples log
     # -- processes --------------------------------------------------------------------------
     num_generators: int = 1
+    learner_ranks: int = 1  # data-parallel FSDP2 learner processes (one device each)
+    heartbeat_s: float = 2.0  # every process beats this often
+    heartbeat_timeout_s: float = 30.0  # a process silent this long is named dead or hung
+    weight_sync_bucket_mb: float = 64.0  # tensors broadcast to the generators per bucket
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     seed: int = 0
     verifier_timeout_s: float = 10.0
@@ -75,6 +91,8 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["curriculum"] = list(self.curriculum)
         d["adam_betas"] = list(self.adam_betas)
+        d["downstream_benchmarks"] = list(self.downstream_benchmarks)
+        d["trackers"] = list(self.trackers)
         return d
 
 
@@ -137,6 +155,10 @@ def train_config(
     temperature: float = 1.0,
     top_p: float = 1.0,
     micro_batch_size: int = 64,
+    max_tokens_per_micro_batch: Optional[int] = None,
+    activation_checkpointing: bool = False,
+    logprob_chunk_size: int = 1024,
+    attn_implementation: Optional[str] = None,
     lr: float = 5e-7,
     warmup_steps: int = 100,
     adam_eps: float = 1e-15,
@@ -151,7 +173,17 @@ def train_config(
     eval_temperature: Optional[float] = None,
     checkpoint_every: int = 50,
     keep_checkpoints: int = 2,
+    downstream_every: int = 0,
+    downstream_benchmarks: Sequence[Any] = (),
+    downstream_k: int = 16,
+    trackers: Sequence[str] | str = (),
+    samples_every: int = 50,
+    samples_per_log: int = 4,
     num_generators: int = 1,
+    learner_ranks: int = 1,
+    heartbeat_s: float = 2.0,
+    heartbeat_timeout_s: float = 30.0,
+    weight_sync_bucket_mb: float = 64.0,
     device: str = "auto",
     seed: int = 0,
     verifier_timeout_s: float = 10.0,
@@ -186,6 +218,10 @@ def train_config(
         temperature=float(temperature),
         top_p=float(top_p),
         micro_batch_size=int(micro_batch_size),
+        max_tokens_per_micro_batch=None if max_tokens_per_micro_batch is None else int(max_tokens_per_micro_batch),
+        activation_checkpointing=bool(activation_checkpointing),
+        logprob_chunk_size=int(logprob_chunk_size),
+        attn_implementation=attn_implementation,
         lr=float(lr),
         warmup_steps=int(warmup_steps),
         adam_eps=float(adam_eps),
@@ -200,7 +236,17 @@ def train_config(
         eval_temperature=eval_temperature,
         checkpoint_every=int(checkpoint_every),
         keep_checkpoints=int(keep_checkpoints),
+        downstream_every=int(downstream_every),
+        downstream_benchmarks=(downstream_benchmarks,) if isinstance(downstream_benchmarks, (str, dict)) else tuple(downstream_benchmarks),
+        downstream_k=int(downstream_k),
+        trackers=(trackers,) if isinstance(trackers, str) else tuple(trackers or ()),
+        samples_every=int(samples_every),
+        samples_per_log=int(samples_per_log),
         num_generators=int(num_generators),
+        learner_ranks=int(learner_ranks),
+        heartbeat_s=float(heartbeat_s),
+        heartbeat_timeout_s=float(heartbeat_timeout_s),
+        weight_sync_bucket_mb=float(weight_sync_bucket_mb),
         device=device,
         seed=int(seed),
         verifier_timeout_s=float(verifier_timeout_s),
@@ -220,7 +266,9 @@ def validate(cfg: TrainConfig) -> None:
         "eval_k": cfg.eval_k,
         "checkpoint_every": cfg.checkpoint_every,
         "num_generators": cfg.num_generators,
+        "learner_ranks": cfg.learner_ranks,
         "keep_checkpoints": cfg.keep_checkpoints,
+        "logprob_chunk_size": cfg.logprob_chunk_size,
     }
     for name, value in positive.items():
         if int(value) < 1:
@@ -234,6 +282,14 @@ def validate(cfg: TrainConfig) -> None:
             f"train.micro_batch_size ({cfg.micro_batch_size}) is larger than the step batch "
             f"prompts_per_step x generations_per_prompt = {cfg.prompts_per_step} x {cfg.generations_per_prompt} = {cfg.batch_sequences}"
         )
+    if cfg.max_tokens_per_micro_batch is not None and int(cfg.max_tokens_per_micro_batch) < 1:
+        raise ConfigError(f"train.max_tokens_per_micro_batch must be >= 1 or None, got {cfg.max_tokens_per_micro_batch!r}")
+    if not 0 < cfg.heartbeat_s < cfg.heartbeat_timeout_s:
+        raise ConfigError(
+            f"need 0 < train.heartbeat_s < train.heartbeat_timeout_s, got {cfg.heartbeat_s!r} and {cfg.heartbeat_timeout_s!r}"
+        )
+    if cfg.weight_sync_bucket_mb <= 0:
+        raise ConfigError(f"train.weight_sync_bucket_mb must be > 0, got {cfg.weight_sync_bucket_mb!r}")
     if cfg.temperature <= 0:
         raise ConfigError(f"train.temperature must be > 0 for RL sampling, got {cfg.temperature!r}")
     if not 0 < cfg.top_p <= 1:
@@ -251,5 +307,21 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.eval_prompts must be >= 1 or None, got {cfg.eval_prompts!r}")
     if cfg.compute_budget_hours is not None and cfg.compute_budget_hours <= 0:
         raise ConfigError(f"train.compute_budget_hours must be > 0, got {cfg.compute_budget_hours!r}")
+    if cfg.downstream_every < 0 or cfg.downstream_k < 1:
+        raise ConfigError(
+            f"need train.downstream_every >= 0 (0: never) and train.downstream_k >= 1, got {cfg.downstream_every!r} and {cfg.downstream_k!r}"
+        )
+    if cfg.downstream_every > 0 and not cfg.downstream_benchmarks:
+        raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
+    if cfg.samples_every < 0 or cfg.samples_per_log < 0:
+        raise ConfigError(
+            f"need train.samples_every >= 0 (0: never) and train.samples_per_log >= 0, got {cfg.samples_every!r} and {cfg.samples_per_log!r}"
+        )
+    from components.trainer.tracking import check_trackers
+
+    try:
+        check_trackers(cfg.trackers)  # unknown name: lists the valid ones; package missing: names the pip extra
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

@@ -1,42 +1,75 @@
-"""Generator worker process: owns an engine and the task's verifier.
+"""Generator process: owns one engine and the task's verifier; talks to learner rank 0 (the hub).
 
-It talks to the learner through exactly two channels:
-- the CONTROL channel (learner -> generator, unbounded FIFO): ("weights", version, state_dict),
-  ("work", WorkOrder), ("stop",). Weights and work share one FIFO so that, under
-  ppo_off_policy, the weights of version v always arrive before the work to do with them.
-- the ROLLOUT queue (generator -> learner, bounded): ("rollout", Rollout), ("ready", index),
-  ("error", index, traceback).
+Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
+- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("eval", EvalOrder), ("stop",)
+- generator -> hub: ("ready", index, info), ("rollout", Rollout, proc_stats),
+  ("eval_done", index, record, proc_stats), ("error", index, traceback)
 
-Between engine steps it drains the control channel and loads only the NEWEST weights it
-finds (in-flight: sequences continue with their KV cache, so a completion can span
-versions). Rewards are computed here (`safe_verify`: a verifier that raises or hangs marks
-that sample failed and is counted, never stopping the run).
+Weights do not travel on the transport: a ("weights", update) announcement makes the
+generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
+decode steps. In-flight sequences keep their KV cache and continue under the new weights, so
+one completion can span versions (PipelineRL). Work and weights share one ordered channel, so
+under ppo_off_policy the weights of version v always arrive before the work to do with them.
+
+Finished groups are scored on a scorer thread (`safe_verify`: a verifier that raises or hangs
+marks that sample failed and is counted), so a slow verifier never delays a weight update.
+An evaluation (EvalOrder) runs on this generator's engine at the weights it holds (the hub
+pushes the version to evaluate first and sends no new weights until every generator answered):
+its requests join the engine's batch under their own group ids.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import queue
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["WorkerSetup", "generator_main", "apply_gin", "resolve_device", "make_run_engine", "make_length_control"]
+__all__ = [
+    "WorkerSetup",
+    "EvalOrder",
+    "generator_main",
+    "apply_gin",
+    "resolve_device",
+    "make_run_engine",
+    "make_length_control",
+    "build_requests",
+    "score_group",
+]
 
 
 @dataclass
 class WorkerSetup:
-    """Everything a freshly spawned process needs to rebuild the run's components."""
+    """Everything a process of the run needs to rebuild the run's components."""
 
     config_files: list
     bindings: list
     sys_path: list  # directories added to sys.path before parsing (user components)
     cfg: Any  # TrainConfig
     device: str = "cpu"
+    run_dir: Optional[str] = None
+    run_info: Optional[dict] = None
+    progress: bool = True
+
+
+@dataclass
+class EvalOrder:
+    """Held-out (or benchmark) prompts to evaluate at the weights the generator holds (`version`)."""
+
+    problems: list  # [(index, Problem)]
+    version: int
+    seed: int
+    k: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    task_name: str
 
 
 def apply_gin(setup: WorkerSetup) -> None:
@@ -55,20 +88,17 @@ def apply_gin(setup: WorkerSetup) -> None:
     gin.parse_config_files_and_bindings(list(setup.config_files), list(setup.bindings), finalize_config=False, skip_unknown=False)
 
 
-def resolve_device(device: str, role: str, index: int = 0) -> str:
-    """cpu, or the GPU this process owns: learner cuda:0, generator i cuda:(1+i) (wrapping)."""
+def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:
+    """cpu, or the GPU this process owns (its CUDA_VISIBLE_DEVICES was set by its launcher)."""
     import torch
 
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return "cpu"
     if str(device).startswith("cuda:"):
         return device
-    n = torch.cuda.device_count()
-    if n == 0:
-        raise RuntimeError(f"train.device={device!r} but no CUDA device is visible")
-    if role == "learner" or n == 1:
-        return "cuda:0"
-    return f"cuda:{1 + index % (n - 1)}"
+    if torch.cuda.device_count() == 0:
+        raise RuntimeError(f"train.device={device!r} but no CUDA device is visible to {role}-{index}")
+    return "cuda:0"
 
 
 def make_run_engine(cfg, device: str, seed: int, name: Optional[str] = None):
@@ -90,31 +120,6 @@ def generation_cap(cfg, length_control) -> int:
     if length_control is not None and hasattr(length_control, "max_tokens"):
         return int(length_control.max_tokens(cfg.max_tokens))
     return int(cfg.max_tokens)
-
-
-def _drain(control_q, block: bool, timeout: float = 1.0) -> list:
-    msgs = []
-    if block:
-        try:
-            msgs.append(control_q.get(timeout=timeout))
-        except queue.Empty:
-            return msgs
-    while True:
-        try:
-            msgs.append(control_q.get_nowait())
-        except queue.Empty:
-            return msgs
-
-
-def _load_weights(payload):
-    """The weight channel carries torch.save bytes (no shared-memory lifetime issues)."""
-    import io
-
-    import torch
-
-    if isinstance(payload, (bytes, bytearray)):
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    return payload
 
 
 def build_requests(work, tokenizer, length_control, cfg) -> list:
@@ -167,68 +172,200 @@ def score_group(group, problem, task, tokenizer, length_control, cfg):
     )
 
 
-def generator_main(index: int, setup: WorkerSetup, control_q, rollout_q) -> None:
-    """Entry point of a generator process (torch.multiprocessing, spawn)."""
-    # Shutdown belongs to the learner: Slurm signals every process of a job (SIGTERM on
+class _Scorer:
+    """A thread that verifies finished groups, so the engine loop never waits on a verifier."""
+
+    def __init__(self, task, tokenizer, length_control, cfg, index: int):
+        self.inbox: "queue.Queue" = queue.Queue()
+        self.outbox: "queue.Queue" = queue.Queue()
+        self.args = (task, tokenizer, length_control, cfg)
+        self.index = index
+        self.error: Optional[str] = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="scorer")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            group, problem, engine_version, busy = item
+            try:
+                rollout = score_group(group, problem, *self.args)
+            except BaseException:  # noqa: BLE001 - reported to the hub by the main loop
+                self.error = traceback.format_exc()
+                return
+            rollout.engine_version = engine_version
+            rollout.generator = self.index
+            rollout.time_generate = busy
+            self.outbox.put(rollout)
+
+    def pending(self) -> bool:
+        return not self.inbox.empty() or not self.outbox.empty()
+
+
+class _EvalView:
+    """The generator's engine seen by `evaluate`: only the evaluation's groups come out of it.
+
+    Evaluation requests join the engine's batch under group ids ("eval", i); training groups
+    that finish meanwhile go to `on_training_group` (they keep their own version labels).
+    """
+
+    def __init__(self, engine, on_training_group):
+        self.engine = engine
+        self.on_training_group = on_training_group
+
+    def generate(self, requests, params):
+        from components.engines.base import CompletedGroup
+
+        originals = {}
+        tagged = []
+        for req in requests:
+            tag = ("eval", req.group_id)
+            originals[tag] = req
+            tagged.append(dataclasses.replace(req, group_id=tag))
+        self.engine.add_requests(tagged, params)
+        while originals:
+            for group in self.engine.step():
+                req = originals.pop(group.request.group_id, None)
+                if req is None:
+                    self.on_training_group(group)
+                    continue
+                for c in group.completions:
+                    c.group_id = req.group_id
+                yield CompletedGroup(request=req, completions=group.completions)
+
+
+def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on_training_group) -> dict:
+    from components.trainer.evaluation import evaluate
+
+    problems = [p for _, p in order.problems]
+    record = evaluate(
+        _EvalView(engine, on_training_group),
+        task,
+        problems,
+        tokenizer,
+        k=order.k,
+        seed=order.seed,
+        temperature=order.temperature,
+        top_p=order.top_p,
+        max_tokens=order.max_tokens,
+        task_name=order.task_name,
+        length_control=length_control,
+        verifier_timeout_s=cfg.verifier_timeout_s,
+    )
+    record["version"] = order.version
+    record["indices"] = [i for i, _ in order.problems]
+    return record
+
+
+def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
+    """Entry point of generator `index` (a process spawned by `scalerl train`, or a Slurm task)."""
+    # Shutdown belongs to learner rank 0: Slurm signals every process of a job (SIGTERM on
     # scancel, SIGUSR2 before a time limit or preemption) and a terminal sends SIGINT to the
-    # whole process group. The learner checkpoints and stops its generators; a generator whose
-    # learner died exits by itself (the parent-pid check below).
+    # whole process group; the hub checkpoints and stops its generators. A generator whose hub
+    # died sees HubLost on the transport and exits.
     for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    from components.trainer.accounting import proc_stats
+    from components.trainer.transport import Aborted, HubLost, Peer, TransportError
+
+    cfg = setup.cfg
+    name = f"generator-{index}"
+
+    def lost(error) -> None:  # the heartbeat thread: the hub is gone while we may be stuck in a collective
+        print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, 120.0))
     try:
-        import torch
+        _generator_loop(index, setup, endpoints, layout, peer, proc_stats)
+    except (HubLost, Aborted) as err:
+        print(f"[{name}] {err}; exiting", file=sys.stderr, flush=True)
+        peer.close()
+        os._exit(3)
+    except TransportError as err:
+        print(f"[{name}] transport failed: {err}", file=sys.stderr, flush=True)
+        peer.close()
+        os._exit(3)
+    except BaseException:  # noqa: BLE001 - report everything to the hub, then die
+        try:
+            peer.send(("error", index, traceback.format_exc()), timeout_s=10.0)
+            time.sleep(0.5)
+        finally:
+            peer.close()
+            os._exit(1)
+    peer.close()
 
-        if setup.device == "cpu":
-            torch.set_num_threads(1)
-        apply_gin(setup)
-        cfg = setup.cfg
-        from components.engines.base import SamplingParams
-        from components.models import load_tokenizer
-        from components.tasks import make_task
 
-        task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
-        tokenizer = load_tokenizer(cfg.model_path)
-        engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
-        length_control = make_length_control(cfg)
-        base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
-        problems: dict[int, Any] = {}
-        rollout_q.put(("ready", index))
-        busy = 0.0
-        parent = os.getppid()
-        while True:
-            if os.getppid() != parent:  # the learner died (kill -9): do not linger as an orphan
-                os._exit(0)
-            msgs = _drain(control_q, block=not engine.has_unfinished())
-            newest = None
-            works = []
-            for msg in msgs:
-                if msg[0] == "stop":
-                    engine.close()
-                    return
-                if msg[0] == "weights":
-                    newest = msg
-                elif msg[0] == "work":
-                    works.append(msg[1])
-            t0 = time.perf_counter()
-            if newest is not None:
-                engine.update_weights(_load_weights(newest[2]), int(newest[1]))
-            for work in works:
+def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, proc_stats) -> None:
+    import torch
+
+    from components.engines.base import SamplingParams
+    from components.models import load_tokenizer
+    from components.tasks import make_task
+    from components.trainer.loop import weight_group_of
+    from components.trainer.weight_sync import WeightReceiver
+
+    cfg = setup.cfg
+    if setup.device == "cpu":
+        torch.set_num_threads(1)
+    apply_gin(setup)
+    task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
+    tokenizer = load_tokenizer(cfg.model_path)
+    engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
+    length_control = make_length_control(cfg)
+    # joined at the first update (a vLLM engine joins from inside its worker)
+    receiver = WeightReceiver(weight_group_of(cfg, endpoints, layout, setup.device), rank=1 + index, device=setup.device)
+    base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
+    scorer = _Scorer(task, tokenizer, length_control, cfg, index)
+    problems: dict[int, Any] = {}
+    busy = [0.0]
+
+    def to_scorer(group) -> None:
+        problem = problems.pop(int(group.request.group_id))
+        scorer.inbox.put((group, problem, int(getattr(engine, "version", 0)), busy[0]))
+        busy[0] = 0.0
+
+    peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats()}))
+    while True:
+        if scorer.error is not None:
+            raise RuntimeError(f"scoring failed:\n{scorer.error}")
+        while True:  # send every scored group
+            try:
+                rollout = scorer.outbox.get_nowait()
+            except queue.Empty:
+                break
+            peer.send(("rollout", rollout, proc_stats()))
+        idle = not engine.has_unfinished()
+        msg = peer.recv(timeout_s=(0.05 if scorer.pending() else 0.5) if idle else 0.0)
+        while msg is not None:
+            kind = msg[0]
+            if kind == "stop":
+                scorer.inbox.put(None)
+                engine.close()
+                receiver.close()
+                return
+            if kind == "weights":
+                t0 = time.perf_counter()
+                engine.receive_weights(receiver, msg[1])
+                busy[0] += time.perf_counter() - t0
+            elif kind == "work":
+                work = msg[1]
                 for order_id, problem in work.orders:
                     problems[int(order_id)] = problem
                 requests = build_requests(work, tokenizer, length_control, cfg)
                 engine.add_requests(requests, dataclasses.replace(base_params, seed=int(work.seed)))
-            finished = engine.step() if engine.has_unfinished() else []
-            busy += time.perf_counter() - t0
+            elif kind == "eval":
+                record = _run_eval(msg[1], engine, task, tokenizer, length_control, cfg, to_scorer)
+                peer.send(("eval_done", index, record, proc_stats()))
+            else:
+                raise RuntimeError(f"generator-{index}: unknown message {kind!r}")
+            msg = peer.recv(timeout_s=0.0)
+        if engine.has_unfinished():
+            t0 = time.perf_counter()
+            finished = engine.step()
+            busy[0] += time.perf_counter() - t0
             for group in finished:
-                problem = problems.pop(int(group.request.group_id))
-                rollout = score_group(group, problem, task, tokenizer, length_control, cfg)
-                rollout.engine_version = int(getattr(engine, "version", 0))
-                rollout.generator = index
-                rollout.time_generate, busy = busy, 0.0
-                rollout_q.put(("rollout", rollout))
-    except BaseException:  # noqa: BLE001 - report everything to the learner, then die
-        try:
-            rollout_q.put(("error", index, traceback.format_exc()))
-            time.sleep(0.5)
-        finally:
-            os._exit(1)
+                to_scorer(group)

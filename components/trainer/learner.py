@@ -1,24 +1,51 @@
 """The learner: one optimizer step on a batch of rollout groups, read top to bottom.
 
-    filters -> advantages -> loss -> aggregation (global weights across micro-batches)
-            -> AdamW (warmup, eps 1e-15, weight decay, grad clipping) -> new version
+    (learner rank 0, on the WHOLE step batch)
+    filters -> advantages -> aggregation token weights -> split rows across the T ranks
+            -> micro-batches per rank (equal count on every rank: FSDP2 collectives must match)
+    (every learner rank, on its share)
+    loss -> weighted_sum with the global weights (x T: FSDP2 averages gradients over ranks)
+         -> backward per micro-batch -> clip the global grad norm -> AdamW -> new version
+
+Master weights, gradients and AdamW state are float32 whatever the precision policy. The
+policy decides the COMPUTE path: with one rank, autocast to bfloat16 (the fp32 LM head
+computed outside autocast for ``bf16_fp32_head``); with T > 1 ranks, FSDP2
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` per decoder block and an fp32
+root for the fp32 head. What the generators receive is cast per policy by weight_sync.
+
+Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
+advantage std) is computed on the whole step batch before it is split, the update does
+not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
 from components.losses import loss_diagnostics
+from components.precision import get_precision, untie_lm_head
 from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, LOSSES
 from components.trainer.rollout import Batch, Rollout, collate
 
-__all__ = ["Learner", "token_logprobs", "make_optimizer", "count_parameters"]
+__all__ = [
+    "Learner",
+    "MicroBatch",
+    "StepPlan",
+    "plan_step",
+    "split_rows",
+    "token_logprobs",
+    "make_optimizer",
+    "count_parameters",
+    "shard_model",
+]
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -26,7 +53,7 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = True):
-    """Trainer log-prob (and entropy) of each completion token under `model`.
+    """Trainer log-prob (and entropy) of each completion token under `model`, padded layout.
 
     Returns logp [B, T] (carries grad) and entropy [B, T] (no grad, or None). The log-prob is
     the engines' shared definition (`components.engines.logprobs.token_logprobs`), on the
@@ -58,7 +85,7 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int):
     """AdamW + linear warmup to a constant LR (the paper's schedule)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
@@ -71,14 +98,186 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weig
     return optimizer, scheduler
 
 
+# ---------------------------------------------------------------------------------------
+# sharding
+def decoder_layers(model: torch.nn.Module) -> list:
+    """The decoder blocks of a transformers causal LM (model.model.layers for Llama/Qwen2-style models)."""
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find the decoder blocks (expected model.model.layers)")
+    return list(layers)
+
+
+def shard_model(model: torch.nn.Module, precision: str, mesh=None) -> torch.nn.Module:
+    """FSDP2: `fully_shard` each decoder block and the root, with the policy's mixed precision.
+
+    Blocks compute in the policy's dtype (bf16 for bf16 / bf16_fp32_head), gradients are
+    reduced in fp32, parameters stay fp32 (master). For bf16_fp32_head the root group (input
+    embedding, LM head) computes in fp32 and the final norm in bf16, as the generators do.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = get_precision(precision)
+    compute = policy.param_dtype
+    block_mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    root_dtype = torch.float32 if policy.fp32_head else compute
+    root_mp = MixedPrecisionPolicy(param_dtype=root_dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=block_mp)
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if policy.fp32_head and norm is not None:
+        fully_shard(norm, mesh=mesh, mp_policy=block_mp)
+    fully_shard(model, mesh=mesh, mp_policy=root_mp)
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# the step plan (learner rank 0, whole batch)
+@dataclass
+class MicroBatch:
+    """One forward/backward: padded rows with their share of the (global) loss normalisers."""
+
+    batch: Batch  # [b, P+T] padded (prompts left, completions right)
+    advantages: torch.Tensor  # [b] float32, normalised on the whole step batch
+    weights: torch.Tensor  # [b, T] float32, aggregation token weights from the whole step batch
+
+    @property
+    def dummy(self) -> bool:
+        return not bool(self.batch.mask.any())
+
+
+@dataclass
+class StepPlan:
+    """What every learner rank trains on this step, and what rank 0 keeps for the statistics."""
+
+    shards: list  # [T] lists of MicroBatch, all of equal length
+    batch: Batch  # the whole kept batch (rank 0)
+    advantages: torch.Tensor  # [B]
+    rows: list  # [T] index tensors: the rows of `batch` each rank trains on (in micro-batch order)
+    stats: dict
+
+
+def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Assign rows to ranks with balanced token counts (longest first to the lightest rank).
+
+    Returns `ranks` lists of row indices, each sorted ascending (so a rank's rows keep the
+    batch order, and one rank gets exactly the original order).
+    """
+    if ranks == 1:
+        return [list(range(len(lengths)))]
+    load = [0] * ranks
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
+        r = min(range(ranks), key=lambda k: (load[k], k))
+        out[r].append(i)
+        load[r] += int(lengths[i])
+    return [sorted(rows) for rows in out]
+
+
+def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list[int]]:
+    """Consecutive micro-batches of `rows`: by token budget when set, else by sequence count."""
+    budget = cfg.max_tokens_per_micro_batch
+    if budget is None:
+        n = max(int(cfg.micro_batch_size), 1)
+        return [rows[i : i + n] for i in range(0, len(rows), n)]
+    try:
+        from components.trainer.forward import plan_micro_batches
+    except ImportError:  # pragma: no cover - until the packing module exists
+        plan_micro_batches = None
+    if plan_micro_batches is not None:
+        groups = plan_micro_batches([int(lengths[r]) for r in rows], int(budget))
+        return [[rows[i] for i in g] for g in groups]
+    out, cur, used = [], [], 0
+    for r in rows:
+        if cur and used + int(lengths[r]) > budget:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(r)
+        used += int(lengths[r])
+    return out + ([cur] if cur else [])
+
+
+def _dummy_micro_batch(batch: Batch) -> MicroBatch:
+    """One padding row with no trainable token: keeps the ranks' collective counts equal."""
+    one = batch.select(torch.tensor([0])).trim()
+    one.mask = torch.zeros_like(one.mask)
+    return MicroBatch(one, torch.zeros(1), torch.zeros(one.mask.shape))
+
+
+def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: int, ranks: int) -> StepPlan:
+    """Filters, advantages and aggregation weights on the WHOLE step batch, split across `ranks`.
+
+    A plan with no shards means there is nothing to train on (every group filtered, or no
+    completion): no optimizer update this step.
+    """
+    if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
+        stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
+                 "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
+                 "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
+                 "forced_tokens": 0, "interrupted_frac": math.nan}
+        return StepPlan(shards=[], batch=None, advantages=torch.zeros(0), rows=[], stats=stats)
+    all_batch = collate(rollouts, pad_id)
+    stats = _rollout_stats(all_batch, rollouts, keep)
+    # 1. filters: groups the curriculum drops leave the loss (no refill here)
+    kept = [r for r, k in zip(rollouts, keep) if k]
+    stats["groups_trained"] = len(kept)
+    if not kept or sum(len(r.completions) for r in kept) == 0:
+        return StepPlan(shards=[], batch=all_batch, advantages=torch.zeros(0), rows=[], stats=stats)
+    kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
+    batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
+    # 2. advantages: one per sequence, normalised by name on the whole batch (batch std included)
+    advantages = ADVANTAGE_NORMS.get(cfg.advantage_norm)(batch.rewards.double(), batch.group_ids).float()  # [B]
+    # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
+    weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids)  # [B, T]
+    # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
+    lengths = batch.attention_mask.sum(dim=1).tolist()  # [B] prompt + completion tokens
+    per_rank = split_rows(lengths, ranks)
+    groups = [_micro_batch_rows(rows, lengths, cfg) for rows in per_rank]
+    n_mb = max(len(g) for g in groups)
+    shards, order = [], []
+    for g in groups:
+        mbs = []
+        for rows in g:
+            idx = torch.tensor(rows, dtype=torch.long)
+            sub = batch.select(idx).trim()
+            mbs.append(MicroBatch(sub, advantages[idx], weights[idx][:, : sub.mask.shape[1]]))
+        while len(mbs) < n_mb:
+            mbs.append(_dummy_micro_batch(batch))
+        shards.append(mbs)
+        order.append(torch.tensor([r for rows in g for r in rows], dtype=torch.long))
+    return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats)
+
+
+# ---------------------------------------------------------------------------------------
 class Learner:
-    """Owns the trained model, its optimizer and the step function."""
+    """Owns the trained model (fp32 master), its optimizer and the step function of one learner rank.
+
+    With `torch.distributed` initialised for the learner group (world size T > 1) the model
+    is sharded with FSDP2; otherwise it is a plain module computing under autocast.
+    """
 
     def __init__(self, model, cfg, pad_id: int, device: torch.device):
-        self.model = model
+        import torch.distributed as dist
+
         self.cfg = cfg
         self.pad_id = pad_id
-        self.device = device
+        self.device = torch.device(device)
+        self.policy = get_precision(cfg.precision)
+        self.ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.rank = dist.get_rank() if self.ranks > 1 else 0
+        # master weights: float32 whatever the policy; the fp32 head needs its own matrix
+        if self.policy.fp32_head:
+            untie_lm_head(model)
+        model.to(device=self.device, dtype=torch.float32)
+        if getattr(model, "config", None) is not None:
+            model.config.scalerl_precision = self.policy.name
+        if cfg.activation_checkpointing:
+            _enable_activation_checkpointing(model)
+        self.num_parameters = count_parameters(model)  # before sharding: the full count
+        if self.ranks > 1:
+            shard_model(model, self.policy.name)
+        self.model = model
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
             model,
@@ -90,97 +289,92 @@ class Learner:
         )
         self.loss_fn = LOSSES.get(cfg.loss)
         self.aggregate_name = AGGREGATIONS.check(cfg.aggregation)
-        self.advantage_fn = ADVANTAGE_NORMS.get(cfg.advantage_norm)
-        self.num_parameters = count_parameters(model)
 
     # -------------------------------------------------------------------------------------
-    def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
-        """One learner step on `rollouts`; `keep[i]` is the curriculum filters' verdict on group i."""
+    def compute_context(self):
+        """The compute precision of a forward pass: autocast for an unsharded bf16 policy."""
+        if self.ranks == 1 and self.policy.param_dtype != torch.float32:
+            return torch.autocast(device_type=self.device.type, dtype=self.policy.param_dtype)
+        return contextlib.nullcontext()
+
+    def logprobs(self, mb: MicroBatch):
+        """logp [b, T] (grad) and entropy [b, T] of a micro-batch's completion tokens."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
-            stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
-                     "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
-                     "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
-                     "forced_tokens": 0, "interrupted_frac": math.nan}
-            stats.update(_empty_step_stats(self.version))
-            stats["time_train"] = time.perf_counter() - t0
-            return stats
-        all_batch = collate(rollouts, self.pad_id)
-        stats = _rollout_stats(all_batch, rollouts, keep)
+        batch = mb.batch.to(self.device)
+        from components.trainer.forward import pack_batch, sequence_logprobs_packed
 
-        # 1. filters: groups the curriculum drops leave the loss (no refill here)
-        kept = [r for r, k in zip(rollouts, keep) if k]
-        stats["groups_trained"] = len(kept)
-        if not kept or sum(len(r.completions) for r in kept) == 0:
-            stats.update(_empty_step_stats(self.version))
-            stats["time_train"] = time.perf_counter() - t0
-            return stats
-        # the kept groups' rows of the step batch (no second collate)
-        kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
-        batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
-        batch = batch.to(self.device)
+        rows = pack_batch(batch) if cfg.max_tokens_per_micro_batch is not None else batch
+        with self.compute_context():
+            return sequence_logprobs_packed(
+                self.model, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True
+            )
 
-        # 2. advantages: one per sequence, normalised by name (ADVANTAGE_NORMS)
-        advantages = self.advantage_fn(batch.rewards.double(), batch.group_ids).float()  # [B]
+    def accumulate(self, micro_batches: Sequence[MicroBatch]) -> dict:
+        """Forward + backward over this rank's micro-batches (gradients summed into .grad).
 
-        # 3.-4. loss and aggregation: weights computed on the WHOLE batch, so micro-batches sum exactly
-        weights = token_weights(self.aggregate_name, batch.mask, batch.group_ids)  # [B, T]
+        Returns this rank's partial results: the loss sum and, per micro-batch, the detached
+        log-probs and entropies of its trainable tokens (rank 0 computes the statistics).
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
-        logp_parts, entropy_parts = [], []
-        B = len(batch)
-        for start in range(0, B, cfg.micro_batch_size):
-            mb = batch.slice(start, start + cfg.micro_batch_size)
-            logp, entropy = token_logprobs(self.model, mb, cfg.temperature)  # [b, T] each
-            per_token = self.loss_fn(logp, mb.gen_logp, advantages[start : start + len(mb)], mb.mask)  # [b, T]
-            loss = weighted_sum(per_token, weights[start : start + len(mb)])  # []
-            loss.backward()
-            total_loss += float(loss.detach())
-            logp_parts.append(logp.detach())
-            entropy_parts.append(entropy)
+        scale = float(self.ranks)  # FSDP2 averages gradients over the ranks: undo it
+        total = 0.0
+        logps, entropies = [], []
+        for mb in micro_batches:
+            logp, entropy = self.logprobs(mb)  # [b, T] each
+            adv = mb.advantages.to(self.device)  # [b]
+            batch = mb.batch.to(self.device)
+            per_token = self.loss_fn(logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+            loss = weighted_sum(per_token, mb.weights.to(self.device))  # []
+            (loss * scale).backward()
+            total += float(loss.detach())
+            if not mb.dummy:
+                logps.append(logp.detach().float().cpu())
+                entropies.append(entropy.detach().float().cpu() if entropy is not None else torch.zeros_like(logp).cpu())
+        return {"loss": total, "logp": logps, "entropy": entropies}
 
-        # 5. optimizer step: clip, AdamW, schedule; the new weights are version + 1
-        grad_norm = _grad_norm(self.model, cfg.grad_clip)
+    def grad_norm(self) -> float:
+        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        clip = self.cfg.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip and clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def apply_update(self) -> tuple[float, float]:
+        """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
+        grad_norm = self.grad_norm()
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        lag = (self.version - batch.versions[batch.mask]).float()  # [N] versions behind the learner
         self.version += 1
+        return grad_norm, lr
 
-        # diagnostics on the trained tokens
-        logp_all = torch.cat(logp_parts)  # [B, T]
-        entropy_all = torch.cat(entropy_parts)  # [B, T]
-        diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, batch.mask)
-        gap = (logp_all - batch.gen_logp)[batch.mask].abs()
-        stats.update(
-            loss=total_loss,
-            grad_norm=grad_norm,
-            lr=lr,
-            entropy=float(entropy_all[batch.mask].mean()),
-            clip_frac=diag["clip_frac"],
-            is_ratio_mean=diag["is_ratio_mean"],
-            is_ratio_min=diag["is_ratio_min"],
-            is_ratio_max=diag["is_ratio_max"],
-            logprob_gap_mean=float(gap.mean()),
-            logprob_gap_max=float(gap.max()),
-            lag_mean=float(lag.mean()),
-            lag_max=int(lag.max()),
-            advantage_abs_mean=float(advantages.abs().mean()),
-            trained_tokens=int(batch.mask.sum()),
-            trained_seq_tokens=int(batch.attention_mask.sum()),
-            version=self.version,
-            time_train=time.perf_counter() - t0,
-        )
-        return stats
+    def train_shard(self, micro_batches: Sequence[MicroBatch]) -> dict:
+        """One step on this rank's share (a collective when T > 1): accumulate, then update."""
+        t0 = time.perf_counter()
+        part = self.accumulate(micro_batches)
+        grad_norm, lr = self.apply_update()
+        part.update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
+        return part
 
     # -------------------------------------------------------------------------------------
-    def weights_for_generators(self) -> dict:
-        """The current weights on CPU, to be serialized at once (no copy on CPU: serializing is the copy)."""
-        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+    def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
+        """One step of a ONE-rank learner on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
+        if self.ranks != 1:
+            raise RuntimeError("Learner.step is the one-rank path; with T > 1 ranks learner rank 0 plans the step")
+        t0 = time.perf_counter()
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, 1)
+        if not plan.shards:
+            return finish_stats(plan, None, self.version, self.cfg, time.perf_counter() - t0)
+        part = self.train_shard(plan.shards[0])
+        return finish_stats(plan, [part], self.version, self.cfg, time.perf_counter() - t0)
 
+    # -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
             "model": self.model.state_dict(),
@@ -196,12 +390,59 @@ class Learner:
         self.version = int(state["version"])
 
 
-def _grad_norm(model, clip: float) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    max_norm = clip if clip and clip > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+def _enable_activation_checkpointing(model) -> None:
+    try:
+        from components.trainer.forward import enable_activation_checkpointing
+    except ImportError:  # pragma: no cover - until the forward module exists
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    enable_activation_checkpointing(model)
+
+
+# ---------------------------------------------------------------------------------------
+# statistics (learner rank 0)
+def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_train: float) -> dict:
+    """The metrics of a step from the plan and every rank's partial results (rank order)."""
+    stats = dict(plan.stats)
+    if parts is None:  # nothing trained: no optimizer update, the version stays
+        stats.update(_empty_step_stats(version))
+        stats["time_train"] = time_train
+        return stats
+    batch, advantages = plan.batch, plan.advantages
+    B, T = batch.mask.shape
+    logp_all = torch.zeros(B, T)  # [B, T]
+    entropy_all = torch.zeros(B, T)  # [B, T]
+    for rows, part in zip(plan.rows, parts):
+        start = 0
+        for lp, ent in zip(part["logp"], part["entropy"]):
+            idx = rows[start : start + lp.shape[0]]
+            logp_all[idx, : lp.shape[1]] = lp
+            entropy_all[idx, : ent.shape[1]] = ent
+            start += lp.shape[0]
+    mask = batch.mask
+    diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
+    gap = (logp_all - batch.gen_logp)[mask].abs()
+    lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
+    stats.update(
+        loss=float(sum(p["loss"] for p in parts)),
+        grad_norm=parts[0]["grad_norm"],
+        lr=parts[0]["lr"],
+        entropy=float(entropy_all[mask].mean()) if bool(mask.any()) else math.nan,
+        clip_frac=diag["clip_frac"],
+        is_ratio_mean=diag["is_ratio_mean"],
+        is_ratio_min=diag["is_ratio_min"],
+        is_ratio_max=diag["is_ratio_max"],
+        logprob_gap_mean=float(gap.mean()) if gap.numel() else math.nan,
+        logprob_gap_max=float(gap.max()) if gap.numel() else math.nan,
+        lag_mean=float(lag.mean()) if lag.numel() else math.nan,
+        lag_max=int(lag.max()) if lag.numel() else 0,
+        advantage_abs_mean=float(advantages.abs().mean()),
+        trained_tokens=int(mask.sum()),
+        trained_seq_tokens=int(batch.attention_mask.sum()),
+        version=version,
+        time_train=time_train,
+    )
+    return stats
 
 
 def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
@@ -210,21 +451,22 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
     zero_var = sum(1 for r in rollouts if len(set(float(x) for x in r.rewards)) <= 1)
     # completions whose sampled tokens came from more than one policy version (in-flight updates)
     spans = [len({v for v, f in zip(c.versions, c.forced) if not f}) > 1 for r in rollouts for c in r.completions]
+    n = len(batch)
     return {
         "prompts": n_groups,
-        "generations": len(batch),
-        "tokens": int(batch.num_tokens.sum()),
-        "reward_mean": float(batch.rewards.mean()) if len(batch) else math.nan,
-        "pass_rate": float(batch.passed.float().mean()) if len(batch) else math.nan,
+        "generations": n,
+        "tokens": int(batch.num_tokens.sum()) if n else 0,
+        "reward_mean": float(batch.rewards.mean()) if n else math.nan,
+        "pass_rate": float(batch.passed.float().mean()) if n else math.nan,
         "zero_variance_frac": zero_var / max(n_groups, 1),
         "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
-        "truncation_rate": float(batch.truncated.float().mean()) if len(batch) else math.nan,
-        "completion_len_mean": float(batch.num_tokens.float().mean()) if len(batch) else math.nan,
+        "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
+        "completion_len_mean": float(batch.num_tokens.float().mean()) if n else math.nan,
         "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
         "multi_version_frac": sum(spans) / max(len(spans), 1),
         "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
         "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
-        if len(batch) else math.nan,
+        if n else math.nan,
     }
 
 

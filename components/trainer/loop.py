@@ -1,12 +1,19 @@
-"""The shared async trainer: learner (this process) + generator worker process(es).
+"""The hub: learner rank 0 runs the training loop and drives every other process of the run.
 
-    learner ──("work", prompts)──► control channel ──► generator(s): engine + verifier
-    learner ──("weights", v, W)──►                         │
-    learner ◄──────────── rollout queue (bounded) ◄────────┘ ("rollout", group)
+    learner-0 (this) ──("work", prompts)────────────► generator-i: engine + verifier
+                     ──("weights", update) + broadcast ► (weight group: learner-0 + generators)
+                     ──("eval", prompts, version)────►
+                     ◄──("rollout", group) ────────────┘
+                     ──("step", its micro-batches)──► learner-k (k >= 1): FSDP2 forward/backward
+                     ◄──("step_done", partial stats)──┘   (collectives among the learner ranks)
 
-The learner owns the curriculum (it orders prompts and sees every group's rewards, so the
-pass-rate history lives in one place and is checkpointed), the optimizer and the run
-directory. The off-policy scheme decides only the control flow (components/offpolicy.py).
+Learner rank 0 owns the curriculum (it orders prompts and sees every group's rewards, so the
+pass-rate history lives in one place and is checkpointed), plans each step on the WHOLE
+batch (filters, advantages, aggregation weights) before splitting it across the learner
+ranks, and owns the run directory. The off-policy scheme decides only the control flow
+(components/offpolicy.py). Messages travel on the transport (transport.py: ZeroMQ with
+heartbeats, so a dead or hung process is named, never waited on forever); weights on the
+weight group (weight_sync.py); FSDP2 collectives on the learner group.
 
 Determinism: every sampling seed is a function of (run seed, step) and groups are sorted by
 their order id before use, so under ppo_off_policy(1) on CPU a killed-and-resumed run
@@ -15,10 +22,12 @@ reproduces an uninterrupted one bit for bit (tests/test_checkpoint.py).
 
 from __future__ import annotations
 
-import io
 import logging
-import queue
+import os
+import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -28,10 +37,10 @@ import torch
 from components.curricula import build_curriculum
 from components.offpolicy import is_too_stale
 from components.registry import OFF_POLICY
-from components.trainer.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from components.trainer.evaluation import eval_seed, evaluate
-from components.trainer.generator import WorkerSetup, generator_main, make_length_control, make_run_engine, resolve_device
-from components.trainer.learner import Learner
+from components.trainer.accounting import FlopCounter, TrainingClock, contention, proc_stats
+from components.trainer.evaluation import eval_seed
+from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
+from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import JsonlLog, read_jsonl, repair_jsonl
 
@@ -41,7 +50,7 @@ __all__ = ["Trainer", "GeneratorError", "derive_seed"]
 
 
 class GeneratorError(RuntimeError):
-    """A generator process failed (its traceback is in the message)."""
+    """A generator (or another process of the run) failed; its traceback is in the message."""
 
 
 def derive_seed(*parts: int) -> int:
@@ -49,232 +58,292 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.default_rng([int(p) for p in parts]).integers(0, 2**31 - 1))
 
 
-def serialize_weights(state_dict: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state_dict, buf)
-    return buf.getvalue()
+def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
+    """One held-out record from the generators' shares (weights: prompts, samples, tokens)."""
+    if len(records) == 1:
+        return {k: v for k, v in records[0].items() if k != "indices"}
+    prompts = sum(int(r["prompts"]) for r in records)
+    k = int(records[0]["k"])
+    tokens = sum(int(r.get("eval_tokens", 0)) for r in records)
+    out = {
+        "pass_rate": sum(float(r["pass_rate"]) * int(r["prompts"]) for r in records) / max(prompts, 1),
+        "k": k,
+        "prompts": prompts,
+        "eval_tokens": tokens,
+        "eval_truncation_rate": sum(float(r.get("eval_truncation_rate", 0.0)) * int(r["prompts"]) for r in records) / max(prompts, 1),
+        "eval_verifier_errors": sum(int(r.get("eval_verifier_errors", 0)) for r in records),
+        "time_eval": max(float(r.get("time_eval", 0.0)) for r in records),
+    }
+    per_task: dict = {}
+    for r in records:
+        counts: dict = {}
+        for i in r["indices"]:
+            p = problems[i]
+            name = (getattr(p, "meta", None) or {}).get("task", task_name)
+            counts[name] = counts.get(name, 0) + 1
+        for name, rate in (r.get("per_task") or {}).items():
+            n = counts.get(name, 0)
+            s, c = per_task.get(name, (0.0, 0))
+            per_task[name] = (s + float(rate) * n, c + n)
+    out["per_task"] = {name: s / c for name, (s, c) in sorted(per_task.items()) if c}
+    if all("entropy" in r and r["entropy"] is not None for r in records):
+        w = [max(int(r.get("eval_tokens", 0)), 1) for r in records]
+        out["entropy"] = sum(float(r["entropy"]) * x for r, x in zip(records, w)) / sum(w)
+    for key in records[0]:
+        if key not in out and key != "indices":
+            out[key] = records[0][key]
+    return out
+
+
+def weight_group_of(cfg, endpoints, layout, device: str):
+    """The run's weight group (learner-0 + every generator); every member builds the same one."""
+    from components.trainer.weight_sync import WeightGroup
+
+    host = endpoints.host if endpoints.host not in ("", "0.0.0.0") else "127.0.0.1"
+    return WeightGroup(master_addr=host, master_port=endpoints.weight_port, num_generators=layout.num_generators,
+                       backend="nccl" if str(device).startswith("cuda") else "gloo",
+                       timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb)
 
 
 class Trainer:
-    def __init__(self, cfg, run_dir: Path, setup: WorkerSetup, run_info: Optional[dict] = None, progress: bool = True):
+    """Learner rank 0: the training loop of one run (and the hub of its processes)."""
+
+    def __init__(self, cfg, run_dir: Path, setup: WorkerSetup, layout, endpoints, run_info: Optional[dict] = None,
+                 progress: bool = True):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.setup = setup
+        self.layout = layout
+        self.endpoints = endpoints
         self.run_info = run_info
         self.progress = progress
         self.last_eval_pass_rate = float("nan")  # shown in the progress bar
         self.scheme = OFF_POLICY.get(cfg.off_policy)()
         self.P = cfg.prompts_per_step
-        self.procs: list = []
-        self.control_qs: list = []
-        self.rollout_q = None
-        self.generators_ready = 0
+        self.generators = layout.generator_names()
+        self.followers = [f"learner-{k}" for k in range(1, layout.learner_ranks)]
+        self.hub = None
+        self.bar = None
+        self.rollouts: list[Rollout] = []  # received, not yet handed to the control flow
+        self.step_parts: dict[int, dict] = {}
+        self.eval_done: dict[int, dict] = {}
+        self.ready: set = set()
+        self.procs: dict = {}  # process name -> latest proc_stats()
+        self._procs_at_step: dict = {}
+        self._procs_at_start: dict = {}
+        self._failing = threading.Event()
+        self.pushed_version = -1
 
     # =====================================================================================
     # setup
     def _build(self) -> None:
-        from components.models import load_causal_lm, load_tokenizer
-        from components.registry import PRECISIONS
+        from components.models import load_tokenizer
         from components.tasks import make_task
+        from components.trainer.forward import resolve_attn_implementation
+        from components.models import load_causal_lm
 
         cfg = self.cfg
-        self.device = resolve_device(cfg.device, "learner")
+        self.device = self.setup.device
         if self.device == "cpu":
-            torch.set_num_threads(1)  # one core for the learner, one per generator
+            torch.set_num_threads(1)  # one core per process
         torch.manual_seed(cfg.seed)
         self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
-        model = load_causal_lm(cfg.model_path)
-        PRECISIONS.get(cfg.precision)().prepare_model(model)
-        model.to(self.device)
+        model = load_causal_lm(cfg.model_path, dtype=torch.float32,
+                               attn_implementation=resolve_attn_implementation(cfg.attn_implementation, self.device))
+        self.flop_counter = FlopCounter.from_model(model)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.pad_id = pad_id
         self.learner = Learner(model, cfg, pad_id, torch.device(self.device))
-        self.curriculum = build_curriculum(cfg.curriculum, self.task.train_problems(), cfg.seed)
+        self.train_pool = list(self.task.train_problems())
+        self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed)
         eval_problems = list(self.task.eval_problems())
         if not eval_problems:
             raise ValueError(f"task {cfg.task!r} has no held-out problems to evaluate on")
         self.eval_problems = eval_problems[: cfg.eval_prompts] if cfg.eval_prompts else eval_problems
         self.length_control = make_length_control(cfg)
-        self.num_processes = 1 + cfg.num_generators  # compute accounting: learner + generators
+        on_gpu = self.device != "cpu"
+        self.clock = TrainingClock(devices=self.layout.devices_reserved(on_gpu))
         # counters (checkpointed)
         self.step = 0
         self.next_order = 0
-        self.wall_base = 0.0
+        self.prompts_sampled = 0
         self.flops = 0.0
         self.pending: list[Rollout] = []  # pipeline_rl: received, not yet trained on
         self.pending_batches: list[list[Rollout]] = []  # ppo_off_policy: the rest of a round
         self.totals = {"generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0, "verifier_errors": 0}
 
-    def _resume_or_start(self) -> bool:
-        ckpt_path = latest_checkpoint(self.run_dir / "checkpoints")
-        metrics_path, eval_path = self.run_dir / "metrics.jsonl", self.run_dir / "eval.jsonl"
-        if ckpt_path is None:
-            # nothing to resume from: any log lines belong to a run that never checkpointed
-            repair_jsonl(metrics_path, None)
-            repair_jsonl(eval_path, None)
-            return False
-        state = load_checkpoint(ckpt_path)
-        self.learner.load_state_dict(state["learner"])
-        self.curriculum.load_state_dict(state["curriculum"])
-        self.step = int(state["step"])
-        self.next_order = int(state["next_order"])
-        self.wall_base = float(state["wall_s"])
-        self.flops = float(state["flops"])
-        self.pending = list(state.get("pending", []))
-        self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
-        self.totals.update(state.get("totals", {}))
-        set_rng_state(state["rng"])
-        repair_jsonl(metrics_path, self.step)
-        repair_jsonl(eval_path, self.step)
-        log.info("resumed %s from %s (step %d, version %d)", self.run_dir, ckpt_path.name, self.step, self.learner.version)
-        return True
+    def _connect(self) -> None:
+        """Bind the transport, wait for every process, form the weight group, wait until all are ready."""
+        from components.trainer.transport import Hub
+        from components.trainer.weight_sync import WeightGroup, WeightSender, generator_state_meta
 
-    def _checkpoint(self) -> None:
-        state = {
-            "step": self.step,
-            "learner": self.learner.state_dict(),
-            "curriculum": self.curriculum.state_dict(),
-            "next_order": self.next_order,
-            "wall_s": self.wall_s(),
-            "flops": self.flops,
-            "pending": self.pending,
-            "pending_batches": self.pending_batches,
-            "totals": dict(self.totals),
-            "rng": rng_state(),
-            "config": self.cfg.to_dict(),
-        }
-        save_checkpoint(self.run_dir / "checkpoints", self.step, state, keep=self.cfg.keep_checkpoints)
+        cfg = self.cfg
+        self.hub = Hub("learner-0", host="0.0.0.0", port=self.endpoints.hub_port, peers=self.layout.peer_names(),
+                       heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost)
+        self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
+        # the weight group forms at the first push (vLLM joins it from inside its worker when told to)
+        self.sender = WeightSender(weight_group_of(cfg, self.endpoints, self.layout, self.device), device=self.device)
+        self.weight_meta = generator_state_meta(self.learner.model, cfg.precision)
+        deadline = time.monotonic() + max(cfg.queue_timeout_s, 300.0)
+        while not set(self.generators) | set(self.followers) <= self.ready:
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.generators) | set(self.followers) - self.ready)
+                raise GeneratorError(f"processes never became ready (model / engine start-up): {', '.join(missing)}")
+            self._pump(1.0)
+
+    def _on_lost(self, error) -> None:
+        """Heartbeat thread: a process died or hangs. Fail the run even if the main thread is stuck."""
+        self._failing.set()
+
+        def fail_if_stuck() -> None:
+            time.sleep(min(10.0, self.cfg.heartbeat_timeout_s))
+            # the main thread did not get to record the failure: it is stuck in a collective with the lost process
+            print(f"[learner-0] {error}; the run fails", file=sys.stderr, flush=True)
+            try:
+                from components.trainer.runlog import RunInfo
+
+                (self.run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
+                RunInfo(self.run_dir).finish("failed", error=f"{type(error).__name__}: {error}")
+            finally:
+                try:
+                    self.hub.abort(str(error))
+                    time.sleep(0.5)
+                finally:
+                    os._exit(1)
+
+        threading.Thread(target=fail_if_stuck, daemon=True, name="fail-if-stuck").start()
 
     # =====================================================================================
-    # processes and channels
-    def _start_generators(self) -> None:
-        ctx = torch.multiprocessing.get_context("spawn")
-        cfg = self.cfg
-        # bounded: generators block when the learner falls behind
-        self.rollout_q = ctx.Queue(maxsize=max(4 * self.P * self.scheme.prompts_per_round_factor, 8))
-        for i in range(cfg.num_generators):
-            control_q = ctx.Queue()
-            setup = WorkerSetup(
-                config_files=self.setup.config_files,
-                bindings=self.setup.bindings,
-                sys_path=self.setup.sys_path,
-                cfg=cfg,
-                device=resolve_device(cfg.device, "generator", i),
-            )
-            proc = ctx.Process(target=generator_main, args=(i, setup, control_q, self.rollout_q), daemon=True, name=f"scalerl-generator-{i}")
-            proc.start()
-            self.procs.append(proc)
-            self.control_qs.append(control_q)
-
-    def _stop_generators(self) -> None:
-        for q in self.control_qs:
-            try:
-                q.put(("stop",))
-            except Exception:  # noqa: BLE001
-                pass
-        deadline = time.time() + 15
-        while self.rollout_q is not None and any(p.is_alive() for p in self.procs) and time.time() < deadline:
-            try:  # a generator blocked on a full rollout queue must be able to see "stop"
-                self.rollout_q.get(timeout=0.05)
-            except (queue.Empty, OSError, ValueError, EOFError):
-                pass
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-            p.join(timeout=5)
-        for q in self.control_qs + ([self.rollout_q] if self.rollout_q is not None else []):
-            try:
-                q.cancel_join_thread()
-                q.close()
-            except Exception:  # noqa: BLE001
-                pass
-        self.procs, self.control_qs = [], []
+    # messages
+    def _pump(self, timeout_s: float) -> None:
+        """Receive one message (if any within timeout) and file it where it belongs."""
+        got = self.hub.recv(timeout_s)
+        if got is None:
+            return
+        peer, msg = got
+        kind = msg[0]
+        if kind == "rollout":
+            rollout, stats = msg[1], msg[2]
+            self.procs[peer] = stats
+            self.rollouts.append(rollout)
+        elif kind == "step_done":
+            self.procs[peer] = msg[3]
+            self.step_parts[int(msg[1])] = msg[2]
+        elif kind == "eval_done":
+            self.procs[peer] = msg[3]
+            self.eval_done[int(msg[1])] = msg[2]
+        elif kind == "ready":  # its CPU time so far is start-up: the baseline of its accounting
+            self.ready.add(peer)
+            if isinstance(msg[2], dict) and "proc" in msg[2]:
+                self.procs[peer] = msg[2]["proc"]
+        elif kind == "error":
+            raise GeneratorError(f"{peer} failed:\n{msg[2]}")
+        else:
+            raise GeneratorError(f"unexpected message {kind!r} from {peer}")
 
     def _receive(self) -> Rollout:
-        """The next finished group from any generator; fails clearly if a generator died or hung."""
+        """The next finished group from any generator; fails clearly if no rollout comes for queue_timeout_s."""
         waited = 0.0
-        while True:
-            try:
-                msg = self.rollout_q.get(timeout=1.0)
-            except queue.Empty:
-                waited += 1.0
-                dead = [p for p in self.procs if not p.is_alive()]
-                if dead:
-                    try:  # the error message may still be in flight
-                        msg = self.rollout_q.get(timeout=2.0)
-                    except queue.Empty:
-                        raise GeneratorError(f"generator process {dead[0].name} exited with code {dead[0].exitcode}") from None
-                elif waited >= self.cfg.queue_timeout_s:
-                    raise GeneratorError(f"no rollout arrived for {waited:.0f}s (train.queue_timeout_s); generators hung?")
-                else:
-                    continue
-            if msg[0] == "error":
-                raise GeneratorError(f"generator {msg[1]} failed:\n{msg[2]}")
-            if msg[0] == "ready":
-                self.generators_ready += 1
-                continue
-            rollout = msg[1]
-            self._since["time_generate"] += rollout.time_generate
-            tokens = sum(len(c.token_ids) for c in rollout.completions)
-            self._since["generated_tokens"] += tokens
-            self.totals["generated_tokens"] += tokens
-            self.totals["verifier_errors"] += rollout.verifier_errors
-            self.flops += 2.0 * self.learner.num_parameters * tokens
-            return rollout
+        t0 = time.monotonic()
+        while not self.rollouts:
+            self._pump(1.0)
+            waited = time.monotonic() - t0
+            if not self.rollouts and waited >= self.cfg.queue_timeout_s:
+                raise GeneratorError(f"no rollout arrived for {waited:.0f}s (train.queue_timeout_s); generators hung? "
+                                     f"process states: {self.hub.state()}")
+        rollout = self.rollouts.pop(0)
+        self._since["time_generate"] += rollout.time_generate
+        tokens = sum(len(c.token_ids) for c in rollout.completions)
+        self._since["generated_tokens"] += tokens
+        self.totals["generated_tokens"] += tokens
+        self.totals["verifier_errors"] += rollout.verifier_errors
+        self.flops += sum(self.flop_counter.generation(len(c.prompt_ids), len(c.token_ids)) for c in rollout.completions)
+        return rollout
 
     def _push_weights(self) -> None:
+        """Every learner rank gathers each parameter; rank 0 broadcasts it to every generator."""
+        from components.trainer.weight_sync import WeightUpdate, push_weights
+
         t0 = time.perf_counter()
-        payload = serialize_weights(self.learner.weights_for_generators())
-        for q in self.control_qs:
-            q.put(("weights", self.learner.version, payload))
+        update = WeightUpdate.plan(self.learner.version, self.weight_meta, self.cfg.weight_sync_bucket_mb)
+        self.hub.broadcast(("weights", update), peers=self.generators)
+        if self.followers:
+            self.hub.broadcast(("sync", update), peers=self.followers)
+        push_weights(self.learner.model, self.cfg.precision, update, self.sender)
+        self.pushed_version = self.learner.version
         self._since["time_sync"] += time.perf_counter() - t0
 
     def _order(self, problems: list, seed: int) -> list[int]:
         """Send prompts to the generators (round-robin chunks); returns their order ids."""
         ids = list(range(self.next_order, self.next_order + len(problems)))
         self.next_order += len(problems)
-        n = len(self.control_qs)
-        for g in range(n):
+        self.prompts_sampled += len(problems)
+        n = len(self.generators)
+        for g, name in enumerate(self.generators):
             chunk = [(oid, p) for j, (oid, p) in enumerate(zip(ids, problems)) if j % n == g]
             if chunk:
-                self.control_qs[g].put(("work", WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
+                self.hub.send(name, ("work", WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
         return ids
 
     # =====================================================================================
     # logging
-    def wall_s(self) -> float:
-        return self.wall_base + (time.time() - self.t_start)
-
-    def compute_hours(self, wall_s: Optional[float] = None) -> float:
-        """Processes in use x wall-clock hours (at `wall_s`, default now)."""
-        return (self.wall_s() if wall_s is None else wall_s) * self.num_processes / 3600.0
-
-    def clock(self) -> dict:
+    def clock_fields(self) -> dict:
         """wall_s and compute_hours from ONE clock reading, so a log line's two fields agree."""
-        wall = self.wall_s()
-        return {"compute_hours": self.compute_hours(wall), "wall_s": wall}
+        wall = self.clock.wall_s()
+        return {"compute_hours": self.clock.compute_hours(wall), "wall_s": wall}
+
+    def _proc_fields(self) -> dict:
+        self.procs["learner-0"] = proc_stats()
+        now = {k: dict(v) for k, v in self.procs.items()}
+        cpu = sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in now.items())
+        fields = {
+            "cpu_hours": self.cpu_base_s / 3600.0 + cpu / 3600.0,
+            "contention": contention(now, self._procs_at_step),
+            "contention_run": contention(now, self._procs_at_start),
+            "procs": now,
+            "eval_wall_s": self.clock.eval_base_s,
+            "startup_s": self.clock.startup_s(),
+        }
+        self._procs_at_step = now
+        return fields
 
     def _evaluate(self) -> None:
+        """Held-out mean@k on the generators at the learner's current version (pinned), off the training clock."""
         cfg = self.cfg
-        self.eval_engine.update_weights(self.learner.model.state_dict(), self.learner.version)
-        record = evaluate(
-            self.eval_engine,
-            self.task,
-            self.eval_problems,
-            self.tokenizer,
-            k=cfg.eval_k,
-            seed=eval_seed(cfg.seed, self.step),
-            temperature=cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature,
-            top_p=cfg.top_p,
-            max_tokens=cfg.max_tokens,
-            task_name=cfg.task,
-            length_control=self.length_control,
-            verifier_timeout_s=cfg.verifier_timeout_s,
-        )
-        self.flops += 2.0 * self.learner.num_parameters * record["eval_tokens"]
-        clock = self.clock()
-        self.eval_log.write({"step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"],
-                             "flops": self.flops, "wall_s": clock["wall_s"], **record})
+        if self.pushed_version != self.learner.version:
+            self._push_weights()
+        self.clock.pause()
+        t0 = time.time()
+        seed = eval_seed(cfg.seed, self.step)
+        G = len(self.generators)
+        shares = [[(i, p) for i, p in enumerate(self.eval_problems) if i % G == g] for g in range(G)]
+        self.eval_done = {}
+        asked = []
+        for g, (name, share) in enumerate(zip(self.generators, shares)):
+            if share:
+                order = EvalOrder(problems=share, version=self.learner.version, seed=seed if G == 1 else derive_seed(seed, g),
+                                  k=cfg.eval_k, temperature=cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature,
+                                  top_p=cfg.top_p, max_tokens=cfg.max_tokens, task_name=cfg.task if isinstance(cfg.task, str) else "mixture")
+                self.hub.send(name, ("eval", order))
+                asked.append(g)
+        deadline = time.monotonic() + cfg.queue_timeout_s
+        while len(self.eval_done) < len(asked):
+            if time.monotonic() > deadline:
+                raise GeneratorError(f"the evaluation did not finish within train.queue_timeout_s={cfg.queue_timeout_s}s "
+                                     f"(answered: {sorted(self.eval_done)} of {asked})")
+            self._pump(1.0)
+        record = merge_eval_records([self.eval_done[g] for g in asked], self.eval_problems,
+                                    cfg.task if isinstance(cfg.task, str) else "mixture")
+        eval_wall = time.time() - t0
+        self.clock.resume()
+        self.clock.eval_base_s += eval_wall
+        clock = self.clock_fields()
+        self.eval_log.write({
+            "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
+            "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
+            "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0), **record,
+        })
         self.last_eval_pass_rate = record["pass_rate"]
         if self.bar is not None:
             self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
@@ -283,16 +352,40 @@ class Trainer:
     def _reset_since(self) -> None:
         self._since = {"time_generate": 0.0, "time_sync": 0.0, "time_wait": 0.0, "generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0}
 
-    def _train_step(self, rollouts: list[Rollout]) -> dict:
+    # =====================================================================================
+    # one learner step across the learner ranks
+    def _learn(self, rollouts: list[Rollout]) -> dict:
+        t0 = time.perf_counter()
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
-        stats = self.learner.step(rollouts, keep)
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, self.layout.learner_ranks)
+        if not plan.shards:
+            return finish_stats(plan, None, self.learner.version, self.cfg, time.perf_counter() - t0)
+        self.step_parts = {}
+        for k, name in enumerate(self.followers, start=1):
+            self.hub.send(name, ("step", plan.shards[k]))
+        part0 = self.learner.train_shard(plan.shards[0])  # a collective with the followers when T > 1
+        deadline = time.monotonic() + self.cfg.queue_timeout_s
+        while len(self.step_parts) < len(self.followers):
+            if time.monotonic() > deadline:
+                raise GeneratorError(f"learner ranks did not report their step within {self.cfg.queue_timeout_s}s")
+            self._pump(1.0)
+        parts = [part0] + [self.step_parts[k] for k in range(1, self.layout.learner_ranks)]
+        batch = plan.batch  # the kept (trained) sequences
+        prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
+        for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
+            self.flops += self.flop_counter.training(int(p_len), int(c_len))
+        return finish_stats(plan, parts, self.learner.version, self.cfg, time.perf_counter() - t0)
+
+    def _train_step(self, rollouts: list[Rollout]) -> dict:
+        stats = self._learn(rollouts)
         self.step += 1
-        self.flops += 6.0 * self.learner.num_parameters * stats.pop("trained_seq_tokens", 0)
+        stats.pop("trained_seq_tokens", None)
         record = {
             "step": self.step,
             "version": self.learner.version,
-            **self.clock(),
+            **self.clock_fields(),
             "flops": self.flops,
+            "epoch": self.prompts_sampled / max(len(self.train_pool), 1),
             **stats,
             "time_generate": self._since["time_generate"],
             "time_sync": self._since["time_sync"],
@@ -301,6 +394,7 @@ class Trainer:
             "stale_dropped": self._since["stale_dropped"],
             "refill_dropped": self._since["refill_dropped"],
             **self.curriculum.sampler.stats(),
+            **self._proc_fields(),
         }
         self.metrics_log.write(record)
         self._reset_since()
@@ -318,12 +412,80 @@ class Trainer:
         """Evaluation and checkpoint when due; True when the run should stop."""
         cfg = self.cfg
         last = self.step >= cfg.total_steps
-        budget = cfg.compute_budget_hours is not None and self.compute_hours() >= cfg.compute_budget_hours
+        budget = cfg.compute_budget_hours is not None and self.clock.compute_hours() >= cfg.compute_budget_hours
         if self.step % cfg.eval_every == 0 or last or budget:
             self._evaluate()
         if self.step % cfg.checkpoint_every == 0 or last or budget:
             self._checkpoint()
         return last or budget
+
+    # =====================================================================================
+    # checkpoints
+    def _trainer_state(self) -> dict:
+        return {
+            "step": self.step,
+            "version": self.learner.version,
+            "curriculum": self.curriculum.state_dict(),
+            "next_order": self.next_order,
+            "prompts_sampled": self.prompts_sampled,
+            "wall_s": self.clock.wall_s(),
+            "eval_wall_s": self.clock.eval_base_s,
+            "startup_s": self.clock.startup_s(),
+            "cpu_s": self.cpu_base_s + sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in self.procs.items()),
+            "flops": self.flops,
+            "pending": self.pending,
+            "pending_batches": self.pending_batches,
+            "totals": dict(self.totals),
+            "config": self.cfg.to_dict(),
+            "learner_ranks": self.layout.learner_ranks,
+        }
+
+    def _checkpoint(self) -> None:
+        from components.trainer.checkpoint import rng_state, save_checkpoint
+
+        if self.followers:
+            self.hub.broadcast(("checkpoint", self.step), peers=self.followers)
+        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.learner.model, optimizer=self.learner.optimizer,
+                        scheduler_state=self.learner.scheduler.state_dict(), trainer_state=self._trainer_state(),
+                        rank_state=rng_state(), keep=self.cfg.keep_checkpoints, tokenizer=self.tokenizer)
+        self.last_checkpoint_step = self.step
+
+    def _resume_or_start(self) -> bool:
+        from components.trainer.checkpoint import latest_checkpoint, load_checkpoint, set_rng_state
+
+        ckpt_path = latest_checkpoint(self.run_dir / "checkpoints")
+        metrics_path, eval_path = self.run_dir / "metrics.jsonl", self.run_dir / "eval.jsonl"
+        if self.followers:
+            self.hub.broadcast(("load", None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
+        self.cpu_base_s = 0.0
+        if ckpt_path is None:
+            # nothing to resume from: any log lines belong to a run that never checkpointed
+            repair_jsonl(metrics_path, None)
+            repair_jsonl(eval_path, None)
+            return False
+        loaded = load_checkpoint(ckpt_path, model=self.learner.model, optimizer=self.learner.optimizer)
+        state = loaded["trainer_state"]
+        self.learner.scheduler.load_state_dict(loaded["scheduler_state"])
+        self.learner.version = int(state["version"])
+        self.curriculum.load_state_dict(state["curriculum"])
+        self.step = int(state["step"])
+        self.next_order = int(state["next_order"])
+        self.prompts_sampled = int(state.get("prompts_sampled", self.next_order))
+        self.clock.base_s = float(state["wall_s"])
+        self.clock.eval_base_s = float(state.get("eval_wall_s", 0.0))
+        self.clock.startup_base_s = float(state.get("startup_s", 0.0))
+        self.cpu_base_s = float(state.get("cpu_s", 0.0))
+        self.flops = float(state["flops"])
+        self.pending = list(state.get("pending", []))
+        self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
+        self.totals.update(state.get("totals", {}))
+        if loaded.get("rank_state") is not None:
+            set_rng_state(loaded["rank_state"])
+        repair_jsonl(metrics_path, self.step)
+        repair_jsonl(eval_path, self.step)
+        self.last_checkpoint_step = self.step
+        log.info("resumed %s from %s (step %d, version %d)", self.run_dir, ckpt_path.name, self.step, self.learner.version)
+        return True
 
     # =====================================================================================
     # control flow
@@ -420,15 +582,17 @@ class Trainer:
         """Train to the end (or the compute budget). Returns "done"; raises on failure."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._build()
+        self.last_checkpoint_step = -1
         try:
-            self._start_generators()  # they load their engines while the learner sets up
+            self._connect()  # generators load their engines while the learner was built
             self._resume_or_start()
-            self.t_start = time.time()
+            self.clock.start()  # every generator is ready: the training clock runs from here
+            self.procs["learner-0"] = proc_stats()
+            self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
+            self._procs_at_step = dict(self._procs_at_start)
             self._reset_since()
             self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
             self.eval_log = JsonlLog(self.run_dir / "eval.jsonl")
-            self.eval_engine = make_run_engine(self.cfg, self.device, seed=self.cfg.seed, name=self.cfg.eval_engine)
-            self.bar = None
             if self.progress:
                 from tqdm.auto import tqdm
 
@@ -436,24 +600,64 @@ class Trainer:
             evals = read_jsonl(self.run_dir / "eval.jsonl")
             if evals:  # a resumed run: show its last held-out pass rate until the next evaluation
                 self.last_eval_pass_rate = evals[-1].get("pass_rate", float("nan"))
-            if self.step == 0 and not evals:
-                self._evaluate()  # R0: the pass rate before any training
             if self.step < self.cfg.total_steps:
                 self._push_weights()  # version of the (possibly resumed) learner
+                if self.step == 0 and not evals:
+                    self._evaluate()  # R0: the pass rate before any training
                 if self.scheme.streaming:
                     self._run_pipeline()
                 else:
                     self._run_ppo()
+            if self.last_checkpoint_step != self.step:
+                self._checkpoint()
+            from experiments.export import write_final_policy
+
+            write_final_policy(self.run_dir)
             return "done"
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as err:
+            culprit = self._name_the_culprit(err)
+            if culprit is err:
+                raise
+            raise culprit from err
         finally:
-            self._stop_generators()
-            for name in ("metrics_log", "eval_log"):
-                if hasattr(self, name):
-                    getattr(self, name).close()
-            if getattr(self, "bar", None) is not None:
-                self.bar.close()
-            if getattr(self, "eval_engine", None) is not None:
-                try:
-                    self.eval_engine.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            self._shutdown()
+
+    def _name_the_culprit(self, err: BaseException) -> BaseException:
+        """A collective that failed because a process died: wait for the heartbeats to name it."""
+        from components.trainer.transport import TransportError
+
+        if isinstance(err, (TransportError, GeneratorError)) or self.hub is None:
+            return err
+        deadline = time.monotonic() + self.cfg.heartbeat_timeout_s + 5.0
+        while time.monotonic() < deadline:
+            try:
+                self.hub.check()
+            except TransportError as lost:
+                return lost
+            time.sleep(0.2)
+        return err
+
+    def _shutdown(self) -> None:
+        for name in ("metrics_log", "eval_log"):
+            if hasattr(self, name):
+                getattr(self, name).close()
+        if self.bar is not None:
+            self.bar.close()
+        if getattr(self, "sender", None) is not None:
+            try:
+                self.sender.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.hub is not None:
+            try:
+                for peer in self.generators + self.followers:
+                    try:
+                        self.hub.send(peer, ("stop",), timeout_s=2.0)
+                    except Exception:  # noqa: BLE001 - a lost peer
+                        pass
+                if self._failing.is_set():
+                    self.hub.abort("learner-0 stopped the run")
+            finally:
+                self.hub.close()

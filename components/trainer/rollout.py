@@ -139,6 +139,20 @@ class Batch:
         """The sequences at `rows` (a [B] bool mask or an index tensor), same padding."""
         return Batch(**{k: getattr(self, k)[rows] for k in self._TENSORS}, completion_start=self.completion_start)
 
+    def trim(self) -> "Batch":
+        """The same rows without the padding columns none of them uses (prompt left, completion right)."""
+        P = self.completion_start
+        used = self.attention_mask[:, :P].bool().any(dim=0)  # [P]
+        first = int(torch.nonzero(used)[0]) if bool(used.any()) else P - 1
+        T = max(1, int(self.num_tokens.max())) if len(self) else 1
+        cols = slice(first, P + T)
+        return Batch(
+            input_ids=self.input_ids[:, cols], attention_mask=self.attention_mask[:, cols],
+            mask=self.mask[:, :T], gen_logp=self.gen_logp[:, :T], versions=self.versions[:, :T],
+            rewards=self.rewards, passed=self.passed, group_ids=self.group_ids, truncated=self.truncated,
+            num_tokens=self.num_tokens, completion_start=P - first,
+        )
+
     def to(self, device) -> "Batch":
         return Batch(**{k: getattr(self, k).to(device) for k in self._TENSORS}, completion_start=self.completion_start)
 

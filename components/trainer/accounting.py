@@ -1,0 +1,163 @@
+"""Compute accounting: the x axis of every curve (DESIGN.md "Compute accounting").
+
+- `compute_hours` = devices reserved for the run x wall-clock hours of TRAINING. The training
+  clock (`TrainingClock`) starts when every generator is ready (engines loaded, weight group
+  formed), is paused while an evaluation runs (evaluation has its own fields), and a resumed
+  run continues from the wall time its checkpoint recorded, so start-up and restarts are
+  never billed. On CPU a device is a core the run reserved (one per process); on GPU a GPU.
+- Each process reports its CPU time and its run-queue delay (Linux schedstat: time spent
+  runnable but waiting for a CPU), summed over its threads. `contention` is the run's total
+  run-queue delay over (CPU time + run-queue delay): 0 when every process had its core,
+  about 1/3 for two busy processes sharing a core with a third.
+- `flops`: 2N per token of a forward pass (N = parameters without the input embedding: a
+  lookup, not a matmul) plus causal attention 4 x layers x attention width per (query, key)
+  pair; prompt prefill included; training counts 3 forward passes (forward + backward).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+__all__ = [
+    "proc_stats",
+    "contention",
+    "TrainingClock",
+    "FlopCounter",
+    "sequence_forward_flops",
+]
+
+
+def proc_stats() -> dict:
+    """This process's CPU seconds and run-queue seconds, summed over its live threads.
+
+    Reads /proc/self/task/*/schedstat (on-CPU ns, run-queue wait ns, timeslices). Where
+    schedstat is missing (not Linux), the CPU time is os.times() and the delay is 0.
+    """
+    cpu_ns = wait_ns = 0
+    found = False
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                fields = f.read().split()
+        except OSError:  # the thread exited meanwhile
+            continue
+        if len(fields) >= 2:
+            cpu_ns += int(fields[0])
+            wait_ns += int(fields[1])
+            found = True
+    if not found:
+        t = os.times()
+        return {"cpu_s": t.user + t.system, "runq_s": 0.0}
+    return {"cpu_s": cpu_ns / 1e9, "runq_s": wait_ns / 1e9}
+
+
+def contention(now: Mapping[str, Mapping[str, float]], before: Optional[Mapping[str, Mapping[str, float]]] = None) -> float:
+    """Run-queue delay / (CPU time + run-queue delay) over the processes, between two readings.
+
+    `now` and `before` map a process name to its proc_stats(); a process missing from
+    `before` counts from zero. NaN when nothing ran.
+    """
+    before = before or {}
+    cpu = wait = 0.0
+    for name, stats in now.items():
+        prev = before.get(name, {})
+        cpu += max(float(stats.get("cpu_s", 0.0)) - float(prev.get("cpu_s", 0.0)), 0.0)
+        wait += max(float(stats.get("runq_s", 0.0)) - float(prev.get("runq_s", 0.0)), 0.0)
+    total = cpu + wait
+    return wait / total if total > 0 else float("nan")
+
+
+@dataclass
+class TrainingClock:
+    """Wall-clock seconds of training only: starts on `start()`, paused by `pause()`/`resume()`.
+
+    `base_s` is the training time a resumed run already had (from its checkpoint).
+    """
+
+    devices: int
+    base_s: float = 0.0
+    eval_base_s: float = 0.0
+    startup_base_s: float = 0.0
+    _started: Optional[float] = None
+    _paused_at: Optional[float] = None
+    _paused_total: float = 0.0
+    _created: float = field(default_factory=time.time)
+    _startup_s: float = 0.0
+
+    def start(self) -> None:
+        """The generators are ready: training time starts now (start-up before it is not billed)."""
+        now = time.time()
+        self._started = now
+        self._startup_s = now - self._created
+
+    @property
+    def running(self) -> bool:
+        return self._started is not None
+
+    def pause(self) -> None:
+        if self._started is not None and self._paused_at is None:
+            self._paused_at = time.time()
+
+    def resume(self) -> float:
+        """End a pause; returns its length in seconds."""
+        if self._paused_at is None:
+            return 0.0
+        length = time.time() - self._paused_at
+        self._paused_total += length
+        self._paused_at = None
+        return length
+
+    def wall_s(self, now: Optional[float] = None) -> float:
+        """Training seconds so far (this session's, minus pauses, plus the checkpointed base)."""
+        if self._started is None:
+            return self.base_s
+        now = time.time() if now is None else now
+        paused = self._paused_total + ((now - self._paused_at) if self._paused_at is not None else 0.0)
+        return self.base_s + max(now - self._started - paused, 0.0)
+
+    def compute_hours(self, wall_s: Optional[float] = None) -> float:
+        return (self.wall_s() if wall_s is None else wall_s) * self.devices / 3600.0
+
+    def startup_s(self) -> float:
+        """Start-up (and restart) seconds across every session of the run, never billed."""
+        return self.startup_base_s + (self._startup_s if self._started is not None else time.time() - self._created)
+
+
+def sequence_forward_flops(n_params: int, layers: int, attn_width: int, prompt_len: int, completion_len: int) -> float:
+    """FLOPs of one forward pass over a sequence (prompt prefill + completion), per DESIGN.md.
+
+    Matmuls: 2 x n_params per token. Causal attention: at position t (1-based) a query meets
+    t keys, QK^T and AV cost 2 x attn_width flops each per (query, key) pair, per layer:
+    4 x layers x attn_width x sum_{t=1..L} t = 2 x layers x attn_width x L (L + 1).
+    """
+    L = int(prompt_len) + int(completion_len)
+    return 2.0 * n_params * L + 2.0 * layers * attn_width * L * (L + 1)
+
+
+@dataclass
+class FlopCounter:
+    """Counts generation (1 forward) and training (3 forwards) FLOPs of a model's shapes."""
+
+    n_params: int  # parameters without the input embedding
+    layers: int
+    attn_width: int  # num_attention_heads x head_dim
+
+    @classmethod
+    def from_model(cls, model) -> "FlopCounter":
+        cfg = model.config
+        emb = model.get_input_embeddings()
+        n_emb = emb.weight.numel() if emb is not None else 0
+        total = sum(p.numel() for p in model.parameters())
+        heads = int(getattr(cfg, "num_attention_heads"))
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        return cls(n_params=total - n_emb, layers=int(cfg.num_hidden_layers), attn_width=heads * head_dim)
+
+    def generation(self, prompt_len: int, completion_len: int) -> float:
+        return sequence_forward_flops(self.n_params, self.layers, self.attn_width, prompt_len, completion_len)
+
+    def training(self, prompt_len: int, completion_len: int) -> float:
+        return 3.0 * sequence_forward_flops(self.n_params, self.layers, self.attn_width, prompt_len, completion_len)

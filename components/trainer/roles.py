@@ -1,0 +1,239 @@
+"""Ranks and roles of one run: T learner ranks + G generator processes, placed by rank.
+
+One run is `world_size = T + G` processes. Global rank r < T is learner rank r; rank T + i is
+generator i. The same numbering holds whether `scalerl train` spawned the processes on one
+machine or Slurm started them as the tasks of one job (`srun`, block distribution, so the
+ranks of a node are consecutive)::
+
+    rank:   0          1 .. T-1          T .. T+G-1
+    role:   learner-0  learner-1..T-1    generator-0..G-1
+            (the hub: curriculum, run directory, weight broadcast root)
+
+Learner rank 0 listens on four ports (``Endpoints``): the learner group's torch.distributed
+rendezvous, the weight group's TCPStore, and the transport's sockets (hub_port and up).
+
+On GPU every process is given its own device(s) before CUDA is initialised, through
+CUDA_VISIBLE_DEVICES: a learner rank one GPU, a generator `gpus_per_generator` (its engine's
+tensor parallelism). When a node has fewer GPUs than its processes need, they share (one GPU
+for a learner and a generator is the smallest GPU setup), with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "PORTS_PER_RUN"]
+
+PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one process of a run does."""
+
+    kind: str  # "learner" | "generator"
+    index: int  # learner rank or generator index
+    rank: int  # global rank in the run
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index}"
+
+    @property
+    def is_learner(self) -> bool:
+        return self.kind == "learner"
+
+    @property
+    def is_hub(self) -> bool:
+        """Learner rank 0: orders prompts, receives rollouts, owns the run directory."""
+        return self.kind == "learner" and self.index == 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many processes of each kind a run has (from train.learner_ranks / train.num_generators)."""
+
+    learner_ranks: int
+    num_generators: int
+    gpus_per_generator: int = 1
+
+    def __post_init__(self) -> None:
+        if self.learner_ranks < 1 or self.num_generators < 1 or self.gpus_per_generator < 1:
+            raise ValueError(
+                f"a run needs >= 1 learner rank, >= 1 generator and >= 1 GPU per generator; got "
+                f"learner_ranks={self.learner_ranks}, num_generators={self.num_generators}, "
+                f"gpus_per_generator={self.gpus_per_generator}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.learner_ranks + self.num_generators
+
+    def role(self, rank: int) -> Role:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside this run's {self.world_size} processes "
+                             f"({self.learner_ranks} learner ranks + {self.num_generators} generators)")
+        if rank < self.learner_ranks:
+            return Role("learner", rank, rank)
+        return Role("generator", rank - self.learner_ranks, rank)
+
+    def roles(self) -> list[Role]:
+        return [self.role(r) for r in range(self.world_size)]
+
+    def generator_names(self) -> list[str]:
+        return [f"generator-{i}" for i in range(self.num_generators)]
+
+    def peer_names(self) -> list[str]:
+        """Every process but the hub (learner-0)."""
+        return [r.name for r in self.roles() if not r.is_hub]
+
+    def gpus_needed(self, role: Role) -> int:
+        return 1 if role.is_learner else self.gpus_per_generator
+
+    def devices_reserved(self, on_gpu: bool) -> int:
+        """Devices the run holds: on CPU one core per process; on GPU one per learner rank + TP per generator."""
+        if on_gpu:
+            return self.learner_ranks + self.num_generators * self.gpus_per_generator
+        return self.world_size
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where learner rank 0 listens (host + a block of PORTS_PER_RUN ports)."""
+
+    host: str
+    port_base: int
+
+    @property
+    def learner_port(self) -> int:
+        return self.port_base
+
+    @property
+    def weight_port(self) -> int:
+        return self.port_base + 1
+
+    @property
+    def hub_port(self) -> int:
+        return self.port_base + 2
+
+    def to_env(self) -> dict:
+        return {"SCALERL_HUB_HOST": self.host, "SCALERL_PORT_BASE": str(self.port_base)}
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    """This process's place in the run, read from the environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    endpoints: Endpoints
+    source: str  # "scalerl" (spawned by `scalerl train`) or "slurm" (a task of a Slurm job)
+
+
+def _slurm_hostnames(nodelist: str) -> list[str]:
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        names = out.stdout.split()
+        if names:
+            return names
+    except (OSError, subprocess.SubprocessError):
+        pass
+    # a plain comma-separated list (no brackets) needs no scontrol
+    if "[" not in nodelist:
+        return [n for n in nodelist.split(",") if n]
+    raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r}: `scontrol show hostnames` failed")
+
+
+def slurm_port_base(job_id: str) -> int:
+    """A port block derived from the Slurm job id, so every task of the job computes the same one."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return 20000 + (int(digits) * PORTS_PER_RUN) % 40000
+
+
+def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
+    """Rank, world size and hub address of this process; None when it is a plain single process.
+
+    Read, in order: SCALERL_RANK / SCALERL_WORLD_SIZE (set by `scalerl train` for the processes
+    it spawns), then SLURM_PROCID / SLURM_NTASKS when the job step has more than one task
+    (`srun`). SCALERL_HUB_HOST / SCALERL_PORT_BASE override the hub address under Slurm.
+    """
+    env = os.environ if environ is None else environ
+    if "SCALERL_RANK" in env:
+        return ProcessEnv(
+            rank=int(env["SCALERL_RANK"]),
+            world_size=int(env["SCALERL_WORLD_SIZE"]),
+            local_rank=int(env.get("SCALERL_LOCAL_RANK", env["SCALERL_RANK"])),
+            endpoints=Endpoints(env.get("SCALERL_HUB_HOST", "127.0.0.1"), int(env["SCALERL_PORT_BASE"])),
+            source="scalerl",
+        )
+    ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_STEP_NUM_TASKS", "1")) or 1)
+    if "SLURM_PROCID" in env and ntasks > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or socket.gethostname()
+        host = env.get("SCALERL_HUB_HOST") or _slurm_hostnames(nodelist)[0]
+        job = env.get("SLURM_JOB_ID", "0")
+        base = int(env["SCALERL_PORT_BASE"]) if "SCALERL_PORT_BASE" in env else slurm_port_base(job)
+        return ProcessEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=ntasks,
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            endpoints=Endpoints(host, base),
+            source="slurm",
+        )
+    return None
+
+
+def _ports_free(base: int, n: int) -> bool:
+    for port in range(base, base + n):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_base(n: int = PORTS_PER_RUN, attempts: int = 200) -> int:
+    """A block of n consecutive free TCP ports on this machine (for a locally spawned run)."""
+    rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))
+    for _ in range(attempts):
+        base = rng.randrange(20000, 60000 - n)
+        if _ports_free(base, n):
+            return base
+    raise RuntimeError(f"no block of {n} free TCP ports found between 20000 and 60000")
+
+
+def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:
+    """Local GPU indices of `rank` among the processes of its node (consecutive, in rank order).
+
+    Exclusive when the node has enough GPUs; otherwise the processes share them round-robin
+    (e.g. a learner and a generator on one GPU), which is logged.
+    """
+    if gpus_on_node < 1:
+        raise RuntimeError(f"{layout.role(rank).name} should run on GPU but its node has no visible GPU")
+    ranks = sorted(node_ranks)
+    if rank not in ranks:
+        raise ValueError(f"rank {rank} is not among its node's ranks {ranks}")
+    need = [layout.gpus_needed(layout.role(r)) for r in ranks]
+    start = sum(need[: ranks.index(rank)])
+    mine = need[ranks.index(rank)]
+    if sum(need) <= gpus_on_node:
+        return list(range(start, start + mine))
+    if mine > gpus_on_node:
+        raise RuntimeError(f"{layout.role(rank).name} needs {mine} GPUs (tensor parallelism) but its node has {gpus_on_node}")
+    log.warning("the %d processes on this node need %d GPUs but %d are visible: they share GPUs",
+                len(ranks), sum(need), gpus_on_node)
+    first = start % gpus_on_node
+    if first + mine > gpus_on_node:
+        first = 0
+    return list(range(first, first + mine))

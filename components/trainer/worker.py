@@ -1,0 +1,201 @@
+"""The entry point of every process of a run: its role comes from its rank (roles.py).
+
+    python -m components.trainer.worker      # a process spawned by `scalerl train` (launcher.py)
+    run_training(...) inside a Slurm task     # experiments/train.py calls `run_role` directly
+
+- learner rank 0 (the hub): `Trainer(...).run()` (loop.py), owns the run directory;
+- learner rank k >= 1: `follower_main`, which trains its share of every step (FSDP2
+  collectives with the other learner ranks), joins the weight gathering, checkpoints its shard;
+- generator i: `generator_main` (generator.py).
+Learner ranks form one torch.distributed group (gloo on CPU, NCCL on GPU) when T > 1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+__all__ = ["run_role", "follower_main", "hub_main", "init_learner_group", "main"]
+
+
+def init_learner_group(rank: int, world_size: int, endpoints, device: str, timeout_s: float) -> None:
+    """The learner ranks' torch.distributed group (the FSDP2 group), when there is more than one."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size <= 1 or dist.is_initialized():
+        return
+    backend = "nccl" if str(device).startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{endpoints.host}:{endpoints.learner_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _build_learner(setup):
+    import torch
+
+    from components.models import load_causal_lm, load_tokenizer
+    from components.trainer.forward import resolve_attn_implementation
+    from components.trainer.learner import Learner
+
+    cfg = setup.cfg
+    tokenizer = load_tokenizer(cfg.model_path)
+    model = load_causal_lm(cfg.model_path, dtype=torch.float32,
+                           attn_implementation=resolve_attn_implementation(cfg.attn_implementation, setup.device))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Learner(model, cfg, pad_id, torch.device(setup.device)), tokenizer
+
+
+def follower_main(index: int, setup, endpoints, layout) -> None:
+    """Learner rank `index` >= 1: trains its share of each step as learner-0 directs."""
+    import torch
+
+    from components.trainer.accounting import proc_stats
+    from components.trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+    from components.trainer.generator import apply_gin
+    from components.trainer.transport import Aborted, HubLost, Peer, TransportError
+    from components.trainer.weight_sync import push_weights
+
+    cfg = setup.cfg
+    name = f"learner-{index}"
+
+    def lost(error) -> None:  # heartbeat thread: the hub is gone, maybe while we are inside a collective
+        print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    if setup.device == "cpu":
+        torch.set_num_threads(1)
+    peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, 120.0))
+    try:
+        apply_gin(setup)
+        torch.manual_seed(cfg.seed)
+        init_learner_group(index, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
+        learner, tokenizer = _build_learner(setup)
+        peer.send(("ready", index, {"pid": os.getpid(), "proc": proc_stats()}))
+        while True:
+            msg = peer.recv(timeout_s=1.0)
+            if msg is None:
+                continue
+            kind = msg[0]
+            if kind == "stop":
+                break
+            if kind == "load":
+                if msg[1] is not None:
+                    loaded = load_checkpoint(Path(msg[1]), model=learner.model, optimizer=learner.optimizer)
+                    learner.scheduler.load_state_dict(loaded["scheduler_state"])
+                    learner.version = int(loaded["trainer_state"]["version"]) if loaded.get("trainer_state") else learner.version
+                    if loaded.get("rank_state") is not None:
+                        set_rng_state(loaded["rank_state"])
+            elif kind == "step":
+                part = learner.train_shard(msg[1])
+                peer.send(("step_done", index, part, proc_stats()))
+            elif kind == "sync":  # join the parameter gathers; learner-0 broadcasts
+                push_weights(learner.model, cfg.precision, msg[1], None)
+            elif kind == "checkpoint":
+                save_checkpoint(Path(setup.run_dir) / "checkpoints", int(msg[1]), model=learner.model, optimizer=learner.optimizer,
+                                scheduler_state=learner.scheduler.state_dict(), trainer_state=None, rank_state=rng_state(),
+                                keep=cfg.keep_checkpoints, tokenizer=None)
+            else:
+                raise RuntimeError(f"{name}: unknown message {kind!r}")
+    except (HubLost, Aborted, TransportError) as err:
+        print(f"[{name}] {err}; exiting", file=sys.stderr, flush=True)
+        peer.close()
+        os._exit(3)
+    except BaseException:  # noqa: BLE001 - report to the hub, then die
+        try:
+            peer.send(("error", index, traceback.format_exc()), timeout_s=10.0)
+            time.sleep(0.5)
+        finally:
+            peer.close()
+            os._exit(1)
+    peer.close()
+
+
+def hub_main(setup, endpoints, layout) -> str:
+    """Learner rank 0: the training loop. Returns "done"; raises on failure."""
+    from components.trainer.generator import apply_gin
+    from components.trainer.loop import Trainer
+
+    from components.trainer.config import train_config
+
+    cfg = setup.cfg
+    apply_gin(setup)
+    train_config()  # as the launcher did: so the operative config (config.gin) lists every train.* binding
+    init_learner_group(0, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
+    return Trainer(cfg, Path(setup.run_dir), setup, layout, endpoints, run_info=setup.run_info, progress=setup.progress).run()
+
+
+def run_role(rank: int, setup, endpoints, layout) -> str | None:
+    """Run this process's role to its end (rank 0 returns the run's status; raises on failure)."""
+    role = layout.role(rank)
+    if role.is_hub:
+        return hub_main(setup, endpoints, layout)
+    # shutdown belongs to the hub (and to the launcher): Slurm and terminals signal every process
+    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
+    if role.is_learner:
+        follower_main(role.index, setup, endpoints, layout)
+    else:
+        from components.trainer.generator import generator_main
+
+        generator_main(role.index, setup, endpoints, layout)
+    return None
+
+
+def main() -> int:
+    """A process spawned by `scalerl train` on this machine (launcher.py): the env says who it is."""
+    import dataclasses
+    import logging
+
+    from components.trainer.roles import process_env
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    penv = process_env()
+    if penv is None:
+        print("components.trainer.worker: SCALERL_RANK / SCALERL_WORLD_SIZE are not set; start runs with `scalerl train`",
+              file=sys.stderr)
+        return 2
+    with open(os.environ["SCALERL_SETUP"], "rb") as f:
+        setup, layout = pickle.load(f)
+    from components.trainer.generator import resolve_device
+
+    role = layout.role(penv.rank)
+    setup = dataclasses.replace(setup, device=resolve_device(setup.cfg.device, role.kind, role.index),
+                                progress=setup.progress and role.is_hub)
+    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):  # the launcher owns shutdown
+        signal.signal(sig, signal.SIG_IGN)
+    if not role.is_hub:
+        run_role(penv.rank, setup, penv.endpoints, layout)
+        return 0
+    from experiments.train import record_failure
+
+    try:
+        run_role(penv.rank, setup, penv.endpoints, layout)
+    except BaseException as err:  # noqa: BLE001 - the run directory says why
+        record_failure(Path(setup.run_dir), err)
+        print(f"[learner-0] run failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
+    import gin
+
+    (Path(setup.run_dir) / "config.gin").write_text(gin.operative_config_str())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
