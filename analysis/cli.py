@@ -9,85 +9,114 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.scaling_law import A_MARGIN
+
+def _min_compute_arg(text: str):
+    from analysis.protocol import parse_min_compute
+
+    try:
+        return parse_min_compute(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _margin_arg(text: str):
+    from analysis.study import parse_margin
+
+    try:
+        return parse_margin(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
+    from analysis.protocol import PROTOCOLS
+
     parser.add_argument("runs", help="a run directory, a sweep directory or a directory of sweeps")
     parser.add_argument("--compute", choices=["compute_hours", "flops"], default="compute_hours",
-                        help="compute axis (default: compute_hours = wall-clock × devices)")
-    parser.add_argument("--min-compute", type=float, default=0.0,
-                        help="exclude points below this compute from fits (paper: ~1.5k GPU-h, one epoch)")
+                        help="compute axis (default: compute_hours = devices reserved × training wall-clock hours)")
+    parser.add_argument("--min-compute", type=_min_compute_arg, default="epoch", metavar="epoch|none|C",
+                        help="where each fit starts: 'epoch' (default) = the end of the run's first epoch "
+                             "(first metrics line with epoch >= 1; runs without `epoch` use the paper's "
+                             "fraction, analysis/protocol.py), 'none', or a compute value")
+    parser.add_argument("--protocol", choices=["auto", *PROTOCOLS], default="auto",
+                        help="fit protocol: auto (default) = the paper's for each sweep (whole run for forward "
+                             "ablations, the first half for leave-one-out, seeds, recipes and scaling axes)")
+    parser.add_argument("--margin", type=_margin_arg, default="auto", metavar="auto|FLOAT",
+                        help="margin on A for the paper's comparison rule: auto (default) = measured from the "
+                             "seeds (t(0.975, df)·s_A·sqrt(1/n_a+1/n_b); the scalerl_seeds sweep beside a sweep "
+                             "without seeds), the paper's 0.02 where no seeds exist; or a number")
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
-    parser.add_argument("--csv", default="fits.csv", help="where to write the table (default: ./fits.csv)")
+    parser.add_argument("--csv", default="fits.csv",
+                        help="per-run table (default: ./fits.csv); beside it <stem>_configs.csv (per "
+                             "configuration: mean A, B and 3-seed intervals) and <stem>_claims.csv (the paper's "
+                             "findings judged)")
     parser.add_argument("--fraction", type=float, default=None,
-                        help="fit only the first FRACTION of each run's compute and predict its end")
+                        help="fit only the first FRACTION of each run's compute and predict its end "
+                             "(overrides the protocol's range)")
     parser.add_argument("--min-points", type=int, default=6, help="runs with fewer evaluations are not fitted")
-    parser.add_argument("--margin", type=float, default=A_MARGIN, help="margin on A for the paper's comparison rule")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N",
                         help="add N-resample bootstrap 95%% intervals for A, B, C_mid (seeded)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
 
 
-def _comparisons(table: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """Per sweep, the paper's rule: which runs tie the best A within the margin, and their B at
-    the common (mean) A of that tied group."""
-    from analysis.scaling_law import refit_at
+def fit_kwargs(args: argparse.Namespace) -> dict:
+    """The keyword arguments of `analysis.study.summarize` that `scalerl fit` passes (the report uses
+    the same defaults)."""
+    return dict(compute=args.compute, protocol=None if args.protocol == "auto" else args.protocol,
+                min_compute=args.min_compute, margin=args.margin,
+                min_points=getattr(args, "min_points", 6), fraction=getattr(args, "fraction", None),
+                bootstrap=getattr(args, "bootstrap", 0), seed=getattr(args, "seed", 0))
 
-    out = []
-    for sweep, g in table.dropna(subset=["A"]).groupby("sweep"):
-        best = g["A"].max()
-        tied = g[g["A"] >= best - margin]
-        common = float(tied["A"].mean())
-        for idx, row in g.iterrows():
-            rec = {"sweep": sweep, "run": row["run"], "A": row["A"], "tied_with_best_A": bool(row["A"] >= best - margin)}
-            if rec["tied_with_best_A"] and len(tied) > 1:
-                res = row["fit"]
-                rec["common_A"] = common
-                rec["B_at_common_A"] = refit_at(res, common).B
-            out.append(rec)
-    df = pd.DataFrame(out)
-    if df.empty:
-        return df
-    df["rank"] = 0
-    for sweep, g in df.groupby("sweep"):
-        key = pd.DataFrame({"t": ~g["tied_with_best_A"], "b": -g.get("B_at_common_A", pd.Series(0.0, index=g.index)).fillna(0), "a": -g["A"]})
-        order = key.sort_values(["t", "b", "a"]).index
-        df.loc[order, "rank"] = np.arange(1, len(order) + 1)
-    return df.sort_values(["sweep", "rank"]).reset_index(drop=True)
+
+def fit_tables(summaries: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per run, per config, per claim) over every summarised sweep; the per-run table carries each
+    run's config rank (the paper's rule)."""
+    runs, configs, claims = [], [], []
+    for s in summaries.values():
+        cfg = s.configs
+        runs.append(s.runs.merge(cfg[["config", "tied_with_best_A", "B_at_common_A", "rank"]], on="config", how="left"))
+        configs.append(cfg)
+        claims.append(s.claims)
+    cat = lambda xs: pd.concat([x for x in xs if len(x)], ignore_index=True) if any(len(x) for x in xs) else pd.DataFrame()  # noqa: E731
+    return cat(runs), cat(configs), cat(claims)
 
 
 def fit_main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from analysis.runs import fit_runs, load_runs
+    from analysis.study import summarize
 
     console = Console(width=max(Console().width, 120))
+    if args.fraction is not None and not 0.0 < args.fraction < 1.0:
+        console.print(f"[red]--fraction must be in (0, 1), got {args.fraction}")
+        return 2
     try:
-        ev = load_runs(args.runs, what="eval")
-        runs = load_runs(args.runs, what="runs")
+        summaries = summarize(args.runs, **fit_kwargs(args))
     except FileNotFoundError as e:
         console.print(f"[red]{e}")
         return 2
-    if runs.empty:
+    if not summaries:
         console.print(f"[red]no runs under {args.runs}")
         return 1
-    table = fit_runs(ev, runs=runs, compute=args.compute, min_points=args.min_points, fraction=args.fraction,
-                     min_compute=args.min_compute, bootstrap=args.bootstrap, seed=args.seed, keep_fits=True)
-    comp = _comparisons(table, args.margin) if "A" in table else pd.DataFrame()
-    if not comp.empty:
-        table = table.merge(comp[["sweep", "run", "tied_with_best_A", "B_at_common_A", "rank"]]
-                            if "B_at_common_A" in comp else comp[["sweep", "run", "tied_with_best_A", "rank"]],
-                            on=["sweep", "run"], how="left")
-    out = table.drop(columns=["fit"])
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(args.csv, index=False)
+    runs, configs, claims = fit_tables(summaries)
+    out = runs.drop(columns=["fit"])
+    csv = Path(args.csv)
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    out.to_csv(csv, index=False)
+    configs.to_csv(csv.with_name(f"{csv.stem}_configs.csv"), index=False)
+    claims.to_csv(csv.with_name(f"{csv.stem}_claims.csv"), index=False)
+    _print_tables(console, out, summaries, args)
+    contended = out[out["contended"].fillna(False).astype(bool)]
+    if len(contended):
+        from analysis.protocol import CONTENTION_LIMIT
 
-    _print_tables(console, out, args)
-    console.print(f"wrote {args.csv}")
+        names = ", ".join(f"{r.sweep}/{r.run} ({r.contention_run:.0%})" for r in contended.itertuples())
+        console.print(f"[yellow]warning: {len(contended)} run(s) with CPU contention above {CONTENTION_LIMIT:.0%} "
+                      f"(their compute axis is stretched; re-run them alone): {names}", highlight=False)
+    console.print(f"wrote {csv}, {csv.with_name(csv.stem + '_configs.csv')}, {csv.with_name(csv.stem + '_claims.csv')}")
     return 0
 
 
@@ -108,22 +137,32 @@ def _label(row: pd.Series, with_seed: bool) -> str:
     return f"{v} (seed {seed})" if with_seed and seed is not None and not pd.isna(seed) else str(v)
 
 
-def _print_tables(console, out: pd.DataFrame, args: argparse.Namespace) -> None:
-    """One compact table per sweep; flags and fit errors as notes under it."""
+def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Namespace) -> None:
+    """Per sweep: the protocol and margin, one row per run, one per configuration when seeds were
+    grouped, and the paper's findings judged; flags and fit errors as notes."""
     from rich.table import Table
 
     cols = [("label", "run", ""), ("status", "status", ""), ("n_evals", "evals", ""), ("A", "A", ".3f"),
             ("B", "B", ".2f"), ("C_mid", "C_mid", ".3g"), ("rank", "rank", ".0f"),
             ("B_at_common_A", "B@common A", ".2f"), ("predicted_final", "pred. final", ".3f"),
-            ("observed_final", "obs. final", ".3f"), ("A_lo", "A lo", ".3f"), ("A_hi", "A hi", ".3f")]
-    n_seeds = out.groupby(["sweep", "value"], dropna=False)["seed"].transform("nunique") if "seed" in out else 0
-    out = out.assign(label=[_label(r, n > 1) for (_, r), n in zip(out.iterrows(), np.broadcast_to(n_seeds, len(out)))])
+            ("observed_final", "obs. final", ".3f"), ("A_lo", "A lo", ".3f"), ("A_hi", "A hi", ".3f"),
+            ("contention", "contention", "")]
+    n_seeds = out.groupby(["sweep", "config"], dropna=False)["seed"].transform("nunique") if "seed" in out else 0
+    out = out.assign(label=[_label(r, n > 1) for (_, r), n in zip(out.iterrows(), np.broadcast_to(n_seeds, len(out)))],
+                     contention=[("" if pd.isna(c) else f"{c:.0%}" + (" !" if k else ""))
+                                 for c, k in zip(out["contention_run"], out["contended"].fillna(False))])
     cols = [c for c in cols if c[0] in out]
     for sweep, g in out.groupby("sweep", sort=True):
-        t = Table(title=f"{sweep}: sigmoid fits on {args.compute}; rank = paper's rule (A ±{args.margin}, then B)")
+        s = summaries[sweep]
+        rules = g["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
+        console.print(f"[bold]{sweep}[/]: fit protocol {s.protocol.name} "
+                      f"({s.protocol.range_text(g['fit_fraction'].iloc[0])}); min_compute: "
+                      + ", ".join(f"{r or '-'} ({n})" for r, n in rules.items())
+                      + f"; margin on A {s.margin.describe()}", highlight=False)
+        t = Table(title=f"{sweep}: sigmoid fits on {args.compute}; rank = paper's rule (A ±{s.margin.value:.3g}, then B)")
         for _, head, _ in cols:
             t.add_column(head, overflow="fold", no_wrap=head != "run")
-        sort = g.sort_values("rank") if "rank" in g else g
+        sort = g.sort_values(["rank", "label"]) if "rank" in g else g
         notes = []
         for _, row in sort.iterrows():
             t.add_row(*[_fmt(row[c], f) for c, _, f in cols])
@@ -133,14 +172,40 @@ def _print_tables(console, out: pd.DataFrame, args: argparse.Namespace) -> None:
         console.print(t)
         for n in notes:
             console.print(n, style="yellow", highlight=False)
+        cfg = s.configs
+        if (cfg["n_runs"] > 1).any():
+            tc = Table(title=f"{sweep}: per configuration (mean over seeds, 95% t-interval)")
+            for head in ("config", "seeds", "A [95% CI]", "B [95% CI]", "C_mid", "rank", "B@common A"):
+                tc.add_column(head)
+            for r in cfg.sort_values("rank").itertuples():
+                tc.add_row(str(r.config), f"{r.n_fitted}/{r.n_runs}", _interval(r.A, r.A_lo, r.A_hi, ".3f"),
+                           _interval(r.B, r.B_lo, r.B_hi, ".2f"), _fmt(r.C_mid, ".3g"), _fmt(r.rank, ".0f"),
+                           _fmt(r.B_at_common_A, ".2f"))
+            console.print(tc)
+        if len(s.claims):
+            tv = Table(title=f"{sweep}: the paper's finding, judged (margin {s.margin.source})")
+            for head in ("claim", "ours", "verdict"):
+                tv.add_column(head, overflow="fold")
+            for r in s.claims.itertuples():
+                tv.add_row(r.claim, str(r.ours), f"{r.verdict}" + (f" ({r.why})" if isinstance(r.why, str) and r.why else ""))
+            console.print(tv)
+
+
+def _interval(m, lo, hi, spec: str) -> str:
+    if m is None or pd.isna(m):
+        return ""
+    if pd.isna(lo) or lo == hi:
+        return format(m, spec)
+    return f"{format(m, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
 
 
 def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
     parser.add_argument("--out", default="paper_figures/out", help="output directory (PNG + PDF per figure)")
     parser.add_argument("--only", default=None, help="comma-separated figure ids (e.g. fig4a,fig7,table1)")
-    parser.add_argument("--fit-fraction", type=float, default=0.5,
-                        help="fit each run on compute <= this fraction of its final compute; dashed beyond (1: all)")
+    parser.add_argument("--fit-fraction", type=float, default=None,
+                        help="fit each run on compute <= this fraction of its final compute, dashed beyond "
+                             "(1: all); default: each figure's protocol (paper_figures/spec.py)")
     parser.add_argument("--dpi", type=int, default=150)
     parser.add_argument("--formats", default="png,pdf", help="comma-separated output formats")
 
@@ -156,7 +221,7 @@ def figures_main(args: argparse.Namespace) -> int:
     if not Path(args.runs).exists():
         console.print(f"[red]no such run directory: {args.runs}")
         return 2
-    if not 0.0 < args.fit_fraction <= 1.0:
+    if args.fit_fraction is not None and not 0.0 < args.fit_fraction <= 1.0:
         console.print(f"[red]--fit-fraction must be in (0, 1], got {args.fit_fraction}")
         return 2
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
@@ -165,7 +230,8 @@ def figures_main(args: argparse.Namespace) -> int:
         console.print(f"[red]unknown figure id(s) {unknown}; choose from: {', '.join(FIGURES)}")
         return 2
     opts = Options(compute=args.compute, fit_fraction=args.fit_fraction, min_compute=args.min_compute,
-                   dpi=args.dpi, formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()))
+                   margin=args.margin, protocol=None if args.protocol == "auto" else args.protocol, dpi=args.dpi,
+                   formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()))
     written, missing, failed = render_all(args.runs, args.out, opts, only=only, progress=sys.stderr.isatty())
     for fig_id, paths in written.items():
         console.print(f"[green]drew[/] {fig_id}: " + ", ".join(str(p) for p in paths))

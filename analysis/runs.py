@@ -7,11 +7,15 @@ finds every run under it. It is robust to runs that are still being written (a p
 line is skipped), to failed runs (kept, with status "failed" and the error) and to runs without
 evaluations yet (present in the run table, absent from the evaluation rows).
 
-- `load_runs(path, what="eval")`    one row per evaluation (default)
+- `load_runs(path, what="eval")`    one row per held-out evaluation (default); eval.jsonl lines
+                                    with a "benchmark" key (downstream benchmarks) are not here
+- `load_runs(path, what="benchmarks")` one row per downstream benchmark record of eval.jsonl
 - `load_runs(path, what="metrics")` one row per learner step
-- `load_runs(path, what="runs")`    one row per run: metadata, status, counts, last values
+- `load_runs(path, what="runs")`    one row per run: metadata, status, counts, last values,
+                                    where its first epoch ends, its CPU contention
 - `fit_run(eval_df_of_one_run)`     the sigmoid fit of one run, or None when it cannot be fitted
-- `fit_runs(eval_df)`               a table of fits, one row per run
+- `fit_runs(eval_df)`               a table of fits, one row per run, by the paper's protocol
+                                    (analysis/protocol.py)
 """
 
 from __future__ import annotations
@@ -19,17 +23,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
 
+from analysis.protocol import epoch1_compute, fit_with_protocol, get_protocol, is_contended
 from analysis.scaling_law import FitError, FitResult, fit
 
 log = logging.getLogger(__name__)
 
-__all__ = ["find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS"]
+__all__ = ["find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
+           "config_name", "is_benchmark_row", "epoch_info", "run_contention"]
 
 # Columns that identify a run in every frame.
 RUN_KEYS = ["sweep", "run", "factor", "value", "recipe", "seed", "status"]
@@ -48,9 +55,22 @@ def find_run_dirs(path: str | Path) -> list[Path]:
     found = set()
     for m in markers:
         for f in root.rglob(m):
-            if "checkpoints" not in f.parts:
+            rel = f.relative_to(root).parts[:-1]
+            # checkpoints/ and hidden folders (.submitit/, .contended/: runs set aside) hold no runs
+            if "checkpoints" not in rel and not any(p.startswith(".") for p in rel):
                 found.add(f.parent)
     return sorted(found)
+
+
+def config_name(run: str) -> str:
+    """A run's configuration: its name without the seed suffix ('cispo-s2' -> 'cispo';
+    'eps_max=4.0-seed1' -> 'eps_max=4.0')."""
+    return re.sub(r"-s(?:eed)?\d+$", "", str(run))
+
+
+def is_benchmark_row(row: dict) -> bool:
+    """A downstream benchmark record in eval.jsonl (it carries a "benchmark" key)."""
+    return row.get("benchmark") not in (None, "")
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], int]:
@@ -92,9 +112,11 @@ def _read_run_json(run_dir: Path) -> dict[str, Any]:
     else:
         meta = {"status": "running"}
     hw = meta.get("hardware") or {}
+    name = meta.get("name") or run_dir.name
     return {
         "sweep": meta.get("sweep") or run_dir.parent.name,
-        "run": meta.get("name") or run_dir.name,
+        "run": name,
+        "config": config_name(name),
         "factor": meta.get("factor"),
         "value": _hashable(meta.get("value")),
         "recipe": meta.get("recipe"),
@@ -104,6 +126,7 @@ def _read_run_json(run_dir: Path) -> dict[str, Any]:
         "git_sha": meta.get("git_sha"),
         "device": hw.get("device") if isinstance(hw, dict) else None,
         "device_count": hw.get("count") if isinstance(hw, dict) else None,
+        "reserved_cpus": meta.get("reserved_cpus"),
         "started": meta.get("started"),
         "finished": meta.get("finished"),
         "path": str(run_dir),
@@ -129,22 +152,34 @@ def _flatten(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _iter_rows(run_dirs: list[Path], what: str) -> Iterator[dict[str, Any]]:
-    fname = {"eval": "eval.jsonl", "metrics": "metrics.jsonl"}[what]
+    fname = {"eval": "eval.jsonl", "benchmarks": "eval.jsonl", "metrics": "metrics.jsonl"}[what]
     for d in run_dirs:
         meta = _read_run_json(d)
         rows, _ = read_jsonl(d / fname)
         for row in rows:
+            if what != "metrics" and is_benchmark_row(row) != (what == "benchmarks"):
+                continue  # held-out evaluations and benchmark records go to separate frames
             yield {**meta, **_flatten(row)}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
     recs = []
     for d in run_dirs:
         meta = _read_run_json(d)
-        ev, ev_skipped = read_jsonl(d / "eval.jsonl")
+        ev_all, ev_skipped = read_jsonl(d / "eval.jsonl")
+        ev = [e for e in ev_all if not is_benchmark_row(e)]
         mt, mt_skipped = read_jsonl(d / "metrics.jsonl")
         last_ev = ev[-1] if ev else {}
         last_mt = mt[-1] if mt else {}
+        ep1_hours, max_epoch = epoch1_compute(mt, "compute_hours")
+        ep1_flops, _ = epoch1_compute(mt, "flops")
+        epochs = [_num(m.get("epoch")) for m in mt]
+        epochs = [e for e in epochs if e is not None]
+        contention = _num(last_mt.get("contention_run"))
         recs.append({
             **meta,
             "n_evals": len(ev),
@@ -155,6 +190,16 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             "last_pass_rate": last_ev.get("pass_rate"),
             "truncation_rate": last_mt.get("truncation_rate"),
             "partial_lines": ev_skipped + mt_skipped,
+            "n_benchmark_records": len(ev_all) - len(ev),
+            "epoch": max(epochs) if epochs else None,
+            "epoch1_compute_hours": ep1_hours,
+            "epoch1_flops": ep1_flops,
+            "wall_s": _num(last_mt.get("wall_s")),
+            "cpu_hours": _num(last_mt.get("cpu_hours")),
+            "eval_wall_s": _num(last_mt.get("eval_wall_s")),
+            "startup_s": _num(last_mt.get("startup_s")),
+            "contention_run": contention,
+            "contended": is_contended(contention),
         })
     return pd.DataFrame.from_records(recs, columns=None if recs else [*RUN_KEYS, "path", "n_evals", "n_steps"])
 
@@ -162,13 +207,14 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
 def load_runs(path: str | Path, *, what: str = "eval") -> pd.DataFrame:
     """A DataFrame over every run under `path`.
 
-    what="eval": one row per evaluation (run metadata + step, compute_hours, flops, pass_rate,
-    k, prompts, per_task.<task>), sorted by sweep, run, step. Runs without evaluations have no
-    rows here; see what="runs".
+    what="eval": one row per held-out evaluation (run metadata + step, compute_hours, flops,
+    pass_rate, k, prompts, per_task.<task>, entropy, eval_wall_s, ...), sorted by sweep, run,
+    step. Runs without evaluations have no rows here; see what="runs". eval.jsonl lines with a
+    "benchmark" key are downstream benchmarks, not the held-out curve: what="benchmarks".
     what="metrics": one row per learner step. what="runs": one row per run.
     """
-    if what not in ("eval", "metrics", "runs"):
-        raise ValueError(f"what must be one of 'eval', 'metrics', 'runs'; got {what!r}")
+    if what not in ("eval", "benchmarks", "metrics", "runs"):
+        raise ValueError(f"what must be one of 'eval', 'benchmarks', 'metrics', 'runs'; got {what!r}")
     run_dirs = find_run_dirs(path)
     if what == "runs":
         return _run_table(run_dirs)
@@ -178,8 +224,9 @@ def load_runs(path: str | Path, *, what: str = "eval") -> pd.DataFrame:
     for col in ("step", *COMPUTE_COLUMNS, "pass_rate"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
-    # A resumed run can repeat a step: keep the last record of each step.
-    df = df.drop_duplicates(subset=["path", "step"], keep="last") if "step" in df else df
+    # A resumed run can repeat a step: keep the last record of each step (of each benchmark).
+    key = ["path", "step"] + (["benchmark"] if what == "benchmarks" and "benchmark" in df else [])
+    df = df.drop_duplicates(subset=key, keep="last") if "step" in df else df
     return df.sort_values(["sweep", "run", "step"], kind="stable").reset_index(drop=True)
 
 
@@ -190,7 +237,7 @@ def compute_label(compute: str = "compute_hours", device: str | None = None) -> 
     if device and str(device).lower().startswith(("cuda", "gpu")):
         return "training compute (GPU-hours)"
     if device and str(device).lower() == "cpu":
-        return "training compute (CPU process-hours)"
+        return "training compute (reserved CPU core-hours)"
     return "training compute (device-hours)"
 
 
@@ -232,6 +279,32 @@ def fit_run(
         return None
 
 
+def epoch_info(meta: dict[str, Any], compute: str) -> tuple[float | None, float | None]:
+    """(compute at the end of epoch 1, the largest epoch logged) of a run: from the run table's
+    columns when given, else read from the run's metrics.jsonl."""
+    key = f"epoch1_{compute}"
+    if key in meta and "epoch" in meta:
+        ep1, ep = meta.get(key), meta.get("epoch")
+        ep1 = None if ep1 is None or (isinstance(ep1, float) and math.isnan(ep1)) else float(ep1)
+        ep = None if ep is None or (isinstance(ep, float) and math.isnan(ep)) else float(ep)
+        return ep1, (None if ep1 is not None else ep)
+    path = meta.get("path")
+    if not path:
+        return None, None
+    rows, _ = read_jsonl(Path(path) / "metrics.jsonl")
+    return epoch1_compute(rows, compute)
+
+
+def run_contention(meta: dict[str, Any]) -> float | None:
+    if "contention_run" in meta:
+        return _num(meta.get("contention_run"))
+    path = meta.get("path")
+    if not path:
+        return None
+    rows, _ = read_jsonl(Path(path) / "metrics.jsonl")
+    return _num(rows[-1].get("contention_run")) if rows else None
+
+
 def fit_runs(
     df: pd.DataFrame,
     *,
@@ -239,20 +312,31 @@ def fit_runs(
     compute: str = "compute_hours",
     min_points: int = 6,
     fraction: float | None = None,
-    min_compute: float = 0.0,
+    min_compute: str | float = "epoch",
+    protocol: Any = None,
     bootstrap: int = 0,
     seed: int = 0,
     keep_fits: bool = False,
 ) -> pd.DataFrame:
-    """One row per run: RUN_KEYS, n_evals, A, B, C_mid, R0, sse, rmse, r2, n_points, flags, fit_error.
+    """One row per run, each fitted by the paper's protocol (analysis/protocol.py):
+    RUN_KEYS, config, n_evals, A, B, C_mid, R0, sse, rmse, r2, n_points, fit_from, fit_to, flags,
+    fit_error, protocol, fit_fraction, fit_cutoff, min_compute, min_compute_rule,
+    contention_run, contended.
 
     df: evaluation rows (`load_runs(path)`); runs: the run table (`load_runs(path, what="runs")`)
-    to also list runs without evaluations. R0 is each run's first evaluation.
-    fraction: fit only on compute <= fraction × the run's final compute; the row then also
-    holds predicted_final, observed_final and prediction_error (predicted − observed).
+    to also list runs without evaluations (and to read each run's epoch end without re-reading
+    its metrics). R0 is each run's first evaluation.
+    protocol: a protocol name or Protocol for every run; None: each run's sweep's protocol
+    (`analysis.protocol.sweep_protocol`: whole run for forward ablations, first half for LOO...).
+    min_compute: "epoch" (default: the end of each run's first epoch; see the protocol for runs
+    without `epoch`), "none"/0, or an absolute compute.
+    fraction: fit only compute <= fraction × the run's final compute (overrides the protocol's
+    range); the row then also holds predicted_final, observed_final and prediction_error
+    (predicted − observed at the last evaluation).
     bootstrap: N > 0 adds seeded percentile 95% intervals A_lo/A_hi, B_lo/B_hi, C_mid_lo/C_mid_hi.
     keep_fits: add a `fit` column holding each FitResult (None where not fitted).
     """
+    from analysis.protocol import sweep_protocol
     from analysis.scaling_law import bootstrap as bootstrap_fit
 
     groups = {p: g for p, g in df.groupby("path", sort=False)} if not df.empty else {}
@@ -263,29 +347,36 @@ def fit_runs(
         g = groups.get(meta["path"])
         c, r = run_curve(g, compute) if g is not None else (np.array([]), np.array([]))
         row: dict[str, Any] = {k: meta.get(k) for k in RUN_KEYS}
+        row["config"] = meta.get("config") or config_name(str(meta.get("run")))
+        row["path"] = meta.get("path")
         row.update(n_evals=int(c.size), final_compute=float(c[-1]) if c.size else math.nan)
-        res = None
-        try:
-            if c.size < min_points:
-                raise FitError(f"{c.size} evaluations (< min_points {min_points})")
-            keep = c <= fraction * float(c[-1]) if fraction is not None else np.ones(c.size, bool)
-            kw = {"r0": float(r[0]), "min_compute": min_compute}
-            res = fit(c[keep], r[keep], **kw)
+        proto = get_protocol(protocol) if protocol is not None else sweep_protocol(meta.get("sweep"))
+        ep1, max_ep = epoch_info(meta, compute)
+        pf = fit_with_protocol(c, r, protocol=proto, min_compute=min_compute, epoch1=ep1, max_epoch=max_ep,
+                               fit_fraction=fraction, min_points=min_points)
+        contention = run_contention(meta)
+        row.update(protocol=proto.name, fit_fraction=pf.fit_fraction, fit_cutoff=pf.cutoff,
+                   min_compute=pf.min_compute, min_compute_rule=pf.min_rule,
+                   contention_run=contention, contended=is_contended(contention))
+        res = pf.fit
+        if res is not None:
             row.update(res.summary())
             if fraction is not None:
                 row["predicted_final"] = float(res(c[-1]))
                 row["observed_final"] = float(r[-1])
                 row["prediction_error"] = row["predicted_final"] - row["observed_final"]
             if bootstrap:
-                bs = bootstrap_fit(c[keep], r[keep], n_boot=bootstrap, seed=seed, **kw)
+                keep = c <= pf.cutoff * (1.0 + 1e-12)
+                bs = bootstrap_fit(c[keep], r[keep], n_boot=bootstrap, seed=seed, r0=float(r[0]),
+                                   min_compute=pf.min_compute)
                 for name, (lo, hi) in bs.intervals().items():
                     row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
             row["fit_error"] = ""
-        except FitError as e:
-            row["fit_error"] = str(e)
+        else:
+            row["fit_error"] = pf.reason
         if keep_fits:
             row["fit"] = res
         rows.append(row)
     out = pd.DataFrame.from_records(rows)
-    first = [*RUN_KEYS, "n_evals", "A", "B", "C_mid", "R0"]
+    first = [*RUN_KEYS, "config", "n_evals", "A", "B", "C_mid", "R0"]
     return out.reindex(columns=first + [c for c in out.columns if c not in first])

@@ -1,15 +1,20 @@
 """Synthetic run directories from sigmoid parameters, in the exact trainer format.
 
-For tests (analysis, figures, `scalerl status`) and docs: every file and field of DESIGN.md
-"A run directory" is written, with the held-out pass rate following Eq. 1 plus seeded noise.
+For tests (analysis, figures, `scalerl status`, the reproduction report) and docs: every file
+and field of DESIGN.md "A run directory" is written, with the held-out pass rate following
+Eq. 1 plus seeded noise, and the compute-accounting fields (`epoch`, `cpu_hours`, per-process
+CPU and run-queue time, `contention`, `eval_wall_s`, `startup_s`; eval: `eval_wall_s`,
+`eval_compute_hours`, held-out `entropy`; run.json: `reserved_cpus`).
 
     write_run(root, "loss_type", "cispo-seed0", A=0.6, B=1.8, C_mid=0.05, factor="train.loss", value="cispo")
     write_sweep(root, "batch_size", "train.prompts_per_step", {"bs512": (0.605, 1.77, 2818), "bs2048": (0.645, 1.70, 10909)})
     write_paper_sweeps(root)   # every sweep the paper figures need (SYNTHETIC_SWEEPS)
+    write_study(root, seeds=(0, 1, 2))   # every shipped sweep spec, run names as `scalerl sweep` gives them
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import zlib
@@ -20,7 +25,8 @@ import numpy as np
 
 from analysis.scaling_law import sigmoid
 
-__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "SYNTHETIC_SWEEPS", "SYNTHETIC_SEEDS", "run_name"]
+__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "write_study", "SYNTHETIC_SWEEPS", "SYNTHETIC_SEEDS",
+           "DEFAULT_LAW", "run_name", "launch_config_name"]
 
 # sweep -> (factor, {value: (A, B, C_mid in units of the scale, i.e. GPU-hours at scale 1)}).
 # Sweep names, factors and values mirror experiments/sweeps/*.gin; (A, B, C_mid) follow the
@@ -110,6 +116,12 @@ def write_run(
     partial_last_line: bool = False,
     with_evals: bool = True,
     params_per_token_flops: float = 8e9,
+    epochs: float | None = 6.0,
+    contention: float = 0.01,
+    startup_s: float = 8.0,
+    benchmarks: Sequence[str] = (),
+    procs: Sequence[str] = ("learner-0", "generator-0"),
+    run_info: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write one run directory whose eval pass rate follows Eq. 1 (+ N(0, noise), seeded).
 
@@ -117,6 +129,11 @@ def write_run(
     `compute_per_step`). Evaluations at step 0 and every `eval_every` steps. `status="failed"`
     records `error`; `partial_last_line` leaves half a JSON line at the end of both logs (a run
     being written); `with_evals=False` writes no eval.jsonl lines.
+    epochs: the training pool is consumed this many times over the run (`epoch` per step);
+    None writes no `epoch` (a run from before the field existed).
+    contention: the run's run-queue share (`contention_run` at the end; per step it varies
+    around it). benchmarks: names of downstream benchmark records written beside each
+    held-out evaluation (eval.jsonl lines with a "benchmark" key). run_info: extra run.json keys.
     """
     if compute_per_step is None:
         compute_per_step = (4.0 * C_mid if final_compute is None else final_compute) / steps
@@ -131,8 +148,10 @@ def write_run(
     meta = {
         "name": run_dir.name, "sweep": sweep, "factor": factor, "value": value, "recipe": recipe,
         "seed": seed, "git_sha": "0" * 40, "hardware": {"device": device, "count": count},
+        "reserved_cpus": count if device == "cpu" else 2 * count,
         "status": status, "error": error, "started": _iso(t0),
         "finished": None if status == "running" else _iso(t0 + steps * wall_per_step),
+        **dict(run_info or {}),
     }
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
     (run_dir / "config.gin").write_text(
@@ -141,10 +160,30 @@ def write_run(
     )
 
     metrics, evals = [], []
+    eval_wall_per = 0.15 * wall_per_step * eval_every  # each evaluation: 15% of the steps between two
+    n_evals_done = 0
+    cpu_s = {name: 0.0 for name in procs}
+    runq_s = {name: 0.0 for name in procs}
     for step in range(steps + 1):
         c = step * compute_per_step
         p = float(sigmoid(c, A, B, C_mid, R0))
         if step > 0:
+            step_cont = float(np.clip(contention * (1.0 + 0.2 * rng.standard_normal()), 0.0, 0.99))
+            for name in procs:  # each process busy 90% of the step; its wait makes up the contention share
+                busy = 0.9 * wall_per_step
+                cpu_s[name] += busy * (1.0 - step_cont)
+                runq_s[name] += busy * step_cont
+            total_cpu, total_q = sum(cpu_s.values()), sum(runq_s.values())
+            accounting = {
+                "cpu_hours": total_cpu / 3600.0,
+                "contention": step_cont,
+                "contention_run": total_q / (total_cpu + total_q) if total_cpu + total_q > 0 else 0.0,
+                "procs": {n: {"cpu_s": cpu_s[n], "runq_s": runq_s[n]} for n in procs},
+                "eval_wall_s": n_evals_done * eval_wall_per,
+                "startup_s": startup_s,
+            }
+            if epochs is not None:
+                accounting["epoch"] = epochs * step / steps
             metrics.append({
                 "step": step, "version": step, "compute_hours": c, "flops": step * flops_per_step,
                 "wall_s": step * wall_per_step, "prompts": 48, "generations": 768, "tokens": tokens_per_step,
@@ -155,12 +194,22 @@ def write_run(
                 "is_ratio_mean": 1.0, "is_ratio_min": 0.7, "is_ratio_max": 1.4, "clip_frac": 0.01,
                 "lag_mean": 2.5, "lag_max": 8, "time_generate": 0.7 * wall_per_step,
                 "time_train": 0.25 * wall_per_step, "time_sync": 0.03 * wall_per_step, "time_wait": 0.02 * wall_per_step,
+                **accounting,
             })
         if with_evals and step % eval_every == 0:
             pr = float(np.clip(p + (rng.normal(0, noise) if step > 0 else 0.0), 0.0, 1.0))
             per_task = {t: float(np.clip(pr + rng.normal(0, noise), 0, 1)) for t in tasks}
+            n_evals_done += 1
             evals.append({"step": step, "compute_hours": c, "flops": step * flops_per_step, "pass_rate": pr,
-                          "k": k, "prompts": prompts, "per_task": per_task})
+                          "k": k, "prompts": prompts, "per_task": per_task,
+                          "entropy": 0.5 * math.exp(-step / (0.5 * steps)) + 0.1 + float(rng.normal(0, 0.003)),
+                          "eval_wall_s": eval_wall_per,
+                          "eval_compute_hours": eval_wall_per * max(count, 1) / 3600.0})
+            for name in benchmarks:  # a downstream benchmark: lower, and not the held-out curve
+                evals.append({"step": step, "compute_hours": c, "flops": step * flops_per_step,
+                              "benchmark": name, "pass_rate": float(np.clip(0.5 * pr, 0, 1)), "k": k,
+                              "prompts": 30, "eval_wall_s": eval_wall_per,
+                              "eval_compute_hours": eval_wall_per * max(count, 1) / 3600.0})
 
     def dump(path: Path, rows: list[dict]) -> None:
         text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -203,4 +252,67 @@ def write_paper_sweeps(
         factor, values = SYNTHETIC_SWEEPS[sweep]
         out[sweep] = write_sweep(root, sweep, factor, values, scale=scale,
                                  seeds=SYNTHETIC_SEEDS.get(sweep, (0,)), **kwargs)
+    return out
+
+
+# The law of a configuration SYNTHETIC_SWEEPS does not list (A, B, C_mid at scale 1).
+DEFAULT_LAW = (0.60, 1.85, 2600.0)
+
+
+def launch_config_name(factor: str, value: Any) -> str:
+    """The configuration name `scalerl sweep` gives a value of SYNTHETIC_SWEEPS (its run
+    names are `<config>-s<seed>`): a recipe file's stem, `<param><number>` for a number
+    (`k4`, `eps_max4.0`), else the value's slug."""
+    from experiments.launch import slug
+
+    if isinstance(value, str) and value.endswith(".gin"):
+        return slug(Path(value).stem)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{factor.rsplit('.', 1)[-1]}{slug(value)}"
+    return slug(value)
+
+
+def write_study(
+    root: str | Path,
+    *,
+    seeds: Iterable[int] = (0, 1, 2),
+    sweeps: Iterable[str] | None = None,
+    scale: float = 1e-4,
+    laws: Mapping[tuple[str, str], tuple[float, float, float]] | None = None,
+    run_kwargs: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    spec_scale: str = "paper",
+    **kwargs: Any,
+) -> dict[str, list[Path]]:
+    """A synthetic results folder of the whole study: every shipped sweep spec
+    (experiments/sweeps/*.gin, or the named ones) expanded by `scalerl sweep`'s own `expand`
+    with `seeds`, one run directory per (config, seed) named exactly as a real sweep names it,
+    run.json carrying the run's sweep/factor/value/recipe/seed.
+
+    Each config follows its SYNTHETIC_SWEEPS law (by `launch_config_name`), else DEFAULT_LAW;
+    `laws[(sweep, config)]` overrides one (A, B, C_mid). C_mid is multiplied by `scale`.
+    `run_kwargs[(sweep, run name)]` passes extra `write_run` keywords to one run (e.g.
+    {"contention": 0.2}). spec_scale: the scale the specs are expanded at (names are the same
+    at both; "paper" avoids importing the trainer's components).
+    """
+    from analysis.runs import config_name
+    from experiments.launch import SWEEPS_DIR, expand, load_spec
+
+    names = sorted(p.stem for p in SWEEPS_DIR.glob("*.gin")) if sweeps is None else list(sweeps)
+    seeds = tuple(seeds)
+    out: dict[str, list[Path]] = {}
+    for name in names:
+        spec = load_spec(name)
+        spec = dataclasses.replace(spec, seeds=seeds)
+        known = {}
+        if spec.name in SYNTHETIC_SWEEPS:
+            factor, values = SYNTHETIC_SWEEPS[spec.name]
+            known = {launch_config_name(factor, v): law for v, law in values.items()}
+        out[spec.name] = []
+        for run in expand(spec, spec_scale):
+            config = config_name(run.name)
+            A, B, C_mid = (laws or {}).get((spec.name, config), known.get(config, DEFAULT_LAW))
+            kw = {**kwargs, **dict((run_kwargs or {}).get((spec.name, run.name), {}))}
+            out[spec.name].append(write_run(
+                root, spec.name, run.name, A=A, B=B, C_mid=C_mid * scale, factor=run.factor,
+                value=run.value, recipe=run.recipe, seed=run.seed, **kw))
     return out

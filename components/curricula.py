@@ -19,6 +19,11 @@ No sampler named means `uniform`.
 
 Samplers are deterministic in (seed, epoch) and carry all their state in `state_dict()`
 (checkpointed with the run, pass-rate history included).
+
+Task mixtures (``train.task = {"arithmetic": 0.5, "reasoning_gym:countdown": 0.5}``): every
+sampler draws prompts by task weight (smooth weighted round robin over the tasks, then each
+task's own seeded epochs; see `PromptSampler`). The pass-rate history keys on problem ids,
+which the mixture prefixes with the task spec, so it stays per prompt across tasks.
 """
 
 from __future__ import annotations
@@ -48,8 +53,60 @@ def is_zero_variance(rewards: Sequence[float]) -> bool:
     return r.size == 0 or bool(np.all(r == r[0]))
 
 
+class _Stream:
+    """Epochs over one set of prompt indices (the whole task, or one member of a task mixture)."""
+
+    def __init__(self, indices: Sequence[int], rng_key: tuple[int, ...]):
+        self.indices = list(indices)
+        self.rng_key = tuple(rng_key)
+        self.epoch = 0
+        self.position = 0
+        self.perm: list[int] = []
+        self.exhausted = False
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "perm": list(self.perm), "exhausted": self.exhausted}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.perm = list(state["perm"])
+        self.exhausted = bool(state.get("exhausted", False))
+
+
+def mixture_strata(problems: Sequence[Any]) -> list[tuple[str, float, list[int]]] | None:
+    """[(task, weight, indices)] when the problems come from a task mixture, else None.
+
+    Mixture problems (`components.tasks.mixture`) carry ``meta["task"]`` and
+    ``meta["mixture_weight"]``; every problem of a task must carry the same weight.
+    """
+    metas = [getattr(p, "meta", None) or {} for p in problems]
+    flagged = ["mixture_weight" in m for m in metas]
+    if not any(flagged):
+        return None
+    if not all(flagged):
+        raise ValueError("some problems carry a mixture weight (meta['mixture_weight']) and others do not")
+    strata: dict[str, tuple[float, list[int]]] = {}
+    for i, m in enumerate(metas):
+        task, w = str(m.get("task")), float(m["mixture_weight"])
+        if task in strata and strata[task][0] != w:
+            raise ValueError(f"task {task!r} carries two mixture weights ({strata[task][0]} and {w})")
+        if not w > 0:
+            raise ValueError(f"task {task!r} has mixture weight {w}; weights must be > 0")
+        strata.setdefault(task, (w, []))[1].append(i)
+    return [(task, w, idx) for task, (w, idx) in strata.items()]
+
+
 class PromptSampler:
-    """Base sampler: `sample(n)` problems, `observe(problem_id, pass_rate)` after verification."""
+    """Base sampler: `sample(n)` problems, `observe(problem_id, pass_rate)` after verification.
+
+    A task mixture (problems carrying ``meta["mixture_weight"]``, see `mixture_strata`) is
+    sampled by weight: each draw picks a task by smooth weighted round robin (deterministic;
+    after any n draws every task has had its weight x n draws to within one), then the next
+    prompt of that task's own epoch (a fresh seeded permutation of its prompts per epoch).
+    Samplers that drop prompts fall back per task: a task whose prompts are all dropped is
+    drawn from all its prompts again (``exhausted``), and keeps its weight.
+    """
 
     kind = "sampler"
 
@@ -62,49 +119,83 @@ class PromptSampler:
             raise ValueError(f"{type(self).__name__}: problem ids are not unique")
         self._index = {pid: i for i, pid in enumerate(ids)}
         self.seed = int(seed)
-        self.epoch = 0
-        self.position = 0
-        self._perm: list[int] = []
-        self.exhausted = False
+        strata = mixture_strata(self.problems)
+        if strata is None:
+            self.tasks: list[str] = []
+            self.weights: list[float] = []
+            self._streams = [_Stream(range(len(self.problems)), (self.seed, 7919))]
+        else:
+            self.tasks = [t for t, _, _ in strata]
+            total = sum(w for _, w, _ in strata)
+            self.weights = [w / total for _, w, _ in strata]
+            self._streams = [_Stream(idx, (self.seed, 7919, j + 1)) for j, (_, _, idx) in enumerate(strata)]
+        self._credit = [0.0] * len(self._streams)  # smooth weighted round robin state
+
+    # -- the single-task view (kept for callers and checkpoints of one-task runs) ---------
+    @property
+    def epoch(self) -> int:
+        return min(s.epoch for s in self._streams)
+
+    @property
+    def exhausted(self) -> bool:
+        return any(s.exhausted for s in self._streams)
 
     # -- which prompts may be drawn -----------------------------------------------------
     def active(self, i: int) -> bool:
         return True
 
-    def _new_epoch_permutation(self) -> list[int]:
-        rng = np.random.default_rng([self.seed, self.epoch, 7919])
-        candidates = [i for i in range(len(self.problems)) if self.active(i)]
-        self.exhausted = not candidates
+    def _new_epoch_permutation(self, stream: _Stream) -> list[int]:
+        seed_part, *rest = stream.rng_key
+        rng = np.random.default_rng([seed_part, stream.epoch, *rest])
+        candidates = [i for i in stream.indices if self.active(i)]
+        stream.exhausted = not candidates
         if not candidates:  # everything dropped: fall back to all prompts rather than stop
-            candidates = list(range(len(self.problems)))
+            candidates = list(stream.indices)
         return [candidates[j] for j in rng.permutation(len(candidates))]
 
+    def _next_stream(self) -> _Stream:
+        if len(self._streams) == 1:
+            return self._streams[0]
+        for j, w in enumerate(self.weights):
+            self._credit[j] += w
+        j = max(range(len(self._credit)), key=lambda x: (self._credit[x], -x))
+        self._credit[j] -= 1.0
+        return self._streams[j]
+
+    def _draw(self, stream: _Stream) -> Any:
+        while True:
+            if not stream.perm or stream.position >= len(stream.perm):
+                if stream.perm:
+                    stream.epoch += 1
+                stream.perm = self._new_epoch_permutation(stream)
+                stream.position = 0
+            i = stream.perm[stream.position]
+            stream.position += 1
+            if self.active(i) or stream.exhausted:
+                return self.problems[i]  # a prompt dropped mid-epoch is skipped for good
+
     def sample(self, n: int) -> list[Any]:
-        out: list[Any] = []
-        while len(out) < n:
-            if not self._perm or self.position >= len(self._perm):
-                if self._perm:
-                    self.epoch += 1
-                self._perm = self._new_epoch_permutation()
-                self.position = 0
-            i = self._perm[self.position]
-            self.position += 1
-            if self.active(i) or self.exhausted:
-                out.append(self.problems[i])  # a prompt dropped mid-epoch is skipped for good
-        return out
+        return [self._draw(self._next_stream()) for _ in range(n)]
 
     def observe(self, problem_id: str, pass_rate: float) -> None:
         """Called once per finished rollout group with its pass rate."""
 
     # -- checkpointing ---------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "perm": list(self._perm), "exhausted": self.exhausted}
+        if not self.tasks:
+            return self._streams[0].state_dict()
+        return {"streams": {t: s.state_dict() for t, s in zip(self.tasks, self._streams)}, "credit": list(self._credit)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        self._perm = list(state["perm"])
-        self.exhausted = bool(state.get("exhausted", False))
+        if not self.tasks:
+            self._streams[0].load_state_dict(state)
+            return
+        if "streams" not in state or set(state["streams"]) != set(self.tasks):
+            got = sorted(state.get("streams", {})) if "streams" in state else "a one-task state"
+            raise ValueError(f"sampler state holds tasks {got}, but this mixture has {sorted(self.tasks)}")
+        for t, s in zip(self.tasks, self._streams):
+            s.load_state_dict(state["streams"][t])
+        self._credit = [float(c) for c in state["credit"]]
 
     def stats(self) -> dict:
         return {"curriculum_epoch": self.epoch}

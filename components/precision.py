@@ -1,16 +1,67 @@
 """Precision policies, applied to BOTH the trainer model and the generation engine.
 
 One config key (``train.precision = "bf16_fp32_head"``) selects a policy; the trainer and
-every engine call ``PRECISIONS.get(name)().prepare_model(model)`` on their own copy of the
-model, so the two sides compute logits the same way. The paper (PAPER.md §2, the MiniMax-M1
-fix) keeps the LM head and the logits in fp32 on both sides to shrink the gap between the
-generator's log-probs and the trainer's.
+every engine resolve it for their device (``get_precision(name, device=...)``) and apply it
+to their own copy of the model, so the two sides compute logits the same way. The paper
+(PAPER.md §2, the MiniMax-M1 fix) keeps the LM head and the logits in fp32 on both sides to
+shrink the gap between the generator's log-probs and the trainer's.
 
 Policies (registry ``PRECISIONS``):
 - ``fp32``: every parameter and the logits in float32.
-- ``bf16``: every parameter in bfloat16; the logits come out of the head in bfloat16.
+- ``bf16``: bfloat16 body; the logits come out of the head in bfloat16 (the paper's
+  baseline "bf16 LM head").
 - ``bf16_fp32_head``: the body in bfloat16, the LM head weight in float32, and the head's
   input is upcast to float32, so the logits are computed and returned in float32.
+
+Where bf16 happens on each side (real bf16):
+- generator (``prepare_model``): the parameters are STORED in bfloat16 (the fp32 head aside),
+  so every activation is bfloat16;
+- trainer (``compute_context``): master weights stay float32 (learner.py); one rank computes
+  under ``torch.autocast(bfloat16)``: matmul-like ops (linear, matmul, bmm, attention ...)
+  take bf16 inputs and give bf16 outputs, everything else runs in fp32. The LM head follows
+  the policy: bf16 logits for ``bf16`` (the chunked head, which runs outside autocast, is
+  cast to bf16 by the context), fp32 for ``bf16_fp32_head``. FSDP2 (T > 1 ranks) uses a
+  ``MixedPrecisionPolicy`` with ``compute_dtype`` instead (learner.shard_model).
+
+Emulated bf16 (``precision.emulate``)
+-------------------------------------
+A CPU without bf16 units runs real bf16 about 10x slower than fp32 (ENVIRONMENT.md), so a
+tiny CPU run could not afford the paper's precision. The bf16 policies therefore EMULATE
+bf16 where it is slow: tensors stay float32 but their VALUES are rounded to bf16 (round to
+nearest even, ``x.to(bfloat16).to(float32)``) exactly where real bf16 rounds:
+
+- ``precision.emulate = "auto"`` (default): emulate on CPU, real bf16 on CUDA (and any other
+  device); ``"on"``: emulate everywhere (e.g. to compare with real bf16 on a GPU);
+  ``"off"``: real bf16 everywhere (slow on this CPU). Every process resolves the policy for
+  its own device, so one run may have a real-bf16 GPU learner and emulating CPU generators;
+  the weights travel in bf16 either way (weight_sync), and an emulating engine stores them
+  as float32 holding bf16 values.
+- Emulated on the generator (``prepare_model``): every parameter holds a bf16 value (the
+  fp32 head excepted), rounded when loaded and after every weight update
+  (``round_weights_``); the inputs and outputs of every matmul-like op are rounded to bf16
+  (``EMULATED_OPS``: linear, matmul/@, mm, bmm, addmm, baddbmm, addbmm, einsum, conv,
+  scaled_dot_product_attention: what ``torch.autocast`` lists as bf16 ops); the logits are
+  rounded to bf16 unless the head is fp32; with the fp32 head its INPUT is rounded (the
+  real generator's final norm outputs bf16) and the head matmul and logits stay fp32.
+- Emulated on the trainer (``compute_context``): the same rounding of matmul-like inputs
+  (the fp32 master weights included, as autocast casts them) and outputs, with gradients:
+  rounding is a straight-through op whose backward rounds the incoming gradient to bf16, so
+  the gradient of every bf16 tensor is a bf16 value, as in a real bf16 backward. The head:
+  rounded (bf16 logits) for ``bf16``, untouched fp32 for ``bf16_fp32_head``.
+- Regions where the model turns autocast OFF stay fp32 under emulation as under real
+  autocast (e.g. Llama's rotary frequencies): emulation enters a real ``torch.autocast``
+  context only to mark the region and runs each rounded op with autocast disabled.
+- NOT emulated: accumulation inside a matmul and inside attention (softmax, P @ V) stays
+  fp32 (real bf16 kernels also accumulate in fp32, but round the attention probabilities
+  before P @ V on GPU); elementwise ops between matmuls (residual adds, RMSNorm's scale,
+  SiLU x up, rotary products, the KV cache after rotary) run in fp32 and are rounded only
+  when they enter the next matmul, whereas the real generator rounds each of them (its
+  residual stream is bf16); the chunked LM head's backward (components/trainer/forward.py)
+  recomputes the logits in fp32; ops reached only from C++ (not through Python's
+  torch-function dispatch) run in real bf16 under the marking autocast. The vllm engine is
+  never emulated (it runs its own kernels in the policy's dtype).
+The measured effect (BENCHMARKS.md, "Emulated bf16 (issue 12)"): the trainer-generator
+log-prob gap appears as with real bf16 and the FP32 head shrinks it, at about fp32 speed.
 
 Tied embeddings and the fp32 head: the input embedding stays bfloat16 while the head must
 be float32, so they cannot share one tensor. ``prepare_model`` UNTIES them: the head gets
@@ -26,16 +77,69 @@ Log-probs are always taken in float32 from whatever dtype the logits have
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
+import gin
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map_only
 
 from components.registry import PRECISIONS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PrecisionPolicy", "fp32", "bf16", "bf16_fp32_head", "get_precision", "vllm_dtype"]
+__all__ = [
+    "PrecisionPolicy",
+    "fp32",
+    "bf16",
+    "bf16_fp32_head",
+    "get_precision",
+    "vllm_dtype",
+    "precision_options",
+    "emulation_mode",
+    "emulation_override",
+    "EMULATION_MODES",
+    "EMULATED_OPS",
+    "BF16Emulation",
+    "round_to_bf16",
+    "is_bf16_valued",
+    "boundary_modules",
+]
+
+EMULATION_MODES = ("auto", "on", "off")
+
+
+@gin.configurable("precision", module="scalerl")
+def precision_options(emulate: str = "auto") -> dict:
+    """Process-wide precision options (gin: ``precision.emulate = "auto"``). See the module docstring."""
+    if emulate not in EMULATION_MODES:
+        raise ValueError(f"precision.emulate = {emulate!r} is not one of {list(EMULATION_MODES)}")
+    return {"emulate": emulate}
+
+
+_OVERRIDE: list = []  # emulation_override's stack (process-wide)
+
+
+def emulation_mode() -> str:
+    """The ``precision.emulate`` in force: an `emulation_override`, else the gin binding ("auto" by default)."""
+    return _OVERRIDE[-1] if _OVERRIDE else precision_options()["emulate"]
+
+
+@contextlib.contextmanager
+def emulation_override(mode: str):
+    """Within the block, policies resolve with ``precision.emulate = mode`` (tests, benchmarks)."""
+    if mode not in EMULATION_MODES:
+        raise ValueError(f"precision.emulate = {mode!r} is not one of {list(EMULATION_MODES)}")
+    _OVERRIDE.append(mode)
+    try:
+        yield
+    finally:
+        _OVERRIDE.pop()
 
 
 def _output_embeddings(model: torch.nn.Module):
@@ -93,52 +197,357 @@ def _upcast_head_input(module: torch.nn.Module, args):
     return (hidden.to(module.weight.dtype), *rest)
 
 
+# ---------------------------------------------------------------------------------------
+# bf16 emulation
+def _round_values(x: torch.Tensor) -> torch.Tensor:
+    """x (float32/float64) with every value rounded to the nearest bf16 (ties to even); same dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+class _RoundToBF16(torch.autograd.Function):
+    """Straight-through rounding: forward rounds the values, backward rounds the gradient to bf16."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _round_values(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _round_values(grad)
+
+
+def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round a float32/float64 tensor's values to bf16 (dtype unchanged); other tensors pass through.
+
+    Differentiable: the gradient passes straight through and is itself rounded to bf16
+    (the gradient of a bf16 tensor in a real bf16 backward is bf16).
+    """
+    if x.dtype not in (torch.float32, torch.float64):
+        return x
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RoundToBF16.apply(x)
+    return _round_values(x)
+
+
+def is_bf16_valued(x: torch.Tensor) -> bool:
+    """True when every value of `x` is exactly representable in bf16."""
+    return bool(torch.equal(_round_values(x.detach()), x.detach())) if x.dtype in (torch.float32, torch.float64) else True
+
+
+# The ops torch.autocast runs in bf16 (its lower-precision lists, CPU and CUDA) that models
+# call from Python: their tensor inputs and outputs are rounded under emulation.
+EMULATED_OPS = frozenset(
+    f
+    for f in (
+        F.linear, F.bilinear, F.scaled_dot_product_attention, F.conv1d, F.conv2d, F.conv3d,
+        F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
+        torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum,
+        torch.chain_matmul, torch.linalg.vecdot,
+        torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.Tensor.mm,
+        torch.Tensor.bmm, torch.Tensor.addmm, torch.Tensor.baddbmm, torch.Tensor.addbmm,
+    )
+    if f is not None
+)
+
+
+def _linear_weight(args, kwargs):
+    if len(args) > 1:
+        return args[1]
+    return kwargs.get("weight")
+
+
+class BF16Emulation(TorchFunctionMode):
+    """A torch-function mode that rounds the inputs and outputs of matmul-like ops to bf16 values.
+
+    Args:
+        head: the LM head module (its ``weight`` is read at call time, so FSDP2's unsharded
+            parameter is recognised), or None.
+        fp32_head: the policy keeps the head in fp32 (its matmul and logits are not rounded).
+        round_head_input: with the fp32 head, still round its input (the generator: the real
+            final norm outputs bf16); False on the trainer (autocast keeps it fp32).
+        skip_parameters: do not round ``nn.Parameter`` inputs (the generator stores them
+            already rounded; saves a pass over the weights per op).
+        emulate: False gives the REAL-bf16 helper: only the bf16 LM head is computed in real
+            bf16 (the chunked head runs outside autocast); everything else passes through.
+
+    Ops run inside a region where autocast is disabled (the model turned it off, e.g. for
+    rotary frequencies, or the chunked head) pass through unrounded, as under real autocast;
+    the bf16 head is rounded wherever it runs.
+    """
+
+    def __init__(self, head: Optional[torch.nn.Module], *, fp32_head: bool, round_head_input: bool = False,
+                 skip_parameters: bool = False, emulate: bool = True):
+        super().__init__()
+        self.head = head
+        self.fp32_head = bool(fp32_head)
+        self.round_head_input = bool(round_head_input)
+        self.skip_parameters = bool(skip_parameters)
+        self.emulate = bool(emulate)
+
+    def _round_in(self, t: torch.Tensor) -> torch.Tensor:
+        if self.skip_parameters and isinstance(t, torch.nn.Parameter):
+            return t
+        return round_to_bf16(t)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in EMULATED_OPS:
+            return func(*args, **kwargs)
+        head_call = (
+            self.head is not None and func is F.linear and _linear_weight(args, kwargs) is getattr(self.head, "weight", None)
+        )
+        if not self.emulate:  # real bf16: only the bf16 head needs help (autocast does the rest)
+            if head_call and not self.fp32_head:
+                a, k = tree_map_only(torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, (args, kwargs))
+                return func(*a, **k)
+            return func(*args, **kwargs)
+        device = _first_device(args, kwargs)
+        if head_call and self.fp32_head:
+            if self.round_head_input:
+                if args:
+                    args = (round_to_bf16(args[0]), *args[1:])
+                else:
+                    kwargs = {**kwargs, "input": round_to_bf16(kwargs["input"])}
+            with _autocast_off(device):
+                return func(*args, **kwargs)
+        if not head_call and device is not None and not _autocast_on(device):
+            return func(*args, **kwargs)  # an fp32 region (autocast turned off by the model)
+        a, k = tree_map_only(torch.Tensor, self._round_in, (args, kwargs))
+        with _autocast_off(device):
+            out = func(*a, **k)
+        return tree_map_only(torch.Tensor, round_to_bf16, out)
+
+
+def _first_device(args, kwargs) -> Optional[str]:
+    for x in list(args) + list(kwargs.values()):
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                if isinstance(y, torch.Tensor):
+                    return y.device.type
+    return None
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (RuntimeError, TypeError):  # a device type autocast does not know
+        return False
+
+
+def _autocast_off(device_type: Optional[str]):
+    if device_type is None:
+        return contextlib.nullcontext()
+    try:
+        return torch.autocast(device_type=device_type, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()
+
+
+def _marking_autocast(device_type: str):
+    """The real autocast context that marks the bf16 region for BF16Emulation (ops run unrounded inside it are
+    only those emulation does not intercept)."""
+    try:
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    except RuntimeError:  # pragma: no cover - a device without autocast: emulate every intercepted op
+        return contextlib.nullcontext()
+
+
+def _model_device_type(model: torch.nn.Module) -> str:
+    for p in model.parameters():
+        return p.device.type
+    return "cpu"
+
+
+def boundary_modules(model: torch.nn.Module) -> tuple[list, bool]:
+    """The modules whose OUTPUT is a bf16 tensor between matmuls in a bf16 model: the input embedding, every
+    decoder block (the residual stream at block boundaries) and the final norm (the head's input).
+
+    Returns (modules, found_final_norm). Llama/Qwen-style decoders (``get_decoder()`` with ``layers`` and
+    ``norm``); other architectures get what can be found.
+    """
+    mods = []
+    emb = _input_embeddings(model)
+    if emb is not None:
+        mods.append(emb)
+    decoder = None
+    get = getattr(model, "get_decoder", None)
+    if callable(get):
+        try:
+            decoder = get()
+        except (AttributeError, ValueError, NotImplementedError):
+            decoder = None
+    decoder = decoder if decoder is not None else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None) if decoder is not None else None
+    if layers is not None:
+        mods.extend(list(layers))
+    norm = getattr(decoder, "norm", None) if decoder is not None else None
+    if isinstance(norm, torch.nn.Module):
+        mods.append(norm)
+    return mods, isinstance(norm, torch.nn.Module)
+
+
+def _round_output_hook(module, args, output):
+    """forward hook: the module's floating outputs rounded to bf16 values (straight-through with grad)."""
+    return tree_map_only(torch.Tensor, round_to_bf16, output)
+
+
+def _add_boundary_hooks(model: torch.nn.Module) -> tuple[list, bool]:
+    mods, has_norm = boundary_modules(model)
+    return [m.register_forward_hook(_round_output_hook) for m in mods], has_norm
+
+
+def _emulation_pre_hook(module, args, kwargs):
+    state = module._scalerl_emulation
+    stack = contextlib.ExitStack()
+    stack.enter_context(_marking_autocast(_model_device_type(module)))
+    stack.enter_context(BF16Emulation(state["head"], fp32_head=state["fp32_head"],
+                                      round_head_input=not state["has_norm"], skip_parameters=True))
+    state["stacks"].append(stack)
+    return None
+
+
+def _emulation_post_hook(module, args, kwargs, output):
+    stacks = module._scalerl_emulation["stacks"]
+    if stacks:
+        stacks.pop().close()
+    return None
+
+
+# ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """Where a model keeps its parameters and logits.
 
     Attributes:
         name: the registry name.
-        param_dtype: dtype of the body's parameters.
+        param_dtype: dtype of the body's parameters (the generator's; the weights travel in it).
         logits_dtype: dtype the model's logits come out in.
         fp32_head: LM head weight (and its matmul) in float32.
+        emulated: bf16 is emulated in float32 (set by `resolve`; see the module docstring).
     """
 
     name: str
     param_dtype: torch.dtype
     logits_dtype: torch.dtype
     fp32_head: bool = False
+    emulated: bool = False
 
+    # -- resolution ------------------------------------------------------------------------
+    def resolve(self, device) -> "PrecisionPolicy":
+        """This policy on `device`: emulated or real bf16 per ``precision.emulate`` (fp32 is never emulated)."""
+        if self.param_dtype == torch.float32:
+            return dataclasses.replace(self, emulated=False)
+        mode = emulation_mode()
+        device_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        emulate = mode == "on" or (mode == "auto" and device_type == "cpu")
+        return dataclasses.replace(self, emulated=emulate)
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """dtype the generator's body parameters are stored in (float32 when emulated)."""
+        return torch.float32 if self.emulated else self.param_dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """dtype the trainer's matmuls run in (float32 when emulated; FSDP2's param_dtype)."""
+        return torch.float32 if self.emulated else self.param_dtype
+
+    # -- the generator's model ---------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Cast `model` in place to this policy (and return it). Idempotent."""
+        """Cast `model` in place to this policy (and return it). Idempotent.
+
+        Real: parameters cast to ``param_dtype`` (the fp32 head kept fp32, with a pre-hook
+        that upcasts its input). Emulated: parameters stay float32 holding bf16 values (the
+        fp32 head unrounded), and every forward of `model` runs under `BF16Emulation`.
+        """
         if self.fp32_head:
             untie_lm_head(model)  # before any cast, so the fp32 head keeps the exact embedding values
-            head = _output_embeddings(model)
+        head = _output_embeddings(model)
+        if self.emulated:
+            model.to(torch.float32)
+            self.round_weights_(model)
+            if getattr(model, "_scalerl_emulation", None) is None:
+                _, has_norm = _add_boundary_hooks(model)  # permanent: this model is emulated for good
+                model._scalerl_emulation = {"head": head, "fp32_head": self.fp32_head, "stacks": [], "has_norm": has_norm}
+                model.register_forward_pre_hook(_emulation_pre_hook, with_kwargs=True)
+                model.register_forward_hook(_emulation_post_hook, with_kwargs=True, always_call=True)
+        elif self.fp32_head:
             head_fp32 = head.weight.detach().to(torch.float32, copy=True)
             model.to(self.param_dtype)
             head.to(torch.float32)
             with torch.no_grad():
                 head.weight.copy_(head_fp32)
-        else:
-            model.to(self.param_dtype)
-        if self.fp32_head:
             if not getattr(head, "_scalerl_fp32_head_hook", False):
                 head.register_forward_pre_hook(_upcast_head_input)
                 head._scalerl_fp32_head_hook = True
+        else:
+            model.to(self.param_dtype)
         config = getattr(model, "config", None)
         if config is not None:
             config.scalerl_precision = self.name
         return model
 
+    def round_weights_(self, model: torch.nn.Module) -> None:
+        """Emulated policies: round every float parameter of `model` to a bf16 value in place (the fp32 head
+        excepted). Call after loading weights that may not be bf16 values; a no-op for real policies."""
+        if not self.emulated:
+            return
+        keep = _output_embeddings(model).weight if self.fp32_head else None
+        with torch.no_grad():
+            for p in model.parameters():
+                if p is not keep and p.dtype in (torch.float32, torch.float64):
+                    p.copy_(_round_values(p))
+
+    def accepts_wire_dtype(self, wire: torch.dtype, held: torch.dtype) -> bool:
+        """True when a tensor arriving as `wire` may be copied into a parameter held as `held`
+        (equal dtypes, or bf16 into an emulating engine's float32 storage: exact)."""
+        return wire == held or (self.emulated and wire == self.param_dtype and held == torch.float32)
+
     def check_model(self, model: torch.nn.Module) -> None:
         """Raise if `model` does not follow this policy (a cheap guard for tests and workers)."""
         head = _output_embeddings(model)
-        want_head = torch.float32 if self.fp32_head else self.param_dtype
+        want_head = torch.float32 if self.fp32_head else self.storage_dtype
         if head.weight.dtype != want_head:
             raise AssertionError(f"precision {self.name}: LM head is {head.weight.dtype}, expected {want_head}")
         emb = _input_embeddings(model)
-        if emb is not None and emb.weight.dtype != self.param_dtype:
-            raise AssertionError(f"precision {self.name}: embedding is {emb.weight.dtype}, expected {self.param_dtype}")
+        if emb is not None and emb.weight.dtype != self.storage_dtype:
+            raise AssertionError(f"precision {self.name}: embedding is {emb.weight.dtype}, expected {self.storage_dtype}")
+        if self.emulated:
+            if getattr(model, "_scalerl_emulation", None) is None:
+                raise AssertionError(f"precision {self.name} (emulated): the model has no emulation hooks; "
+                                     "prepare it with this policy's prepare_model")
+            keep = head.weight if self.fp32_head else None
+            bad = [n for n, p in model.named_parameters() if p is not keep and not is_bf16_valued(p)]
+            if bad:
+                raise AssertionError(f"precision {self.name} (emulated): parameters hold non-bf16 values: {bad[:5]}")
+
+    # -- the trainer's compute path ------------------------------------------------------------
+    def compute_context(self, model: torch.nn.Module, device, *, sharded: bool = False):
+        """The context of a trainer forward (+ backward through autograd) on fp32 master weights.
+
+        fp32: nothing. Emulated: `BF16Emulation` under a marking autocast. Real, one rank:
+        ``torch.autocast(bf16)`` plus, for the bf16 head, a mode that runs the (outside-autocast)
+        chunked head in bf16. Real, FSDP2 (`sharded`): nothing (MixedPrecisionPolicy does it).
+        """
+        if self.param_dtype == torch.float32:
+            return contextlib.nullcontext()
+        device_type = torch.device(device).type if not isinstance(device, torch.device) else device.type
+        head = _output_embeddings(model)
+        stack = contextlib.ExitStack()
+        if self.emulated:
+            handles, has_norm = _add_boundary_hooks(model)
+            stack.callback(lambda: [h.remove() for h in handles])
+            stack.enter_context(_marking_autocast(device_type))
+            stack.enter_context(BF16Emulation(head, fp32_head=self.fp32_head, round_head_input=not has_norm))
+            return stack
+        if sharded:
+            return contextlib.nullcontext()
+        stack.enter_context(torch.autocast(device_type=device_type, dtype=self.param_dtype))
+        if not self.fp32_head:
+            stack.enter_context(BF16Emulation(head, fp32_head=False, emulate=False))
+        return stack
 
 
 @PRECISIONS.register("fp32")
@@ -149,21 +558,24 @@ def fp32() -> PrecisionPolicy:
 
 @PRECISIONS.register("bf16")
 def bf16() -> PrecisionPolicy:
-    """Everything in bfloat16, logits included (the paper's baseline 'bf16 LM head')."""
+    """bfloat16 body and logits (the paper's baseline 'bf16 LM head'); emulated on CPU (precision.emulate)."""
     return PrecisionPolicy("bf16", torch.bfloat16, torch.bfloat16, fp32_head=False)
 
 
 @PRECISIONS.register("bf16_fp32_head")
 def bf16_fp32_head() -> PrecisionPolicy:
-    """bfloat16 body, float32 LM head and logits (ScaleRL / MiniMax-M1); unties tied embeddings."""
+    """bfloat16 body, float32 LM head and logits (ScaleRL / MiniMax-M1); unties tied embeddings; emulated on CPU."""
     return PrecisionPolicy("bf16_fp32_head", torch.bfloat16, torch.float32, fp32_head=True)
 
 
-def get_precision(precision) -> PrecisionPolicy:
-    """A policy from a registry name or an existing PrecisionPolicy."""
-    if isinstance(precision, PrecisionPolicy):
-        return precision
-    return PRECISIONS.get(precision)()
+def get_precision(precision, device=None) -> PrecisionPolicy:
+    """A policy from a registry name or an existing PrecisionPolicy.
+
+    With `device` the policy is resolved for it (emulated or real bf16, ``precision.emulate``);
+    without, a name gives the nominal (real) policy and a policy object is returned as is.
+    """
+    policy = precision if isinstance(precision, PrecisionPolicy) else PRECISIONS.get(precision)()
+    return policy.resolve(device) if device is not None else policy
 
 
 def vllm_dtype(policy: PrecisionPolicy) -> str:

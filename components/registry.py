@@ -16,6 +16,10 @@ components by name strings, so a sweep is a list of strings.
 
 A component defined in a user's own module is picked up as soon as that module is
 imported, e.g. by an ``import my_module`` line at the top of a gin file.
+
+The family instances below fill themselves on first use: the first lookup (``get``,
+``names``, ``in``, ...) imports the built-in component modules, in any process, so
+``from components.registry import LOSSES; LOSSES.get("grpo")`` works in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "OFF_POLICY",
     "TASKS",
     "ENGINES",
+    "REWARDS",
     "ALL_REGISTRIES",
     "load_builtin_components",
 ]
@@ -102,11 +107,14 @@ class Registry:
         family: human name of the family, used in error messages ("loss").
         gin_module: gin module under which entries are registered ("losses"), so an
             entry is bindable as ``<name>.<param>`` or ``<gin_module>.<name>.<param>``.
+        autoload: the first lookup imports the built-in component modules
+            (`load_builtin_components`); True for the family instances of this module.
     """
 
-    def __init__(self, family: str, gin_module: str):
+    def __init__(self, family: str, gin_module: str, *, autoload: bool = False):
         self.family = family
         self.gin_module = gin_module
+        self.autoload = autoload
         self._entries: dict[str, Callable] = {}
         self._originals: dict[str, Callable] = {}
         self._lock = threading.Lock()
@@ -136,7 +144,7 @@ class Registry:
                     raise DuplicateComponentError(
                         f"{self.family} {name!r} is already registered by "
                         f"{_where(previous)}; refusing to register {_where(obj)} under the same name. "
-                        f"Pick another name (registered {self.family} names: {', '.join(self.names())})."
+                        f"Pick another name (registered {self.family} names: {', '.join(sorted(self._entries))})."
                     )
                 target = obj if inspect.isclass(obj) else self._dispatcher(name, obj)
                 wrapped = _gin_register(target, name, self.gin_module) if gin_configurable else target
@@ -156,8 +164,17 @@ class Registry:
         return dispatch
 
     # -- lookup ---------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.autoload:
+            _ensure_builtins_loaded()
+
     def get(self, name: str) -> Callable:
         """The component registered as `name` (gin-configurable); a clear error if unknown."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            pass
+        self._load()  # a built-in not imported yet in this process
         try:
             return self._entries[name]
         except (KeyError, TypeError):
@@ -170,7 +187,8 @@ class Registry:
         close = [by_lower[c] for c in close]
         hint = f" Did you mean {close[0]!r}?" if close else ""
         listed = ", ".join(names) if names else "(none registered)"
-        return f"Unknown {self.family} {name!r}. Registered {self.family} names: {listed}.{hint}"
+        failed = "".join(f" ({mod} could not be imported: {err})" for mod, err in _LOAD_FAILURES.items()) if self.autoload else ""
+        return f"Unknown {self.family} {name!r}. Registered {self.family} names: {listed}.{hint}{failed}"
 
     def check(self, name: str) -> str:
         """Validate a name early (before a run starts); returns it unchanged."""
@@ -183,6 +201,7 @@ class Registry:
         return self._originals[name]
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._entries)
 
     def params(self, name: str) -> list[ParamSpec]:
@@ -213,12 +232,15 @@ class Registry:
             del self._originals[name]
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._entries:
+            self._load()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
+        self._load()
         return len(self._entries)
 
     def __repr__(self) -> str:
@@ -254,15 +276,17 @@ def _gin_register(obj: Callable, name: str, module: str) -> Callable:
 
 
 # One registry per component family (DESIGN.md "Registries").
-LOSSES = Registry("loss", "losses")
-AGGREGATIONS = Registry("loss aggregation", "aggregation")
-ADVANTAGE_NORMS = Registry("advantage normalization", "advantages")
-CURRICULA = Registry("curriculum", "curricula")
-PRECISIONS = Registry("precision policy", "precision")
-LENGTH_CONTROLS = Registry("length control", "length_control")
-OFF_POLICY = Registry("off-policy scheme", "offpolicy")
-TASKS = Registry("task", "tasks")
-ENGINES = Registry("engine", "engines")
+LOSSES = Registry("loss", "losses", autoload=True)
+AGGREGATIONS = Registry("loss aggregation", "aggregation", autoload=True)
+ADVANTAGE_NORMS = Registry("advantage normalization", "advantages", autoload=True)
+CURRICULA = Registry("curriculum", "curricula", autoload=True)
+PRECISIONS = Registry("precision policy", "precision", autoload=True)
+LENGTH_CONTROLS = Registry("length control", "length_control", autoload=True)
+OFF_POLICY = Registry("off-policy scheme", "offpolicy", autoload=True)
+TASKS = Registry("task", "tasks", autoload=True)
+ENGINES = Registry("engine", "engines", autoload=True)
+# Plain-function rewards: fn(prompt: str, completion: str, **row) -> float | bool (components/rewards.py).
+REWARDS = Registry("reward", "rewards", autoload=True)
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "losses": LOSSES,
@@ -274,6 +298,7 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "off_policy": OFF_POLICY,
     "tasks": TASKS,
     "engines": ENGINES,
+    "rewards": REWARDS,
 }
 
 # Modules whose import fills the registries. A module that cannot be imported here
@@ -288,6 +313,7 @@ BUILTIN_MODULES = (
     "components.offpolicy",
     "components.tasks",
     "components.engines",
+    "components.rewards",
 )
 
 
@@ -307,4 +333,30 @@ def load_builtin_components(strict: bool = False) -> dict[str, str]:
             if strict:
                 raise
             failures[mod] = f"{type(err).__name__}: {err}"
+    _LOAD_FAILURES.clear()
+    _LOAD_FAILURES.update(failures)
     return failures
+
+
+# First-use loading of the built-ins (Registry.autoload). The flag is set only once the
+# imports are done; the lock makes other threads wait for them, and the loading thread's own
+# lookups during those imports (re-entrant) see what is registered so far.
+_LOAD_LOCK = threading.RLock()
+_LOADED = False
+_LOADING = False
+_LOAD_FAILURES: dict[str, str] = {}
+
+
+def _ensure_builtins_loaded() -> None:
+    global _LOADED, _LOADING
+    if _LOADED:
+        return
+    with _LOAD_LOCK:
+        if _LOADED or _LOADING:
+            return
+        _LOADING = True
+        try:
+            load_builtin_components()
+        finally:
+            _LOADING = False
+            _LOADED = True

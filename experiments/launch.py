@@ -1145,7 +1145,7 @@ def main(args: argparse.Namespace) -> int:
         print_sweep_memory(memory, console)
         unfit = [p.run.name for p in planned if not p.action.startswith("skip") and memory[p.run.name][0] is False]
         if unfit:
-            raise SweepError(f"{len(unfit)} run(s) cannot fit in GPU memory: {', '.join(unfit)} (details: `scalerl plan "
+            raise SweepError(f"{len(unfit)} run(s) do not fit the memory plan: {', '.join(unfit)} (details: `scalerl plan "
                              "CONFIG --gin ...`); nothing submitted")
         if opts.executor == "slurm" and not args.dry_run:
             check_partition(opts.partition)

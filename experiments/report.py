@@ -45,6 +45,8 @@ def load_curve(run_dir: str | Path, compute: str = "compute_hours") -> tuple[np.
     rows, _ = read_jsonl(path)
     points: dict[float, tuple[float, float]] = {}
     for row in rows:
+        if "benchmark" in row:  # a downstream benchmark record, not the held-out curve
+            continue
         c, r = row.get(compute), row.get("pass_rate")
         if c is None or r is None or not (math.isfinite(float(c)) and math.isfinite(float(r))):
             continue

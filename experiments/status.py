@@ -2,9 +2,13 @@
 
 Columns: run, state (run.json status), Slurm (the state of the run's last job, from
 `squeue` while it is live, else `sacct`, through the job id `scalerl sweep` records
-in the run's slurm.json), step and compute_hours (last line of metrics.jsonl), the last
-held-out pass rate (eval.jsonl) and the fitted asymptote A and exponent B of the sigmoid
-law once the run has enough evaluation points (`analysis.scaling_law.fit`).
+in the run's slurm.json), step, epoch and compute_hours (last line of metrics.jsonl), the
+run's CPU contention (`contention_run`: run-queue delay / (CPU time + run-queue delay) since
+the start; above 10% the row is marked and a warning names the run, since its compute axis
+is stretched), the last held-out pass rate (eval.jsonl) and the fitted asymptote A and
+exponent B of the sigmoid law once the run has enough evaluation points, fitted by the
+paper's protocol for the run's sweep (`analysis.protocol.fit_with_protocol`: the whole run
+for a forward ablation, the first half for leave-one-out..., from the end of the first epoch).
 
 PATH may be one run directory, a sweep directory (its runs are the subdirectories) or a
 runs root (every sweep below it).
@@ -43,6 +47,9 @@ class RunStatus:
     B: float | None
     fit_note: str
     error: str
+    epoch: float | None = None
+    contention: float | None = None  # contention_run of the last metrics line
+    contended: bool = False  # contention above analysis.protocol.CONTENTION_LIMIT
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -116,8 +123,12 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
     return states
 
 
-def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS) -> tuple[float | None, float | None, str]:
-    """(A, B, note) of the sigmoid law on (compute_hours, pass_rate) points; None where not fittable."""
+def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS, *, metrics: Sequence[dict] = (),
+           sweep: str | None = None) -> tuple[float | None, float | None, str]:
+    """(A, B, note) of the sigmoid law on (compute_hours, pass_rate) points, fitted by the paper's
+    protocol for `sweep` from the end of the first epoch (read from `metrics`); None where not
+    fittable. Downstream benchmark records (a "benchmark" key) are not part of the curve."""
+    evals = [e for e in evals if "benchmark" not in e]
     pts = [(e.get("compute_hours"), e.get("pass_rate")) for e in evals]
     pts = [(float(c), float(r)) for c, r in pts if isinstance(c, (int, float)) and isinstance(r, (int, float))
            and math.isfinite(c) and math.isfinite(r)]
@@ -130,15 +141,16 @@ def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS) -> tuple[flo
     if len(dedup) < min_points:
         return None, None, f"{len(dedup)}/{min_points} eval points"
     try:
-        from analysis.scaling_law import fit
+        from analysis.protocol import epoch1_compute, fit_with_protocol, sweep_protocol
     except ImportError as err:
-        return None, None, f"no analysis.scaling_law ({err})"
-    try:
-        res = fit([c for c, _ in dedup], [r for _, r in dedup])
-    except Exception as err:  # FitError: flat curve, too few points past the cutoff, ...
-        return None, None, f"no fit ({type(err).__name__})"
-    note = "; ".join(getattr(res, "flags", ()) or ())
-    return float(res.A), float(res.B), note
+        return None, None, f"no analysis.protocol ({err})"
+    ep1, max_epoch = epoch1_compute(metrics, "compute_hours")
+    pf = fit_with_protocol([c for c, _ in dedup], [r for _, r in dedup], protocol=sweep_protocol(sweep),
+                           epoch1=ep1, max_epoch=max_epoch)
+    if pf.fit is None:
+        return None, None, f"no fit ({pf.reason.split(':')[0][:60]})"
+    note = "; ".join(getattr(pf.fit, "flags", ()) or ())
+    return float(pf.fit.A), float(pf.fit.B), note
 
 
 def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_POINTS) -> list[RunStatus]:
@@ -148,10 +160,13 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
     states = slurm_states(slurm_ids) if with_slurm else {}
     root = Path(path)
     out = []
+    from analysis.protocol import is_contended
+
     for d in run_dirs:
         info = read_json(d / "run.json") or {}
-        last = last_jsonl(d / "metrics.jsonl") or {}
-        evals = read_jsonl(d / "eval.jsonl")
+        metrics = read_jsonl(d / "metrics.jsonl")
+        last = metrics[-1] if metrics else {}
+        evals = [e for e in read_jsonl(d / "eval.jsonl") if "benchmark" not in e]  # held-out only (no downstream)
         job = jobs[d]
         job_id = str(job.get("job_id", "") or "")
         state = info.get("status") or ("queued" if job else "unknown")
@@ -160,7 +175,9 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
             state = "queued"  # e.g. requeued after a preemption or a time limit
         elif slurm_state in LIVE_RUNNING and state != "done":
             state = "running"
-        A, B, note = fit_ab(evals, min_points) if evals else (None, None, "no evals")
+        sweep = info.get("sweep") or (d.parent.name if d != root else None)
+        A, B, note = fit_ab(evals, min_points, metrics=metrics, sweep=sweep) if evals else (None, None, "no evals")
+        contention = _number(last.get("contention_run"))
         name = str(d.relative_to(root)) if d != root else d.name
         out.append(RunStatus(
             run=name, path=str(d), state=state,
@@ -169,8 +186,13 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
             step=last.get("step"), compute_hours=last.get("compute_hours"),
             pass_rate=(evals[-1].get("pass_rate") if evals else None), eval_points=len(evals),
             A=A, B=B, fit_note=note, error=str(info.get("error", "") or ""),
+            epoch=_number(last.get("epoch")), contention=contention, contended=is_contended(contention),
         ))
     return out
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
 def _fmt(x, spec: str) -> str:
@@ -192,20 +214,32 @@ def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
     console = console or Console()
     table = Table(title=title)
     for col, kw in (("run", {"no_wrap": True}), ("state", {}), ("slurm", {}), ("step", {"justify": "right"}),
-                    ("compute_h", {"justify": "right"}), ("pass rate", {"justify": "right"}),
+                    ("epoch", {"justify": "right"}), ("compute_h", {"justify": "right"}),
+                    ("contention", {"justify": "right"}), ("pass rate", {"justify": "right"}),
                     ("evals", {"justify": "right"}), ("A", {"justify": "right"}), ("B", {"justify": "right"}),
                     ("note", {"overflow": "fold"})):
         table.add_column(col, **kw)
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
         note = r.error.splitlines()[0][:40] if r.state == "failed" and r.error else r.fit_note[:40]
+        cont = "-" if r.contention is None else (f"[red]{r.contention:.0%} ![/red]" if r.contended
+                                                  else f"{r.contention:.0%}")
         table.add_row(r.run, f"[{style}]{r.state}[/{style}]" if style else r.state, r.slurm or "-",
-                      _fmt(r.step, "d"), _fmt(r.compute_hours, ".4g"), _fmt(r.pass_rate, ".3f"), str(r.eval_points),
-                      _fmt(r.A, ".3f"), _fmt(r.B, ".2f"), note)
+                      _fmt(r.step, "d"), _fmt(r.epoch, ".2f"), _fmt(r.compute_hours, ".4g"), cont,
+                      _fmt(r.pass_rate, ".3f"), str(r.eval_points), _fmt(r.A, ".3f"), _fmt(r.B, ".2f"), note)
     console.print(table)
     for r in rows:
         if r.state == "failed" and r.error:
             console.print(f"[red]{r.run}[/red]: {r.error.splitlines()[0]}", overflow="fold")
+    contended = [r for r in rows if r.contended]
+    if contended:
+        from analysis.protocol import CONTENTION_LIMIT
+
+        names = ", ".join(f"{r.run} ({r.contention:.0%})" for r in contended)
+        console.print(f"[yellow]warning:[/yellow] {len(contended)} run(s) with CPU contention above "
+                      f"{CONTENTION_LIMIT:.0%}: {names}; their compute axis is stretched: re-run them with "
+                      "nothing beside them (`scalerl reproduce` re-runs them unless --allow-contention)",
+                      overflow="fold", highlight=False)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.state] = counts.get(r.state, 0) + 1

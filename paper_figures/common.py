@@ -3,8 +3,14 @@
 - x: training compute on a log axis; y: held-out pass rate (mean@k);
 - stars: evaluation points used in the fit; solid line: the fitted sigmoid over the fitted
   range; dashed line: its extrapolation; "×": points held out beyond the fit cutoff;
-  hollow circles: points before `min_compute`, excluded from the fit;
-- the legend carries the fitted A and B (and C_mid where the figure asks for it).
+  hollow circles: points before `min_compute` (the end of the first epoch), excluded from the fit;
+- the legend carries the fitted A and B (and C_mid where the figure asks for it);
+- the fit protocol (whole run or first half, paper_figures/spec.py), where the fits start and
+  the margin on A are written under the title, and in `<figure>_fits.csv` beside the figure;
+- runs whose CPU contention exceeded 10% stay in the figure, drawn faded and labelled
+  "[contention N%]" (their compute axis is stretched).
+
+Every fit goes through `analysis.study.summarize_sweep`, the code path of `scalerl fit`.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ import seaborn as sns  # noqa: E402
 from matplotlib.legend import Legend  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from analysis.protocol import Protocol, fit_with_protocol, get_protocol  # noqa: E402
 from analysis.runs import compute_label, load_runs, run_curve  # noqa: E402
-from analysis.scaling_law import FitError, FitResult, fit  # noqa: E402
+from analysis.scaling_law import FitResult  # noqa: E402
 from paper_figures.spec import FIGURES, FigureSpec  # noqa: E402
 
 
@@ -38,10 +45,17 @@ class MissingRuns(Exception):
 @dataclasses.dataclass(frozen=True)
 class Options:
     compute: str = "compute_hours"  # or "flops"
-    fit_fraction: float = 0.5  # fit on compute <= fit_fraction × the run's final compute (1.0: all)
-    min_compute: float = 0.0  # points below it are excluded from the fit (paper: ~1.5k GPU-h)
+    fit_fraction: float | None = None  # None: the figure's protocol; else fit compute <= this × the final
+    min_compute: str | float = "epoch"  # "epoch": from the end of each run's first epoch; or a compute value
+    margin: str | float = "auto"  # the margin on A: measured from seeds, or a number
+    protocol: str | None = None  # None: each figure's own (paper_figures/spec.py)
     dpi: int = 150
     formats: tuple[str, ...] = ("png", "pdf")
+
+
+def figure_protocol(spec: FigureSpec | None, opts: Options) -> Protocol:
+    """The protocol a figure fits by: Options.protocol, else the figure's, else the whole run."""
+    return get_protocol(opts.protocol or (spec.protocol if spec is not None else None) or None)
 
 
 class RunData:
@@ -61,6 +75,11 @@ class RunData:
     @cached_property
     def runs(self) -> pd.DataFrame:
         return load_runs(self.path, what="runs")
+
+    @cached_property
+    def cache(self) -> dict:
+        """Fits shared by the figures drawn from these runs (the seed sweep's, a sweep's summary)."""
+        return {}
 
 
 # ----------------------------------------------------------------------------- selection
@@ -143,18 +162,13 @@ def palette(n: int) -> list:
     return sns.color_palette("colorblind" if n <= 10 else "husl", n)
 
 
-def fit_points(c: np.ndarray, r: np.ndarray, opts: Options) -> tuple[FitResult | None, float, str]:
-    """Fit a run on compute <= fit_fraction × final compute (R0 = its first evaluation).
-    Returns (fit or None, cutoff, reason when None)."""
-    if c.size == 0:
-        return None, math.nan, "no evaluations"
-    cutoff = float(c[-1]) * opts.fit_fraction
-    head = c <= cutoff
-    try:
-        res = fit(c[head], r[head], r0=float(r[0]), min_compute=opts.min_compute)
-    except FitError as e:
-        return None, cutoff, str(e)
-    return res, cutoff, ""
+def fit_points(c: np.ndarray, r: np.ndarray, opts: Options, *, protocol: Protocol | str | None = None,
+               epoch1: float | None = None, max_epoch: float | None = None) -> tuple[FitResult | None, float, str]:
+    """Fit a run by the protocol (default: Options.protocol, else the whole run) from
+    `opts.min_compute` (R0 = its first evaluation). Returns (fit or None, cutoff, reason when None)."""
+    pf = fit_with_protocol(c, r, protocol=protocol or opts.protocol, min_compute=opts.min_compute, epoch1=epoch1,
+                           max_epoch=max_epoch, fit_fraction=opts.fit_fraction)
+    return pf.fit, pf.cutoff, pf.reason
 
 
 def legend_text(res: FitResult | None, which: str = "AB", reason: str = "") -> str:
@@ -168,30 +182,105 @@ def legend_text(res: FitResult | None, which: str = "AB", reason: str = "") -> s
     return ", ".join(parts) + (" (flagged)" if res.flags else "")
 
 
-def draw_run(ax, c: np.ndarray, r: np.ndarray, label: str, color, opts: Options, legend: str = "AB"
-             ) -> FitResult | None:
-    """One run in the paper's conventions. Returns its fit (None when it could not be fitted)."""
-    res, cutoff, reason = fit_points(c, r, opts)
+def _draw(ax, c: np.ndarray, r: np.ndarray, res: FitResult | None, cutoff: float, min_compute: float, reason: str,
+          label: str, color, legend: str = "AB", contention: float | None = None, text: str | None = None) -> None:
+    """One run in the paper's conventions, given its fit, fitted range [min_compute, cutoff].
+    The legend entry is "<label>: <fitted parameters>", or `text` when given ("" = no entry)."""
+    from analysis.protocol import is_contended
+
+    faded = is_contended(contention)
+    alpha = 0.45 if faded else 1.0
+    if faded:
+        label = f"{label} [contention {contention:.0%}]"
+        text = None  # a contended run always gets its own legend entry
     pos = c > 0  # a log axis cannot show compute 0 (R0 sits there)
-    fitted = pos & (c <= cutoff) & (c >= opts.min_compute)
-    excluded = pos & (c < opts.min_compute)
-    held = pos & (c > cutoff)
-    ax.scatter(c[fitted], r[fitted], marker="*", s=60, color=color, zorder=3)
+    mc = 0.0 if not np.isfinite(min_compute) else min_compute
+    fitted = pos & (c <= cutoff * (1 + 1e-12)) & (c >= mc)
+    excluded = pos & (c < mc)
+    held = pos & (c > cutoff * (1 + 1e-12))
+    ax.scatter(c[fitted], r[fitted], marker="*", s=60, color=color, zorder=3, alpha=alpha)
     if excluded.any():
-        ax.scatter(c[excluded], r[excluded], marker="o", s=18, facecolors="none", edgecolors=color, zorder=3)
+        ax.scatter(c[excluded], r[excluded], marker="o", s=18, facecolors="none", edgecolors=color, zorder=3,
+                   alpha=alpha)
     if held.any():
-        ax.scatter(c[held], r[held], marker="x", s=30, color=color, zorder=3)
+        ax.scatter(c[held], r[held], marker="x", s=30, color=color, zorder=3, alpha=alpha)
     if res is not None:
-        lo = max(float(c[pos].min()), opts.min_compute) if pos.any() else cutoff / 10
+        lo = max(float(c[pos].min()), mc) if pos.any() else cutoff / 10
         xs = np.geomspace(lo, cutoff, 100)
-        ax.plot(xs, res(xs), "-", color=color, lw=1.6, label=f"{label}: {legend_text(res, legend)}")
+        entry = f"{label}: {legend_text(res, legend)}" if text is None else (text or "_nolegend_")
+        ax.plot(xs, res(xs), "-", color=color, lw=1.6, alpha=alpha, label=entry)
         end = float(c[-1])
         if end > cutoff:
             xe = np.geomspace(cutoff, end * 1.25, 60)
-            ax.plot(xe, res(xe), "--", color=color, lw=1.4)
+            ax.plot(xe, res(xe), "--", color=color, lw=1.4, alpha=alpha)
     else:
-        ax.plot([], [], "-", color=color, label=f"{label}: {legend_text(None, legend, reason)}")
-    return res
+        entry = f"{label}: {legend_text(None, legend, reason)}" if text is None else (text or "_nolegend_")
+        ax.plot([], [], "-", color=color, alpha=alpha, label=entry)
+
+
+def draw_run(ax, c: np.ndarray, r: np.ndarray, label: str, color, opts: Options, legend: str = "AB", *,
+             protocol: Protocol | str | None = None, epoch1: float | None = None, max_epoch: float | None = None,
+             contention: float | None = None) -> FitResult | None:
+    """One run in the paper's conventions, fitted by `fit_with_protocol`. Returns its fit (None
+    when it could not be fitted)."""
+    pf = fit_with_protocol(c, r, protocol=protocol or opts.protocol, min_compute=opts.min_compute, epoch1=epoch1,
+                           max_epoch=max_epoch, fit_fraction=opts.fit_fraction)
+    _draw(ax, c, r, pf.fit, pf.cutoff, pf.min_compute, pf.reason, label, color, legend, contention)
+    return pf.fit
+
+
+def figure_summaries(spec: FigureSpec, ev: pd.DataFrame, opts: Options, data: "RunData | None" = None,
+                     judge: bool = False) -> dict:
+    """{sweep: analysis.study.SweepSummary} of the figure's runs, fitted by the figure's protocol,
+    with the margin on A measured as `scalerl fit` measures it (the seed sweep of `data` as its
+    fallback)."""
+    from analysis.study import SEED_SWEEP, summarize_sweep
+
+    proto = figure_protocol(spec, opts)
+    runs_all = data.runs if data is not None else None
+    seed_ev = seed_runs = None
+    cache = data.cache if data is not None else {}
+    if data is not None and not data.runs.empty:
+        seed_runs = data.runs[data.runs["sweep"] == SEED_SWEEP]
+        seed_ev = data.eval[data.eval["sweep"] == SEED_SWEEP] if not data.eval.empty else None
+    out = {}
+    for sweep, g in ev.groupby("sweep", sort=False):
+        key = ("summary", sweep, tuple(sorted(set(g["path"]))), proto.name, opts.compute, str(opts.min_compute),
+               str(opts.margin), opts.fit_fraction, judge)
+        if key not in cache:
+            runs = runs_all[runs_all["path"].isin(set(g["path"]))] if runs_all is not None else None
+            cache[key] = summarize_sweep(sweep, g, runs, seed_ev=seed_ev, seed_runs=seed_runs, compute=opts.compute,
+                                         protocol=proto, min_compute=opts.min_compute, margin=opts.margin,
+                                         fraction=opts.fit_fraction, judge=judge,
+                                         _seed_cache=cache.setdefault("seed_fits", {}))
+        out[sweep] = cache[key]
+    return out
+
+
+def protocol_note(summaries: dict) -> str:
+    """'whole run (whole protocol), fit from end of epoch 1 (3 runs); margin on A ±0.02 (paper (no seeds))'."""
+    parts = []
+    for s in summaries.values():
+        rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
+        rule = ", ".join(f"{k} ({n})" for k, n in rules.items() if k) or "-"
+        frac = float(s.runs["fit_fraction"].iloc[0]) if len(s.runs) else s.protocol.fit_fraction
+        parts.append(f"fit: {s.protocol.range_text(frac)} ({s.protocol.name} protocol), from {rule}; "
+                     f"margin on A ±{s.margin.value:.3g} ({s.margin.source})")
+    return "\n".join(dict.fromkeys(parts))
+
+
+def fits_csv(summaries: dict, out_dir: str | Path, stem: str) -> Path:
+    """Per run: the fit, the protocol, where the fit started and the margin (a figure's CSV column)."""
+    cols = ["sweep", "run", "config", "seed", "status", "A", "B", "C_mid", "R0", "n_points", "protocol",
+            "fit_fraction", "fit_cutoff", "min_compute", "min_compute_rule", "margin", "margin_source",
+            "contention_run", "contended", "fit_error"]
+    frames = [s.runs.reindex(columns=cols) for s in summaries.values()]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_fits.csv"
+    df.to_csv(path, index=False)
+    return path
 
 
 def marker_legend(ax) -> None:
@@ -228,21 +317,59 @@ def save(fig, out_dir: str | Path, stem: str, opts: Options) -> list[Path]:
     return paths
 
 
-def draw_curves_on(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Options) -> dict[str, FitResult | None]:
-    """Every run of `ev` on one axis; returns label -> fit."""
+def _config_text(cfg: pd.Series, which: str) -> str:
+    """Legend entry of a configuration with several seeds: mean A (95% interval) and B over its seeds."""
+    if pd.isna(cfg["A"]):
+        return f"{cfg['config']} ({cfg['n_runs']} seeds): no fit"
+    parts = [f"A={cfg['A']:.3f} [{cfg['A_lo']:.3f}, {cfg['A_hi']:.3f}]" if cfg["n_fitted"] > 1 else f"A={cfg['A']:.3f}"]
+    if "B" in which:
+        parts.append(f"B={cfg['B']:.2f}")
+    if "C" in which:
+        parts.append(f"C_mid={cfg['C_mid']:.3g}")
+    return f"{cfg['config']} ({cfg['n_fitted']}/{cfg['n_runs']} seeds): " + ", ".join(parts)
+
+
+def draw_curves_with_summaries(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Options,
+                               data: "RunData | None" = None, group_seeds: bool = True
+                               ) -> tuple[dict[str, FitResult | None], dict]:
+    """Every run of `ev` on one axis, fitted as `scalerl fit` fits them; returns (label -> fit,
+    {sweep: SweepSummary}). With group_seeds, the seeds of one configuration share a colour and
+    one legend entry (mean A with its 95% interval over seeds, mean B); contended runs keep
+    their own entry."""
+    summaries = figure_summaries(spec, ev, opts, data)
+    rows = {row["path"]: row for s in summaries.values() for _, row in s.runs.iterrows()}
+    configs = {(sw, r["config"]): r for sw, s in summaries.items() for _, r in s.configs.iterrows()}
     groups = curves(ev)
-    colors = palette(len(groups))
-    fits = {}
-    for (label, g), color in zip(groups, colors):
+    keys = [(g["sweep"].iloc[0], rows[g["path"].iloc[0]]["config"]) for _, g in groups]
+    grouped = group_seeds and any(configs[k]["n_runs"] > 1 for k in keys)
+    order = list(dict.fromkeys(keys)) if grouped else list(range(len(groups)))
+    colors = dict(zip(order, palette(len(order))))
+    fits, shown = {}, set()
+    for i, ((label, g), key) in enumerate(zip(groups, keys)):
         c, r = run_curve(g, opts.compute)
-        fits[label] = draw_run(ax, c, r, label, color, opts, spec.legend)
+        row = rows[g["path"].iloc[0]]
+        res = row["fit"]
+        text = None
+        if grouped:
+            text = "" if key in shown else _config_text(configs[key], spec.legend)
+            shown.add(key)
+        _draw(ax, c, r, res, float(row["fit_cutoff"]), float(row["min_compute"]),
+              "" if res is not None else str(row["fit_error"]), label, colors[key if grouped else i], spec.legend,
+              row["contention_run"], text)
+        fits[label] = res
     ax.set_xscale("log")
     ax.set_xlabel(xlabel(ev, opts.compute))
     ax.set_ylabel(ylabel(ev))
-    ax.set_title(spec.title)
+    ax.set_title(f"{spec.title}\n{protocol_note(summaries)}", fontsize=8)
     ax.legend(loc="upper left", fontsize=7, title=_legend_title(ev), title_fontsize=7)
     marker_legend(ax)
-    return fits
+    return fits, summaries
+
+
+def draw_curves_on(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Options,
+                   data: "RunData | None" = None) -> dict[str, FitResult | None]:
+    """Every run of `ev` on one axis; returns label -> fit."""
+    return draw_curves_with_summaries(ax, spec, ev, opts, data)[0]
 
 
 def _legend_title(ev: pd.DataFrame) -> str | None:
@@ -251,10 +378,11 @@ def _legend_title(ev: pd.DataFrame) -> str | None:
 
 
 def draw_sweep_curves(fig_id: str, data: RunData, out_dir: str | Path, opts: Options) -> list[Path]:
-    """The standard figure: every run of the figure's sweep with its fit and extrapolation."""
+    """The standard figure: every run of the figure's sweep with its fit and extrapolation;
+    `<fig_id>_fits.csv` beside it."""
     spec = FIGURES[fig_id]
     ev = require_eval(spec, data, opts.compute)
     style()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    draw_curves_on(ax, spec, ev, opts)
-    return save(fig, out_dir, fig_id, opts)
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    _, summaries = draw_curves_with_summaries(ax, spec, ev, opts, data)
+    return [*save(fig, out_dir, fig_id, opts), fits_csv(summaries, out_dir, fig_id)]

@@ -14,14 +14,18 @@ from analysis.scaling_law import FitResult
 from analysis.synthetic import SYNTHETIC_SWEEPS, write_paper_sweeps, write_run, write_sweep
 from experiments.cli import main as scalerl
 
-# The run-directory contract (DESIGN.md "A run directory"; the trainer writes these fields).
-RUN_JSON_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "error",
-                   "started", "finished"}
+# The run-directory contract (DESIGN.md "A run directory" and "Compute accounting"; the trainer
+# writes these fields).
+RUN_JSON_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "reserved_cpus",
+                   "status", "error", "started", "finished"}
 METRICS_FIELDS = {"step", "version", "compute_hours", "flops", "wall_s", "prompts", "generations", "tokens",
                   "reward_mean", "pass_rate", "zero_variance_frac", "truncation_rate", "entropy", "loss", "grad_norm",
                   "is_ratio_mean", "is_ratio_min", "is_ratio_max", "clip_frac", "lag_mean", "lag_max",
-                  "time_generate", "time_train", "time_sync", "time_wait"}
-EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task"}
+                  "time_generate", "time_train", "time_sync", "time_wait",
+                  # compute accounting (issue 12 item 1)
+                  "epoch", "cpu_hours", "contention", "contention_run", "procs", "eval_wall_s", "startup_s"}
+EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task", "entropy", "eval_wall_s",
+               "eval_compute_hours"}
 
 
 def small_run(root, sweep="loss_type", value="cispo", **kw):
@@ -42,6 +46,15 @@ def test_synthetic_run_has_exactly_the_contract_fields(tmp_path):
     assert (d / "config.gin").is_file() and (d / "checkpoints").is_dir()
     c = np.array([e["compute_hours"] for e in evals])
     assert np.all(np.diff(c) > 0) and c[0] == 0.0
+    # accounting: epochs rise to the run's total, per-process CPU and run-queue time add up
+    assert metrics[-1]["epoch"] == pytest.approx(6.0) and set(metrics[-1]["procs"]) == {"learner-0", "generator-0"}
+    procs = metrics[-1]["procs"].values()
+    cpu, runq = sum(p["cpu_s"] for p in procs), sum(p["runq_s"] for p in procs)
+    assert metrics[-1]["cpu_hours"] == pytest.approx(cpu / 3600) and metrics[-1]["contention_run"] == pytest.approx(
+        runq / (cpu + runq))
+    assert all(np.diff([m["eval_wall_s"] for m in metrics]) >= 0)
+    old = small_run(tmp_path, value="old", epochs=None)  # a run from before `epoch` existed
+    assert all("epoch" not in m for m in read_jsonl(old / "metrics.jsonl")[0])
 
 
 def test_load_runs_eval_rows_and_metadata(tmp_path):
@@ -141,7 +154,7 @@ def test_scalerl_fit_cli_writes_csv(tmp_path, capsys):
     assert scalerl(["fit", str(tmp_path / "runs"), "--csv", str(csv)]) == 0
     df = pd.read_csv(csv)
     assert len(df) == 4 and {"A", "B", "C_mid", "R0", "rank", "fit_error"} <= set(df.columns)
-    assert df.loc[df["value"] == "noevals", "fit_error"].str.contains("0 evaluations").all()
+    assert df.loc[df["value"] == "noevals", "fit_error"].str.contains("no evaluations").all()
     # the paper's rule inside the sweep: dapo (A 0.52) ranks below gspo / cispo (A 0.595)
     ls = df[df["factor"] == "train.loss"].set_index("value")
     assert ls.loc["dapo", "rank"] == 3 and not ls.loc["dapo", "tied_with_best_A"]

@@ -65,17 +65,24 @@ def test_gen_logp_matches_trainer_recomputation_fp32(tiny, temperature, top_p):
         assert c.prompt_ids == prompts[c.group_id]
 
 
-def test_precision_policies_apply_to_engine(tiny):
-    for name, body, head in [("fp32", torch.float32, torch.float32), ("bf16", torch.bfloat16, torch.bfloat16),
-                             ("bf16_fp32_head", torch.bfloat16, torch.float32)]:
-        eng = make_engine("torch", tiny, precision=name, max_batch_size=8)
-        assert eng.model.get_input_embeddings().weight.dtype == body
-        assert eng.model.get_output_embeddings().weight.dtype == head
-        comps = _all(eng.generate(_requests(_prompts(2), n=2), SamplingParams(max_tokens=8)))
-        model = get_precision(name).prepare_model(load_causal_lm(tiny)).eval()
-        logp, gen, mask = _recompute(model, comps, 1.0)
-        # bf16 bodies differ between KV-cache decode and one full pass; the gap table is in BENCHMARKS.md
-        assert float((logp - gen).abs()[mask].max()) < (2e-5 if name == "fp32" else 0.1)
+@pytest.mark.parametrize("emulate", ["off", "auto"])  # real bf16, and bf16 emulated in fp32 (the CPU default)
+def test_precision_policies_apply_to_engine(tiny, emulate):
+    from components.precision import emulation_override, is_bf16_valued
+
+    bf16_storage = torch.bfloat16 if emulate == "off" else torch.float32
+    with emulation_override(emulate):
+        for name, body, head in [("fp32", torch.float32, torch.float32), ("bf16", bf16_storage, bf16_storage),
+                                 ("bf16_fp32_head", bf16_storage, torch.float32)]:
+            eng = make_engine("torch", tiny, precision=name, max_batch_size=8)
+            assert eng.policy.emulated == (emulate == "auto" and name != "fp32")
+            assert eng.model.get_input_embeddings().weight.dtype == body
+            assert eng.model.get_output_embeddings().weight.dtype == head
+            assert is_bf16_valued(eng.model.get_input_embeddings().weight) == (name != "fp32")
+            comps = _all(eng.generate(_requests(_prompts(2), n=2), SamplingParams(max_tokens=8)))
+            model = get_precision(name, device="cpu").prepare_model(load_causal_lm(tiny)).eval()
+            logp, gen, mask = _recompute(model, comps, 1.0)
+            # bf16 bodies differ between KV-cache decode and one full pass; the gap table is in BENCHMARKS.md
+            assert float((logp - gen).abs()[mask].max()) < (2e-5 if name == "fp32" else 0.1)
 
 
 def test_in_flight_weight_update_versions_and_outputs(tiny):
@@ -269,7 +276,8 @@ def test_tied_embeddings_with_fp32_head(tmp_path):
     path = build_tiny_policy(tmp_path / "tied", tie_word_embeddings=True)
     eng = make_engine("torch", str(path), precision="bf16_fp32_head")
     head, emb = eng.model.get_output_embeddings(), eng.model.get_input_embeddings()
-    assert head.weight is not emb.weight and head.weight.dtype == torch.float32 and emb.weight.dtype == torch.bfloat16
+    assert head.weight is not emb.weight and head.weight.dtype == torch.float32
+    assert emb.weight.dtype == eng.policy.storage_dtype  # bf16, or fp32 holding bf16 values (emulated on CPU)
     trainer = get_precision("bf16_fp32_head").prepare_model(load_causal_lm(path))
     eng.update_weights(trainer.state_dict(), 1)
     comps = _all(eng.generate(_requests(_prompts(2), n=2), SamplingParams(max_tokens=6)))

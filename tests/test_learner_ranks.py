@@ -174,3 +174,72 @@ def test_bf16_step_at_the_paper_lr_changes_every_fp32_master_tensor(model_path):
         # the same update on bf16 weights is lost to rounding (why master weights must be fp32)
         w = torch.full((1000,), 0.02).to(torch.bfloat16)  # bf16 spacing at 0.02 is ~1.2e-4
         assert torch.equal((w.float() - 5e-7).to(torch.bfloat16), w)
+
+
+# ---------------------------------------------------------------------------------------
+# end to end: the trainer with T = 2 learner ranks, and resuming at another T (items 2 and 7)
+def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None) -> Path:
+    import gin
+
+    from _helpers_trainer import write_gin
+    from experiments.train import run_training
+
+    gin.clear_config()
+    run_dir = Path(run_dir or tmp_path / name)
+    cfg = write_gin(tmp_path / f"{name}-{steps}-{ranks}.gin", model_path, train__total_steps=str(steps),
+                    train__checkpoint_every="2", train__eval_every="100", train__learner_ranks=str(ranks),
+                    train__micro_batch_size="5")
+    assert run_training([cfg], [], str(run_dir), progress=False) == "done", (run_dir / "run.json").read_text()
+    gin.clear_config()
+    return run_dir
+
+
+def _interrupt(run_dir: Path) -> None:
+    """Mark a finished 4-step run as preempted, so the same directory resumes to 6 steps."""
+    import json
+
+    info = json.loads((run_dir / "run.json").read_text())
+    info["status"] = "interrupted"
+    (run_dir / "run.json").write_text(json.dumps(info))
+
+
+def _final(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def _assert_close(a: dict, b: dict, what: str) -> float:
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for k in a:
+        worst = max(worst, float((a[k] - b[k]).abs().max()))
+    assert worst < 1e-5, f"{what}: weights differ by {worst:.2e}"
+    return worst
+
+
+@pytest.mark.slow
+def test_trainer_with_two_learner_ranks_matches_one_and_resumes_at_another_rank_count(tmp_path, model_path):
+    from _helpers_trainer import read_jsonl, run_json
+
+    one = _run(tmp_path, model_path, "one", 6, 1)
+    two = _run(tmp_path, model_path, "two", 6, 2)
+    assert run_json(two)["hardware"]["learner_ranks"] == 2
+    # the same run with 1 and 2 learner ranks ends with the same weights (fp32 round-off)
+    diff = _assert_close(_final(one), _final(two), "T=1 vs T=2")
+    m1, m2 = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
+    assert [m["reward_mean"] for m in m1] == [m["reward_mean"] for m in m2]  # the same samples were drawn
+    for a, b in zip(m1, m2):
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    print(f"T=1 vs T=2 after 6 steps: max |dw| = {diff:.2e}")
+    # resume a T=2 checkpoint with T=1, and a T=1 checkpoint with T=2
+    r21 = _run(tmp_path, model_path, "r21", 4, 2)
+    _interrupt(r21)
+    _run(tmp_path, model_path, "r21", 6, 1, run_dir=r21)
+    r12 = _run(tmp_path, model_path, "r12", 4, 1)
+    _interrupt(r12)
+    _run(tmp_path, model_path, "r12", 6, 2, run_dir=r12)
+    for run in (r21, r12):
+        assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+        assert run_json(run)["resumes"] == 1
+        _assert_close(_final(one), _final(run), f"{run.name} (resumed at another learner_ranks)")

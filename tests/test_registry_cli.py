@@ -28,7 +28,7 @@ EXPECTED = {
     "advantage_norms": {"none": {"eps": 1e-6}, "prompt": {"eps": 1e-6}, "batch": {"eps": 1e-6}},
 }
 ALL_FAMILIES = {"losses", "aggregations", "advantage_norms", "curricula", "precisions", "length_controls",
-                "off_policy", "tasks", "engines"}
+                "off_policy", "tasks", "engines", "rewards"}
 
 
 def _scalerl(*args, cwd=REPO):

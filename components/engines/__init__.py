@@ -47,7 +47,11 @@ def check_engine(name: str) -> type:
 def make_engine(name: str, model_path: str, **kwargs) -> Engine:
     """Build the engine registered as `name` (e.g. "torch", "vllm") for the checkpoint at `model_path`.
 
-    Keyword arguments go to the engine's constructor: precision, device, seed, max_batch_size, ...
+    Keyword arguments go to the engine's constructor (precision, device, seed, ...); every other
+    constructor argument is gin-bindable as ``<name>.<argument>`` because the registered class is
+    gin-configurable: e.g. ``vllm.max_num_seqs``, ``vllm.gpu_memory_utilization``,
+    ``vllm.tensor_parallel_size``, ``torch.max_batch_size``, ``torch.max_cache_tokens``.
+    Explicit keyword arguments win over gin bindings.
     """
     engine_cls = check_engine(name)
     return engine_cls(model_path, **kwargs)

@@ -182,3 +182,17 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release resources (processes, KV cache)."""
+
+    # ------------------------------------------------------------------ weight sync (components/trainer/weight_sync.py)
+    def connect_weights(self, receiver) -> None:
+        """Join the weight group now (else the first `receive_weights` joins it)."""
+        receiver.connect()
+
+    def receive_weights(self, receiver, update) -> None:
+        """Load the update announced as `update` (a WeightUpdate) from `receiver` (a WeightReceiver).
+
+        Called between two decode steps; in-flight sequences continue under the new weights.
+        The default collects every tensor and calls `update_weights`; engines override it to load
+        bucket by bucket.
+        """
+        self.update_weights(dict(receiver.receive(update)), update.version)

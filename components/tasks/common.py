@@ -67,14 +67,21 @@ def resolve_eval_size(n: int, eval_size: Optional[int], eval_fraction: Optional[
     return size
 
 
+SYSTEM_PROMPT_KEY = "system_prompt"  # Problem.meta key: the system prompt travels with the problem
+
+
 def render_prompt(problem: Union[Problem, str], tokenizer: Any, system_prompt: Optional[str] = None) -> list[int]:
     """Token ids of a problem's prompt, ready for generation.
 
     Uses the tokenizer's chat template (with ``add_generation_prompt=True``) when it has
     one; otherwise encodes the plain prompt text (with the tokenizer's usual special
-    tokens, e.g. BOS).
+    tokens, e.g. BOS). The system prompt is `system_prompt` if given, else the problem's own
+    (``problem.meta["system_prompt"]``, set by tasks built with a `system_prompt`), so
+    training and evaluation render a problem alike without passing it.
     """
     text = problem.prompt if isinstance(problem, Problem) else str(problem)
+    if system_prompt is None and isinstance(problem, Problem):
+        system_prompt = (problem.meta or {}).get(SYSTEM_PROMPT_KEY)
     if getattr(tokenizer, "chat_template", None):
         messages = []
         if system_prompt:

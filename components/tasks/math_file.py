@@ -150,6 +150,10 @@ class MathFileTask(SplitTask):
         problem_key / answer_key: column names.
         prompt_template: user message; ``{problem}`` is replaced by the problem text.
         max_answer_chars: only this many trailing characters of the answer part are graded.
+        system_prompt: a system message rendered with every prompt (training and evaluation).
+        reward / pass_threshold: grade with a plain-function reward registered in `REWARDS`
+            instead of math-verify (called with ``answer=``); a float reward
+            passes iff it is >= pass_threshold (`components.rewards`).
     """
 
     name = "math_file"
@@ -166,9 +170,17 @@ class MathFileTask(SplitTask):
         answer_key: str = "answer",
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         max_answer_chars: int = 4000,
+        system_prompt: Optional[str] = None,
+        reward: Optional[str] = None,
+        pass_threshold: float = 1.0,
     ):
         if not path:
             raise ValueError("math_file: give the data file, e.g. math_file.path = '/data/polaris.parquet'")
+        from components.rewards import check_reward
+
+        self.reward = check_reward(reward)
+        self.pass_threshold = float(pass_threshold)
+        self.system_prompt = system_prompt
         if "{problem}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
         self.path = str(path)
@@ -202,7 +214,7 @@ class MathFileTask(SplitTask):
             id=f"math_file:{stem}:{i}",
             prompt=self.prompt_template.format(problem=prob),
             answer=ans,
-            meta={"split": split, "row": i},
+            meta={"split": split, "row": i, **({"system_prompt": self.system_prompt} if self.system_prompt else {})},
         )
 
     def solution_text(self, problem: Problem) -> str:
@@ -220,6 +232,12 @@ class MathFileTask(SplitTask):
         return parsed
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
+        if self.reward is not None:
+            from components.rewards import reward_verdict
+
+            row = {"answer": problem.answer}
+            return reward_verdict(self.reward, problem.prompt, completion, row, pass_threshold=self.pass_threshold,
+                                  reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect)
         try:
             final = strip_thinking(completion)
             if final is None or not final.strip():

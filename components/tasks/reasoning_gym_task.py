@@ -133,7 +133,11 @@ class ReasoningGymTask(SplitTask):
         )
 
     def solution_text(self, problem: Problem) -> str:
-        """A minimal correct completion (the dataset's gold answer in tags), e.g. for SFT warm starts."""
+        """A minimal correct completion, e.g. for SFT warm starts: the dataset's gold answer in
+        ``<answer>`` tags, or bare when the instruction does not ask for tags (``instruction=""``:
+        the answer is then read from the last line)."""
+        if "<answer>" not in self.instruction:
+            return str(problem.answer)
         return f"<answer>{problem.answer}</answer>"
 
     def _entry(self, problem: Problem) -> dict:

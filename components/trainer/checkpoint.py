@@ -1,27 +1,89 @@
-"""Atomic checkpoints: write to a temporary file, fsync, rename. A half-written file is never read.
+"""Sharded, atomic checkpoints through torch.distributed.checkpoint (DCP), resumable at any learner world size.
 
-A checkpoint holds everything to resume bit-for-bit on CPU: model, optimizer, scheduler,
-every RNG state, curriculum state (pass-rate history included), step/version/order
-counters, compute accounting and any rollouts generated but not yet trained on.
+One checkpoint is one directory, written by every learner rank into a hidden temporary
+directory and published by rank 0 with a single rename, so a half-written checkpoint is
+never read:
+
+    RUN_DIR/checkpoints/
+      .step_00000012.tmp/          being written (or left by a killed save: ignored, removed
+                                   by the next save or by remove_stale_tmp)
+      step_00000012/               complete (published by rename)
+        dcp/.metadata              DCP: model + optimizer, keyed by Hugging Face FQNs
+        dcp/__<r>_0.distcp         (one file per saving rank: its shards)
+        trainer.pt                 rank 0: {"trainer_state", "scheduler_state"} (pickled)
+        ranks/rank_00000.pt        every rank's own state (RNG ...), one file per rank
+        hf/config.json             the learner model's config (untied for bf16_fp32_head),
+        hf/generation_config.json  generation config and tokenizer files: a checkpoint is
+        hf/tokenizer*.json ...     self-contained for `scalerl export`
+        checkpoint.json            written last: step, world size, format, torch version
+
+Model and optimizer state come from `torch.distributed.checkpoint.state_dict.get_state_dict`,
+so their keys are the model's FQNs (the HF parameter names; optimizer state as
+`optim.state.<fqn>.{step,exp_avg,exp_avg_sq}`) whatever the sharding: a checkpoint saved by
+T ranks (FSDP2 DTensor shards) loads into T' ranks or into one plain module, and vice versa.
+Tensors are stored in the dtype the learner holds them in (fp32 master weights and AdamW state).
+
+Every rank must see the same RUN_DIR (one machine, or a shared filesystem across nodes).
+`save_checkpoint` and `load_checkpoint` are collective over the learner group when
+torch.distributed is initialised; without a process group (T = 1) they work in one process.
+
+The third positional argument of `save_checkpoint` and a `.pt` path given to
+`load_checkpoint` are the previous single-file format (`checkpoints/step_XXXXXXXX.pt`), kept
+only until the trainer loop calls the DCP API; see "legacy" at the end of this file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import re
+import shutil
+import warnings
+from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "checkpoint_steps",
+    "read_checkpoint_info",
+    "remove_stale_tmp",
+    "rng_state",
+    "set_rng_state",
+    "CheckpointError",
+    "FORMAT",
+]
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+FORMAT = "scalerl-dcp-1"
+INFO_FILE = "checkpoint.json"  # written last inside the tmp dir: its presence marks a complete checkpoint
+DCP_DIR = "dcp"
+HF_DIR = "hf"
+RANKS_DIR = "ranks"
+TRAINER_FILE = "trainer.pt"
+BARRIER_TIMEOUT_S = 600.0
+
+_DIR_NAME = re.compile(r"^step_(\d{8})$")
+_TMP_NAME = re.compile(r"^\.step_(\d{8})\.(tmp|old)$")
+_LEGACY_NAME = re.compile(r"^step_(\d{8})\.pt$")
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or does not fit the model it is loaded into."""
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG
 def rng_state() -> dict:
+    """This process's python, numpy, torch (and CUDA) RNG states."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -36,41 +98,374 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
+# ---------------------------------------------------------------------------------------------
+# listing
+def _step_dir_name(step: int) -> str:
+    return f"step_{int(step):08d}"
+
+
+def checkpoint_steps(ckpt_dir: Path) -> dict[int, Path]:
+    """{step: directory} of the COMPLETE DCP checkpoints in `ckpt_dir`, by increasing step."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return {}
+    found = {}
+    for p in ckpt_dir.iterdir():
+        m = _DIR_NAME.match(p.name)
+        if m and p.is_dir() and (p / INFO_FILE).is_file():
+            found[int(m.group(1))] = p
+    return dict(sorted(found.items()))
+
+
+def _all_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of both formats (DCP directories and legacy .pt files), by step."""
+    found = list(checkpoint_steps(ckpt_dir).items())
+    if Path(ckpt_dir).is_dir():
+        found += [(int(m.group(1)), p) for p in Path(ckpt_dir).iterdir() if (m := _LEGACY_NAME.match(p.name)) and p.is_file()]
+    return sorted(found, key=lambda sp: (sp[0], sp[1].is_dir()))
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Optional[Path]:
+    """The newest complete checkpoint in `ckpt_dir` (a step_XXXXXXXX directory), or None.
+
+    Temporary directories of an unfinished save and step directories without checkpoint.json
+    are never returned. (A legacy step_XXXXXXXX.pt file is returned too while the old
+    single-file format is still written.) Read-only: it never deletes anything, so it is
+    safe to call while a run is saving.
+    """
+    found = _all_checkpoints(ckpt_dir)
+    return found[-1][1] if found else None
+
+
+def read_checkpoint_info(path: Path) -> dict:
+    """The checkpoint.json of a complete checkpoint directory; CheckpointError if there is none."""
+    path = Path(path)
+    info_path = path / INFO_FILE
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {path}")
+    if not info_path.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {INFO_FILE}); it was never published")
+    info = json.loads(info_path.read_text())
+    if info.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: unknown checkpoint format {info.get('format')!r}; this code reads {FORMAT!r}")
+    return info
+
+
+def remove_stale_tmp(ckpt_dir: Path) -> list[Path]:
+    """Delete what killed saves left behind (.step_*.tmp / .step_*.old directories, legacy tmp files).
+
+    Only the rank that saves (rank 0) may call this, and never while a save is running.
+    """
+    removed = []
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return removed
+    for p in ckpt_dir.iterdir():
+        if _TMP_NAME.match(p.name):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        elif p.name.startswith(".step_") and ".pt.tmp" in p.name and p.is_file():  # legacy
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# process group helpers
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank_world(group) -> tuple[int, int]:
+    if not _dist_on():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP warns on every save/load without a process group; that is the intended T = 1 mode here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _barrier(group, timeout_s: float, what: str) -> None:
+    """A barrier over the learner group that fails (naming the missing ranks on gloo) instead of hanging."""
+    if not _dist_on() or dist.get_world_size(group) == 1:
+        return
+    if dist.get_backend(group) == "gloo":
+        try:
+            dist.monitored_barrier(group, timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as err:
+            raise CheckpointError(f"checkpoint barrier '{what}' failed after <= {timeout_s:.0f} s: {err}") from err
+    else:  # NCCL: the process group's own timeout (and its watchdog) bounds the wait
+        dist.barrier(group)
+
+
+# ---------------------------------------------------------------------------------------------
+# small durable files
+def _fsync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _save_torch(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            _fsync_path(Path(dirpath) / name)
+        _fsync_path(Path(dirpath))
+
+
+def _write_hf_files(model: torch.nn.Module, tokenizer, hf_dir: Path) -> None:
+    """config.json (+ generation config, tokenizer files) as the learner's model has them."""
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "save_pretrained"):
+        raise CheckpointError(f"{type(model).__name__} has no Hugging Face config to store in the checkpoint")
+    config.save_pretrained(hf_dir)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None and hasattr(gen, "save_pretrained"):
+        gen.save_pretrained(hf_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(hf_dir)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished tmp dir to its final name (replacing an older copy of the same step)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune(ckpt_dir: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    for _step, p in _all_checkpoints(ckpt_dir)[:-keep]:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# save / load
+def save_checkpoint(
+    ckpt_dir: Path,
+    step: int,
+    _legacy_state: Optional[dict] = None,
+    *,
+    model: Optional[torch.nn.Module] = None,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler_state: Optional[dict] = None,
+    trainer_state: Optional[dict] = None,
+    rank_state: Optional[dict] = None,
+    keep: int = 2,
+    tokenizer=None,
+    group=None,
+    timeout_s: float = BARRIER_TIMEOUT_S,
+) -> Path:
+    """Write checkpoint `step` into `ckpt_dir` atomically; returns `ckpt_dir/step_XXXXXXXX`.
+
+    Collective: every rank of the learner group (default group unless `group`) calls it with
+    its own `model` (FSDP2-sharded or plain) and `optimizer`, and its own `rank_state`
+    (picklable, e.g. {"rng": rng_state()}). Rank 0's `trainer_state` (curriculum, counters,
+    pending rollouts, compute: a picklable dict) and `scheduler_state` are stored; other ranks'
+    are ignored. `tokenizer` (rank 0) is stored beside the HF config. `keep` > 0 keeps only
+    the newest `keep` checkpoints. Every wait is bounded by `timeout_s`.
+    """
+    if _legacy_state is not None:
+        return _legacy_save(ckpt_dir, step, _legacy_state, keep=keep)
+    if model is None:
+        raise TypeError("save_checkpoint needs model= (and optimizer=); the positional state dict is the legacy format")
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    ckpt_dir = Path(ckpt_dir)
+    rank, world = _rank_world(group)
+    tmp = ckpt_dir / f".{_step_dir_name(step)}.tmp"
+    final = ckpt_dir / _step_dir_name(step)
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_tmp(ckpt_dir)  # a killed save's leftovers (saves of one run never overlap)
+        (tmp / DCP_DIR).mkdir(parents=True)
+        (tmp / RANKS_DIR).mkdir()
+    _barrier(group, timeout_s, f"create {tmp.name}")
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    opt_kind = _optimizer_kind(optimizer)
+    msd, osd = _model_state(model, optimizer if opt_kind == "full" else None)
+    state = {"model": msd} if osd is None else {"model": msd, "optim": osd}
+    try:
+        with _quiet_single_process():
+            dcp_save(state, storage_writer=FileSystemWriter(tmp / DCP_DIR), process_group=group, no_dist=not _dist_on())
+    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"rank {rank}: saving {tmp} failed: {_describe(err)}") from err
+    _save_torch(tmp / RANKS_DIR / f"rank_{rank:05d}.pt", rank_state)
+    _barrier(group, timeout_s, f"write {tmp.name}")
+
+    if rank == 0:
+        groups = None
+        if opt_kind == "empty":  # no AdamW state yet: keep the hyperparameters only
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        _save_torch(tmp / TRAINER_FILE, {"trainer_state": trainer_state, "scheduler_state": scheduler_state,
+                                         "empty_optimizer_param_groups": groups})
+        _write_hf_files(model, tokenizer, tmp / HF_DIR)
+        _fsync_tree(tmp)
+        info = {
+            "format": FORMAT,
+            "step": step,
+            "world_size": world,
+            "optimizer": opt_kind,
+            "has_tokenizer": tokenizer is not None,
+            "torch": torch.__version__,
+        }
+        with open(tmp / INFO_FILE, "w") as f:
+            json.dump(info, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp)
+        _publish(tmp, final)
+        _prune(ckpt_dir, keep)
+    _barrier(group, timeout_s, f"publish {final.name}")
+    return final
+
+
+def _describe(err: BaseException) -> str:
+    """One line per failing rank from DCP's CheckpointException (which carries every rank's exception)."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for r, f in sorted(failures.items()):
+            exc = f[0] if isinstance(f, tuple) else f
+            parts.append(f"rank {r}: {type(exc).__name__}: {exc}")
+        return "; ".join(parts)
+    return f"{type(err).__name__}: {err}"
+
+
+def _optimizer_kind(optimizer) -> str:
+    """"none" (no optimizer), "empty" (no step taken yet: no state) or "full"."""
+    if optimizer is None:
+        return "none"
+    return "full" if optimizer.state else "empty"
+
+
+def _model_state(model, optimizer):
+    """(model state dict, optimizer state dict or None), FQN-keyed, sharded as the model is.
+
+    For an optimizer WITHOUT state, get_state_dict runs one optimizer step with zero grads and
+    lr 0 (DCP's own initialisation, so that the state has shapes to load into); that creates
+    AdamW state with step = 1. Only call it with an optimizer whose state is about to be
+    overwritten by a load, or that already has state (a save must not change training).
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return get_model_state_dict(model), None
+    return get_state_dict(model, optimizer)
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    model: Optional[torch.nn.Module] = None,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    group=None,
+    timeout_s: float = BARRIER_TIMEOUT_S,
+) -> dict:
+    """Load checkpoint directory `path` into `model` and `optimizer` in place (collective).
+
+    Works at any learner world size: DCP reads, on each rank, the parts of the stored
+    tensors its shards cover. Returns {"step", "world_size" (of the save), "trainer_state",
+    "scheduler_state", "rank_state"}; "rank_state" is this rank's saved dict, or None when the
+    checkpoint was saved by fewer ranks than this rank's index.
+    """
+    path = Path(path)
+    if model is None:
+        if path.is_file():
+            return _legacy_load(path)
+        raise TypeError(f"load_checkpoint({path}) needs model= (and optimizer=) for a DCP checkpoint directory")
+    info = read_checkpoint_info(path)
+    saved_opt = info["optimizer"]
+    if optimizer is not None and saved_opt == "none":
+        raise CheckpointError(f"{path} was saved without an optimizer; pass optimizer=None to load the weights only")
+    rank, _world = _rank_world(group)
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    msd, osd = _model_state(model, optimizer if saved_opt == "full" else None)
+    state = {"model": msd} if osd is None else {"model": msd, "optim": osd}
+    try:
+        with _quiet_single_process():
+            dcp_load(state, storage_reader=FileSystemReader(path / DCP_DIR), process_group=group, no_dist=not _dist_on())
+    except (Exception, CheckpointException) as err:  # DCP names the missing/mismatching keys; say which checkpoint
+        raise CheckpointError(f"cannot load {path} into {type(model).__name__}: {_describe(err)}") from err
+    if osd is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    trainer = torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=False)
+    if optimizer is not None and saved_opt == "empty":  # saved before its first step: a fresh optimizer
+        optimizer.state.clear()
+        for g, saved in zip(optimizer.param_groups, trainer["empty_optimizer_param_groups"]):
+            g.update(saved)
+    rank_file = path / RANKS_DIR / f"rank_{rank:05d}.pt"
+    rank_state = torch.load(rank_file, map_location="cpu", weights_only=False) if rank_file.is_file() else None
+    _barrier(group, timeout_s, f"load {path.name}")
+    return {
+        "step": int(info["step"]),
+        "world_size": int(info["world_size"]),
+        "trainer_state": trainer["trainer_state"],
+        "scheduler_state": trainer["scheduler_state"],
+        "rank_state": rank_state,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# legacy single-file format (checkpoints/step_XXXXXXXX.pt). Delete this block, the
+# `_legacy_state` argument and the file branch of load_checkpoint once loop.py uses the API above.
+def _legacy_save(ckpt_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
+    warnings.warn("save_checkpoint(dir, step, state) writes the legacy single-file format; pass model=/optimizer=",
+                  DeprecationWarning, stacklevel=3)
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:08d}.pt"
     tmp = ckpt_dir / f".step_{step:08d}.pt.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    _save_torch(tmp, state)
     os.replace(tmp, final)
-    try:  # make the rename durable
-        fd = os.open(ckpt_dir, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
-    for old in _list(ckpt_dir)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
-    for stray in ckpt_dir.glob(".step_*.tmp*"):
-        if stray != tmp:
-            stray.unlink(missing_ok=True)
+    _fsync_path(ckpt_dir)
+    _prune(ckpt_dir, keep)
+    for stray in ckpt_dir.glob(".step_*.pt.tmp*"):
+        stray.unlink(missing_ok=True)
     return final
 
 
-def _list(ckpt_dir: Path) -> list[Path]:
-    if not Path(ckpt_dir).is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in Path(ckpt_dir).iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Optional[Path]:
-    ckpts = _list(ckpt_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def load_checkpoint(path: Path) -> dict:
+def _legacy_load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)

@@ -20,7 +20,6 @@ not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -118,8 +117,8 @@ def shard_model(model: torch.nn.Module, precision: str, mesh=None) -> torch.nn.M
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = get_precision(precision)
-    compute = policy.param_dtype
+    policy = get_precision(precision)  # a name (real bf16) or the learner's resolved policy
+    compute = policy.compute_dtype  # float32 when bf16 is emulated (precision.emulate)
     block_mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     root_dtype = torch.float32 if policy.fp32_head else compute
     root_mp = MixedPrecisionPolicy(param_dtype=root_dtype, reduce_dtype=torch.float32)
@@ -263,7 +262,7 @@ class Learner:
         self.cfg = cfg
         self.pad_id = pad_id
         self.device = torch.device(device)
-        self.policy = get_precision(cfg.precision)
+        self.policy = get_precision(cfg.precision, device=self.device)  # real or emulated bf16 on this device
         self.ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.rank = dist.get_rank() if self.ranks > 1 else 0
         # master weights: float32 whatever the policy; the fp32 head needs its own matrix
@@ -276,7 +275,7 @@ class Learner:
             _enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
         if self.ranks > 1:
-            shard_model(model, self.policy.name)
+            shard_model(model, self.policy)
         self.model = model
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
@@ -292,10 +291,9 @@ class Learner:
 
     # -------------------------------------------------------------------------------------
     def compute_context(self):
-        """The compute precision of a forward pass: autocast for an unsharded bf16 policy."""
-        if self.ranks == 1 and self.policy.param_dtype != torch.float32:
-            return torch.autocast(device_type=self.device.type, dtype=self.policy.param_dtype)
-        return contextlib.nullcontext()
+        """The compute precision of a forward pass (`PrecisionPolicy.compute_context`): autocast for an
+        unsharded real-bf16 policy (the bf16 head included), bf16 emulation where it is emulated."""
+        return self.policy.compute_context(self.model, self.device, sharded=self.ranks > 1)
 
     def logprobs(self, mb: MicroBatch):
         """logp [b, T] (grad) and entropy [b, T] of a micro-batch's completion tokens."""

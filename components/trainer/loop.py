@@ -339,11 +339,13 @@ class Trainer:
         self.clock.resume()
         self.clock.eval_base_s += eval_wall
         clock = self.clock_fields()
-        self.eval_log.write({
+        line = {
             "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
             "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
             "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0), **record,
-        })
+        }
+        self.eval_log.write(line)
+        self.tracker.log_eval(line)
         self.last_eval_pass_rate = record["pass_rate"]
         if self.bar is not None:
             self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
@@ -397,6 +399,8 @@ class Trainer:
             **self._proc_fields(),
         }
         self.metrics_log.write(record)
+        self.tracker.log_metrics(record)
+        self.tracker.log_samples(self.step, rollouts, self.tokenizer)
         self._reset_since()
         if self.bar is not None:
             self.bar.update(1)
@@ -585,7 +589,10 @@ class Trainer:
         self.last_checkpoint_step = -1
         try:
             self._connect()  # generators load their engines while the learner was built
-            self._resume_or_start()
+            resumed = self._resume_or_start()
+            from components.trainer.tracking import RunTracker
+
+            self.tracker = RunTracker.from_config(self.cfg, self.run_dir, resume_step=self.step if resumed else None)
             self.clock.start()  # every generator is ready: the training clock runs from here
             self.procs["learner-0"] = proc_stats()
             self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
@@ -613,8 +620,10 @@ class Trainer:
             from experiments.export import write_final_policy
 
             write_final_policy(self.run_dir)
+            self._status = "done"
             return "done"
         except (SystemExit, KeyboardInterrupt):
+            self._status = "interrupted"
             raise
         except BaseException as err:
             culprit = self._name_the_culprit(err)
@@ -640,6 +649,8 @@ class Trainer:
         return err
 
     def _shutdown(self) -> None:
+        if getattr(self, "tracker", None) is not None:
+            self.tracker.close(getattr(self, "_status", "failed"))
         for name in ("metrics_log", "eval_log"):
             if hasattr(self, name):
                 getattr(self, name).close()

@@ -162,4 +162,13 @@ class RunInfo:
         self.save()
 
     def save(self) -> None:
+        # "trackers" (W&B / MLflow run ids) is written by components.trainer.tracking while this
+        # object is held: merge the file's entries rather than overwrite them with an older copy.
+        if self.path.exists():
+            try:
+                on_disk = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                on_disk = {}
+            if isinstance(on_disk, dict) and isinstance(on_disk.get("trackers"), dict):
+                self.data["trackers"] = {**dict(self.data.get("trackers") or {}), **on_disk["trackers"]}
         write_json_atomic(self.path, self.data)

@@ -1,0 +1,657 @@
+"""The learner's forward pass at real sizes: token-budget packing, a chunked LM head, checkpointing.
+
+Memory is a function of a token budget, never of (longest sequence x batch) or (tokens x vocabulary):
+
+- `plan_micro_batches` splits a step's WHOLE sequences into micro-batches of at most
+  `train.max_tokens_per_micro_batch` tokens (prompt + completion; first-fit decreasing).
+- `pack` / `pack_batch` lay one micro-batch out as ONE row without padding: input_ids [1, N],
+  position ids restarting at 0 for every sequence, NO attention mask, `use_cache=False`.
+  transformers then keeps the sequences apart by itself (they cannot attend to each other):
+  * sdpa / eager / flex: `transformers.masking_utils._preprocess_mask_arguments` calls
+    `find_packed_sequence_indices(position_ids)` when the 2D attention mask is None and there is
+    no cache; every position-id step that is not +1 starts a new sequence, and
+    `packed_sequence_compatibility_function` makes the causal mask block-diagonal.
+  * flash_attention_2/3/4: `transformers.modeling_flash_attention_utils._flash_attention_forward`
+    sees `_is_packed_sequence(position_ids, batch_size=1)` and runs the varlen kernel with
+    `cu_seqlens` from `prepare_fa_kwargs_from_position_ids` (a sequence starts where the
+    position id equals its minimum, 0).
+  Either an attention mask or a KV cache switches that detection off and the sequences of a
+  row then attend to each other (measured: ENVIRONMENT.md), so neither is ever passed here.
+- `chunked_token_logprobs` turns final hidden states [N, H] and the head weight [V, H] into
+  the log-prob of each target [N] (and its entropy) `chunk_size` tokens at a time, with a
+  backward that recomputes each chunk: no [tokens, vocab] tensor larger than one chunk exists,
+  forward or backward. The log-prob is the engines' definition
+  (`components.engines.logprobs.scaled_log_softmax`: float32, temperature-scaled, T <= 0 counts
+  as 1) applied to what the model's own head computes: `F.linear(h.to(W.dtype), W, b)`, i.e.
+  the head's input is cast to the head weight's dtype, exactly like the fp32-head pre-hook of
+  `components.precision` (bypassed here because the weight is used directly).
+- `sequence_logprobs_packed(model, micro_batch, ...)` is the ONE entry point the learner
+  calls, for packed rows (`PackedRow`) and for today's padded micro-batches (a
+  `components.trainer.rollout.Batch`) alike. It returns logp [b, T] (carries grad) and
+  entropy [b, T] (no grad) in the padded completion layout, so the losses (which take [B, T])
+  are unchanged. The model's own forward is called (so FSDP2's root hooks run) with
+  `logits_to_keep` = an empty index tensor (no logits at all), and the final hidden states
+  are taken by a forward hook on the decoder stack (`model.get_decoder()`).
+- `enable_activation_checkpointing` uses transformers' per-decoder-block checkpointing with
+  `use_reentrant=False`: `GradientCheckpointingLayer` checkpoints the block's `forward`, not
+  its `__call__`, so module hooks (FSDP2's unshard/reshard) stay outside the checkpoint and run
+  once, it handles the `FSDP<Block>` subclass that `fully_shard` creates afterwards, and it
+  leaves parameter names unchanged (torch's `checkpoint_wrapper` would insert
+  `_checkpoint_wrapped_module.` into every state-dict key of the blocks).
+- `resolve_attn_implementation(name, device)` picks transformers' `attn_implementation`.
+
+FSDP2 note: the head weight is read AFTER the model's forward. With `fully_shard` per block +
+root (the design), the head belongs to the root group, which FSDP2 does not reshard after
+forward, so the weight is the unsharded parameter and its gradient is reduced by the root's
+post-backward as usual. A head that is itself resharded after forward (a DTensor here) is
+refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from components.engines.logprobs import position_ids_from_mask, scaled_log_softmax
+
+__all__ = [
+    "PackedRow",
+    "plan_micro_batches",
+    "pack",
+    "pack_batch",
+    "batch_sequences",
+    "sequence_lengths",
+    "chunked_token_logprobs",
+    "final_hidden_states",
+    "sequence_logprobs_packed",
+    "sequence_logprobs_padded",
+    "enable_activation_checkpointing",
+    "resolve_attn_implementation",
+    "ATTN_IMPLEMENTATIONS",
+]
+
+# transformers attn_implementation names this trainer accepts (None means "sdpa").
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+# Model configs whose forward transforms the head's logits (scale / soft-cap) after lm_head: the
+# chunked head would silently skip that, so such models are refused.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+# --------------------------------------------------------------------------------------------
+# 1. token-budget micro-batches
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int, *, allow_oversize: bool = False) -> list[list[int]]:
+    """Split whole sequences into micro-batches of at most `max_tokens` tokens (first-fit decreasing).
+
+    Args:
+        lengths: tokens of each sequence (prompt + completion), all >= 1.
+        max_tokens: the token budget of one micro-batch (`train.max_tokens_per_micro_batch`).
+        allow_oversize: what to do with a sequence longer than the budget. False (default):
+            raise a ValueError naming it, before anything runs (the budget is what the memory
+            plan assumes; silently exceeding it would be an out-of-memory later). True: give
+            it a micro-batch of its own.
+
+    Returns:
+        A list of micro-batches, each a sorted list of sequence indices; every index appears
+        exactly once. Micro-batches are ordered by their largest sequence (largest first).
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens (train.max_tokens_per_micro_batch) must be an int >= 1, got {max_tokens!r}")
+    lengths = [int(n) for n in lengths]
+    bad = [(i, n) for i, n in enumerate(lengths) if n < 1]
+    if bad:
+        raise ValueError(f"every sequence needs >= 1 token; sequence {bad[0][0]} has {bad[0][1]}")
+    too_long = [(i, n) for i, n in enumerate(lengths) if n > max_tokens]
+    if too_long and not allow_oversize:
+        i, n = max(too_long, key=lambda x: x[1])
+        raise ValueError(
+            f"sequence {i} has {n} tokens (prompt + completion), more than the micro-batch budget "
+            f"train.max_tokens_per_micro_batch = {max_tokens} ({len(too_long)} sequence(s) exceed it). "
+            f"Raise the budget to at least {n}, or lower train.max_tokens / the prompt length."
+        )
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for b, load in enumerate(loads):
+            if load + n <= max_tokens:
+                bins[b].append(i)
+                loads[b] = load + n
+                break
+        else:
+            bins.append([i])
+            loads.append(n)
+    return [sorted(b) for b in bins]
+
+
+# --------------------------------------------------------------------------------------------
+# 2. packing
+@dataclass
+class PackedRow:
+    """One micro-batch of b sequences laid out as a single row without padding (N tokens).
+
+    Completion token j of sequence i (0-based) sits at row position offsets[i] + prompt_lens[i] + j
+    and is predicted by the hidden state one position earlier; its log-prob goes to output
+    cell [i, j] of the [b, T] layout the losses take.
+    """
+
+    input_ids: torch.Tensor  # [1, N] long
+    position_ids: torch.Tensor  # [1, N] long, restarting at 0 per sequence
+    predict_index: torch.Tensor  # [M] long: row positions whose hidden state predicts a completion token
+    targets: torch.Tensor  # [M] long: the completion tokens they predict
+    out_rows: torch.Tensor  # [M] long: sequence index i in 0..b-1
+    out_cols: torch.Tensor  # [M] long: completion index j in 0..T-1
+    seq_lens: torch.Tensor  # [b] long: prompt + completion tokens of each sequence
+    cu_seqlens: torch.Tensor  # [b + 1] int32: sequence boundaries in the row (varlen layout)
+    num_columns: int  # T of the [b, T] output layout
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seq_lens.max()) if self.seq_lens.numel() else 0
+
+    def to(self, device) -> "PackedRow":
+        moved = {k: getattr(self, k).to(device) for k in self._TENSORS}
+        return PackedRow(**moved, num_columns=self.num_columns)
+
+    _TENSORS = ("input_ids", "position_ids", "predict_index", "targets", "out_rows", "out_cols", "seq_lens", "cu_seqlens")
+
+
+def _as_id_list(ids, what: str) -> list[int]:
+    if torch.is_tensor(ids):
+        if ids.dim() != 1:
+            raise ValueError(f"{what} must be a 1D sequence of token ids, got a tensor of shape {tuple(ids.shape)}")
+        return [int(x) for x in ids.tolist()]
+    return [int(x) for x in ids]
+
+
+def pack(sequences: Sequence, *, num_columns: Optional[int] = None, device=None) -> PackedRow:
+    """Lay out (prompt_ids, completion_ids) pairs as one unpadded row.
+
+    Args:
+        sequences: b pairs of token-id sequences (lists or 1D tensors); every prompt non-empty,
+            completions may be empty.
+        num_columns: T of the [b, T] output layout (default: the longest completion, >= 1); must
+            be >= every completion length.
+        device: where the tensors go.
+    """
+    if len(sequences) == 0:
+        raise ValueError("pack needs at least one sequence")
+    prompts, completions = [], []
+    for i, pair in enumerate(sequences):
+        if len(pair) != 2:
+            raise ValueError(f"sequence {i} must be a (prompt_ids, completion_ids) pair, got {len(pair)} items")
+        p = _as_id_list(pair[0], f"prompt {i}")
+        c = _as_id_list(pair[1], f"completion {i}")
+        if not p:
+            raise ValueError(f"sequence {i} has an empty prompt (a prompt token must predict the first completion token)")
+        prompts.append(p)
+        completions.append(c)
+    longest = max(len(c) for c in completions)
+    T = max(1, longest) if num_columns is None else int(num_columns)
+    if T < longest:
+        raise ValueError(f"num_columns = {T} is shorter than the longest completion ({longest} tokens)")
+    ids: list[int] = []
+    pos: list[int] = []
+    predict: list[int] = []
+    targets: list[int] = []
+    rows: list[int] = []
+    cols: list[int] = []
+    seq_lens: list[int] = []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        offset = len(ids)
+        n = len(p) + len(c)
+        ids.extend(p)
+        ids.extend(c)
+        pos.extend(range(n))
+        first = offset + len(p)  # row position of completion token 0
+        predict.extend(range(first - 1, first - 1 + len(c)))
+        targets.extend(c)
+        rows.extend([i] * len(c))
+        cols.extend(range(len(c)))
+        seq_lens.append(n)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.long)  # [b]
+    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)  # [b + 1]
+    cu[1:] = seq_lens_t.cumsum(0).to(torch.int32)
+    row = PackedRow(
+        input_ids=torch.tensor(ids, dtype=torch.long).unsqueeze(0),  # [1, N]
+        position_ids=torch.tensor(pos, dtype=torch.long).unsqueeze(0),  # [1, N]
+        predict_index=torch.tensor(predict, dtype=torch.long),  # [M]
+        targets=torch.tensor(targets, dtype=torch.long),  # [M]
+        out_rows=torch.tensor(rows, dtype=torch.long),  # [M]
+        out_cols=torch.tensor(cols, dtype=torch.long),  # [M]
+        seq_lens=seq_lens_t,
+        cu_seqlens=cu,
+        num_columns=T,
+    )
+    return row if device is None else row.to(device)
+
+
+def batch_sequences(batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (prompt_ids, completion_ids) of every row of a padded `Batch` (padding removed).
+
+    Completion ids include forced tokens (their log-probs are computed; the batch's `mask`
+    leaves them out of the loss), exactly as the padded path computes them.
+    """
+    P = int(batch.completion_start)
+    am = batch.attention_mask.bool()  # [B, P+T]
+    out = []
+    for i in range(batch.input_ids.shape[0]):
+        prompt = batch.input_ids[i, :P][am[i, :P]]  # [p_i]
+        n = int(am[i, P:].sum())
+        if not bool(am[i, P : P + n].all()):
+            raise ValueError(f"row {i}: the completion is not right-padded (attention mask has holes after column {P})")
+        out.append((prompt, batch.input_ids[i, P : P + n]))
+    return out
+
+
+def sequence_lengths(batch) -> list[int]:
+    """Tokens (prompt + completion) of every row of a padded `Batch`: the lengths `plan_micro_batches` takes."""
+    return [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
+
+
+def pack_batch(batch, rows=None) -> PackedRow:
+    """Pack rows of a padded `Batch` (all rows, or the indices `rows`) into one `PackedRow`.
+
+    The output layout keeps the batch's completion width T, so the packed log-probs line up with
+    `batch.select(rows)`'s gen_logp / mask / aggregation weights.
+    """
+    if rows is not None:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        batch = batch.select(idx)
+    T = int(batch.input_ids.shape[1]) - int(batch.completion_start)
+    return pack(batch_sequences(batch), num_columns=T, device=batch.input_ids.device)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. the chunked head
+def _no_autocast(device_type: str):
+    try:
+        return torch.autocast(device_type=device_type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know
+        return contextlib.nullcontext()
+
+
+def _temperature_rows(temperature, start: int, stop: int):
+    """The temperature of rows start..stop: a float, or a [n] slice of a per-token tensor."""
+    return temperature[start:stop] if torch.is_tensor(temperature) else temperature
+
+
+def _effective_temperature(temperature, like: torch.Tensor):
+    """Temperature as divided by `scaled_log_softmax`: <= 0 counts as 1. A float or [n, 1] float32."""
+    if torch.is_tensor(temperature):
+        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(like)  # [n]
+        return t.unsqueeze(-1)  # [n, 1]
+    return float(temperature) if temperature > 0 else 1.0
+
+
+class _ChunkedHeadLogprob(torch.autograd.Function):
+    """logp[n] = scaled_log_softmax(F.linear(hidden[n].to(W.dtype), W, b), T)[target[n]], chunk by chunk.
+
+    Forward keeps only hidden, weight, bias and targets (no logits); backward recomputes each
+    chunk's logits and log-softmax, so at most one chunk of [chunk, V] tensors is alive.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):
+        N = hidden.shape[0]
+        logp = torch.empty(N, dtype=torch.float32, device=hidden.device)  # [N]
+        entropy = torch.empty(N, dtype=torch.float32, device=hidden.device) if with_entropy else None  # [N]
+        with torch.no_grad(), _no_autocast(hidden.device.type):
+            for s in range(0, N, chunk_size):
+                e = min(s + chunk_size, N)
+                logits = F.linear(hidden[s:e].to(weight.dtype), weight, bias)  # [n, V] in the head's dtype
+                lp = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32
+                del logits
+                logp[s:e] = lp.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)  # [n]
+                if with_entropy:
+                    entropy[s:e] = -(lp.exp() * lp).sum(-1)  # [n]
+                del lp
+        ctx.save_for_backward(hidden, weight, bias, targets, temperature if torch.is_tensor(temperature) else None)
+        ctx.temperature = None if torch.is_tensor(temperature) else temperature
+        ctx.chunk_size = chunk_size
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+            return logp, entropy
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy=None):
+        hidden, weight, bias, targets, t_tensor = ctx.saved_tensors
+        temperature = t_tensor if t_tensor is not None else ctx.temperature
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        N = hidden.shape[0]
+        grad_h = torch.zeros_like(hidden) if need_h else None  # [N, H]
+        # the head's gradient is accumulated over chunks in float32, cast to its dtype at the end
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None  # [V]
+        with torch.no_grad(), _no_autocast(hidden.device.type):
+            for s in range(0, N, ctx.chunk_size):
+                e = min(s + ctx.chunk_size, N)
+                go = grad_logp[s:e].float()  # [n]
+                h = hidden[s:e].to(weight.dtype)  # [n, H]
+                logits = F.linear(h, weight, bias)  # [n, V]
+                g = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32 log-probs
+                del logits
+                # d logp[target] / d scaled = onehot(target) - softmax;  d scaled / d logits = 1 / T
+                g.exp_().mul_(-go.unsqueeze(-1))  # [n, V]: -p * go
+                g.scatter_add_(-1, targets[s:e].unsqueeze(-1), go.unsqueeze(-1))  # [n, V]: (onehot - p) * go
+                t = _effective_temperature(_temperature_rows(temperature, s, e), g)
+                if torch.is_tensor(t) or t != 1.0:
+                    g.div_(t)
+                g_logits = g.to(weight.dtype)  # [n, V]: gradient w.r.t. the head's output, in its dtype
+                del g
+                if need_h:
+                    grad_h[s:e] = (g_logits @ weight).to(hidden.dtype)  # [n, H]
+                if need_w and weight.dtype == torch.float32:
+                    grad_w.addmm_(g_logits.t(), h)  # [V, H], accumulated in place (no [V, H] temporary)
+                elif need_w:
+                    grad_w += (g_logits.t() @ h).float()  # [V, H]
+                if need_b:
+                    grad_b += g_logits.sum(0).float()  # [V]
+                del g_logits
+        if need_w:
+            grad_w = grad_w.to(weight.dtype)
+        if need_b:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: "float | torch.Tensor" = 1.0,
+    chunk_size: int = 1024,
+    bias: Optional[torch.Tensor] = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of each target and entropy, from final hidden states, `chunk_size` tokens at a time.
+
+    Args:
+        hidden: [N, H] final hidden states (after the final norm), any float dtype; carries grad.
+        weight: [V, H] the LM head weight (`model.get_output_embeddings().weight`); carries grad.
+        targets: [N] long, the token each hidden state predicts.
+        temperature: the sampling temperature (float, or a [N] tensor); <= 0 counts as 1, as in
+            `components.engines.logprobs.scaled_log_softmax`.
+        chunk_size: tokens per chunk (`train.logprob_chunk_size`); the largest [tokens, V]
+            tensor ever alive is [chunk_size, V].
+        bias: optional [V] head bias.
+        with_entropy: also return the entropy of each position's distribution (no grad).
+
+    Returns:
+        logp [N] float32 (differentiable w.r.t. hidden, weight and bias), and entropy [N]
+        float32 or None.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size (train.logprob_chunk_size) must be an int >= 1, got {chunk_size!r}")
+    if hidden.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden size {hidden.shape[1]} does not match the head weight's {weight.shape[1]} (weight is [V, H])")
+    if targets.shape != hidden.shape[:1] or targets.dtype != torch.long:
+        raise ValueError(f"targets must be a long tensor of shape [{hidden.shape[0]}], got {targets.dtype} {tuple(targets.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if torch.is_tensor(temperature) and temperature.shape != hidden.shape[:1]:
+        raise ValueError(f"a temperature tensor must be [{hidden.shape[0]}] (one per token), got {tuple(temperature.shape)}")
+    if not torch.is_tensor(temperature):
+        temperature = float(temperature)
+    if targets.numel():
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= weight.shape[0]:
+            raise ValueError(f"target ids must lie in [0, {weight.shape[0]}) (the head's vocabulary), got [{lo}, {hi}]")
+    if _is_dtensor(weight):
+        raise ValueError(
+            "the LM head weight is a DTensor (a shard): read it while it is unsharded. With FSDP2 keep the "
+            "head in the root's group (fully_shard per block + root), whose parameters stay unsharded after forward"
+        )
+    out = _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, temperature, chunk_size, bool(with_entropy))
+    if with_entropy:
+        return out[0], out[1]
+    return out, None
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. the model forward without logits
+def _decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    get = getattr(model, "get_decoder", None)
+    decoder = None
+    if callable(get):
+        try:
+            decoder = get()
+        except (AttributeError, ValueError, NotImplementedError):
+            decoder = None
+    if decoder is None:
+        decoder = getattr(model, "base_model", None)
+    if decoder is None or decoder is model:
+        raise ValueError(
+            f"{type(model).__name__}: cannot find the decoder stack (get_decoder() / base_model) whose "
+            "last_hidden_state feeds the LM head; a transformers *ForCausalLM model is needed"
+        )
+    return decoder
+
+
+def _check_plain_head(model: torch.nn.Module) -> None:
+    """Refuse models whose forward changes the logits after lm_head (soft-capping, scaling)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and callable(getattr(config, "get_text_config", None)) else config
+    for cfg in {id(c): c for c in (config, text) if c is not None}.values():
+        for name in _LOGIT_TRANSFORMS:
+            value = getattr(cfg, name, None)
+            if value is None:
+                continue
+            active = float(value) != 1.0 if name.endswith(("scale", "scaling")) else bool(value)
+            if active:
+                raise ValueError(
+                    f"{type(model).__name__} transforms its logits after the LM head (config.{name} = {value!r}); "
+                    "the chunked head computes F.linear(hidden, W, b) only, so this model is not supported"
+                )
+
+
+def final_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """Call `model(**inputs)` (its top-level forward, hooks included) without computing any logits.
+
+    `logits_to_keep` is an empty index tensor, so the LM head sees zero positions; the decoder
+    stack's `last_hidden_state` (after the final norm) is captured by a forward hook.
+    Returns it: [B, L, H].
+    """
+    decoder = _decoder_of(model)
+    captured: dict = {}
+
+    def hook(module, args, output):
+        captured["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    device = inputs["input_ids"].device
+    handle = decoder.register_forward_hook(hook)
+    try:
+        out = model(**inputs, use_cache=False, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
+    finally:
+        handle.remove()
+    if "hidden" not in captured:
+        raise RuntimeError(f"{type(model).__name__}: the decoder stack {type(decoder).__name__} did not run in forward")
+    logits = getattr(out, "logits", None)
+    if logits is not None and logits.numel() != 0:
+        raise RuntimeError(
+            f"{type(model).__name__} computed logits of shape {tuple(logits.shape)} despite logits_to_keep = []; "
+            "its forward does not honour logits_to_keep"
+        )
+    return captured["hidden"]
+
+
+def _head(model: torch.nn.Module):
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (LM head) with a weight")
+    return head.weight, getattr(head, "bias", None)
+
+
+def _check_args(temperature, chunk_size) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size (train.logprob_chunk_size) must be an int >= 1, got {chunk_size!r}")
+    if torch.is_tensor(temperature) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a number (the sampling temperature), got {temperature!r}")
+
+
+def _scatter(flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, b: int, T: int) -> torch.Tensor:
+    """[M] values -> [b, T] with zeros elsewhere (differentiable)."""
+    out = flat.new_zeros(b, T)  # [b, T]
+    return out.index_put((rows, cols), flat)  # [b, T]
+
+
+def _head_logprobs(model, hidden_flat, predict_index, targets, rows, cols, b, T, temperature, chunk_size, with_entropy):
+    weight, bias = _head(model)  # read AFTER the forward (FSDP2: the unsharded parameter)
+    h = hidden_flat.index_select(0, predict_index)  # [M, H]
+    logp, entropy = chunked_token_logprobs(
+        h, weight, targets, temperature=float(temperature), chunk_size=chunk_size, bias=bias, with_entropy=with_entropy
+    )  # [M], [M] | None
+    logp_bt = _scatter(logp, rows, cols, b, T)  # [b, T]
+    entropy_bt = _scatter(entropy, rows, cols, b, T) if with_entropy else None  # [b, T]
+    return logp_bt, entropy_bt
+
+
+def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+    """The learner's one forward: log-prob (and entropy) of every completion token of a micro-batch.
+
+    Args:
+        model: a transformers causal LM (plain, or wrapped by FSDP2 per block + root); its
+            precision policy decides the head's dtype.
+        micro_batch: a `PackedRow` (one unpadded row: `pack` / `pack_batch`), or a padded
+            `components.trainer.rollout.Batch` (prompts left-padded, completions right-padded),
+            which runs today's padded forward through the same chunked head.
+        temperature: the sampling temperature of the engines (<= 0 counts as 1).
+        chunk_size: tokens per head chunk (`train.logprob_chunk_size`).
+        with_entropy: also return the entropy (no grad).
+
+    Returns:
+        logp [b, T] float32 (carries grad; 0 on padding) and entropy [b, T] float32 (no grad; 0
+        on padding) or None. T: `micro_batch.num_columns` for a PackedRow, the batch's
+        completion width for a Batch.
+    """
+    if not isinstance(micro_batch, PackedRow):
+        return sequence_logprobs_padded(
+            model, micro_batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        )
+    _check_args(temperature, chunk_size)
+    _check_plain_head(model)
+    row = micro_batch
+    hidden = final_hidden_states(model, input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=None)  # [1, N, H]
+    return _head_logprobs(
+        model, hidden[0], row.predict_index, row.targets, row.out_rows, row.out_cols,
+        row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy,
+    )
+
+
+def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+    """`sequence_logprobs_packed` for a padded micro-batch (`Batch` layout): same head, same outputs.
+
+    The forward is today's padded one (attention mask, positions from the mask, no cache);
+    only the completion positions that hold a token go through the chunked head.
+    """
+    _check_args(temperature, chunk_size)
+    _check_plain_head(model)
+    P = int(batch.completion_start)
+    B, L = batch.input_ids.shape
+    T = L - P
+    if P < 1 or T < 1:
+        raise ValueError(f"a padded micro-batch needs completion_start >= 1 and >= 1 completion column, got P={P}, L={L}")
+    hidden = final_hidden_states(
+        model,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids_from_mask(batch.attention_mask),
+    )  # [B, L, H]
+    valid = batch.attention_mask[:, P:].bool()  # [B, T]: completion cells that hold a token
+    rows, cols = valid.nonzero(as_tuple=True)  # [M], [M]
+    predict_index = rows * L + (P - 1) + cols  # [M]: column P-1+t predicts token P+t
+    targets = batch.input_ids[:, P:][valid]  # [M]
+    return _head_logprobs(
+        model, hidden.reshape(B * L, -1), predict_index, targets, rows, cols, B, T, temperature, chunk_size, with_entropy
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# 5. activation checkpointing and attention kernels
+def enable_activation_checkpointing(model: torch.nn.Module) -> int:
+    """Recompute every decoder block in backward (transformers' checkpointing, use_reentrant=False).
+
+    Call it on the plain model BEFORE `fully_shard`: transformers' `GradientCheckpointingLayer`
+    checkpoints each block's `forward` (not `__call__`), so FSDP2's per-block hooks stay outside
+    the checkpoint, and it checkpoints only the outermost forward of the `FSDP<Block>` subclass
+    that `fully_shard` creates. Parameter names are unchanged. Takes effect in train() mode only.
+    Returns the number of checkpointed blocks.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(model).__name__} does not support activation checkpointing (supports_gradient_checkpointing is False)")
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if callable(enable):
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5.23
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    blocks = sum(1 for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing)
+    if blocks == 0:
+        raise ValueError(f"{type(model).__name__}: activation checkpointing is on but no decoder block is checkpointed")
+    return blocks
+
+
+def _flash_available(version: int) -> bool:
+    utils = importlib.import_module("transformers.utils")
+    check = getattr(utils, f"is_flash_attn_{version}_available", None)
+    return bool(check()) if callable(check) else False
+
+
+def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[torch.dtype] = None) -> str:
+    """The transformers `attn_implementation` for `train.attn_implementation` on `device`.
+
+    None -> "sdpa" (every device). "eager" works everywhere. "flash_attention_N" needs a CUDA
+    device, the flash-attn package of that version installed, and (when `dtype`, the decoder
+    blocks' compute dtype, is given) bf16 or fp16; it runs packed rows through the varlen kernel.
+    Raises ValueError naming the bad value and the valid choices.
+    """
+    if name is None:
+        return "sdpa"
+    if not isinstance(name, str) or name not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"train.attn_implementation = {name!r} is not one of {list(ATTN_IMPLEMENTATIONS)} (or None for sdpa)")
+    if name.startswith("flash_attention_"):
+        if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"train.attn_implementation = {name!r} computes in bf16 or fp16 only, the decoder blocks compute in "
+                f"{dtype}; use train.precision 'bf16' or 'bf16_fp32_head', or attn_implementation 'sdpa'"
+            )
+        dev = torch.device(device) if not isinstance(device, torch.device) else device
+        if dev.type != "cuda":
+            raise ValueError(
+                f"train.attn_implementation = {name!r} needs a CUDA device, the learner runs on {str(dev)!r}; "
+                f"use one of ['sdpa', 'eager'] (or None) there"
+            )
+        version = int(name.rsplit("_", 1)[1])
+        if not _flash_available(version):
+            pkg = {2: "flash-attn", 3: "flash-attn-3 (flash_attn_interface)", 4: "flash-attn-4 (flash_attn.cute)"}[version]
+            raise ValueError(f"train.attn_implementation = {name!r} but {pkg} is not installed here; install it or use 'sdpa'")
+    return name

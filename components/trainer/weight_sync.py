@@ -1,0 +1,799 @@
+"""Weight sync by broadcast: learner rank 0 -> every generator (issue 10, item 4).
+
+The WEIGHT GROUP is learner rank 0 (rank 0) plus every generator i (rank 1 + i). It is never
+the default process group (the learner ranks own theirs, and vLLM sets up its own
+torch.distributed world inside a generator), so it is built statelessly:
+
+- ``gloo`` (CPU): a ``TCPStore`` hosted by learner rank 0 + ``torch.distributed.ProcessGroupGloo``
+  on it. Every collective has the group's timeout, so a dead or silent peer is an error, never a
+  hang. Tensors travel in BUCKETS: runs of consecutive same-dtype tensors of at most
+  ``bucket_mb`` (a larger tensor is a bucket on its own), packed into one flat buffer and sent
+  with one broadcast; the sender packs bucket b+1 while bucket b is on the wire.
+- ``nccl`` (GPU): vLLM's own weight-transfer API. The learner uses vLLM's
+  ``NCCLTrainerWeightTransferEngine`` (``PyNcclCommunicator`` on a ``StatelessProcessGroup``,
+  vLLM's packed broadcast with ``bucket_mb`` buffers); a vLLM generator uses vLLM's
+  ``NCCLWeightTransferEngine`` (``init_weight_transfer_engine`` / ``start_weight_update`` /
+  ``update_weights`` / ``finish_weight_update``); a torch-engine generator reads the same packed
+  wire format. UNTESTED: no GPU was available when this was written. NCCL has no timeout:
+  a dead peer is caught by the run's heartbeats, not here.
+
+One update, step by step (the control message travels on the run's transport, not here)::
+
+    # learner, every rank (FSDP2: full_tensor() is a collective over the learner group)
+    update = WeightUpdate.plan(version, generator_state_meta(model, precision), cfg.weight_sync_bucket_mb)
+    announce(update)                                        # rank 0, over the control transport
+    stats = push_weights(model, precision, update, sender)  # sender on rank 0, None elsewhere
+    # generator, between two decode steps, on the announcement
+    engine.receive_weights(receiver, update)                # torch: in place, KV cache kept
+
+Joining: the group forms when all 1 + G ranks have called `connect()` (learner:
+`WeightSender.connect`; generator: `engine.connect_weights(receiver)`). Call it on every rank at
+startup, or on none (then the first `send` / `receive_weights` joins): a rank that connects
+while the others wait for an update blocks until the group timeout, then raises naming the
+missing ranks.
+
+On CPU a vLLM generator also goes through vLLM's weight-transfer API: this module registers a
+gloo engine (``VLLM_GLOO_BACKEND``) in vLLM's ``WeightTransferEngineFactory`` that speaks the
+gloo protocol above and loads each bucket with the model's ``load_weights`` inside vLLM's
+layerwise reload (``start_weight_update`` ... ``finish_weight_update``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import torch
+
+from components.precision import get_precision
+
+__all__ = [
+    "BACKENDS",
+    "VLLM_GLOO_BACKEND",
+    "WeightGroup",
+    "ParamSpec",
+    "WeightUpdate",
+    "SyncStats",
+    "WeightSyncError",
+    "hf_name",
+    "generator_state_meta",
+    "generator_state_names",
+    "iter_full_parameters",
+    "push_weights",
+    "WeightSender",
+    "WeightReceiver",
+    "register_vllm_gloo_engine",
+    "vllm_packed_chunks",
+]
+
+BACKENDS = ("gloo", "nccl")
+VLLM_GLOO_BACKEND = "scalerl_gloo"  # the name of this module's engine in vLLM's WeightTransferEngineFactory
+_STORE_PREFIX = "scalerl_weights"
+_NCCL_NUM_BUFFERS = 2  # vLLM's packed broadcast: both sides must agree
+# Path components that wrappers insert into parameter names (torch.compile, FSDP1, activation
+# checkpointing); a leading "module." comes from DDP-style wrappers.
+_WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update could not complete (a peer died, hung, or the data disagreed)."""
+
+
+# ----------------------------------------------------------------------------- metadata
+@dataclass(frozen=True)
+class WeightGroup:
+    """How to reach the weight group (picklable; the same object goes to every member).
+
+    Args:
+        master_addr: host of learner rank 0, which hosts the TCPStore (reachable from every generator).
+        master_port: the TCPStore's port.
+        num_generators: G; the group has 1 + G ranks, generator i is rank 1 + i.
+        backend: "gloo" (CPU) or "nccl" (GPU, vLLM's PyNccl).
+        timeout_s: rendezvous and per-collective timeout (gloo).
+        bucket_mb: size of the broadcast buffers (nccl: both sides must agree, so it is fixed here).
+    """
+
+    master_addr: str
+    master_port: int
+    num_generators: int
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+    bucket_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"weight group backend must be one of {BACKENDS}, got {self.backend!r}")
+        if int(self.num_generators) < 1:
+            raise ValueError(f"weight group needs num_generators >= 1, got {self.num_generators!r}")
+        if not 0 < int(self.master_port) < 65536:
+            raise ValueError(f"weight group master_port must be in 1..65535, got {self.master_port!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"weight group timeout_s must be > 0, got {self.timeout_s!r}")
+        if not self.bucket_mb > 0:
+            raise ValueError(f"weight group bucket_mb must be > 0, got {self.bucket_mb!r}")
+
+    @property
+    def world_size(self) -> int:
+        return 1 + int(self.num_generators)
+
+    @property
+    def bucket_bytes(self) -> int:
+        return _mb_to_bytes(self.bucket_mb)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    @classmethod
+    def local(cls, num_generators: int, **kwargs: Any) -> "WeightGroup":
+        """A group on this machine (127.0.0.1) with a port that is free right now."""
+        host = kwargs.pop("master_addr", "127.0.0.1")
+        return cls(master_addr=host, master_port=free_port(host), num_generators=num_generators, **kwargs)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` at the time of the call."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _mb_to_bytes(mb: float) -> int:
+    return max(1, int(float(mb) * 2**20))
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r} (expected e.g. 'float32', 'bfloat16')")
+    return dt
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One tensor the generators receive: HF name, full shape, dtype name ("float32", "bfloat16")."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _dtype(self.dtype)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.torch_dtype.itemsize
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """What an announcement carries (picklable): the version and the tensors, in order.
+
+    ``buckets`` is the gloo layout: [start, end) index ranges into ``params``, consecutive,
+    covering all of them, each of one dtype and at most ``bucket_bytes`` unless it holds a single
+    tensor. (The nccl backend packs with vLLM's rule at the group's ``bucket_mb`` instead.)
+    """
+
+    version: int
+    params: tuple
+    bucket_bytes: int
+    buckets: tuple
+
+    def __post_init__(self) -> None:
+        if not self.params:
+            raise ValueError("WeightUpdate needs at least one parameter")
+        end = 0
+        for start, stop in self.buckets:
+            if start != end or stop <= start:
+                raise ValueError(f"WeightUpdate buckets must be consecutive non-empty ranges, got {self.buckets!r}")
+            if len({self.params[i].dtype for i in range(start, stop)}) != 1:
+                raise ValueError(f"WeightUpdate bucket [{start}, {stop}) mixes dtypes")
+            end = stop
+        if end != len(self.params):
+            raise ValueError(f"WeightUpdate buckets cover {end} of {len(self.params)} parameters")
+
+    @classmethod
+    def plan(cls, version: int, params: Sequence[ParamSpec], bucket_mb: float) -> "WeightUpdate":
+        """Bucket `params` (in order) into same-dtype runs of at most `bucket_mb` MiB."""
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+        params = tuple(params)
+        cap = _mb_to_bytes(bucket_mb)
+        buckets: list[tuple[int, int]] = []
+        start, size = 0, 0
+        for i, spec in enumerate(params):
+            if i > start and (spec.dtype != params[start].dtype or size + spec.nbytes > cap):
+                buckets.append((start, i))
+                start, size = i, 0
+            size += spec.nbytes
+        if params:
+            buckets.append((start, len(params)))
+        return cls(version=int(version), params=params, bucket_bytes=cap, buckets=tuple(buckets))
+
+    def with_version(self, version: int) -> "WeightUpdate":
+        """The same layout for another version (the layout does not change between steps)."""
+        return WeightUpdate(version=int(version), params=self.params, bucket_bytes=self.bucket_bytes, buckets=self.buckets)
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    def to_dict(self) -> dict:
+        """Plain python (the update_info of the vLLM gloo engine)."""
+        return {
+            "version": self.version,
+            "params": [[p.name, list(p.shape), p.dtype] for p in self.params],
+            "bucket_bytes": self.bucket_bytes,
+            "buckets": [list(b) for b in self.buckets],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WeightUpdate":
+        return cls(
+            version=int(d["version"]),
+            params=tuple(ParamSpec(str(n), tuple(int(s) for s in shape), str(dt)) for n, shape, dt in d["params"]),
+            bucket_bytes=int(d["bucket_bytes"]),
+            buckets=tuple((int(a), int(b)) for a, b in d["buckets"]),
+        )
+
+    def vllm_nccl_update_info(self) -> dict:
+        """The update_info of vLLM's NCCL weight-transfer engine (names, dtype_names, shapes)."""
+        return {
+            "names": self.names,
+            "dtype_names": [p.dtype for p in self.params],
+            "shapes": [list(p.shape) for p in self.params],
+        }
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one `WeightSender.send` did."""
+
+    version: int
+    bytes: int
+    num_buckets: int
+    seconds: float  # the whole send: gather + cast + pack + broadcast
+    source_seconds: float  # time spent pulling tensors from `named_tensors` (full_tensor gathers, casts)
+
+
+# ----------------------------------------------------------------------------- learner side: names and tensors
+def hf_name(name: str) -> str:
+    """A parameter name without wrapper components (`_orig_mod.`, `_checkpoint_wrapped_module.`, leading `module.`)."""
+    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+    if parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _head_param_ids(model: torch.nn.Module, fp32_head: bool) -> set[int]:
+    """ids of the LM head's parameters (the ones kept in fp32 under bf16_fp32_head)."""
+    if not fp32_head:
+        return set()
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding; bf16_fp32_head needs an LM head")
+    get_emb = getattr(model, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if emb is not None and head.weight is emb.weight:
+        raise ValueError(
+            "precision bf16_fp32_head sends an fp32 LM head and a bf16 embedding, but the learner's model ties "
+            "them; untie it first (components.precision.untie_lm_head), as the learner does for this policy"
+        )
+    return {id(p) for p in head.parameters()}
+
+
+def _wire_dtype(param: torch.Tensor, is_head: bool, policy) -> torch.dtype:
+    if not param.dtype.is_floating_point:
+        return param.dtype
+    return torch.float32 if is_head else policy.param_dtype
+
+
+def generator_state_meta(model: torch.nn.Module, precision) -> list[ParamSpec]:
+    """What the generators receive, in order: HF name, FULL shape (also under FSDP2), dtype.
+
+    The precision policy decides the dtype: fp32 -> float32; bf16 -> bfloat16 everywhere;
+    bf16_fp32_head -> bfloat16 body, float32 LM head (the learner's model must be untied).
+    Tied parameters appear once (as `named_parameters` lists them).
+    """
+    policy = get_precision(precision)
+    head_ids = _head_param_ids(model, policy.fp32_head)
+    return [
+        ParamSpec(hf_name(name), tuple(int(s) for s in p.shape), _dtype_name(_wire_dtype(p, id(p) in head_ids, policy)))
+        for name, p in model.named_parameters()
+    ]
+
+
+def generator_state_names(model: torch.nn.Module, precision) -> list[str]:
+    """The HF parameter names the generators receive, in order."""
+    return [spec.name for spec in generator_state_meta(model, precision)]
+
+
+def iter_full_parameters(model: torch.nn.Module, precision) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (hf_name, full tensor in the generator dtype), one parameter at a time.
+
+    Call it on EVERY learner rank, in step: under FSDP2 each parameter is a DTensor and
+    `full_tensor()` is an all-gather over the learner group (only one full parameter exists at a
+    time, never the whole model). A plain model yields its parameters cast (or, when the dtype
+    already matches, the parameter's own detached storage: copy it before the next optimizer
+    step if you keep it). Ranks other than 0 discard what they get.
+    """
+    from torch.distributed.tensor import DTensor
+
+    policy = get_precision(precision)
+    head_ids = _head_param_ids(model, policy.fp32_head)
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        yield hf_name(name), full.detach().to(_wire_dtype(p, id(p) in head_ids, policy))
+
+
+def push_weights(model: torch.nn.Module, precision, update: WeightUpdate, sender: Optional["WeightSender"]) -> Optional[SyncStats]:
+    """One update from the learner side: every rank gathers, rank 0 (the one with a sender) broadcasts."""
+    tensors = iter_full_parameters(model, precision)
+    if sender is not None:
+        return sender.send(update, tensors)
+    for _ in tensors:  # join the all-gathers; the tensors are rank 0's business
+        pass
+    return None
+
+
+def _checked(update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tensor]], clock: list) -> Iterator[tuple[ParamSpec, torch.Tensor]]:
+    """Pair each tensor with its spec, raising on the first disagreement; clock[0] += time spent in the source."""
+    it = iter(named_tensors)
+    for i, spec in enumerate(update.params):
+        t0 = time.perf_counter()
+        item = next(it, None)
+        clock[0] += time.perf_counter() - t0
+        if item is None:
+            raise WeightSyncError(f"weight update v{update.version}: the tensors ended after {i} of {len(update.params)} (next: {spec.name!r})")
+        name, tensor = item
+        if name != spec.name or tuple(tensor.shape) != spec.shape or tensor.dtype != spec.torch_dtype:
+            raise WeightSyncError(
+                f"weight update v{update.version}: tensor {i} is {name!r} {tuple(tensor.shape)} {tensor.dtype}, but the "
+                f"announced update says {spec.name!r} {spec.shape} {spec.torch_dtype}"
+            )
+        yield spec, tensor
+    t0 = time.perf_counter()
+    extra = next(it, None)
+    clock[0] += time.perf_counter() - t0
+    if extra is not None:
+        raise WeightSyncError(f"weight update v{update.version}: more tensors than the {len(update.params)} announced (first extra: {extra[0]!r})")
+
+
+# ----------------------------------------------------------------------------- gloo group
+def _timeout(group: WeightGroup) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(group.timeout_s))
+
+
+def _join_gloo(group: WeightGroup, rank: int):
+    """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
+    import torch.distributed as dist
+
+    is_master = rank == 0
+    try:
+        store = dist.TCPStore(group.master_addr, int(group.master_port), None, is_master, _timeout(group), wait_for_workers=False)
+    except Exception as err:  # noqa: BLE001
+        who = "host" if is_master else "reach"
+        raise WeightSyncError(
+            f"weight group rank {rank}: cannot {who} the weight group's TCPStore at {group.endpoint} "
+            f"(learner rank 0 hosts it) within {group.timeout_s:g} s: {err}"
+        ) from err
+    store.set(f"{_STORE_PREFIX}/joined/{rank}", "1")
+    try:
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(_STORE_PREFIX, store), rank, group.world_size, _timeout(group))
+    except Exception as err:  # noqa: BLE001
+        missing = []
+        if is_master:
+            for r in range(group.world_size):
+                try:
+                    if not store.check([f"{_STORE_PREFIX}/joined/{r}"]):
+                        missing.append(r)
+                except Exception:  # noqa: BLE001
+                    break
+        names = ", ".join(f"generator {r - 1} (rank {r})" for r in missing) or "unknown"
+        raise WeightSyncError(
+            f"weight group rank {rank}: rendezvous of {group.world_size} ranks at {group.endpoint} failed within "
+            f"{group.timeout_s:g} s (missing: {names}): {err}"
+        ) from err
+    return store, pg
+
+
+class WeightSender:
+    """Learner rank 0's end of the weight group.
+
+    `connect()` joins the group (it waits for every generator, up to the group's timeout); `send`
+    connects first if needed. One `send` at a time.
+    """
+
+    def __init__(self, group: WeightGroup, *, device: Optional[str] = None):
+        self.group = group
+        self.device = torch.device(device) if device is not None else None
+        self._store = None
+        self._pg = None
+        self._nccl = None  # (vLLM trainer engine, round source)
+        self._buffers: list[Optional[torch.Tensor]] = [None, None]  # two reusable uint8 CPU buffers (gloo)
+        self._broken: Optional[str] = None
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None or self._nccl is not None
+
+    def connect(self) -> None:
+        if self.connected:
+            return
+        if self.group.backend == "gloo":
+            self._store, self._pg = _join_gloo(self.group, 0)
+        else:
+            self._nccl = _nccl_trainer_engine(self.group)
+
+    def send(self, update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+        """Broadcast `named_tensors` (they must match `update.params` in order, shape and dtype)."""
+        if self._broken:
+            raise WeightSyncError(f"weight sender is unusable after an earlier failure: {self._broken}")
+        self.connect()
+        t0 = time.perf_counter()
+        clock = [0.0]
+        try:
+            if self.group.backend == "gloo":
+                self._send_gloo(update, _checked(update, named_tensors, clock))
+            else:
+                self._send_nccl(update, named_tensors, clock)
+        except BaseException as err:
+            self._broken = f"{type(err).__name__}: {err}"
+            raise
+        return SyncStats(
+            version=update.version,
+            bytes=update.total_bytes,
+            num_buckets=len(update.buckets),
+            seconds=time.perf_counter() - t0,
+            source_seconds=clock[0],
+        )
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        buf = self._buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            self._buffers[slot] = buf
+        return buf
+
+    def _send_gloo(self, update: WeightUpdate, pairs: Iterator[tuple[ParamSpec, torch.Tensor]]) -> None:
+        pending = None  # (work, bucket index) of the broadcast on the wire
+        n = len(update.buckets)
+        for b, (start, stop) in enumerate(update.buckets):
+            specs = update.params[start:stop]
+            dtype = specs[0].torch_dtype
+            numel = sum(s.numel for s in specs)
+            flat = self._buffer(b % 2, numel * dtype.itemsize)[: numel * dtype.itemsize].view(dtype)  # [numel]
+            offset = 0
+            for _ in specs:  # pack while the previous bucket is on the wire
+                spec, tensor = next(pairs)
+                flat[offset : offset + spec.numel].copy_(tensor.reshape(-1))
+                offset += spec.numel
+            if pending is not None:
+                self._wait(pending, update, n)
+            pending = (self._pg.broadcast(flat, 0), b)
+        if pending is not None:
+            self._wait(pending, update, n)
+        for _ in pairs:  # checks that nothing is left over
+            pass
+
+    def _wait(self, pending, update: WeightUpdate, n: int) -> None:
+        work, b = pending
+        try:
+            work.wait()
+        except Exception as err:  # noqa: BLE001
+            raise WeightSyncError(
+                f"weight update v{update.version}: broadcast of bucket {b + 1}/{n} from learner rank 0 to the "
+                f"{self.group.num_generators} generator(s) at {self.group.endpoint} failed (a generator died or did not "
+                f"receive within {self.group.timeout_s:g} s): {err}"
+            ) from err
+
+    def _send_nccl(self, update: WeightUpdate, named_tensors, clock: list) -> None:
+        engine, source = self._nccl
+        if update.bucket_bytes != self.group.bucket_bytes:
+            raise WeightSyncError(
+                f"weight update v{update.version}: planned with {update.bucket_bytes} B buckets but the nccl group packs "
+                f"{self.group.bucket_bytes} B buffers; plan with the group's bucket_mb ({self.group.bucket_mb})"
+            )
+        source.set_round(update, named_tensors, clock)
+        try:
+            engine.send_weights()
+        finally:
+            source.set_round(None, None, None)
+
+    def close(self) -> None:
+        if self._nccl is not None:
+            self._nccl[0].shutdown()
+        self._pg = self._store = self._nccl = None
+        self._buffers = [None, None]
+
+
+class WeightReceiver:
+    """A generator's end of the weight group (rank = 1 + generator index).
+
+    Torch engines receive through it directly. A vLLM engine hands its connection parameters
+    (`vllm_init_info`) to vLLM, whose worker-side weight-transfer engine then owns the connection.
+    """
+
+    def __init__(self, group: WeightGroup, rank: int, *, device: str = "cpu"):
+        if not 1 <= int(rank) < group.world_size:
+            raise ValueError(f"a generator's weight-group rank must be in 1..{group.world_size - 1}, got {rank!r}")
+        self.group = group
+        self.rank = int(rank)
+        self.device = torch.device(device)
+        self._store = None
+        self._pg = None
+        self._comm = None  # vLLM PyNcclCommunicator (nccl)
+        self._broken: Optional[str] = None
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None or self._comm is not None
+
+    def connect(self) -> None:
+        if self.connected:
+            return
+        if self.group.backend == "gloo":
+            self._store, self._pg = _join_gloo(self.group, self.rank)
+        else:
+            from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+
+            self._comm = stateless_init_process_group(
+                self.group.master_addr, int(self.group.master_port), self.rank, self.group.world_size,
+                device=self.device.index if self.device.index is not None else torch.cuda.current_device(),
+            )
+
+    def receive_buckets(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Yield each bucket as a list of (name, tensor); tensors are views of that bucket's buffer.
+
+        Consume it to the end: the sender and the other generators are in the same broadcasts.
+        """
+        if self._broken:
+            raise WeightSyncError(f"weight receiver rank {self.rank} is unusable after an earlier failure: {self._broken}")
+        self.connect()
+        if self.group.backend == "gloo":
+            yield from self._receive_gloo(update)
+        else:
+            yield from self._receive_nccl(update)
+
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) in `update.params` order; holds one bucket at a time."""
+        for bucket in self.receive_buckets(update):
+            yield from bucket
+
+    def discard(self, update: WeightUpdate) -> None:
+        """Take part in an update without keeping anything (keeps the group in step)."""
+        for _ in self.receive_buckets(update):
+            pass
+
+    def _receive_gloo(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        n = len(update.buckets)
+        for b, (start, stop) in enumerate(update.buckets):
+            specs = update.params[start:stop]
+            flat = torch.empty(sum(s.numel for s in specs), dtype=specs[0].torch_dtype)  # [numel]
+            try:
+                self._pg.broadcast(flat, 0).wait()
+            except Exception as err:  # noqa: BLE001
+                self._broken = f"{type(err).__name__}: {err}"
+                raise WeightSyncError(
+                    f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
+                    f"{self.group.endpoint}) while receiving bucket {b + 1}/{n} ({specs[0].name} ...): it died, or sent "
+                    f"nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
+                ) from err
+            out, offset = [], 0
+            for spec in specs:
+                out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
+                offset += spec.numel
+            yield out
+
+    def _receive_nccl(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """vLLM's packed wire format (vllm.distributed.weight_transfer.packed_tensor): uint8 chunks."""
+        from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+        specs = update.params
+        for start, stop in vllm_packed_chunks(specs, self.group.bucket_bytes):
+            chunk = specs[start:stop]
+            sizes = [s.nbytes for s in chunk]
+            packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)  # [bytes]
+            self._comm.broadcast(packed, src=0, stream=torch.cuda.current_stream())
+            yield unpack_tensor(packed, [s.name for s in chunk], [list(s.shape) for s in chunk],
+                                [s.torch_dtype for s in chunk], sizes)
+
+    def vllm_init_info(self) -> dict:
+        """`LLM.init_weight_transfer_engine` init_info for this receiver (gloo: our engine; nccl: vLLM's)."""
+        if self.group.backend == "gloo":
+            return {"group": asdict(self.group), "rank": self.rank}
+        return {
+            "master_address": self.group.master_addr,
+            "master_port": int(self.group.master_port),
+            "rank_offset": self.rank,  # one vLLM worker per generator (TP = 1)
+            "world_size": self.group.world_size,
+            "packed": True,
+            "packed_buffer_size_bytes": self.group.bucket_bytes,
+            "packed_num_buffers": _NCCL_NUM_BUFFERS,
+        }
+
+    def vllm_update_info(self, update: WeightUpdate) -> dict:
+        """`LLM.update_weights` update_info for `update` on this receiver's backend."""
+        return update.to_dict() if self.group.backend == "gloo" else update.vllm_nccl_update_info()
+
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.destroy()
+        self._pg = self._store = self._comm = None
+
+
+def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of vLLM's packed broadcast: a chunk closes once its size EXCEEDS the buffer."""
+    chunks, start, size = [], 0, 0
+    for i, spec in enumerate(params):
+        size += spec.nbytes
+        if size > buffer_bytes:
+            chunks.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < len(params):
+        chunks.append((start, len(params)))
+    return chunks
+
+
+# ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
+def _nccl_trainer_engine(group: WeightGroup):
+    """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; untested here)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    class _RoundSource(WeightSource):
+        """This round's tensors; the metadata is the announced update."""
+
+        update = tensors = clock = None
+
+        def set_round(self, update, tensors, clock):
+            self.update, self.tensors, self.clock = update, tensors, clock
+
+        def metadata(self):
+            return [ParamMeta(p.name, p.torch_dtype, tuple(p.shape)) for p in self.update.params]
+
+        def __iter__(self):
+            it = iter(self.tensors)
+            while True:
+                t0 = time.perf_counter()
+                item = next(it, None)
+                self.clock[0] += time.perf_counter() - t0
+                if item is None:
+                    return
+                yield item
+
+    class _AnnouncedClient:
+        """The generators are driven by the run's control transport (the announcement), not by this client."""
+
+        def init_weight_transfer_engine(self, init_info):
+            return None
+
+        def start_weight_update(self):
+            return None
+
+        def update_weights(self, update_info):
+            return None
+
+        def finish_weight_update(self, weight_version=None):
+            return None
+
+    source = _RoundSource()
+    info = NCCLTrainerInitInfo(
+        master_address=group.master_addr,
+        master_port=int(group.master_port),
+        world_size=group.world_size,
+        packed=True,
+        packed_buffer_size_bytes=group.bucket_bytes,
+        packed_num_buffers=_NCCL_NUM_BUFFERS,
+        rank=0,
+    )
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=_AnnouncedClient(), source=source)
+    return engine, source
+
+
+# ----------------------------------------------------------------------------- vLLM (CPU): a gloo weight-transfer engine
+_VLLM_GLOO_CLASS = None
+
+
+def register_vllm_gloo_engine() -> type:
+    """Register (once per process) the gloo engine in vLLM's WeightTransferEngineFactory; returns its class.
+
+    It speaks this module's gloo protocol: `init_transfer_engine` joins the weight group as the
+    receiver's rank, `update_weights` receives bucket by bucket into `model.load_weights`, inside
+    vLLM's layerwise reload (`start_weight_update` / `finish_weight_update`, checkpoint format).
+    """
+    global _VLLM_GLOO_CLASS
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if _VLLM_GLOO_CLASS is None:
+        _VLLM_GLOO_CLASS = _make_vllm_gloo_engine_class()
+    if VLLM_GLOO_BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(VLLM_GLOO_BACKEND, _VLLM_GLOO_CLASS)
+    return _VLLM_GLOO_CLASS
+
+
+def _make_vllm_gloo_engine_class() -> type:
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
+
+    @dataclass
+    class GlooInitInfo(WeightTransferInitInfo):
+        group: dict = field(default_factory=dict)  # WeightGroup fields
+        rank: int = 1
+
+    @dataclass
+    class GlooUpdateInfo(WeightTransferUpdateInfo):
+        version: int = 0
+        params: list = field(default_factory=list)  # [[name, shape, dtype name], ...]
+        bucket_bytes: int = 1
+        buckets: list = field(default_factory=list)
+
+    class ScalerlGlooWeightTransferEngine(WeightTransferEngine):
+        """vLLM worker side of the scalerl gloo weight group (see register_vllm_gloo_engine)."""
+
+        init_info_cls = GlooInitInfo
+        update_info_cls = GlooUpdateInfo
+        supports_draft_weight_update = False
+
+        def __init__(self, config, vllm_config, device, model) -> None:
+            super().__init__(config, vllm_config, device, model)
+            self.receiver: Optional[WeightReceiver] = None
+
+        def init_transfer_engine(self, init_info) -> None:
+            self.receiver = WeightReceiver(WeightGroup(**init_info.group), init_info.rank)
+            self.receiver.connect()
+
+        def start_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+
+        def finish_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+            finalize_layerwise_reload(self.model, self.model_config)
+
+        def update_weights(self, update_info: dict) -> None:
+            # The base class ends with torch.accelerator.synchronize(), which raises on a CPU-only
+            # torch; gloo is synchronous, so only a CUDA model needs the sync.
+            self.receive_weights(self.parse_update_info(update_info))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        def receive_weights(self, update_info) -> None:
+            if self.receiver is None:
+                raise RuntimeError("scalerl gloo weight transfer: init_weight_transfer_engine() was not called")
+            update = WeightUpdate.from_dict(asdict(update_info))
+            for bucket in self.receiver.receive_buckets(update):
+                if self.device.type != "cpu":
+                    bucket = [(name, t.to(self.device)) for name, t in bucket]
+                self.model.load_weights(bucket)
+
+        def shutdown(self) -> None:
+            if self.receiver is not None:
+                self.receiver.close()
+                self.receiver = None
+
+    return ScalerlGlooWeightTransferEngine

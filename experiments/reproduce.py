@@ -1,0 +1,729 @@
+"""`scalerl reproduce --scale tiny`: every paper ablation with N seeds, its figures and a report.
+
+    scalerl reproduce --scale tiny --executor slurm --seeds 3      # run (resumable), draw, report
+    scalerl reproduce --scale tiny --dry-run                       # every sweep x config x seed, what would run
+    scalerl reproduce --scale tiny --report-only                   # figures + REPORT.md from results/tiny again
+
+1. Every sweep spec of experiments/sweeps/ (or `--sweeps a,b`) is expanded with seeds
+   0..N-1 and planned by `scalerl sweep`'s own functions (`experiments.launch.prepare`,
+   `plan`, `validate_runs`, `submit`, `wait`): done runs are skipped, interrupted ones resume
+   from their checkpoint, failed ones are retried only with `--retry-failed`. A run whose
+   logs were already collected as done into OUT is skipped too (a fresh clone holding
+   results/tiny does not re-run the study).
+2. A done run whose CPU contention (`contention_run`, the last metrics line) exceeded 10% is
+   set aside into RUNS/<sweep>/.contended/<run>-<k>/ and run again (at most `--max-reruns`
+   times; `--allow-contention` keeps it). Its compute axis was stretched by a neighbour.
+3. Every wait has a deadline (`--wait-hours`); past it the command stops and names the runs
+   still going (their jobs keep running; run the command again to pick them up).
+4. Collect: config.gin, run.json, metrics.jsonl, eval.jsonl of every run (no checkpoints, no
+   final/) are copied into OUT/<sweep>/<run>/. OUT must stay under `--max-mb` (50): with
+   `--thin-metrics auto` (default) metrics.jsonl keeps every N-th step line (plus the line
+   where epoch 1 ends and the last line) with the smallest N that fits; the report says N.
+5. Figures (PNG) into OUT/figures/ (`paper_figures.render.render_all`), and OUT/REPORT.md:
+   per ablation the paper's finding (analysis/findings.py), ours (mean A and B over seeds
+   with 95% t-intervals; `analysis.study.summarize`, the code path of `scalerl fit`), the
+   comparison rule's verdict with the margin used, agree / disagree / inconclusive, and for
+   each disagreement the reason recorded by hand in OUT/reasons.yaml (kept across
+   re-generations: the report only appends the ids of new disagreements); then, for every
+   run, its end predicted from the first half against the observed end; the contended runs;
+   and the figures that cannot be drawn at this scale and why. The tables behind the
+   report are OUT/report/*.csv; `scalerl fit OUT/<sweep>` prints the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["add_arguments", "main", "select_specs", "plan_study", "collect", "write_report", "COLLECTED_FILES",
+           "REPORT_FILE", "REASONS_FILE"]
+
+COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
+REPORT_FILE = "REPORT.md"
+REASONS_FILE = "reasons.yaml"
+CONTENDED_DIR = ".contended"
+FIGURES_DIR = "figures"
+TABLES_DIR = "report"
+
+
+class ReproduceError(RuntimeError):
+    """A bad option or a step that cannot go on; the message says what to do."""
+
+
+# ----------------------------------------------------------------------------- sweeps and plans
+
+
+def select_specs(names: str | Sequence[str] | None) -> list[Path]:
+    """The shipped sweep specs (experiments/sweeps/*.gin), or the named ones."""
+    from experiments.launch import SWEEPS_DIR
+
+    shipped = {p.stem: p for p in sorted(SWEEPS_DIR.glob("*.gin"))}
+    if names is None:
+        return list(shipped.values())
+    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    unknown = [n for n in wanted if n not in shipped]
+    if unknown:
+        raise ReproduceError(f"unknown sweep(s) {', '.join(unknown)}; shipped sweeps: {', '.join(shipped)}")
+    if not wanted:
+        raise ReproduceError("--sweeps names no sweep")
+    return [shipped[n] for n in wanted]
+
+
+def _launch_namespace(spec: Path, args: argparse.Namespace) -> argparse.Namespace:
+    """The options `scalerl sweep SPEC ...` would get (parsed by launch's own parser, so every
+    executor option launch knows, e.g. reserved CPUs, is available through --launch-arg)."""
+    from experiments import launch
+
+    parser = argparse.ArgumentParser(prog="scalerl sweep", add_help=False)
+    launch.add_arguments(parser)
+    argv = [str(spec), "--executor", args.executor, "--scale", args.scale, "--runs", str(args.runs),
+            "--seeds", *[str(s) for s in range(args.seeds)], "--trainer", args.trainer]
+    if args.partition:
+        argv += ["--partition", args.partition]
+    if args.time:
+        argv += ["--time", args.time]
+    if args.retry_failed:
+        argv.append("--retry-failed")
+    argv += list(args.launch_arg or [])
+    try:
+        return parser.parse_args(argv)
+    except SystemExit:
+        raise ReproduceError(f"launch options not understood: {' '.join(argv[1:])}") from None
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    spec: Any  # launch.SweepSpec
+    runs: list  # launch.RunSpec
+    opts: Any  # launch.LaunchOptions
+    planned: list  # launch.Planned
+    set_aside: list[str] = dataclasses.field(default_factory=list)  # contended runs moved away (to re-run)
+    kept_contended: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def todo(self) -> list:
+        return [p for p in self.planned if not p.action.startswith("skip")]
+
+
+def _last_metrics(run_dir: Path) -> dict:
+    from analysis.runs import read_jsonl
+
+    rows, _ = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    return rows[-1] if rows else {}
+
+
+def _status(run_dir: Path) -> str | None:
+    from experiments.launch import read_json
+
+    return (read_json(Path(run_dir) / "run.json") or {}).get("status")
+
+
+def run_contention(run_dir: Path) -> float | None:
+    x = _last_metrics(run_dir).get("contention_run")
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _set_aside(run_dir: Path, work_root: Path, sweep: str, run: str) -> Path:
+    """Move a contended run to WORK/<sweep>/.contended/<run>-<k>/ (kept as evidence, not analysed)."""
+    dest_dir = work_root / sweep / CONTENDED_DIR
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    k = len(list(dest_dir.glob(f"{run}-*"))) + 1
+    dest = dest_dir / f"{run}-{k}"
+    shutil.move(str(run_dir), str(dest))
+    return dest
+
+
+def _reruns(work_root: Path, sweep: str, run: str) -> int:
+    return len(list((work_root / sweep / CONTENDED_DIR).glob(f"{run}-*")))
+
+
+def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> list[SweepPlan]:
+    """Expand and plan every selected sweep. act=True moves contended runs aside (so they are
+    planned again); act=False (a dry run) only says what would happen."""
+    from analysis.protocol import CONTENTION_LIMIT
+    from experiments import launch
+
+    work, out = Path(args.runs), Path(args.out)
+    plans = []
+    for spec_path in select_specs(args.sweeps):
+        try:
+            spec, runs, opts = launch.prepare(_launch_namespace(spec_path, args))
+        except launch.SweepError as err:
+            raise ReproduceError(f"{spec_path.stem}: {err}") from None
+        set_aside, kept, forced = [], [], {}
+        for r in runs:
+            here, collected = work / r.sweep / r.name, out / r.sweep / r.name
+            where = here if _status(here) == "done" else collected if _status(collected) == "done" else None
+            if where is None:
+                continue
+            cont = run_contention(where)
+            if cont is None or cont <= CONTENTION_LIMIT or args.allow_contention:
+                continue
+            if _reruns(work, r.sweep, r.name) >= args.max_reruns:
+                kept.append(f"{r.name} ({cont:.0%}, re-run {args.max_reruns}x already)")
+                continue
+            set_aside.append(f"{r.name} ({cont:.0%})")
+            why = f"contention {cont:.0%} > {CONTENTION_LIMIT:.0%}: set aside and re-run"
+            if act:
+                if where == collected and here.exists():
+                    _set_aside(here, work, r.sweep, r.name)  # a stale work copy goes too
+                _set_aside(where, work, r.sweep, r.name)
+                if collected.exists():  # the collected copy of the same logs: replaced after the re-run
+                    shutil.rmtree(collected)
+            forced[r.name] = why
+        planned = launch.plan(runs, work, retry_failed=args.retry_failed)
+        for i, p in enumerate(planned):
+            if p.run.name in forced:
+                planned[i] = launch.Planned(p.run, p.run_dir, "rerun", forced[p.run.name])
+            elif not p.action.startswith("skip") and _status(out / p.run.sweep / p.run.name) == "done":
+                planned[i] = launch.Planned(p.run, p.run_dir, "skip-done", f"collected as done in {out}")
+        plans.append(SweepPlan(spec, runs, opts, planned, set_aside, kept))
+    return plans
+
+
+def _print_plans(plans: Sequence[SweepPlan], args: argparse.Namespace, console) -> None:
+    from rich.table import Table
+
+    from analysis.runs import config_name
+    from experiments import launch
+
+    for sp in plans:
+        launch.print_plan(sp.spec, sp.planned, Path(args.runs), args.scale, console)
+    t = Table(title=f"scalerl reproduce --scale {args.scale}: {len(plans)} sweeps, seeds 0..{args.seeds - 1}")
+    for col in ("sweep", "configs", "seeds", "runs", "to run", "skipped", "contended (re-run)"):
+        t.add_column(col)
+    total = todo = 0
+    for sp in plans:
+        configs = len({config_name(r.name) for r in sp.runs})
+        t.add_row(sp.spec.name, str(configs), ",".join(str(s) for s in sp.spec.seeds), str(len(sp.runs)),
+                  str(len(sp.todo)), str(len(sp.runs) - len(sp.todo)), ", ".join(sp.set_aside) or "-")
+        total += len(sp.runs)
+        todo += len(sp.todo)
+    console.print(t)
+    console.print(f"{total} runs, {todo} to run ({args.executor}); runs in {args.runs}, results in {args.out}")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _wait(submitted: Sequence, deadline: float, console) -> dict[str, tuple[str, str]]:
+    """Wait for the jobs (at most until `deadline`); {run: (outcome, error)}."""
+    from submitit.local.debug import DebugJob
+
+    from experiments import launch
+
+    if submitted and not isinstance(submitted[0][1], DebugJob):
+        while True:
+            pending = [p.run.name for p, job in submitted if not job.done()]
+            if not pending:
+                break
+            if time.time() > deadline:
+                raise ReproduceError(
+                    f"--wait-hours passed with {len(pending)} run(s) still going: {', '.join(pending[:20])}"
+                    f"{' ...' if len(pending) > 20 else ''}. Their jobs keep running; run `scalerl reproduce` "
+                    "again later to collect them (done runs are skipped).")
+            time.sleep(5.0)
+    return launch.wait(submitted, poll_s=1.0)
+
+
+def run_study(plans: list[SweepPlan], args: argparse.Namespace, console) -> dict[str, tuple[str, str]]:
+    """Validate every sweep, then submit; local/debug sweeps run one after the other (a local
+    executor must not start several sweeps' runs at once), Slurm arrays are all submitted and
+    then waited for."""
+    from experiments import launch
+
+    todo = [sp for sp in plans if sp.todo]
+    for sp in todo:
+        try:
+            launch.validate_runs(sp.runs, sp.opts.target)
+        except launch.SweepError as err:
+            raise ReproduceError(f"{sp.spec.name}: {err}") from None
+    if todo and args.executor == "slurm":
+        try:
+            launch.check_partition(todo[0].opts.partition)
+        except launch.SweepError as err:
+            raise ReproduceError(str(err)) from None
+    deadline = time.time() + args.wait_hours * 3600.0
+    outcomes: dict[str, tuple[str, str]] = {}
+    pending: list = []  # (sweep, submitted): run names repeat across sweeps, so outcomes are per sweep
+    for sp in todo:
+        submitted = launch.submit(sp.planned, sp.opts, Path(args.runs), sp.spec.name)
+        console.print(f"{sp.spec.name}: submitted {len(submitted)} run(s) ({args.executor})")
+        if args.executor == "slurm":
+            pending.append((sp.spec.name, submitted))
+        else:
+            outcomes.update({f"{sp.spec.name}/{k}": v for k, v in _wait(submitted, deadline, console).items()})
+    for sweep, submitted in pending:
+        outcomes.update({f"{sweep}/{k}": v for k, v in _wait(submitted, deadline, console).items()})
+    return outcomes
+
+
+# ----------------------------------------------------------------------------- collecting
+
+
+@dataclasses.dataclass
+class CollectResult:
+    runs: int
+    bytes: int
+    thin: int  # metrics.jsonl keeps every `thin`-th step line (1: all)
+    missing: list[str]
+
+
+def _thin_lines(text: str, every: int) -> str:
+    """Every `every`-th line of metrics.jsonl, plus the line where epoch 1 ends and the last line."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if every <= 1 or len(lines) <= 2:
+        return "\n".join(lines) + ("\n" if lines else "")
+    keep, epoch_done = [], False
+    for i, ln in enumerate(lines):
+        take = i % every == 0 or i == len(lines) - 1
+        if not epoch_done:
+            try:
+                e = json.loads(ln).get("epoch")
+            except ValueError:
+                e = None
+            if isinstance(e, (int, float)) and e >= 1:
+                epoch_done = take = True
+        if take:
+            keep.append(ln)
+    return "\n".join(keep) + "\n"
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def collect(work: Path, out: Path, plans: Sequence[SweepPlan], *, max_mb: float, thin: str | int = "auto",
+            reserve_mb: float = 8.0) -> CollectResult:
+    """Copy the four log files of every planned run from WORK into OUT/<sweep>/<run>/.
+
+    thin: 1 keeps metrics.jsonl whole; N keeps every N-th line; "auto" picks the smallest N that
+    keeps OUT (logs, plus `reserve_mb` for the figures and the report) under `max_mb`.
+    """
+    pairs, missing = [], []
+    for sp in plans:
+        for r in sp.runs:
+            src, dst = work / r.sweep / r.name, out / r.sweep / r.name
+            if (src / "run.json").is_file():
+                pairs.append((src, dst))
+            elif not (dst / "run.json").is_file():
+                missing.append(f"{r.sweep}/{r.name}")
+    size = lambda p: p.stat().st_size if p.is_file() else 0  # noqa: E731
+    other = sum(size(s / f) for s, _ in pairs for f in COLLECTED_FILES if f != "metrics.jsonl")
+    metrics = sum(size(s / "metrics.jsonl") for s, _ in pairs)
+    kept_elsewhere = sum(_dir_bytes(out / sp.spec.name) for sp in plans if (out / sp.spec.name).is_dir()) - sum(
+        sum(size(d / f) for f in COLLECTED_FILES) for _, d in pairs)
+    budget = max_mb * 1e6 - reserve_mb * 1e6 - other - max(kept_elsewhere, 0)
+    if thin == "auto":
+        n = 1 if metrics <= budget else (math.ceil(metrics / budget) if budget > 0 else 0)
+        if n == 0:
+            raise ReproduceError(f"the logs without metrics.jsonl already take {other / 1e6:.1f} MB of the "
+                                 f"{max_mb} MB budget; nothing to thin")
+    else:
+        n = max(int(thin), 1)
+    for src, dst in pairs:
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in COLLECTED_FILES:
+            f = src / name
+            if not f.is_file():
+                continue
+            if name == "metrics.jsonl" and n > 1:
+                (dst / name).write_text(_thin_lines(f.read_text(encoding="utf-8", errors="replace"), n))
+            else:
+                shutil.copyfile(f, dst / name)
+    total = sum(_dir_bytes(out / sp.spec.name) for sp in plans if (out / sp.spec.name).is_dir())
+    return CollectResult(len(pairs), total, n, missing)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _load_reasons(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ReproduceError(f"{path} is not valid YAML ({err}); fix it by hand, the report reads it") from None
+    if not isinstance(data, dict):
+        raise ReproduceError(f"{path} must map claim ids to reasons (a YAML mapping), got {type(data).__name__}")
+    return {str(k): "" if v is None else str(v).strip() for k, v in data.items()}
+
+
+def _append_reason_ids(path: Path, ids: Sequence[str], existing: dict[str, str]) -> list[str]:
+    """Append `"<id>": ""` lines for disagreements without an entry; never rewrites what is there."""
+    new = [i for i in ids if i not in existing]
+    if not new:
+        return []
+    head = "" if path.is_file() else (
+        "# The most likely reason for each disagreement with the paper, filled in by hand after reading the\n"
+        "# runs. `scalerl reproduce --report-only` reads this file and only appends new ids.\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(head + "".join(f"{json.dumps(i)}: \"\"\n" for i in new))
+    return new
+
+
+def _fmt(x: Any, spec: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return format(x, spec)
+
+
+def _ci(m, lo, hi, spec: str) -> str:
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "—"
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)) or lo == hi:
+        return format(m, spec)
+    return f"{format(m, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def _md_escape(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def report_tables(out: Path) -> tuple[dict, Any]:
+    """(summaries by sweep, prediction table) of the collected results: the numbers of the report,
+    computed as `scalerl fit OUT` / `scalerl fit OUT --fraction 0.5` compute them."""
+    from analysis.runs import fit_runs, load_runs
+    from analysis.study import summarize
+
+    summaries = summarize(out)
+    ev, runs = load_runs(out, what="eval"), load_runs(out, what="runs")
+    pred = fit_runs(ev, runs=runs, fraction=0.5) if len(runs) else None
+    return summaries, pred
+
+
+def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
+                 collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
+                 kept_contended: Sequence[str] = ()) -> Path:
+    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT."""
+    import pandas as pd
+
+    from analysis.findings import FINDINGS, NOT_AT_TINY_SCALE
+    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
+    from analysis.study import SEED_SWEEP
+
+    out = Path(out)
+    summaries, pred = report_tables(out)
+    if not summaries:
+        raise ReproduceError(f"no runs under {out}: nothing to report")
+    tables = out / TABLES_DIR
+    tables.mkdir(parents=True, exist_ok=True)
+    configs = pd.concat([s.configs for s in summaries.values()], ignore_index=True)
+    claims = pd.concat([s.claims for s in summaries.values() if len(s.claims)], ignore_index=True) \
+        if any(len(s.claims) for s in summaries.values()) else pd.DataFrame(columns=["claim_id", "verdict"])
+    runs = pd.concat([s.runs.drop(columns=["fit"]) for s in summaries.values()], ignore_index=True)
+    reasons_path = out / REASONS_FILE
+    reasons = _load_reasons(reasons_path)
+    disagreeing = claims.loc[claims["verdict"] == "disagree", "claim_id"].tolist()
+    _append_reason_ids(reasons_path, disagreeing, reasons)
+    claims = claims.assign(reason=[reasons.get(i, "") for i in claims["claim_id"]])
+    configs.to_csv(tables / "configs.csv", index=False)
+    claims.to_csv(tables / "claims.csv", index=False)
+    runs.to_csv(tables / "runs.csv", index=False)
+    if pred is not None:
+        pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)
+
+    n_runs = len(runs)
+    seeds = runs.groupby(["sweep", "config"])["seed"].nunique()
+    counts = claims["verdict"].value_counts()
+    L: list[str] = []
+    w = L.append
+    w(f"# ScaleRL ablations at {scale} scale: the study, its figures and our verdicts\n")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    w(f"Generated {stamp} by `{command or f'scalerl reproduce --scale {scale}'}` from `{out}`: "
+      f"{n_runs} runs in {len(summaries)} sweeps, {int(seeds.median()) if len(seeds) else 0} seeds per configuration "
+      f"(min {int(seeds.min()) if len(seeds) else 0}). Re-generate this file with `scalerl reproduce --scale {scale} "
+      f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
+      "`analysis.study.summarize`). Tables: `report/configs.csv`, `report/claims.csv`, `report/runs.csv`, "
+      "`report/predictions.csv`.\n")
+    w("## Verdicts\n")
+    w("| verdict | claims |\n|---|---|")
+    for v in ("agree", "disagree", "inconclusive", "not run"):
+        w(f"| {v} | {int(counts.get(v, 0))} |")
+    w("")
+    w("## How the numbers are made\n")
+    w("- **Fit protocol** (PAPER.md §1; per figure in `paper_figures/spec.py`): "
+      + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
+      "Every fit starts at the **end of the first epoch** (the compute at the first metrics line with "
+      "epoch >= 1); a run without `epoch` starts at the paper's 1.5k GPU-h as a fraction of the paper's fitted "
+      "range for the same protocol (analysis/protocol.py). R0 = the run's first evaluation.")
+    w("- **Ours per configuration**: the mean of the fitted A (and B) over seeds with its 95% t-interval "
+      "(mean ± t(0.975, n−1)·sd/√n); C_mid is the geometric mean.")
+    w("- **Margin on A** (analysis/README.md): measured from the seeds, t(0.975, df)·s_A·√(1/n_a + 1/n_b) with "
+      "s_A the pooled standard deviation of A across seeds of the same configuration in the sweep (df = Σ(n−1)); "
+      f"a sweep without seeds takes s_A from `{SEED_SWEEP}`; the paper's 0.02 only where no seeds exist.")
+    w("- **Comparison rule**: |ΔA| > margin → the higher A wins; else both are refitted at their common A and the "
+      "higher mean B wins when ΔB exceeds its own seed noise (t·s_B·√(1/n_a+1/n_b); 0.01 without seeds), then the "
+      "smaller C_mid; else a tie (`analysis.study.compare_configs`).")
+    w("- **Verdicts**: a claim of a higher A agrees when our A decides for the same side, disagrees when it decides "
+      "for the other, and is inconclusive when our A difference is within the margin; 'similar A' agrees when "
+      "within the margin; 'better' uses the whole rule (a tie is inconclusive); 'not worse' agrees unless the other "
+      "side wins. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
+    w(f"- **Contention**: a run whose CPU run-queue share (`contention_run`) exceeds {CONTENTION_LIMIT:.0%} had "
+      "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
+      "left are listed below, marked in the tables and drawn faded in the figures.")
+    if collected is not None and collected.thin > 1:
+        w(f"- **Collected logs**: metrics.jsonl keeps every {collected.thin}-th step line (plus the line where "
+          "epoch 1 ends and the last line) to keep the folder under its size budget; eval.jsonl is whole.")
+    w("")
+
+    w("## Ablations\n")
+    order = [s for s in FINDINGS if s in summaries] + sorted(s for s in summaries if s not in FINDINGS)
+    verdict_rows = []
+    for sweep in order:
+        s = summaries[sweep]
+        f = FINDINGS.get(sweep)
+        w(f"### {f.figure + ': ' + f.title if f else sweep} (`{sweep}`)\n")
+        if f:
+            w(f"**Paper:** {f.paper}\n")
+        rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
+        w(f"**Fit:** {s.protocol.range_text()} ({s.protocol.name} protocol); fit start: "
+          + ", ".join(f"{k} ({n} runs)" for k, n in rules.items() if k) + f". **Margin on A:** {s.margin.describe()}.\n")
+        w("| config | seeds fitted | A [95% CI] | B [95% CI] | C_mid | rank | contended |")
+        w("|---|---|---|---|---|---|---|")
+        for r in s.configs.sort_values(["rank", "config"], na_position="last").itertuples():
+            w(f"| {r.config} | {r.n_fitted}/{r.n_runs} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
+              f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_fmt(r.rank, '.0f')} | "
+              f"{r.contended_runs or '—'} |")
+        errs = s.runs[s.runs["fit_error"].fillna("") != ""]
+        unfinished = s.runs[s.runs["status"].fillna("unknown") != "done"]
+        if len(errs) or len(unfinished):
+            w("")
+            for r in unfinished.itertuples():
+                w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
+            for r in errs.itertuples():
+                w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
+        w("")
+        if len(s.claims):
+            w("| claim | paper | ours | verdict | reason (reasons.yaml) |")
+            w("|---|---|---|---|---|")
+            for c in s.claims.itertuples():
+                reason = reasons.get(c.claim_id, "")
+                if c.verdict == "disagree" and not reason:
+                    reason = f"_to fill: `{c.claim_id}`_"
+                why = f" ({c.why})" if isinstance(c.why, str) and c.why else ""
+                w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {_md_escape(c.ours)} | "
+                  f"**{c.verdict}**{_md_escape(why)} | {_md_escape(reason) or '—'} |")
+                verdict_rows.append((sweep, f.figure if f else "", c))
+            w("")
+
+    w("## All verdicts\n")
+    w("| ablation | figure | claim | verdict | margin | reason |")
+    w("|---|---|---|---|---|---|")
+    for sweep, fig, c in verdict_rows:
+        reason = reasons.get(c.claim_id, "")
+        w(f"| {sweep} | {fig} | {_md_escape(c.claim)} | {c.verdict} | {_fmt(c.margin, '.3f')} | "
+          f"{_md_escape(reason) or ('_to fill_' if c.verdict == 'disagree' else '—')} |")
+    w("")
+
+    w("## Predicting the end from the first half\n")
+    if pred is not None and "prediction_error" in pred and pred["prediction_error"].notna().any():
+        p = pred.dropna(subset=["prediction_error"]).copy()
+        p["abs_error"] = p["prediction_error"].abs()
+        worst = p.loc[p["abs_error"].idxmax()]
+        w(f"Every run fitted on its first 50% of compute (from the end of epoch 1), its final pass rate predicted "
+          f"and compared with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`): "
+          f"{len(p)} of {len(pred)} runs predicted; **median |error| {p['abs_error'].median():.3f}, worst "
+          f"{worst['abs_error']:.3f}** ({worst['sweep']}/{worst['run']}).\n")
+        w("| sweep | run | fitted to | predicted end | observed end | error |")
+        w("|---|---|---|---|---|---|")
+        for r in p.sort_values(["sweep", "run"]).itertuples():
+            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f} | "
+              f"{r.observed_final:.3f} | {r.prediction_error:+.3f} |")
+        nofit = pred[pred["prediction_error"].isna()]
+        if len(nofit):
+            w("")
+            w(f"Not predicted ({len(nofit)}): " + "; ".join(
+                f"{r.sweep}/{r.run}: {_md_escape(r.fit_error)[:120]}" for r in nofit.itertuples()))
+    else:
+        w("No run could be fitted on its first half.")
+    w("")
+
+    w("## Contention\n")
+    cont = runs[runs["contended"].fillna(False).astype(bool)]
+    if len(cont):
+        w(f"{len(cont)} run(s) with contention above {CONTENTION_LIMIT:.0%} remain (their compute axis is stretched; "
+          "kept in the fits and marked):\n")
+        for r in cont.itertuples():
+            w(f"- {r.sweep}/{r.run}: {r.contention_run:.1%}")
+    else:
+        measured = runs["contention_run"].notna().sum()
+        w(f"No run above {CONTENTION_LIMIT:.0%} ({measured} of {n_runs} runs log `contention_run`"
+          + (f"; highest {runs['contention_run'].max():.1%}" if measured else "") + ").")
+    for k in kept_contended:
+        w(f"- kept after the maximum number of re-runs: {k}")
+    w("")
+
+    w("## Figures\n")
+    written, missing, failed = figures if figures is not None else ({}, {}, {})
+    if written:
+        for fig_id in written:
+            w(f"![{fig_id}]({FIGURES_DIR}/{fig_id}.png)")
+        w("")
+    not_here = {k: v for k, v in NOT_AT_TINY_SCALE.items() if k.split(" ")[0] not in written}
+    if scale == "tiny" and not_here:
+        w("### Not drawable at tiny scale\n")
+        w("| figure | why |\n|---|---|")
+        for k, v in not_here.items():
+            w(f"| {k} | {_md_escape(v)} |")
+        w("")
+    other_missing = {k: v for k, v in missing.items() if k not in NOT_AT_TINY_SCALE}
+    if other_missing or failed:
+        w("### Not drawn from these runs\n")
+        w("| figure | why |\n|---|---|")
+        for k, v in other_missing.items():
+            w(f"| {k} | {_md_escape(v)} |")
+        for k, v in failed.items():
+            w(f"| {k} | failed: {_md_escape(v)} |")
+        w("")
+    path = out / REPORT_FILE
+    path.write_text("\n".join(L) + "\n", encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from experiments.launch import DEFAULT_TARGET
+
+    parser.add_argument("--scale", choices=("tiny", "paper"), default="tiny",
+                        help="tiny: every sweep mapped onto the CPU setting (default); paper: the paper's recipes")
+    parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
+                        help="slurm (default): one job array per sweep; local: subprocesses here, one sweep at a "
+                             "time; debug: in this process")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every configuration (default 3)")
+    parser.add_argument("--out", default=None, help="results folder (default results/<scale>)")
+    parser.add_argument("--runs", default=None,
+                        help="where the runs train, with their checkpoints (default runs/reproduce-<scale>)")
+    parser.add_argument("--sweeps", default=None, help="comma-separated sweep names (default: every shipped sweep)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list every sweep × config × seed and what would happen; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: draw the figures and write REPORT.md from the results folder")
+    parser.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    parser.add_argument("--allow-contention", action="store_true",
+                        help="keep done runs whose CPU contention exceeded 10%% (default: set aside and re-run)")
+    parser.add_argument("--max-reruns", type=int, default=2,
+                        help="how many times a contended run is re-run before it is kept (default 2)")
+    parser.add_argument("--retry-failed", action="store_true", help="resubmit runs whose status is failed")
+    parser.add_argument("--wait-hours", type=float, default=48.0,
+                        help="stop waiting after this long and name the runs still going (default 48)")
+    parser.add_argument("--max-mb", type=float, default=50.0, help="size budget of the results folder (default 50)")
+    parser.add_argument("--thin-metrics", default="auto", metavar="auto|N",
+                        help="collected metrics.jsonl keeps every N-th step line; auto (default): the smallest N "
+                             "that fits --max-mb")
+    parser.add_argument("--trainer", default=DEFAULT_TARGET, metavar="MODULE:FUNCTION",
+                        help=f"the function each job calls (default {DEFAULT_TARGET})")
+    parser.add_argument("--partition", default=None, help="Slurm partition")
+    parser.add_argument("--time", default=None, help="Slurm time limit per job (as `scalerl sweep --time`)")
+    parser.add_argument("--launch-arg", action="append", default=[], metavar="ARG",
+                        help="any other `scalerl sweep` option, passed through (repeatable), e.g. "
+                             "--launch-arg=--cpus=2")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.seeds < 1:
+        raise ReproduceError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.max_reruns < 0:
+        raise ReproduceError(f"--max-reruns must be >= 0, got {args.max_reruns}")
+    if args.max_mb <= 0:
+        raise ReproduceError(f"--max-mb must be > 0, got {args.max_mb}")
+    if args.wait_hours <= 0:
+        raise ReproduceError(f"--wait-hours must be > 0, got {args.wait_hours}")
+    if str(args.thin_metrics) != "auto":
+        try:
+            if int(args.thin_metrics) < 1:
+                raise ValueError
+        except ValueError:
+            raise ReproduceError(f"--thin-metrics must be 'auto' or an integer >= 1, got {args.thin_metrics!r}") from None
+    args.out = Path(args.out or f"results/{args.scale}")
+    args.runs = Path(args.runs or f"runs/reproduce-{args.scale}")
+    if args.out.resolve() == args.runs.resolve():
+        raise ReproduceError("--out and --runs must differ: --runs holds checkpoints, --out only the logs to commit")
+
+
+def _draw_figures(out: Path, console) -> tuple[dict, dict, dict]:
+    from paper_figures.common import Options
+    from paper_figures.render import render_all
+
+    written, missing, failed = render_all(out, out / FIGURES_DIR, Options(formats=("png",), dpi=110))
+    for fig_id, err in failed.items():
+        console.print(f"[red]figure {fig_id} failed:[/red] {err}", highlight=False)
+    console.print(f"figures: {len(written)} drawn, {len(missing)} missing, {len(failed)} failed -> {out / FIGURES_DIR}")
+    return written, missing, failed
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console() if Console().is_terminal else Console(width=160)
+    command = "scalerl reproduce " + " ".join(
+        x for x in (f"--scale {args.scale}", f"--executor {args.executor}", f"--seeds {args.seeds}") if x)
+    try:
+        _check_args(args)
+        collected, kept = None, []
+        if not args.report_only:
+            plans = plan_study(args, console, act=not args.dry_run)
+            _print_plans(plans, args, console)
+            if args.dry_run:
+                from experiments import launch
+
+                for sp in plans:
+                    if sp.todo:
+                        try:
+                            launch.validate_runs(sp.runs, sp.opts.target)
+                        except launch.SweepError as err:
+                            raise ReproduceError(f"{sp.spec.name}: {err}") from None
+                console.print("dry run: every run validated; nothing submitted")
+                return 0
+            rounds = 0
+            while True:
+                outcomes = run_study(plans, args, console)
+                rounds += 1
+                for k, (res, err) in outcomes.items():
+                    if res != "done":
+                        console.print(f"[red]{k} failed:[/red] {err}", highlight=False)
+                last = rounds > args.max_reruns
+                plans = plan_study(args, console, act=not last)  # newly contended runs are set aside here
+                if last or args.allow_contention or not any(sp.set_aside for sp in plans):
+                    break
+                console.print("re-running contended runs: " + ", ".join(
+                    f"{sp.spec.name}/{x}" for sp in plans for x in sp.set_aside), highlight=False)
+            kept = [f"{sp.spec.name}/{x}" for sp in plans for x in sp.kept_contended]
+            if last:
+                kept += [f"{sp.spec.name}/{x} (still contended after {rounds} rounds)" for sp in plans
+                         for x in sp.set_aside]
+            thin = "auto" if str(args.thin_metrics) == "auto" else int(args.thin_metrics)
+            collected = collect(args.runs, args.out, plans, max_mb=args.max_mb, thin=thin)
+            console.print(f"collected {collected.runs} runs into {args.out} ({collected.bytes / 1e6:.1f} MB"
+                          + (f", metrics every {collected.thin} steps" if collected.thin > 1 else "") + ")")
+            if collected.missing:
+                console.print(f"[yellow]{len(collected.missing)} run(s) have no logs yet:[/yellow] "
+                              + ", ".join(collected.missing[:20]), highlight=False)
+        if not args.out.is_dir():
+            raise ReproduceError(f"no results folder {args.out}: run the study first (without --report-only)")
+        figures = None if args.no_figures else _draw_figures(args.out, console)
+        report = write_report(args.out, figures=figures, collected=collected, scale=args.scale, command=command,
+                              kept_contended=kept)
+        total = _dir_bytes(args.out)
+        console.print(f"wrote {report}; {args.out} holds {total / 1e6:.1f} MB")
+        if total > args.max_mb * 1e6:
+            console.print(f"[red]error:[/red] {args.out} is {total / 1e6:.1f} MB > --max-mb {args.max_mb}: largest "
+                          "files: " + ", ".join(f"{p} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(
+                              (f for f in args.out.rglob('*') if f.is_file()), key=lambda f: -f.stat().st_size)[:5]))
+            return 1
+        return 0
+    except ReproduceError as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False)
+        return 2

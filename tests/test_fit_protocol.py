@@ -1,0 +1,282 @@
+"""The paper's fit protocol (issue 12 item 3): where a fit starts (the end of the first epoch),
+which part of a run each figure fits, the margin on A measured from seeds, the comparison of
+configurations with seeds, and the verdict of each kind of claim."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from analysis.findings import FINDINGS, Claim
+from analysis.protocol import (PROTOCOLS, Margin, epoch1_compute, fit_with_protocol, get_protocol,
+                               margin_from_seed_fits, parse_min_compute, sweep_protocol)
+from analysis.runs import fit_runs, load_runs, read_jsonl
+from analysis.scaling_law import A_MARGIN, compare, fit, sigmoid
+from analysis.study import (ConfigComparison, _judge_peak, compare_configs, judge_claim, parse_margin, seed_interval,
+                            summarize)
+from analysis.synthetic import write_run, write_sweep
+from paper_figures.spec import FIGURES
+
+
+def _run(root, sweep="loss_type", name="cispo-s0", **kw):
+    params = dict(A=0.6, B=1.8, C_mid=1.0, R0=0.1, steps=60, eval_every=3, device="cpu", count=2, noise=0.003)
+    params.update(kw)
+    return write_run(root, sweep, name, **params)
+
+
+# ------------------------------------------------------------------------ min_compute
+
+
+def test_fit_starts_at_the_end_of_the_first_epoch(tmp_path):
+    d = _run(tmp_path, epochs=5.0)  # epoch 1 ends at step 12 of 60
+    metrics, _ = read_jsonl(d / "metrics.jsonl")
+    want = next(m["compute_hours"] for m in metrics if m["epoch"] >= 1)  # the first line with epoch >= 1
+    assert epoch1_compute(metrics) == (want, None)
+    table = fit_runs(load_runs(tmp_path), runs=load_runs(tmp_path, what="runs"))
+    row = table.iloc[0]
+    assert row["min_compute"] == pytest.approx(want) and row["min_compute_rule"] == "end of epoch 1"
+    assert row["fit_from"] >= want and row["fit_from"] < want + 4 * (want / 12)  # the first eval at or after it
+    # the same without the run table (epoch read from metrics.jsonl) and on the FLOPs axis
+    again = fit_runs(load_runs(tmp_path)).iloc[0]
+    assert again["min_compute"] == pytest.approx(want) and again["A"] == row["A"]
+    flops = fit_runs(load_runs(tmp_path), compute="flops").iloc[0]
+    assert flops["min_compute"] == pytest.approx(next(m["flops"] for m in metrics if m["epoch"] >= 1))
+
+
+def test_runs_without_epoch_use_the_papers_fraction_of_the_fitted_range(tmp_path):
+    d = _run(tmp_path, epochs=None)
+    ev = load_runs(tmp_path)
+    row = fit_runs(ev).iloc[0]
+    final = float(ev["compute_hours"].max())
+    whole = PROTOCOLS["whole"]
+    assert whole.fallback_min_fraction == pytest.approx(1500 / 3750)  # 1.5k of the 3.5-4k GPU-h fitted
+    assert row["min_compute"] == pytest.approx(whole.fallback_min_fraction * final)
+    assert "no epoch logged" in row["min_compute_rule"]
+    # a prefix protocol takes the fraction of its fitted range (the first half), not of the run
+    loo = fit_runs(ev, protocol="loo").iloc[0]
+    assert loo["fit_cutoff"] == pytest.approx(0.5 * final)
+    assert loo["min_compute"] == pytest.approx(PROTOCOLS["loo"].fallback_min_fraction * 0.5 * final)
+    # a run that never reaches epoch 1 says so
+    metrics, _ = read_jsonl(d / "metrics.jsonl")
+    short = [{**m, "epoch": 0.5 * m["step"] / 60} for m in metrics]
+    assert epoch1_compute(short) == (None, pytest.approx(0.5))
+    pf = fit_with_protocol(*_curve(ev), protocol="whole", epoch1=None, max_epoch=0.5)
+    assert "run ends at epoch 0.50 < 1" in pf.min_rule
+
+
+def _curve(ev):
+    return ev["compute_hours"].to_numpy(), ev["pass_rate"].to_numpy()
+
+
+def test_min_compute_options_and_bad_values():
+    assert parse_min_compute("epoch") == "epoch" and parse_min_compute(None) == "epoch"
+    assert parse_min_compute("none") == 0.0 and parse_min_compute("2.5") == 2.5 and parse_min_compute(3) == 3.0
+    for bad in ("later", -1.0, "nan", float("inf")):
+        with pytest.raises(ValueError, match="min_compute"):
+            parse_min_compute(bad)
+    c = np.linspace(0.0, 4.0, 30)
+    r = sigmoid(c, 0.6, 1.8, 1.0, 0.1)
+    pf = fit_with_protocol(c, r, min_compute=1.0, epoch1=0.3)
+    assert pf.min_compute == 1.0 and pf.min_rule == "fixed 1" and pf.fit.compute.min() >= 1.0
+    pf0 = fit_with_protocol(c, r, min_compute="none", epoch1=0.3)
+    assert pf0.min_compute == 0.0 and pf0.fit.n_points == 30
+    # the result is exactly the paper's fit of the kept points
+    direct = fit(c, r, r0=float(r[0]), min_compute=1.0)
+    assert (pf.fit.A, pf.fit.B, pf.fit.C_mid) == (direct.A, direct.B, direct.C_mid)
+    too_late = fit_with_protocol(c, r, protocol="loo", min_compute="epoch", epoch1=1.9)
+    assert too_late.fit is None and "min_compute" in too_late.reason and "end of epoch 1" in too_late.reason
+    with pytest.raises(ValueError, match="unknown fit protocol"):
+        get_protocol("half")
+
+
+# ------------------------------------------------------------------------ protocol per figure
+
+
+@pytest.mark.parametrize("sweep,protocol,fraction", [
+    ("loss_type", "whole", 1.0), ("fp32_head", "whole", 1.0), ("off_policy", "whole", 1.0),
+    ("dapo_clip", "whole", 1.0), ("length_control", "whole", 1.0),  # no figure: a forward ablation
+    ("leave_one_out", "loo", 0.5), ("scalerl_seeds", "loo", 0.5), ("recipes", "recipes", 0.5),
+    ("batch_size", "scaling", 0.5), ("generation_length", "scaling", 0.5),
+])
+def test_each_sweep_fits_the_range_the_paper_uses(sweep, protocol, fraction):
+    p = sweep_protocol(sweep)
+    assert p.name == protocol and p.fit_fraction == fraction
+
+
+def test_figures_sharing_a_sweep_agree_on_the_protocol():
+    by_sweep: dict[str, set] = {}
+    for f in FIGURES.values():
+        if f.protocol:
+            assert f.protocol in PROTOCOLS, f.id
+            for s in f.sweeps:
+                by_sweep.setdefault(s, set()).add(f.protocol)
+    assert all(len(v) == 1 for v in by_sweep.values()), by_sweep
+
+
+def test_prefix_and_whole_run_fits(tmp_path):
+    _run(tmp_path, sweep="leave_one_out", name="scalerl-s0", C_mid=1.0, final_compute=8.0)
+    _run(tmp_path, sweep="loss_type", name="cispo-s0", C_mid=1.0, final_compute=8.0)
+    t = fit_runs(load_runs(tmp_path)).set_index("sweep")
+    assert t.loc["leave_one_out", "protocol"] == "loo" and t.loc["leave_one_out", "fit_to"] <= 4.0 + 1e-9
+    assert t.loc["loss_type", "protocol"] == "whole" and t.loc["loss_type", "fit_to"] == pytest.approx(8.0)
+
+
+def test_benchmark_records_stay_out_of_the_held_out_curve(tmp_path):
+    _run(tmp_path, benchmarks=("aime24",))
+    ev = load_runs(tmp_path)
+    assert "benchmark" not in ev or ev["benchmark"].isna().all()
+    assert len(ev) == 21  # one held-out row per evaluation, none replaced by the benchmark at the same step
+    bench = load_runs(tmp_path, what="benchmarks")
+    assert len(bench) == 21 and set(bench["benchmark"]) == {"aime24"}
+    assert (bench["pass_rate"].to_numpy() < ev["pass_rate"].to_numpy() + 1e-12).all()
+    assert load_runs(tmp_path, what="runs")["n_benchmark_records"].iloc[0] == 21
+
+
+# ------------------------------------------------------------------------ the margin on A
+
+
+def test_margin_from_seeds_matches_an_independent_computation():
+    a = {"x": [0.60, 0.62, 0.61], "y": [0.55, 0.58, 0.56], "z": [0.7]}  # z adds nothing: one seed
+    m = margin_from_seed_fits(a)
+    devs = [np.array(v) - np.mean(v) for v in (a["x"], a["y"])]
+    s = math.sqrt(sum(float(np.sum(d * d)) for d in devs) / 4)  # pooled, df = 2 + 2
+    want = stats.t.ppf(0.975, 4) * s * math.sqrt(2 / 3)
+    assert m.df == 4 and m.n == 3 and m.s == pytest.approx(s, rel=1e-12) and m.value == pytest.approx(want, rel=1e-12)
+    assert m.for_pair(3, 1) == pytest.approx(stats.t.ppf(0.975, 4) * s * math.sqrt(1 / 3 + 1), rel=1e-12)
+    assert margin_from_seed_fits({"x": [0.6], "y": [0.5]}) is None
+    assert Margin.paper().value == A_MARGIN and Margin.fixed(0.05).for_pair(3, 3) == 0.05
+    assert parse_margin("auto") == "auto" and parse_margin("0.03") == 0.03
+    for bad in ("wide", "-0.1", "nan"):
+        with pytest.raises(ValueError, match="margin"):
+            parse_margin(bad)
+
+
+def test_seed_interval_is_the_t_interval_of_the_mean():
+    x = [0.61, 0.63, 0.58]
+    m, lo, hi = seed_interval(x)
+    h = stats.t.ppf(0.975, 2) * np.std(x, ddof=1) / math.sqrt(3)
+    assert (m, lo, hi) == pytest.approx((np.mean(x), np.mean(x) - h, np.mean(x) + h), rel=1e-12)
+    assert seed_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def _seeded_sweep(root, sweep, laws, seeds=(0, 1, 2), noise=0.01, **kw):
+    for config, (A, B, C) in laws.items():
+        for s in seeds:
+            _run(root, sweep=sweep, name=f"{config}-s{s}", A=A, B=B, C_mid=C, seed=s, noise=noise, factor="f",
+                 value=config, **kw)
+
+
+def test_auto_margin_sources_seeds_then_the_seed_sweep_then_the_paper(tmp_path):
+    _seeded_sweep(tmp_path / "r", "fp32_head", {"bf16": (0.52, 1.8, 1.0), "bf16_fp32_head": (0.61, 1.8, 1.0)})
+    _seeded_sweep(tmp_path / "r", "loss_type", {"dapo": (0.52, 1.8, 1.0), "cispo": (0.6, 1.8, 1.0)}, seeds=(0,))
+    _seeded_sweep(tmp_path / "r", "scalerl_seeds", {"scalerl": (0.6, 1.9, 1.0)}, final_compute=8.0)
+    s = summarize(tmp_path / "r")
+    own = s["fp32_head"].margin
+    a = s["fp32_head"].runs.groupby("config")["A"].apply(list).to_dict()
+    assert own.source == "seeds of this sweep" and own.value == pytest.approx(margin_from_seed_fits(a).value)
+    borrowed = s["loss_type"].margin  # single seeds: the seed sweep's noise, fitted by loss_type's protocol
+    assert borrowed.source == "seeds of scalerl_seeds" and borrowed.df == 2 and borrowed.n == 1
+    seeds_whole = fit_runs(load_runs(tmp_path / "r" / "scalerl_seeds"), protocol="whole")
+    assert borrowed.s == pytest.approx(float(np.std(seeds_whole["A"], ddof=1)), rel=1e-9)
+    # a sweep directory finds the seed sweep beside it: the same margin as from the root
+    assert summarize(tmp_path / "r" / "loss_type")["loss_type"].margin == borrowed
+    # no seeds anywhere: the paper's 0.02; a fixed margin wins over all
+    _seeded_sweep(tmp_path / "lone", "loss_type", {"dapo": (0.52, 1.8, 1.0), "cispo": (0.6, 1.8, 1.0)}, seeds=(0,))
+    assert summarize(tmp_path / "lone")["loss_type"].margin == Margin.paper()
+    assert summarize(tmp_path / "r", margin=0.05)["fp32_head"].margin.value == 0.05
+
+
+# ------------------------------------------------------------------------ comparing configurations
+
+
+def _fit_law(A, B, C, noise, seed, n=40):
+    c = np.geomspace(0.05, 6.0, n)
+    r = sigmoid(c, A, B, C, 0.1) + np.random.default_rng(seed).normal(0, noise, n)
+    return fit(np.concatenate([[0.0], c]), np.concatenate([[0.1], r]))
+
+
+def test_one_seed_each_is_exactly_the_papers_rule():
+    for (la, lb) in [((0.60, 1.8, 1.0), (0.52, 1.8, 1.0)),  # A decides
+                     ((0.60, 2.4, 1.0), (0.60, 1.4, 1.0)),  # B decides
+                     ((0.60, 1.8, 0.6), (0.60, 1.8, 1.6))]:  # C_mid decides
+        fa, fb = _fit_law(*la, 0.002, 1), _fit_law(*lb, 0.002, 2)
+        ours = compare_configs("a", [fa], "b", [fb], Margin.paper())
+        paper = compare(fa, fb, margin=A_MARGIN)
+        assert (ours.winner, ours.decided_by) == (paper.winner, paper.decided_by)
+        if paper.common_A is not None:
+            assert ours.B_a == pytest.approx(paper.B_a) and ours.B_b == pytest.approx(paper.B_b)
+    assert compare_configs("a", [_fit_law(0.6, 2.4, 1.0, 0.002, 1)], "b", [_fit_law(0.6, 1.4, 1.0, 0.002, 2)],
+                           Margin.paper()).winner == "a"
+
+
+def test_with_seeds_b_must_beat_its_own_noise():
+    margin = Margin(0.05, "test", s=0.02, df=4, n=3)
+    same = [_fit_law(0.6, 1.8, 1.0, 0.01, s) for s in range(3)]
+    other = [_fit_law(0.6, 1.8, 1.0, 0.01, 10 + s) for s in range(3)]
+    tie = compare_configs("a", same, "b", other, margin)
+    assert tie.decided_by in ("tie", "C_mid") and tie.b_margin > 0.01
+    steep = [_fit_law(0.6, 3.0, 1.0, 0.003, 20 + s) for s in range(3)]
+    won = compare_configs("a", steep, "b", other, margin)
+    assert (won.winner, won.decided_by) == ("a", "B") and abs(won.B_a - won.B_b) > won.b_margin
+    high = [_fit_law(0.7, 1.8, 1.0, 0.003, 30 + s) for s in range(3)]
+    by_a = compare_configs("a", high, "b", other, margin)
+    assert (by_a.winner, by_a.decided_by) == ("a", "A") and by_a.margin == pytest.approx(margin.for_pair(3, 3))
+
+
+def _comp(winner, by):
+    return ConfigComparison("a", "b", 3, 3, 0.6, 0.5, 0.02, winner, by)
+
+
+@pytest.mark.parametrize("kind,winner,by,verdict", [
+    ("a_higher_A", "a", "A", "agree"), ("a_higher_A", "b", "A", "disagree"), ("a_higher_A", "a", "B", "inconclusive"),
+    ("a_higher_A", "tie", "tie", "inconclusive"),
+    ("same_A", "a", "B", "agree"), ("same_A", "tie", "tie", "agree"), ("same_A", "b", "A", "disagree"),
+    ("a_better", "a", "B", "agree"), ("a_better", "a", "A", "agree"), ("a_better", "b", "C_mid", "disagree"),
+    ("a_better", "tie", "tie", "inconclusive"),
+    ("a_not_worse", "tie", "tie", "agree"), ("a_not_worse", "a", "A", "agree"), ("a_not_worse", "b", "B", "disagree"),
+])
+def test_claim_verdicts(kind, winner, by, verdict):
+    assert judge_claim(Claim(kind, "a", "b"), _comp(winner, by))[0] == verdict
+    assert judge_claim(Claim(kind, "a", "b"), None)[0] == "not run"
+
+
+def test_peak_verdict():
+    def cfg(a_values):
+        return pd.DataFrame({"config": [f"eps_high{v}" for v in (0.2, 0.28, 0.4)], "value": [0.2, 0.28, 0.4],
+                             "A": a_values, "n_fitted": [3, 3, 3]})
+    m = Margin.fixed(0.02)
+    assert _judge_peak(cfg([0.50, 0.56, 0.51]), m)[0] == "agree"
+    assert _judge_peak(cfg([0.50, 0.52, 0.51]), m)[0] == "inconclusive"
+    assert _judge_peak(cfg([0.50, 0.53, 0.58]), m)[0] == "disagree"
+    assert _judge_peak(cfg([0.50, 0.53, math.nan]), m)[0] == "not run"
+
+
+def test_every_finding_names_configs_its_sweep_runs():
+    from experiments.launch import expand, load_spec
+
+    from analysis.runs import config_name
+
+    for sweep, finding in FINDINGS.items():
+        configs = {config_name(r.name) for r in expand(load_spec(sweep), "paper")}
+        for claim in finding.claims:
+            for c in (claim.a, claim.b):
+                assert not c or c in configs, (sweep, c, sorted(configs))
+        ids = [c.id(sweep) for c in finding.claims]
+        assert len(ids) == len(set(ids)), sweep
+
+
+def test_summary_judges_the_papers_claims_with_seeds(tmp_path):
+    _seeded_sweep(tmp_path, "fp32_head", {"bf16": (0.52, 1.8, 1.0), "bf16_fp32_head": (0.61, 1.8, 1.0)})
+    s = summarize(tmp_path)["fp32_head"]
+    cfg = s.configs.set_index("config")
+    assert cfg.loc["bf16_fp32_head", "n_fitted"] == 3 and cfg.loc["bf16_fp32_head", "rank"] == 1
+    assert cfg.loc["bf16", "A_lo"] < cfg.loc["bf16", "A"] < cfg.loc["bf16", "A_hi"]
+    assert abs(cfg.loc["bf16_fp32_head", "A"] - 0.61) < 0.02 and abs(cfg.loc["bf16", "A"] - 0.52) < 0.02
+    (claim,) = s.claims.itertuples()
+    assert claim.verdict == "agree" and claim.decided_by == "A" and claim.margin == pytest.approx(s.margin.value)
+    assert json.dumps(claim.claim_id) and claim.claim_id == "fp32_head/a_higher_A:bf16_fp32_head,bf16"

@@ -1,0 +1,75 @@
+"""Contention flags (issue 12 item 1, analysis side): `scalerl status` and `scalerl fit` mark runs
+whose cumulative CPU contention exceeds 10% (a column and a warning naming them), and status
+fits A and B by the same protocol as `scalerl fit`."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.protocol import CONTENTION_LIMIT, is_contended
+from analysis.runs import fit_runs, load_runs
+from analysis.synthetic import write_run
+from experiments import status as S
+from experiments.cli import main as scalerl
+
+
+def _sweep(root):
+    kw = dict(B=1.8, C_mid=1.0, steps=60, eval_every=3, device="cpu", count=2, noise=0.003, factor="train.loss")
+    write_run(root, "loss_type", "cispo-s0", A=0.6, value="cispo", contention=0.02, **kw)
+    write_run(root, "loss_type", "dapo-s0", A=0.52, value="dapo", contention=0.31, **kw)
+    write_run(root, "loss_type", "gspo-s0", A=0.59, value="gspo", contention=0.02, epochs=None, **kw)
+
+
+def test_contention_threshold():
+    assert CONTENTION_LIMIT == 0.10
+    assert is_contended(0.11) and not is_contended(0.10) and not is_contended(None) and not is_contended(float("nan"))
+
+
+def test_status_flags_contended_runs_and_fits_like_scalerl_fit(tmp_path, capsys):
+    _sweep(tmp_path)
+    rows = {r.run: r for r in S.collect(tmp_path / "loss_type", with_slurm=False)}
+    assert rows["dapo-s0"].contended and rows["dapo-s0"].contention == pytest.approx(0.31, abs=0.03)
+    assert not rows["cispo-s0"].contended and rows["cispo-s0"].epoch == pytest.approx(6.0)
+    assert rows["gspo-s0"].epoch is None
+    fits = fit_runs(load_runs(tmp_path), runs=load_runs(tmp_path, what="runs")).set_index("run")
+    for name, r in rows.items():  # the same protocol fit (whole run from the end of epoch 1 / fallback)
+        assert r.A == pytest.approx(fits.loc[name, "A"]) and r.B == pytest.approx(fits.loc[name, "B"])
+    assert scalerl(["status", str(tmp_path / "loss_type"), "--no-slurm"]) == 0
+    out = capsys.readouterr().out
+    assert "contention" in out and "31% !" in out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    assert "1 run(s) with CPU contention above 10%" in warning and "dapo-s0" in warning and "cispo-s0" not in warning
+    assert scalerl(["status", str(tmp_path / "loss_type"), "--no-slurm", "--json"]) == 0
+    data = {x["run"]: x for x in json.loads(capsys.readouterr().out)}
+    assert data["dapo-s0"]["contended"] is True and data["cispo-s0"]["contended"] is False
+
+
+def test_status_without_contention_fields_prints_no_warning(tmp_path, capsys):
+    d = tmp_path / "sw" / "old-s0"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"status": "done"}))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "compute_hours": 0.1}) + "\n")
+    (row,) = S.collect(tmp_path / "sw", with_slurm=False)
+    assert row.contention is None and not row.contended
+    assert scalerl(["status", str(tmp_path / "sw"), "--no-slurm"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_fit_flags_contended_runs(tmp_path, capsys):
+    _sweep(tmp_path / "runs")
+    csv = tmp_path / "fits.csv"
+    assert scalerl(["fit", str(tmp_path / "runs"), "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    df = pd.read_csv(csv).set_index("run")
+    assert bool(df.loc["dapo-s0", "contended"]) and not bool(df.loc["cispo-s0", "contended"])
+    assert df.loc["dapo-s0", "contention_run"] > CONTENTION_LIMIT
+    warning = " ".join(out[out.index("warning:"):].split())
+    assert "1 run(s) with CPU contention above 10%" in warning and "loss_type/dapo-s0 (31%)" in warning
+    assert "cispo-s0" not in warning
+    # the protocol and the margin of every fit are in the table
+    assert set(df["protocol"]) == {"whole"} and set(df["margin_source"]) == {"paper (no seeds)"}
+    assert df.loc["gspo-s0", "min_compute_rule"].startswith("0.4 x fitted range (no epoch logged")
+    assert df.loc["cispo-s0", "min_compute_rule"] == "end of epoch 1"
