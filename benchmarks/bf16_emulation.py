@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="prompts per batch (default: the config's prompts_per_step)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gap-only", action="store_true", help="skip the timing")
     args = ap.parse_args(argv)
 
     import torch
@@ -130,6 +131,8 @@ def main(argv=None) -> int:
     for label, gm, gx, rmin, rmax, n in gap_rows:
         print(f"| {label} | {gm:.2e} | {gx:.2e} | {rmin:.4f} | {rmax:.4f} | {n} |")
     print(flush=True)
+    if args.gap_only:
+        return 0
 
     # time: interleaved learner steps and engine batches, median of repeats
     timed = [(label, name, emulate) for label, name, emulate in VARIANTS if label in

@@ -216,17 +216,24 @@ class _RoundToBF16(torch.autograd.Function):
         return _round_values(grad)
 
 
+_ROUNDED = "_scalerl_bf16"  # attribute marking a tensor this module produced already rounded
+
+
 def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """Round a float32/float64 tensor's values to bf16 (dtype unchanged); other tensors pass through.
 
     Differentiable: the gradient passes straight through and is itself rounded to bf16
-    (the gradient of a bf16 tensor in a real bf16 backward is bf16).
+    (the gradient of a bf16 tensor in a real bf16 backward is bf16). A tensor this function
+    returned is marked and passes through a second call unchanged (no second copy).
     """
-    if x.dtype not in (torch.float32, torch.float64):
+    if x.dtype not in (torch.float32, torch.float64) or getattr(x, _ROUNDED, False):
         return x
     if torch.is_grad_enabled() and x.requires_grad:
-        return _RoundToBF16.apply(x)
-    return _round_values(x)
+        out = _RoundToBF16.apply(x)
+    else:
+        out = _round_values(x)
+    setattr(out, _ROUNDED, True)
+    return out
 
 
 def is_bf16_valued(x: torch.Tensor) -> bool:
@@ -239,7 +246,7 @@ def is_bf16_valued(x: torch.Tensor) -> bool:
 EMULATED_OPS = frozenset(
     f
     for f in (
-        F.linear, F.bilinear, F.scaled_dot_product_attention, F.conv1d, F.conv2d, F.conv3d,
+        F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d,
         F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
         torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum,
         torch.chain_matmul, torch.linalg.vecdot,
@@ -250,12 +257,6 @@ EMULATED_OPS = frozenset(
 )
 
 
-def _linear_weight(args, kwargs):
-    if len(args) > 1:
-        return args[1]
-    return kwargs.get("weight")
-
-
 class BF16Emulation(TorchFunctionMode):
     """A torch-function mode that rounds the inputs and outputs of matmul-like ops to bf16 values.
 
@@ -263,16 +264,18 @@ class BF16Emulation(TorchFunctionMode):
         head: the LM head module (its ``weight`` is read at call time, so FSDP2's unsharded
             parameter is recognised), or None.
         fp32_head: the policy keeps the head in fp32 (its matmul and logits are not rounded).
-        round_head_input: with the fp32 head, still round its input (the generator: the real
-            final norm outputs bf16); False on the trainer (autocast keeps it fp32).
+        round_head_input: with the fp32 head, round its input (only needed when no final norm
+            was found to round the hidden state at its output, `boundary_modules`).
         skip_parameters: do not round ``nn.Parameter`` inputs (the generator stores them
             already rounded; saves a pass over the weights per op).
         emulate: False gives the REAL-bf16 helper: only the bf16 LM head is computed in real
             bf16 (the chunked head runs outside autocast); everything else passes through.
 
-    Ops run inside a region where autocast is disabled (the model turned it off, e.g. for
-    rotary frequencies, or the chunked head) pass through unrounded, as under real autocast;
-    the bf16 head is rounded wherever it runs.
+    Use it inside `marking_autocast` (emulation) or a real bf16 autocast (emulate=False). Ops
+    run where autocast is turned off (the model's fp32 regions, e.g. Llama's rotary
+    frequencies; the chunked head) pass through unrounded, as under real autocast; the bf16
+    head is rounded wherever it runs. Attention (scaled_dot_product_attention) is not
+    intercepted: it runs in fp32 on the rounded q/k/v projections (see the module docstring).
     """
 
     def __init__(self, head: Optional[torch.nn.Module], *, fp32_head: bool, round_head_input: bool = False,
@@ -283,39 +286,60 @@ class BF16Emulation(TorchFunctionMode):
         self.round_head_input = bool(round_head_input)
         self.skip_parameters = bool(skip_parameters)
         self.emulate = bool(emulate)
+        self._last = None  # (input, its version, rounded): see _rounded_input
 
     def _round_in(self, t: torch.Tensor) -> torch.Tensor:
         if self.skip_parameters and isinstance(t, torch.nn.Parameter):
             return t
         return round_to_bf16(t)
 
+    def _linear(self, x, w, b):
+        """F.linear(x, w, b) under emulation (the hot path: every projection of the model)."""
+        if self.head is not None and w is self.head.weight:
+            if self.fp32_head:  # fp32 head: fp32 matmul, fp32 logits
+                return F.linear(round_to_bf16(x) if self.round_head_input else x, w, b)
+            # the bf16 head: rounded wherever it runs (the chunked head runs outside autocast)
+        elif not _autocast_on(x.device.type):
+            return F.linear(x, w, b)  # an fp32 region
+        out = F.linear(self._rounded_input(x), self._round_in(w), None if b is None else self._round_in(b))
+        return round_to_bf16(out)
+
+    def _rounded_input(self, x: torch.Tensor) -> torch.Tensor:
+        """round_to_bf16(x), reusing the last result when the same unchanged tensor comes again
+        (q/k/v and gate/up projections share their input)."""
+        version = None if x.is_inference() else x._version  # inference tensors cannot change in place
+        last = self._last
+        if last is not None and last[0] is x and last[1] == version:
+            return last[2]
+        r = round_to_bf16(x)
+        self._last = (x, version, r)
+        return r
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if func not in EMULATED_OPS:
-            return func(*args, **kwargs)
-        head_call = (
-            self.head is not None and func is F.linear and _linear_weight(args, kwargs) is getattr(self.head, "weight", None)
-        )
+            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         if not self.emulate:  # real bf16: only the bf16 head needs help (autocast does the rest)
-            if head_call and not self.fp32_head:
-                a, k = tree_map_only(torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, (args, kwargs))
+            if (func is F.linear and not self.fp32_head and self.head is not None
+                    and _linear_weight(args, kwargs) is self.head.weight):
+                a, k = tree_map_only(torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t,
+                                     (args, kwargs))
                 return func(*a, **k)
             return func(*args, **kwargs)
+        if func is F.linear:
+            x = args[0] if args else kwargs["input"]
+            w = args[1] if len(args) > 1 else kwargs["weight"]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            return self._linear(x, w, b)
         device = _first_device(args, kwargs)
-        if head_call and self.fp32_head:
-            if self.round_head_input:
-                if args:
-                    args = (round_to_bf16(args[0]), *args[1:])
-                else:
-                    kwargs = {**kwargs, "input": round_to_bf16(kwargs["input"])}
-            with _autocast_off(device):
-                return func(*args, **kwargs)
-        if not head_call and device is not None and not _autocast_on(device):
+        if device is not None and not _autocast_on(device):
             return func(*args, **kwargs)  # an fp32 region (autocast turned off by the model)
         a, k = tree_map_only(torch.Tensor, self._round_in, (args, kwargs))
-        with _autocast_off(device):
-            out = func(*a, **k)
-        return tree_map_only(torch.Tensor, round_to_bf16, out)
+        return tree_map_only(torch.Tensor, round_to_bf16, func(*a, **k))
+
+
+def _linear_weight(args, kwargs):
+    return args[1] if len(args) > 1 else kwargs.get("weight")
 
 
 def _first_device(args, kwargs) -> Optional[str]:
@@ -336,22 +360,22 @@ def _autocast_on(device_type: str) -> bool:
         return False
 
 
-def _autocast_off(device_type: Optional[str]):
-    if device_type is None:
-        return contextlib.nullcontext()
+@contextlib.contextmanager
+def marking_autocast(device_type: str):
+    """Autocast switched ON with dtype float32: it casts nothing (every tensor is fp32 already), but
+    marks the region, so `BF16Emulation` tells it from the model's own autocast-off (fp32) regions."""
     try:
-        return torch.autocast(device_type=device_type, enabled=False)
-    except RuntimeError:
-        return contextlib.nullcontext()
-
-
-def _marking_autocast(device_type: str):
-    """The real autocast context that marks the bf16 region for BF16Emulation (ops run unrounded inside it are
-    only those emulation does not intercept)."""
+        prev = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+    except (RuntimeError, TypeError):  # pragma: no cover - a device without autocast: every op is emulated
+        yield
+        return
+    torch.set_autocast_dtype(device_type, torch.float32)
+    torch.set_autocast_enabled(device_type, True)
     try:
-        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
-    except RuntimeError:  # pragma: no cover - a device without autocast: emulate every intercepted op
-        return contextlib.nullcontext()
+        yield
+    finally:
+        torch.set_autocast_enabled(device_type, prev[0])
+        torch.set_autocast_dtype(device_type, prev[1])
 
 
 def _model_device_type(model: torch.nn.Module) -> str:
@@ -401,7 +425,7 @@ def _add_boundary_hooks(model: torch.nn.Module) -> tuple[list, bool]:
 def _emulation_pre_hook(module, args, kwargs):
     state = module._scalerl_emulation
     stack = contextlib.ExitStack()
-    stack.enter_context(_marking_autocast(_model_device_type(module)))
+    stack.enter_context(marking_autocast(_model_device_type(module)))
     stack.enter_context(BF16Emulation(state["head"], fp32_head=state["fp32_head"],
                                       round_head_input=not state["has_norm"], skip_parameters=True))
     state["stacks"].append(stack)
@@ -539,7 +563,7 @@ class PrecisionPolicy:
         if self.emulated:
             handles, has_norm = _add_boundary_hooks(model)
             stack.callback(lambda: [h.remove() for h in handles])
-            stack.enter_context(_marking_autocast(device_type))
+            stack.enter_context(marking_autocast(device_type))
             stack.enter_context(BF16Emulation(head, fp32_head=self.fp32_head, round_head_input=not has_norm))
             return stack
         if sharded:

@@ -615,8 +615,9 @@ def read_json(path: Path) -> dict | None:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
+    """Anything a trainer saved (hidden entries, e.g. the .tmp of an unfinished save, do not count)."""
     ck = Path(run_dir) / "checkpoints"
-    return ck.is_dir() and any(ck.iterdir())
+    return ck.is_dir() and any(not p.name.startswith(".") for p in ck.iterdir())
 
 
 def active_slurm_jobs(job_ids: Iterable[str]) -> dict[str, str]:
@@ -881,7 +882,9 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
     params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
     if opts.executor != "debug":
         job = job_parameters(opts, resources or RunResources())
-        params.update(cpus_per_task=job["cpus_per_task"], tasks_per_node=job["tasks_per_node"], nodes=job["nodes"])
+        params.update(cpus_per_task=job["cpus_per_task"], nodes=job["nodes"])
+        if not (opts.overcommit and opts.executor == "slurm"):
+            params["tasks_per_node"] = job["tasks_per_node"]
         if job["gpus_per_node"]:  # no --gpus-per-node=0 line: clusters without GPU GRES may refuse it
             params["gpus_per_node"] = job["gpus_per_node"]
     if opts.mem_gb is not None:
@@ -897,7 +900,10 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
             params["slurm_qos"] = opts.qos
         extra = dict(opts.slurm_extra)
         if opts.overcommit:
+            # Slurm refuses --ntasks-per-node above the node's CPUs even with --overcommit; --ntasks is accepted
+            job = job_parameters(opts, resources or RunResources())
             extra["overcommit"] = True
+            extra["ntasks"] = job["nodes"] * job["tasks_per_node"]
         if extra:
             params["slurm_additional_parameters"] = extra
     executor.update_parameters(**params)

@@ -362,7 +362,7 @@ def generator_memory(shape: ModelShape, layout: GeneratorLayout, gpu_bytes: int)
         if tp < 1:
             raise PlanError(f"vllm.tensor_parallel_size must be >= 1, got {tp}")
         out["weights"] = math.ceil(((P - Ph) * c + Ph * hb) / tp)
-        B = layout.max_num_batched_tokens or (layout.max_model_len if cpu else max(VLLM_GPU_BATCHED_TOKENS, 0))
+        B = layout.max_num_batched_tokens or (layout.max_model_len if cpu else VLLM_GPU_BATCHED_TOKENS)
         out["activations"] = math.ceil(B * ((a + 2 * k) * d / tp + 3 * i / tp + 4 * h) * c) + 2 * layout.max_num_seqs * V * 4
         out["overhead"] = 0 if cpu else GENERATOR_GPU_OVERHEAD + (0 if layout.enforce_eager else CUDA_GRAPHS_OVERHEAD)
         out["kv_per_token"] = kv_bytes_per_token(shape, c, tp)
@@ -452,11 +452,11 @@ def _model_config() -> tuple[dict, str]:
     # not there (yet): the shapes of a locally built tiny policy can be derived from its keywords
     if _is_ref(path) and path.configurable.name == "warm_start":
         kwargs = _bound("warm_start", "model_kwargs", None) or {}
-        return tiny_policy_config(**dict(kwargs)), "the warm-start builder's tiny policy (warm_start.model_kwargs; not built yet)"
+        return tiny_policy_config(**dict(kwargs)), "the warm-start builder's tiny policy (shapes from warm_start.model_kwargs; nothing built)"
     builder = _bound("model", "builder", None)
     if isinstance(path, str) and _bound("model", "build_if_missing", False) and builder is None:
         kwargs = _bound("model", "build_kwargs", None) or {}
-        return tiny_policy_config(**dict(kwargs)), f"build_tiny_policy(**model.build_kwargs) (model.path {path} not built yet)"
+        return tiny_policy_config(**dict(kwargs)), f"build_tiny_policy(**model.build_kwargs) (model.path {path} not built; nothing built)"
     where = str(path) if isinstance(path, str) else f"@{path.configurable.name}()"
     raise PlanError(
         f"cannot read the model's shapes: model.path {where} has no config.json, and the plan reads config.json only "

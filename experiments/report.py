@@ -57,18 +57,32 @@ def load_curve(run_dir: str | Path, compute: str = "compute_hours") -> tuple[np.
     return cs, rs, steps
 
 
-def _fit(compute: np.ndarray, reward: np.ndarray) -> tuple[Any, Optional[str]]:
+def _fit(compute: np.ndarray, reward: np.ndarray, min_compute: float = 0.0) -> tuple[Any, Optional[str]]:
     from analysis.scaling_law import FitError, fit
 
     if compute.size == 0:
         return None, "no evaluations"
     try:
-        return fit(compute, reward, r0=float(reward[0])), None
+        return fit(compute, reward, r0=float(reward[0]), min_compute=min_compute), None
     except FitError as err:
         return None, str(err)
 
 
-def _figure(run_dir: Path, compute: np.ndarray, reward: np.ndarray, result, compute_col: str, title: str) -> list[str]:
+def fit_start(run_dir: Path, compute: str) -> tuple[float, str]:
+    """The paper's fit start: the compute at the end of the first epoch (0 if the run has not reached it)."""
+    from analysis.protocol import epoch1_compute
+    from analysis.runs import read_jsonl
+
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = read_jsonl(path)[0] if path.is_file() else []
+    epoch1, last = epoch1_compute(rows, compute)
+    if epoch1 is None:
+        return 0.0, "whole run (it did not reach the end of epoch 1)" if last is not None else "whole run (no epoch logged)"
+    return float(epoch1), "end of epoch 1 (the paper skips about one epoch)"
+
+
+def _figure(run_dir: Path, compute: np.ndarray, reward: np.ndarray, result, compute_col: str, title: str,
+            min_compute: float = 0.0) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,7 +92,11 @@ def _figure(run_dir: Path, compute: np.ndarray, reward: np.ndarray, result, comp
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     positive = compute > 0
-    ax.plot(compute[positive], reward[positive], "*", ms=9, color="C0", label="held-out pass rate (mean@k)")
+    used = positive & (compute >= min_compute)
+    ax.plot(compute[used], reward[used], "*", ms=9, color="C0", label="held-out pass rate (mean@k), fitted")
+    if (positive & ~used).any():
+        ax.plot(compute[positive & ~used], reward[positive & ~used], "x", ms=6, color="C0", alpha=0.6,
+                label="before the end of epoch 1 (not fitted)")
     if result is not None and positive.any():
         lo, hi = float(compute[positive].min()), float(compute.max())
         xs = np.geomspace(lo, hi * 4.0, 200)  # [200]: fitted range, then extrapolation
@@ -115,9 +133,12 @@ def finish_report(run_dir: str | Path, *, compute: str = "compute_hours", quiet:
     cs, rs, steps = load_curve(run_dir, compute)
     if cs.size == 0:
         raise ValueError(f"{run_dir / 'eval.jsonl'} has no evaluation with {compute!r} and pass_rate")
-    result, error = _fit(cs, rs)
+    min_compute, rule = fit_start(run_dir, compute)
+    result, error = _fit(cs, rs, min_compute)
     report: dict[str, Any] = {
         "run_dir": str(run_dir),
+        "fit_min_compute": min_compute,
+        "fit_min_compute_rule": rule,
         "compute": compute,
         "evaluations": int(cs.size),
         "start_pass_rate": float(rs[0]),
@@ -131,15 +152,15 @@ def finish_report(run_dir: str | Path, *, compute: str = "compute_hours", quiet:
         "fit_error": error,
     }
     title = f"{run_dir.parent.name}/{run_dir.name}"
-    report["figures"] = _figure(run_dir, cs, rs, result, compute, title)
+    report["figures"] = _figure(run_dir, cs, rs, result, compute, title, min_compute)
     (run_dir / REPORT_FILE).write_text(json.dumps(report, indent=2))
     if not quiet:
         print(f"held-out pass rate: start {report['start_pass_rate']:.3f} (step {steps[0]:.0f}) -> "
               f"end {report['end_pass_rate']:.3f} (step {steps[-1]:.0f}), best {report['best_pass_rate']:.3f}", flush=True)
         if result is not None:
             print(f"sigmoid law fit: A={result.A:.3f}  B={result.B:.3f}  C_mid={result.C_mid:.4g} {compute}  "
-                  f"(R0={result.R0:.3f}, rmse={result.rmse:.3f})" + (f"  flags: {'; '.join(result.flags)}" if result.flags else ""),
-                  flush=True)
+                  f"(R0={result.R0:.3f}, rmse={result.rmse:.3f}; fitted from {rule})"
+                  + (f"  flags: {'; '.join(result.flags)}" if result.flags else ""), flush=True)
         else:
             print(f"sigmoid law fit: none ({error})", flush=True)
         print(f"figure: {report['figures'][0]} (+ .pdf)", flush=True)

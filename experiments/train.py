@@ -229,7 +229,9 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
     lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
     (run_path / "config.gin").write_text(gin.config_str())
     info = RunInfo(run_path)
-    resumed = (run_path / "checkpoints").is_dir() and any((run_path / "checkpoints").glob("step_*"))
+    from components.trainer.checkpoint import latest_checkpoint
+
+    resumed = latest_checkpoint(run_path / "checkpoints") is not None
     merged = {k: v for k, v in (run_info or {}).items() if v is not None}
     merged.setdefault("seed", cfg.seed)
     merged.setdefault("recipe", Path(files[0]).stem if files else None)
@@ -276,7 +278,23 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     from components.trainer.generator import WorkerSetup, resolve_device
     from components.trainer.worker import run_role
 
-    cfg, files, sys_path = prepare(config_files, bindings)
+    marker = run_path / ".scalerl" / f"prepared-{os.environ.get('SLURM_JOB_ID', 'job')}"
+    if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
+        _wait_for(marker, run_path, timeout_s=3600.0)
+    try:
+        cfg, files, sys_path = prepare(config_files, bindings)
+    except Exception as err:
+        if penv.rank == 0:  # record why the run never started, and release the other tasks
+            run_path.mkdir(parents=True, exist_ok=True)
+            ri = RunInfo(run_path)
+            ri.start(run_info, {"device": "unknown", "count": 0}, resumed=False)
+            _record_failure(ri, run_path, err)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"failed: {type(err).__name__}: {err}")
+        raise
+    if penv.rank == 0:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("ok")
     layout = layout_of(cfg)
     if penv.world_size != layout.world_size:
         from components.trainer.config import ConfigError
@@ -314,6 +332,20 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
         return status
     finally:
         lock.close()
+
+
+def _wait_for(marker: Path, run_path: Path, timeout_s: float) -> None:
+    """Wait until learner rank 0 has prepared the run (or recorded why it could not)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"learner-0 did not prepare the run within {timeout_s:.0f} s (no {marker})")
+        time.sleep(1.0)
+    text = marker.read_text()
+    if text.startswith("failed"):
+        raise RuntimeError(f"learner-0 could not prepare the run ({text})")
 
 
 def _bind_gpus(layout, penv) -> None:

@@ -69,9 +69,11 @@ def test_ppo_off_policy_k_lag_pattern(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_rl_bounds_staleness_and_spans_versions(tmp_path):
+@pytest.mark.parametrize("generators", [1, 2])
+def test_pipeline_rl_bounds_staleness_and_spans_versions(tmp_path, generators):
     """pipeline_rl(k): never trains on a token more than k versions old, and in-flight
-    weight updates make completions span several versions."""
+    weight updates make completions span several versions; with 2 generators the bound holds
+    across both (each gets every weight update)."""
     from experiments.train import run_training
 
     k = 1
@@ -82,10 +84,13 @@ def test_pipeline_rl_bounds_staleness_and_spans_versions(tmp_path):
         train__off_policy='"pipeline_rl"', pipeline_rl__k=str(k), pipeline_rl__inflight_batches="3",
         train__max_tokens="32", train__total_steps="10", train__eval_every="100", train__checkpoint_every="100",
         train__task_kwargs='{"num_train": 120, "num_eval": 8, "max_operand": 12, "operators": "+"}',
+        train__num_generators=str(generators),
     )
     assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 11))
+    used = {g for m in metrics for g in m["groups_by_generator"]}
+    assert used == {f"generator-{i}" for i in range(generators)}, used
     trained = [m for m in metrics if m["lag_max"] is not None]
     assert trained and all(m["lag_max"] <= k for m in trained), [m["lag_max"] for m in metrics]
     # the generator really runs ahead of the learner: some tokens are off-policy ...

@@ -83,6 +83,21 @@ def _squeue(job_id: str) -> str:
                           timeout=30).stdout.strip()
 
 
+def _job_span(job_id: str) -> tuple[float, float]:
+    """(start, end) of a finished job, in epoch seconds, from sacct (accounting may lag a moment)."""
+    from datetime import datetime
+
+    deadline = time.time() + 60
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "Start,End"], capture_output=True, text=True,
+                             timeout=30).stdout.strip().splitlines()
+        if out and "Unknown" not in out[0] and "|" in out[0]:
+            start, end = out[0].split("|")[:2]
+            return datetime.fromisoformat(start).timestamp(), datetime.fromisoformat(end).timestamp()
+        assert time.time() < deadline, f"sacct has no start/end for job {job_id}: {out}"
+        time.sleep(2)
+
+
 def _steps(path: Path) -> list[int]:
     return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()]
 
@@ -91,8 +106,9 @@ def test_tiny_loss_type_sweep_is_one_job_array_and_every_run_finishes(tmp_path, 
     from experiments.cli import main
 
     runs = tmp_path / "runs"
+    # no --cpus: each run reserves one CPU per process (2), so the 2-CPU node runs one run at a time
     args = ["sweep", "experiments/sweeps/loss_type.gin", "--scale", "tiny", "--executor", "slurm",
-            "--partition", "debug", "--cpus", "1", "--time", "10", "--runs", str(runs), "--wait",
+            "--partition", "debug", "--time", "10", "--runs", str(runs), "--wait",
             "--gin", f'model.path = "{model_dir}"'] + [a for b in TINY for a in ("--gin", b)]
     t0 = time.time()
     assert main(args) == 0, capsys.readouterr().out
@@ -110,6 +126,9 @@ def test_tiny_loss_type_sweep_is_one_job_array_and_every_run_finishes(tmp_path, 
     # one job array: same array id, tasks 0..2
     assert len({j["array_job_id"] for j in jobs.values()}) == 1
     assert sorted(j["job_id"].split("_")[1] for j in jobs.values()) == ["0", "1", "2"]
+    # runs never share cores unless asked: no two runs of the array ran at the same time
+    spans = sorted(_job_span(j["job_id"]) for j in jobs.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"overlapping runs: {spans}"
 
     deadline = time.time() + 60  # accounting (sacct) may lag the end of a job by a moment
     while any(r.slurm != "COMPLETED" for r in S.collect(sweep)) and time.time() < deadline:
@@ -250,3 +269,72 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
     assert _steps(planned.run_dir / "metrics.jsonl") == list(range(1, 31))
     log = "".join(p.read_text() for p in (root / "tl" / ".submitit").glob("*_log.err"))
     assert "timed-out" in log, "submitit did not see a time-out"
+
+
+# ---------------------------------------------------------------------------------------------
+# one run as several Slurm tasks (issue 10, item 6): 2 learner ranks + 1 generator = 3 tasks on
+# the 2-CPU node (--overcommit), roles from the rank
+MULTI = TINY + ["train.learner_ranks = 2", "train.num_generators = 1"]
+
+
+def _held_out(run_dir: Path) -> list[float]:
+    return [json.loads(x)["pass_rate"] for x in (run_dir / "eval.jsonl").read_text().splitlines()
+            if x.strip() and "benchmark" not in json.loads(x)]
+
+
+@pytest.fixture(scope="module")
+def warm_model() -> str:
+    """tiny_cpu.gin's warm-started policy, built (or found in the cache) here, before the job starts."""
+    import gin
+
+    from experiments.train import prepare
+
+    cfg, _, _ = prepare([str(REPO / "experiments/configs/tiny_cpu.gin")], [])
+    gin.clear_config()
+    return cfg.model_path
+
+
+def test_one_run_as_three_slurm_tasks_learns(tmp_path, warm_model, capsys):
+    from experiments.cli import main
+
+    run_dir = tmp_path / "runs" / "multi" / "r0"
+    bindings = [b for b in MULTI if not b.startswith(("train.total_steps", "train.eval_every", "train.checkpoint_every",
+                                                          "train.eval_prompts", "train.task_kwargs"))]
+    bindings += ["train.total_steps = 40", "train.eval_every = 20", "train.checkpoint_every = 20", "train.eval_prompts = 100"]
+    args = ["train", "experiments/configs/tiny_cpu.gin", "--executor", "slurm", "--partition", "debug", "--time", "10",
+            "--tasks-per-node", "3", "--overcommit", "--run-dir", str(run_dir), "--wait", "--no-progress",
+            "--gin", f'model.path = "{warm_model}"'] + [a for b in bindings for a in ("--gin", b)]
+    t0 = time.time()
+    rc = main(args)
+    out = capsys.readouterr().out
+    assert rc == 0, out + "\n" + (run_dir / "error.txt").read_text() if (run_dir / "error.txt").exists() else out
+    print(f"3-task run on Slurm: {time.time() - t0:.1f} s")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "done" and info["hardware"]["learner_ranks"] == 2 and info["hardware"]["processes"] == 3
+    assert "Slurm job" in out
+    job = json.loads((run_dir / "slurm.json").read_text())
+    assert job["tasks_per_node"] == 3
+    # the job really had 3 tasks, one per process: sacct's step has 3 tasks
+    steps = subprocess.run(["sacct", "-n", "-P", "-j", job["job_id"], "-o", "JobName,NTasks"], capture_output=True,
+                           text=True, timeout=30).stdout
+    assert any(line.split("|")[1] == "3" for line in steps.splitlines() if "|" in line and line.split("|")[1]), steps
+    assert _steps(run_dir / "metrics.jsonl") == list(range(1, 41))
+    held = _held_out(run_dir)
+    print(f"held-out pass rate of the 3-task run: {held}")
+    assert held[-1] > held[0] + 0.05, f"held-out pass rate did not rise: {held}"
+    assert (run_dir / "final" / "config.json").is_file()
+
+
+def test_sweep_of_two_multi_task_runs_completes(tmp_path, model_dir, capsys):
+    from experiments.cli import main
+
+    runs = tmp_path / "runs"
+    args = ["sweep", "experiments/sweeps/loss_type.gin", "--scale", "tiny", "--executor", "slurm", "--only", "dapo-s0",
+            "cispo-s0", "--partition", "debug", "--time", "10", "--runs", str(runs), "--wait", "--tasks-per-node", "3",
+            "--overcommit", "--gin", f'model.path = "{model_dir}"'] + [a for b in MULTI for a in ("--gin", b)]
+    assert main(args) == 0, capsys.readouterr().out
+    for loss in ("dapo", "cispo"):
+        d = runs / "loss_type" / f"{loss}-s0"
+        info = json.loads((d / "run.json").read_text())
+        assert info["status"] == "done" and info["hardware"]["learner_ranks"] == 2, info
+        assert _steps(d / "metrics.jsonl") == [1, 2]

@@ -432,5 +432,39 @@ def test_only_selects_runs_and_rejects_unknown_names(tmp_path, capsys):
 
 def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
     params = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s")._executor.parameters
-    assert "gpus_per_node" not in params and params["cpus_per_task"] == 1 and params["time"] == 60
+    # one CPU per process of the run (1 learner + 1 generator by default): runs never share cores
+    assert "gpus_per_node" not in params and params["cpus_per_task"] == 2 and params["time"] == 60
     assert params["signal_delay_s"] == 90
+
+
+def test_job_layout_follows_the_run_layout(tmp_path):
+    res = L.RunResources(learner_ranks=2, num_generators=1)
+    one_task = L.job_parameters(L.LaunchOptions(executor="slurm"), res)
+    assert one_task == {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 3, "gpus_per_node": 0}
+    tasks = L.job_parameters(L.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), res)
+    assert tasks == {"nodes": 1, "tasks_per_node": 3, "cpus_per_task": 1, "gpus_per_node": 0}
+    # the paper's layout: 16 learner GPUs + 64 generator GPUs = 10 nodes x 8 tasks, one GPU each
+    paper = L.RunResources(learner_ranks=16, num_generators=64, gpus_per_generator=1, on_gpu=True)
+    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10), paper) == {
+        "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 1, "gpus_per_node": 8}
+    # generators with tensor parallelism 2: the busiest node decides the GPUs per node
+    tp2 = L.RunResources(learner_ranks=4, num_generators=4, gpus_per_generator=2, on_gpu=True)
+    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=2), tp2)["gpus_per_node"] == 8
+    with pytest.raises(L.SweepError, match="must be equal"):
+        L.job_parameters(L.LaunchOptions(executor="slurm", nodes=2, tasks_per_node=1), res)
+    executor = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), tmp_path, "s", res)
+    params = executor._executor.parameters
+    assert params["additional_parameters"] == {"overcommit": True, "ntasks": 3} and "ntasks_per_node" not in params
+    plain = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3), tmp_path, "s", res)._executor.parameters
+    assert plain["ntasks_per_node"] == 3
+    with pytest.raises(L.SweepError, match="need --executor slurm"):
+        L.make_executor(L.LaunchOptions(executor="local", nodes=2), tmp_path, "s", res)
+
+
+def test_local_executor_runs_as_many_runs_at_once_as_the_machine_has_cores_for(monkeypatch):
+    monkeypatch.setattr(L.os, "cpu_count", lambda: 2)
+    two_procs = [L.RunResources(1, 1)] * 3
+    assert L.local_parallelism(L.LaunchOptions(executor="local"), two_procs) == 1
+    assert L.local_parallelism(L.LaunchOptions(executor="local", cpus=1), two_procs) == 2
+    monkeypatch.setattr(L.os, "cpu_count", lambda: 16)
+    assert L.local_parallelism(L.LaunchOptions(executor="local", array_parallelism=3), two_procs) == 3

@@ -26,10 +26,6 @@ Tensors are stored in the dtype the learner holds them in (fp32 master weights a
 Every rank must see the same RUN_DIR (one machine, or a shared filesystem across nodes).
 `save_checkpoint` and `load_checkpoint` are collective over the learner group when
 torch.distributed is initialised; without a process group (T = 1) they work in one process.
-
-The third positional argument of `save_checkpoint` and a `.pt` path given to
-`load_checkpoint` are the previous single-file format (`checkpoints/step_XXXXXXXX.pt`), kept
-only until the trainer loop calls the DCP API; see "legacy" at the end of this file.
 """
 
 from __future__ import annotations
@@ -73,7 +69,6 @@ BARRIER_TIMEOUT_S = 600.0
 
 _DIR_NAME = re.compile(r"^step_(\d{8})$")
 _TMP_NAME = re.compile(r"^\.step_(\d{8})\.(tmp|old)$")
-_LEGACY_NAME = re.compile(r"^step_(\d{8})\.pt$")
 
 
 class CheckpointError(RuntimeError):
@@ -118,20 +113,16 @@ def checkpoint_steps(ckpt_dir: Path) -> dict[int, Path]:
 
 
 def _all_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of both formats (DCP directories and legacy .pt files), by step."""
-    found = list(checkpoint_steps(ckpt_dir).items())
-    if Path(ckpt_dir).is_dir():
-        found += [(int(m.group(1)), p) for p in Path(ckpt_dir).iterdir() if (m := _LEGACY_NAME.match(p.name)) and p.is_file()]
-    return sorted(found, key=lambda sp: (sp[0], sp[1].is_dir()))
+    """Complete checkpoints, by step."""
+    return list(checkpoint_steps(ckpt_dir).items())
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Optional[Path]:
     """The newest complete checkpoint in `ckpt_dir` (a step_XXXXXXXX directory), or None.
 
     Temporary directories of an unfinished save and step directories without checkpoint.json
-    are never returned. (A legacy step_XXXXXXXX.pt file is returned too while the old
-    single-file format is still written.) Read-only: it never deletes anything, so it is
-    safe to call while a run is saving.
+    are never returned. Read-only: it never deletes anything, so it is safe to call while a
+    run is saving.
     """
     found = _all_checkpoints(ckpt_dir)
     return found[-1][1] if found else None
@@ -152,7 +143,7 @@ def read_checkpoint_info(path: Path) -> dict:
 
 
 def remove_stale_tmp(ckpt_dir: Path) -> list[Path]:
-    """Delete what killed saves left behind (.step_*.tmp / .step_*.old directories, legacy tmp files).
+    """Delete what killed saves left behind (.step_*.tmp / .step_*.old directories).
 
     Only the rank that saves (rank 0) may call this, and never while a save is running.
     """
@@ -163,9 +154,6 @@ def remove_stale_tmp(ckpt_dir: Path) -> list[Path]:
     for p in ckpt_dir.iterdir():
         if _TMP_NAME.match(p.name):
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-        elif p.name.startswith(".step_") and ".pt.tmp" in p.name and p.is_file():  # legacy
-            p.unlink(missing_ok=True)
             removed.append(p)
     return removed
 
@@ -275,7 +263,6 @@ def _prune(ckpt_dir: Path, keep: int) -> None:
 def save_checkpoint(
     ckpt_dir: Path,
     step: int,
-    _legacy_state: Optional[dict] = None,
     *,
     model: Optional[torch.nn.Module] = None,
     optimizer: Optional[torch.optim.Optimizer] = None,
@@ -296,10 +283,8 @@ def save_checkpoint(
     are ignored. `tokenizer` (rank 0) is stored beside the HF config. `keep` > 0 keeps only
     the newest `keep` checkpoints. Every wait is bounded by `timeout_s`.
     """
-    if _legacy_state is not None:
-        return _legacy_save(ckpt_dir, step, _legacy_state, keep=keep)
     if model is None:
-        raise TypeError("save_checkpoint needs model= (and optimizer=); the positional state dict is the legacy format")
+        raise TypeError("save_checkpoint needs model= (and optimizer=)")
     step = int(step)
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -406,8 +391,6 @@ def load_checkpoint(
     """
     path = Path(path)
     if model is None:
-        if path.is_file():
-            return _legacy_load(path)
         raise TypeError(f"load_checkpoint({path}) needs model= (and optimizer=) for a DCP checkpoint directory")
     info = read_checkpoint_info(path)
     saved_opt = info["optimizer"]
@@ -446,26 +429,3 @@ def load_checkpoint(
         "scheduler_state": trainer["scheduler_state"],
         "rank_state": rank_state,
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# legacy single-file format (checkpoints/step_XXXXXXXX.pt). Delete this block, the
-# `_legacy_state` argument and the file branch of load_checkpoint once loop.py uses the API above.
-def _legacy_save(ckpt_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
-    warnings.warn("save_checkpoint(dir, step, state) writes the legacy single-file format; pass model=/optimizer=",
-                  DeprecationWarning, stacklevel=3)
-    ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    final = ckpt_dir / f"step_{step:08d}.pt"
-    tmp = ckpt_dir / f".step_{step:08d}.pt.tmp{os.getpid()}"
-    _save_torch(tmp, state)
-    os.replace(tmp, final)
-    _fsync_path(ckpt_dir)
-    _prune(ckpt_dir, keep)
-    for stray in ckpt_dir.glob(".step_*.pt.tmp*"):
-        stray.unlink(missing_ok=True)
-    return final
-
-
-def _legacy_load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)

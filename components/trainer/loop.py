@@ -105,6 +105,14 @@ def weight_group_of(cfg, endpoints, layout, device: str):
                        timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb)
 
 
+def _count_by_generator(rollouts: list) -> dict:
+    counts: dict = {}
+    for r in rollouts:
+        key = f"generator-{int(r.generator)}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 class Trainer:
     """Learner rank 0: the training loop of one run (and the hub of its processes)."""
 
@@ -297,9 +305,16 @@ class Trainer:
         self.procs["learner-0"] = proc_stats()
         now = {k: dict(v) for k, v in self.procs.items()}
         cpu = sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in now.items())
+        step_contention = contention(now, self._procs_at_step)
+        wall = self.clock.wall_s()
+        share = 0.0 if not np.isfinite(step_contention) else step_contention
+        self.uncontended_s += max(wall - self._wall_at_step, 0.0) * (1.0 - share)
+        self._wall_at_step = wall
         fields = {
             "cpu_hours": self.cpu_base_s / 3600.0 + cpu / 3600.0,
-            "contention": contention(now, self._procs_at_step),
+            # devices x the wall time the step would have taken had the run's processes never waited for a CPU
+            "compute_hours_uncontended": self.uncontended_s * self.clock.devices / 3600.0,
+            "contention": step_contention,
             "contention_run": contention(now, self._procs_at_start),
             "procs": now,
             "eval_wall_s": self.clock.eval_base_s,
@@ -342,6 +357,8 @@ class Trainer:
         line = {
             "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
             "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
+            "compute_hours_uncontended": (self.uncontended_s + max(clock["wall_s"] - self._wall_at_step, 0.0))
+            * self.clock.devices / 3600.0,
             "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0), **record,
         }
         self.eval_log.write(line)
@@ -396,6 +413,7 @@ class Trainer:
             "stale_dropped": self._since["stale_dropped"],
             "refill_dropped": self._since["refill_dropped"],
             **self.curriculum.sampler.stats(),
+            "groups_by_generator": _count_by_generator(rollouts),
             **self._proc_fields(),
         }
         self.metrics_log.write(record)
@@ -436,6 +454,7 @@ class Trainer:
             "eval_wall_s": self.clock.eval_base_s,
             "startup_s": self.clock.startup_s(),
             "cpu_s": self.cpu_base_s + sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in self.procs.items()),
+            "uncontended_s": self.uncontended_s,
             "flops": self.flops,
             "pending": self.pending,
             "pending_batches": self.pending_batches,
@@ -462,6 +481,7 @@ class Trainer:
         if self.followers:
             self.hub.broadcast(("load", None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
         self.cpu_base_s = 0.0
+        self.uncontended_s = 0.0
         if ckpt_path is None:
             # nothing to resume from: any log lines belong to a run that never checkpointed
             repair_jsonl(metrics_path, None)
@@ -479,6 +499,7 @@ class Trainer:
         self.clock.eval_base_s = float(state.get("eval_wall_s", 0.0))
         self.clock.startup_base_s = float(state.get("startup_s", 0.0))
         self.cpu_base_s = float(state.get("cpu_s", 0.0))
+        self.uncontended_s = float(state.get("uncontended_s", self.clock.base_s))
         self.flops = float(state["flops"])
         self.pending = list(state.get("pending", []))
         self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
@@ -595,6 +616,7 @@ class Trainer:
             self.tracker = RunTracker.from_config(self.cfg, self.run_dir, resume_step=self.step if resumed else None)
             self.clock.start()  # every generator is ready: the training clock runs from here
             self.procs["learner-0"] = proc_stats()
+            self._wall_at_step = self.clock.wall_s()
             self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
             self._procs_at_step = dict(self._procs_at_start)
             self._reset_since()
