@@ -10,8 +10,12 @@ No sampler named means `uniform`.
 - ``no_positive_resampling(threshold=0.9, history=1)``: keeps per prompt the pass rates of
   its last `history` rollout groups; once it has `history` of them and their mean reaches
   `threshold` the prompt is dropped for good (Polaris / ScaleRL; the paper does not say how
-  many observations define the "historical pass rate", so it is a parameter). If every prompt is dropped the sampler falls back
-  to all prompts (reported as `curriculum_exhausted`) rather than stopping the run.
+  many observations define the "historical pass rate", so it is a parameter). A finite pool
+  can run out: once every prompt (of a task, in a mixture) is dropped, drawing the next
+  prompt raises `CurriculumExhausted` naming the pool, the threshold and the epoch. It never
+  falls back to the dropped prompts silently, which would turn the run into uniform
+  resampling of solved prompts. Size the pool so that it lasts the run (tiny_cpu.gin does:
+  `curriculum_active` in metrics.jsonl shows the margin).
 - ``zero_variance_filter``: groups whose rewards are all equal leave the loss; no refill.
 - ``dynamic_sampling(max_rounds=8)``: DAPO's dynamic sampling: the same filter, but the
   learner keeps drawing prompts until a full batch of non-zero-variance groups is
@@ -37,6 +41,7 @@ import numpy as np
 from components.registry import CURRICULA
 
 __all__ = [
+    "CurriculumExhausted",
     "UniformSampler",
     "NoPositiveResampling",
     "ZeroVarianceFilter",
@@ -45,6 +50,10 @@ __all__ = [
     "build_curriculum",
     "is_zero_variance",
 ]
+
+
+class CurriculumExhausted(RuntimeError):
+    """A prompt sampler has no prompt left to draw (No-Positive-Resampling dropped the whole pool)."""
 
 
 def is_zero_variance(rewards: Sequence[float]) -> bool:
@@ -105,7 +114,7 @@ class PromptSampler:
     after any n draws every task has had its weight x n draws to within one), then the next
     prompt of that task's own epoch (a fresh seeded permutation of its prompts per epoch).
     Samplers that drop prompts fall back per task: a task whose prompts are all dropped is
-    drawn from all its prompts again (``exhausted``), and keeps its weight.
+    raises `CurriculumExhausted` (no silent fall-back to dropped prompts).
     """
 
     kind = "sampler"
@@ -148,10 +157,14 @@ class PromptSampler:
         seed_part, *rest = stream.rng_key
         rng = np.random.default_rng([seed_part, stream.epoch, *rest])
         candidates = [i for i in stream.indices if self.active(i)]
-        stream.exhausted = not candidates
-        if not candidates:  # everything dropped: fall back to all prompts rather than stop
-            candidates = list(stream.indices)
+        if not candidates:  # every prompt dropped: stop with a clear error, never resample them silently
+            stream.exhausted = True
+            raise CurriculumExhausted(self.exhaustion_message(stream))
         return [candidates[j] for j in rng.permutation(len(candidates))]
+
+    def exhaustion_message(self, stream: _Stream) -> str:
+        """Why `stream` has no prompt left to draw (samplers that drop prompts override it)."""
+        return f"{type(self).__name__}: no active prompt left among {len(stream.indices)} (epoch {stream.epoch})"
 
     def _next_stream(self) -> _Stream:
         if len(self._streams) == 1:
@@ -171,7 +184,7 @@ class PromptSampler:
                 stream.position = 0
             i = stream.perm[stream.position]
             stream.position += 1
-            if self.active(i) or stream.exhausted:
+            if self.active(i):
                 return self.problems[i]  # a prompt dropped mid-epoch is skipped for good
 
     def sample(self, n: int) -> list[Any]:
@@ -221,6 +234,17 @@ class NoPositiveResampling(PromptSampler):
 
     def active(self, i: int) -> bool:
         return self.problems[i].id not in self.dropped
+
+    def exhaustion_message(self, stream: _Stream) -> str:
+        j = self._streams.index(stream)
+        task = f" of task {self.tasks[j]!r}" if self.tasks else ""
+        return (
+            f"no_positive_resampling: all {len(stream.indices)} training prompts{task} have been dropped "
+            f"(mean pass rate >= {self.threshold} over their last {self.history} rollout group(s)) by epoch "
+            f"{stream.epoch}; the paper drops them for good, so a finite pool runs out. Give the run more training "
+            f"prompts (e.g. the task's num_train), raise no_positive_resampling.threshold or .history, train fewer "
+            f"steps, or use the 'uniform' sampler"
+        )
 
     def observe(self, problem_id: str, pass_rate: float) -> None:
         h = self.pass_history.setdefault(problem_id, deque(maxlen=self.history))

@@ -13,11 +13,16 @@
 
 Policies:
 - ``interruption`` (ScaleRL, PAPER.md §2): each sample gets an interruption point drawn
-  uniformly from [thinking_min, thinking_max]; if it is still generating there, the phrase
-  (default "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
-  is appended and ``answer_budget`` more tokens are allowed; its finish reason is
-  "interrupted". Paper defaults: 10,240–12,288 thinking tokens, 2,048 answer tokens. Tiny runs
-  bind smaller budgets in gin (``interruption.thinking_min = 24`` ...).
+  uniformly from [thinking_min, thinking_max]; if it is still generating there AND still
+  thinking (its ``think_open`` part, default ``<think>``, is open, in the completion or left
+  open by the prompt, and it has not sampled ``think_close``, default ``</think>``), the phrase
+  (default "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>";
+  it must contain ``think_close``) is appended and ``answer_budget`` more tokens are allowed;
+  its finish reason is "interrupted". A sample whose answer has started is never interrupted
+  and samples on to the cap (``max_tokens``). ``think_close = None`` treats every sample as
+  thinking (a model without a thinking part). Paper defaults: 10,240–12,288 thinking tokens,
+  2,048 answer tokens. Tiny runs bind smaller budgets in gin (experiments/configs/tiny_cpu.gin:
+  a short phrase that closes the thinking part, budgets of a few tokens).
 - ``length_penalty`` (DAPO overlong shaping as ScaleRL uses it, PAPER.md §5): for a correct
   trace, reward + clip((L_max − |y|)/L_cache − 1, −1, 0); incorrect traces unchanged.
   Defaults L_max = 14,336, L_cache = 2,048 (ScaleRL's "14k and 2k").
@@ -73,6 +78,8 @@ class ForcedInterruption(_LengthControl):
         thinking_max: int = 12288,
         answer_budget: int = 2048,
         phrase: str = DEFAULT_INTERRUPTION_PHRASE,
+        think_open: Optional[str] = "<think>",
+        think_close: Optional[str] = "</think>",
     ):
         if not 0 <= thinking_min <= thinking_max:
             raise ValueError(
@@ -83,11 +90,20 @@ class ForcedInterruption(_LengthControl):
             raise ValueError(f"interruption: answer_budget must be >= 1, got {answer_budget}")
         if not phrase:
             raise ValueError("interruption: the phrase must be a non-empty string")
+        if think_close and think_close not in phrase:
+            raise ValueError(
+                f"interruption: the phrase {phrase!r} must close the thinking part (contain think_close "
+                f"{think_close!r}), or the answer after it would still count as thinking; set "
+                "interruption.think_close = None for a model without a thinking part"
+            )
         self.thinking_min = int(thinking_min)
         self.thinking_max = int(thinking_max)
         self.answer_budget = int(answer_budget)
         self.phrase = phrase
+        self.think_open = think_open or None
+        self.think_close = think_close or None
         self._phrase_cache: dict[int, tuple[int, ...]] = {}
+        self._marker_cache: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     def phrase_ids(self, tokenizer) -> tuple[int, ...]:
         """The phrase tokenised without special tokens added (cached per tokenizer)."""
@@ -99,10 +115,25 @@ class ForcedInterruption(_LengthControl):
             self._phrase_cache[key] = tuple(int(i) for i in ids)
         return self._phrase_cache[key]
 
+    def marker_ids(self, tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ids of think_open, ids of think_close), tokenised without special tokens added; () when unset."""
+        key = id(tokenizer)
+        if key not in self._marker_cache:
+            out = []
+            for marker in (self.think_open, self.think_close):
+                ids = tuple(int(i) for i in tokenizer.encode(marker, add_special_tokens=False)) if marker else ()
+                if marker and not ids:
+                    raise ValueError(f"interruption: the thinking marker {marker!r} tokenises to nothing")
+                out.append(ids)
+            self._marker_cache[key] = (out[0], out[1])
+        return self._marker_cache[key]
+
     def interruptions(self, n: int, rng: random.Random, tokenizer) -> list[Optional[Interruption]]:
         ids = self.phrase_ids(tokenizer)
+        opening, closing = self.marker_ids(tokenizer)
         return [
-            Interruption(at_token=rng.randint(self.thinking_min, self.thinking_max), phrase_ids=ids, answer_budget=self.answer_budget)
+            Interruption(at_token=rng.randint(self.thinking_min, self.thinking_max), phrase_ids=ids,
+                         answer_budget=self.answer_budget, think_open_ids=opening, think_close_ids=closing)
             for _ in range(int(n))
         ]
 
@@ -113,7 +144,8 @@ class ForcedInterruption(_LengthControl):
     def __repr__(self) -> str:
         return (
             f"interruption(thinking_min={self.thinking_min}, thinking_max={self.thinking_max}, "
-            f"answer_budget={self.answer_budget}, phrase={self.phrase!r})"
+            f"answer_budget={self.answer_budget}, phrase={self.phrase!r}, think_open={self.think_open!r}, "
+            f"think_close={self.think_close!r})"
         )
 
 

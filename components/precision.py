@@ -17,51 +17,62 @@ Where bf16 happens on each side (real bf16):
 - generator (``prepare_model``): the parameters are STORED in bfloat16 (the fp32 head aside),
   so every activation is bfloat16;
 - trainer (``compute_context``): master weights stay float32 (learner.py); one rank computes
-  under ``torch.autocast(bfloat16)``: matmul-like ops (linear, matmul, bmm, attention ...)
-  take bf16 inputs and give bf16 outputs, everything else runs in fp32. The LM head follows
-  the policy: bf16 logits for ``bf16`` (the chunked head, which runs outside autocast, is
-  cast to bf16 by the context), fp32 for ``bf16_fp32_head``. FSDP2 (T > 1 ranks) uses a
-  ``MixedPrecisionPolicy`` with ``compute_dtype`` instead (learner.shard_model).
+  under ``torch.autocast(bfloat16)`` (linear, matmul, attention ... take bf16 inputs and give
+  bf16 outputs; everything else runs in fp32). The LM head follows the policy: bf16 logits
+  for ``bf16`` (the chunked head of components/trainer/forward.py runs outside autocast, so
+  the context computes it in bf16 explicitly), fp32 for ``bf16_fp32_head``. FSDP2 (T > 1
+  ranks) uses a ``MixedPrecisionPolicy`` with ``compute_dtype`` instead (learner.shard_model).
 
 Emulated bf16 (``precision.emulate``)
 -------------------------------------
 A CPU without bf16 units runs real bf16 about 10x slower than fp32 (ENVIRONMENT.md), so a
 tiny CPU run could not afford the paper's precision. The bf16 policies therefore EMULATE
 bf16 where it is slow: tensors stay float32 but their VALUES are rounded to bf16 (round to
-nearest even, ``x.to(bfloat16).to(float32)``) exactly where real bf16 rounds:
+nearest even, ``x.to(bfloat16).to(float32)``) at the points where real bf16 rounds:
 
 - ``precision.emulate = "auto"`` (default): emulate on CPU, real bf16 on CUDA (and any other
   device); ``"on"``: emulate everywhere (e.g. to compare with real bf16 on a GPU);
   ``"off"``: real bf16 everywhere (slow on this CPU). Every process resolves the policy for
-  its own device, so one run may have a real-bf16 GPU learner and emulating CPU generators;
-  the weights travel in bf16 either way (weight_sync), and an emulating engine stores them
-  as float32 holding bf16 values.
-- Emulated on the generator (``prepare_model``): every parameter holds a bf16 value (the
-  fp32 head excepted), rounded when loaded and after every weight update
-  (``round_weights_``); the inputs and outputs of every matmul-like op are rounded to bf16
-  (``EMULATED_OPS``: linear, matmul/@, mm, bmm, addmm, baddbmm, addbmm, einsum, conv,
-  scaled_dot_product_attention: what ``torch.autocast`` lists as bf16 ops); the logits are
-  rounded to bf16 unless the head is fp32; with the fp32 head its INPUT is rounded (the
-  real generator's final norm outputs bf16) and the head matmul and logits stay fp32.
-- Emulated on the trainer (``compute_context``): the same rounding of matmul-like inputs
-  (the fp32 master weights included, as autocast casts them) and outputs, with gradients:
-  rounding is a straight-through op whose backward rounds the incoming gradient to bf16, so
-  the gradient of every bf16 tensor is a bf16 value, as in a real bf16 backward. The head:
-  rounded (bf16 logits) for ``bf16``, untouched fp32 for ``bf16_fp32_head``.
-- Regions where the model turns autocast OFF stay fp32 under emulation as under real
-  autocast (e.g. Llama's rotary frequencies): emulation enters a real ``torch.autocast``
-  context only to mark the region and runs each rounded op with autocast disabled.
-- NOT emulated: accumulation inside a matmul and inside attention (softmax, P @ V) stays
-  fp32 (real bf16 kernels also accumulate in fp32, but round the attention probabilities
-  before P @ V on GPU); elementwise ops between matmuls (residual adds, RMSNorm's scale,
-  SiLU x up, rotary products, the KV cache after rotary) run in fp32 and are rounded only
-  when they enter the next matmul, whereas the real generator rounds each of them (its
-  residual stream is bf16); the chunked LM head's backward (components/trainer/forward.py)
-  recomputes the logits in fp32; ops reached only from C++ (not through Python's
-  torch-function dispatch) run in real bf16 under the marking autocast. The vllm engine is
-  never emulated (it runs its own kernels in the policy's dtype).
-The measured effect (BENCHMARKS.md, "Emulated bf16 (issue 12)"): the trainer-generator
-log-prob gap appears as with real bf16 and the FP32 head shrinks it, at about fp32 speed.
+  its own device (``get_precision(name, device=...)``), so one run may have a real-bf16 GPU
+  learner and emulating CPU generators; the weights travel in bf16 either way (weight_sync)
+  and an emulating engine stores them as float32 holding the bf16 values
+  (``accepts_wire_dtype``).
+- Emulated, both sides (Llama/Qwen-style decoders):
+  * every ``F.linear`` (every weight matmul: q/k/v/o, gate/up/down, the head): input, weight
+    and bias rounded, fp32 matmul (products of bf16 values are exact in fp32; fp32
+    accumulation, as real bf16 kernels accumulate), output rounded;
+  * the outputs of the input embedding, of every decoder block (the residual stream at
+    block boundaries) and of the final norm (the head's input) rounded
+    (`boundary_modules`);
+  * the LM head: ``bf16``: its output, the logits, rounded; ``bf16_fp32_head``: fp32 matmul
+    on the (rounded) hidden state, fp32 logits;
+  * regions where the model turns autocast off stay fp32, as under real autocast (e.g.
+    Llama's rotary frequencies): emulation runs the forward in `marking_autocast`, autocast
+    switched on with dtype float32, which casts nothing but marks the region.
+- Generator (``prepare_model``): every parameter holds a bf16 value (the fp32 head aside),
+  rounded when loaded and after every weight update (``round_weights_``); forward hooks on
+  the model's ``nn.Linear`` modules and boundary modules do the rounding (no per-op cost).
+- Trainer (``compute_context``): `BF16Emulation`, a torch-function mode on ``F.linear``
+  (the fp32 master weights rounded at each use, as autocast casts them), plus the boundary
+  hooks, added for the context's lifetime. Rounding is straight-through with a rounded
+  gradient (the gradient of a bf16 tensor is bf16 in a real bf16 backward).
+- NOT emulated: accumulation inside matmuls and attention stays fp32 (real kernels also
+  accumulate in fp32; GPU flash attention also rounds the probabilities before P @ V);
+  attention (scaled_dot_product_attention) runs in fp32 on the rounded q/k/v projections:
+  the rotary products, hence the cached keys, are not re-rounded (rounding the whole KV
+  cache at every decode step would cost more than the attention); elementwise ops inside a
+  block (RMSNorm's scale, SiLU x up, the mid-block residual add) run in fp32 and are
+  rounded only where they enter the next linear or leave the block (the real generator
+  rounds each of them); other matmul-like ops (``torch.matmul``/``bmm``/``einsum``, conv;
+  eager attention's matmuls) run unrounded in fp32; the chunked LM head's backward
+  (components/trainer/forward.py) recomputes the logits unrounded. The vllm engine is never
+  emulated (it runs its own kernels in the policy's dtype).
+- Real bf16, one trainer rank: ``torch.autocast(bf16)`` keeps the residual stream fp32
+  (fp32 master weights), unlike the real generator and the FSDP2 trainer (bf16 blocks);
+  emulation follows the latter on both sides.
+Measured (BENCHMARKS.md, "Emulated bf16 (issue 12)"): the trainer-generator log-prob gap is
+~1e-7 in fp32 and ~4e-3 emulated (real bf16 on this CPU: ~6e-3); the learner step costs
+~1.1x fp32 and the engine ~1.2x (real bf16: ~10x and ~3x).
 
 Tied embeddings and the fp32 head: the input embedding stays bfloat16 while the head must
 be float32, so they cannot share one tensor. ``prepare_model`` UNTIES them: the head gets
@@ -104,7 +115,7 @@ __all__ = [
     "emulation_mode",
     "emulation_override",
     "EMULATION_MODES",
-    "EMULATED_OPS",
+    "marking_autocast",
     "BF16Emulation",
     "round_to_bf16",
     "is_bf16_valued",
@@ -241,73 +252,34 @@ def is_bf16_valued(x: torch.Tensor) -> bool:
     return bool(torch.equal(_round_values(x.detach()), x.detach())) if x.dtype in (torch.float32, torch.float64) else True
 
 
-# The ops torch.autocast runs in bf16 (its lower-precision lists, CPU and CUDA) that models
-# call from Python: their tensor inputs and outputs are rounded under emulation.
-EMULATED_OPS = frozenset(
-    f
-    for f in (
-        F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d,
-        F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
-        torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.einsum,
-        torch.chain_matmul, torch.linalg.vecdot,
-        torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.Tensor.mm,
-        torch.Tensor.bmm, torch.Tensor.addmm, torch.Tensor.baddbmm, torch.Tensor.addbmm,
-    )
-    if f is not None
-)
-
-
 class BF16Emulation(TorchFunctionMode):
-    """A torch-function mode that rounds the inputs and outputs of matmul-like ops to bf16 values.
+    """The TRAINER's emulation: a torch-function mode that rounds every ``F.linear`` to bf16 values.
 
-    Args:
-        head: the LM head module (its ``weight`` is read at call time, so FSDP2's unsharded
-            parameter is recognised), or None.
-        fp32_head: the policy keeps the head in fp32 (its matmul and logits are not rounded).
-        round_head_input: with the fp32 head, round its input (only needed when no final norm
-            was found to round the hidden state at its output, `boundary_modules`).
-        skip_parameters: do not round ``nn.Parameter`` inputs (the generator stores them
-            already rounded; saves a pass over the weights per op).
-        emulate: False gives the REAL-bf16 helper: only the bf16 LM head is computed in real
-            bf16 (the chunked head runs outside autocast); everything else passes through.
+    Non-head linears: input, weight and bias rounded (straight-through, gradients rounded),
+    output rounded; inside the model's own autocast-off regions (see `marking_autocast`) they
+    pass through in fp32, as under real autocast. The LM head (``head.weight``, read at call
+    time, so FSDP2's unsharded parameter is recognised): the bf16 head is rounded wherever it
+    runs (the chunked head of components/trainer/forward.py runs with autocast off); the fp32
+    head is left in fp32 (its input rounded only when `round_head_input`, i.e. when no final
+    norm was found to round it, `boundary_modules`). Every other op passes through.
 
-    Use it inside `marking_autocast` (emulation) or a real bf16 autocast (emulate=False). Ops
-    run where autocast is turned off (the model's fp32 regions, e.g. Llama's rotary
-    frequencies; the chunked head) pass through unrounded, as under real autocast; the bf16
-    head is rounded wherever it runs. Attention (scaled_dot_product_attention) is not
-    intercepted: it runs in fp32 on the rounded q/k/v projections (see the module docstring).
+    With ``emulate=False`` it is the REAL-bf16 helper of a one-rank learner under autocast:
+    only the bf16 head is computed in real bf16 (the chunked head runs outside autocast).
     """
 
     def __init__(self, head: Optional[torch.nn.Module], *, fp32_head: bool, round_head_input: bool = False,
-                 skip_parameters: bool = False, emulate: bool = True):
+                 emulate: bool = True):
         super().__init__()
         self.head = head
         self.fp32_head = bool(fp32_head)
         self.round_head_input = bool(round_head_input)
-        self.skip_parameters = bool(skip_parameters)
         self.emulate = bool(emulate)
         self._last = None  # (input, its version, rounded): see _rounded_input
-
-    def _round_in(self, t: torch.Tensor) -> torch.Tensor:
-        if self.skip_parameters and isinstance(t, torch.nn.Parameter):
-            return t
-        return round_to_bf16(t)
-
-    def _linear(self, x, w, b):
-        """F.linear(x, w, b) under emulation (the hot path: every projection of the model)."""
-        if self.head is not None and w is self.head.weight:
-            if self.fp32_head:  # fp32 head: fp32 matmul, fp32 logits
-                return F.linear(round_to_bf16(x) if self.round_head_input else x, w, b)
-            # the bf16 head: rounded wherever it runs (the chunked head runs outside autocast)
-        elif not _autocast_on(x.device.type):
-            return F.linear(x, w, b)  # an fp32 region
-        out = F.linear(self._rounded_input(x), self._round_in(w), None if b is None else self._round_in(b))
-        return round_to_bf16(out)
 
     def _rounded_input(self, x: torch.Tensor) -> torch.Tensor:
         """round_to_bf16(x), reusing the last result when the same unchanged tensor comes again
         (q/k/v and gate/up projections share their input)."""
-        version = None if x.is_inference() else x._version  # inference tensors cannot change in place
+        version = None if x.is_inference() else x._version  # inference tensors keep no version counter
         last = self._last
         if last is not None and last[0] is x and last[1] == version:
             return last[2]
@@ -316,41 +288,25 @@ class BF16Emulation(TorchFunctionMode):
         return r
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func not in EMULATED_OPS:
-            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        if not self.emulate:  # real bf16: only the bf16 head needs help (autocast does the rest)
-            if (func is F.linear and not self.fp32_head and self.head is not None
-                    and _linear_weight(args, kwargs) is self.head.weight):
-                a, k = tree_map_only(torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t,
-                                     (args, kwargs))
-                return func(*a, **k)
+        if func is not F.linear:
             return func(*args, **kwargs)
-        if func is F.linear:
-            x = args[0] if args else kwargs["input"]
-            w = args[1] if len(args) > 1 else kwargs["weight"]
-            b = args[2] if len(args) > 2 else kwargs.get("bias")
-            return self._linear(x, w, b)
-        device = _first_device(args, kwargs)
-        if device is not None and not _autocast_on(device):
-            return func(*args, **kwargs)  # an fp32 region (autocast turned off by the model)
-        a, k = tree_map_only(torch.Tensor, self._round_in, (args, kwargs))
-        return tree_map_only(torch.Tensor, round_to_bf16, func(*a, **k))
-
-
-def _linear_weight(args, kwargs):
-    return args[1] if len(args) > 1 else kwargs.get("weight")
-
-
-def _first_device(args, kwargs) -> Optional[str]:
-    for x in list(args) + list(kwargs.values()):
-        if isinstance(x, torch.Tensor):
-            return x.device.type
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                if isinstance(y, torch.Tensor):
-                    return y.device.type
-    return None
+        x = args[0] if args else kwargs["input"]
+        w = args[1] if len(args) > 1 else kwargs["weight"]
+        b = args[2] if len(args) > 2 else kwargs.get("bias")
+        is_head = self.head is not None and w is self.head.weight
+        if not self.emulate:  # real bf16: only the bf16 head needs help (autocast does the rest)
+            if is_head and not self.fp32_head:
+                return F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16))
+            return F.linear(x, w, b)
+        if is_head:
+            if self.fp32_head:  # fp32 head: fp32 matmul, fp32 logits
+                return F.linear(round_to_bf16(x) if self.round_head_input else x, w, b)
+            # the bf16 head: rounded wherever it runs
+        elif not _autocast_on(x.device.type):
+            return F.linear(x, w, b)  # an fp32 region of the model
+        out = F.linear(self._rounded_input(x), round_to_bf16(w), None if b is None else round_to_bf16(b))
+        return round_to_bf16(out)
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -363,10 +319,10 @@ def _autocast_on(device_type: str) -> bool:
 @contextlib.contextmanager
 def marking_autocast(device_type: str):
     """Autocast switched ON with dtype float32: it casts nothing (every tensor is fp32 already), but
-    marks the region, so `BF16Emulation` tells it from the model's own autocast-off (fp32) regions."""
+    marks the region, so emulation tells it from the model's own autocast-off (fp32) regions."""
     try:
         prev = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-    except (RuntimeError, TypeError):  # pragma: no cover - a device without autocast: every op is emulated
+    except (RuntimeError, TypeError):  # pragma: no cover - a device without autocast
         yield
         return
     torch.set_autocast_dtype(device_type, torch.float32)
@@ -422,21 +378,64 @@ def _add_boundary_hooks(model: torch.nn.Module) -> tuple[list, bool]:
     return [m.register_forward_hook(_round_output_hook) for m in mods], has_norm
 
 
+# The GENERATOR's emulation: forward hooks on its (already rounded) nn.Linear modules, which
+# is what `BF16Emulation` does on the trainer, without a torch-function mode's per-op cost on
+# every small decode step. The model's top-level forward runs inside `marking_autocast`.
+def _linear_pre_hook(module, args):
+    """Round a linear's input (not in the model's fp32 regions; the fp32 head only when no norm rounds it)."""
+    st = module._scalerl_linear
+    x = args[0]
+    if st["head"]:
+        return (round_to_bf16(x), *args[1:]) if st["round_input"] else None
+    if not _autocast_on(x.device.type):
+        return None
+    cache = st["shared"]  # q/k/v and gate/up share their input: round it once
+    if cache.get("x") is x:
+        return (cache["r"], *args[1:])
+    r = round_to_bf16(x)
+    cache["x"], cache["r"] = x, r
+    return (r, *args[1:])
+
+
+def _linear_post_hook(module, args, output):
+    st = module._scalerl_linear
+    if st["head"]:
+        return None if st["fp32"] else round_to_bf16(output)
+    return round_to_bf16(output) if _autocast_on(output.device.type) else None
+
+
 def _emulation_pre_hook(module, args, kwargs):
     state = module._scalerl_emulation
-    stack = contextlib.ExitStack()
-    stack.enter_context(marking_autocast(_model_device_type(module)))
-    stack.enter_context(BF16Emulation(state["head"], fp32_head=state["fp32_head"],
-                                      round_head_input=not state["has_norm"], skip_parameters=True))
-    state["stacks"].append(stack)
+    state["shared"].clear()
+    cm = marking_autocast(_model_device_type(module))
+    cm.__enter__()
+    state["stacks"].append(cm)
     return None
 
 
 def _emulation_post_hook(module, args, kwargs, output):
-    stacks = module._scalerl_emulation["stacks"]
-    if stacks:
-        stacks.pop().close()
+    state = module._scalerl_emulation
+    state["shared"].clear()
+    if state["stacks"]:
+        state["stacks"].pop().__exit__(None, None, None)
     return None
+
+
+def _install_generator_emulation(model: torch.nn.Module, fp32_head: bool) -> None:
+    """Hooks that make `model` (float32 storage of bf16 weights) compute like a bf16 model (idempotent)."""
+    if getattr(model, "_scalerl_emulation", None) is not None:
+        return
+    _, has_norm = _add_boundary_hooks(model)
+    head = _output_embeddings(model)
+    shared: dict = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m._scalerl_linear = {"head": m is head, "fp32": fp32_head, "round_input": not has_norm, "shared": shared}
+            m.register_forward_pre_hook(_linear_pre_hook)
+            m.register_forward_hook(_linear_post_hook)
+    model._scalerl_emulation = {"stacks": [], "shared": shared, "has_norm": has_norm}
+    model.register_forward_pre_hook(_emulation_pre_hook, with_kwargs=True)
+    model.register_forward_hook(_emulation_post_hook, with_kwargs=True, always_call=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -492,11 +491,7 @@ class PrecisionPolicy:
         if self.emulated:
             model.to(torch.float32)
             self.round_weights_(model)
-            if getattr(model, "_scalerl_emulation", None) is None:
-                _, has_norm = _add_boundary_hooks(model)  # permanent: this model is emulated for good
-                model._scalerl_emulation = {"head": head, "fp32_head": self.fp32_head, "stacks": [], "has_norm": has_norm}
-                model.register_forward_pre_hook(_emulation_pre_hook, with_kwargs=True)
-                model.register_forward_hook(_emulation_post_hook, with_kwargs=True, always_call=True)
+            _install_generator_emulation(model, self.fp32_head)  # permanent: this model is emulated for good
         elif self.fp32_head:
             head_fp32 = head.weight.detach().to(torch.float32, copy=True)
             model.to(self.param_dtype)

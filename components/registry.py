@@ -326,13 +326,16 @@ def load_builtin_components(strict: bool = False) -> dict[str, str]:
     import importlib
 
     failures: dict[str, str] = {}
-    for mod in BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ImportError as err:
-            if strict:
-                raise
-            failures[mod] = f"{type(err).__name__}: {err}"
+    # a first lookup may come after the gin config was finalized (locked): the built-in modules
+    # still register their configurables, as a user module imported late does
+    with gin.unlock_config():
+        for mod in BUILTIN_MODULES:
+            try:
+                importlib.import_module(mod)
+            except ImportError as err:
+                if strict:
+                    raise
+                failures[mod] = f"{type(err).__name__}: {err}"
     _LOAD_FAILURES.clear()
     _LOAD_FAILURES.update(failures)
     return failures

@@ -130,7 +130,7 @@ def benchmark_specs(args: argparse.Namespace) -> list:
         "split": args.split, "grader": args.grader, "prompt_column": args.prompt_column,
         "answer_column": args.answer_column, "tests_column": args.tests_column,
         "system_prompt": args.system_prompt, "limit": args.limit, "reward": args.reward,
-        "pass_threshold": args.pass_threshold,
+        "pass_threshold": args.pass_threshold, "prompt_template": args.prompt_template,
     }
     shared = {k: v for k, v in shared.items() if v is not None}
     specs = []
@@ -248,6 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-column", default=None, help="column with the gold answer (math; default: answer)")
     parser.add_argument("--tests-column", default=None, help="column with the unit tests (code; default: tests, test or input_output)")
     parser.add_argument("--system-prompt", default=None, help="system message put before every problem")
+    parser.add_argument("--prompt-template", default=None,
+                        help="the user message, with {problem} (default: the problem + a \\boxed{} instruction for math)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems of each benchmark")
     parser.add_argument("--allow-unsafe", action="store_true",
                         help="code: run programs as this user where the sandbox cannot drop privileges (see components/tasks/README.md)")

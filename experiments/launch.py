@@ -367,6 +367,51 @@ def algorithm_bindings(recipe: str, _seen: set | None = None) -> list[str]:
     return out
 
 
+def recipe_binding(files: str | Sequence[str], selector: str, param: str, _seen: set | None = None) -> Any:
+    """The value `files` (gin files applied in order, following their includes) bind to `selector.param`
+    (the last binding wins), or None when none binds it."""
+    cp = _gin_parser()
+    value = None
+    seen = _seen if _seen is not None else set()
+    for f in ([files] if isinstance(files, (str, os.PathLike)) else list(files)):
+        path = Path(f).resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        for stmt in cp.ConfigParser(path.read_text(), _KeepDelegate()):
+            if isinstance(stmt, cp.IncludeStatement):
+                inner = recipe_binding(resolve_config(stmt.filename, path.parent), selector, param, seen)
+                value = inner if inner is not None else value
+            elif (isinstance(stmt, cp.BindingStatement) and not stmt.scope and stmt.arg_name == param
+                  and stmt.selector.split(".")[-1] == selector):
+                value = stmt.value
+    return value
+
+
+# The batch of a recipe at tiny scale (`--scale tiny` of a `recipe` sweep): the recipe's prompts per
+# step relative to the paper's default batch (base.gin: 48 prompts) keeps its ratio around the tiny
+# base's batch: tiny = round(recipe x tiny base / 48), e.g. the DAPO and MiniMax recipes' 80 prompts
+# -> round(80 x 16 / 48) = 27 on tiny_cpu.gin's 16. Generations per prompt likewise (16 in every
+# paper recipe, so they keep the tiny base's).
+BATCH_PARAMS = ("prompts_per_step", "generations_per_prompt")
+PAPER_BATCH_REFERENCE = "base.gin"
+
+
+def tiny_batch_bindings(recipe: str, tiny_base: Sequence[str]) -> list[str]:
+    """`train.prompts_per_step` / `train.generations_per_prompt` bindings that keep `recipe`'s batch ratio
+    to the paper's default batch at tiny scale (see BATCH_PARAMS); none where the ratio is 1."""
+    reference = resolve_config(PAPER_BATCH_REFERENCE)
+    out = []
+    for param in BATCH_PARAMS:
+        ref, tiny, ours = (recipe_binding(f, "train", param) for f in (reference, tuple(tiny_base), recipe))
+        if ours is None or ref is None or tiny is None or int(ours) == int(ref):
+            continue
+        scaled = max(1, int(math.floor(int(ours) * int(tiny) / int(ref) + 0.5)))
+        if scaled != int(tiny):
+            out.append(f"train.{param} = {scaled}")
+    return out
+
+
 def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
@@ -392,13 +437,14 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
         # rest of the base (at tiny scale the tiny base maps sizes onto the CPU).
         # At tiny scale a paper recipe's sizes cannot run on a CPU: the run takes the tiny
         # base and re-applies the recipe's ALGORITHM bindings (components and their
-        # hyper-parameters, see `algorithm_bindings`); tiny_overrides map the rest.
+        # hyper-parameters, see `algorithm_bindings`) and its batch scaled by the tiny base's
+        # (`tiny_batch_bindings`); tiny_overrides map the rest.
         values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
         for shown, value in zip(spec.values, values):
             recipe = resolve_config(str(value), spec_dir)
             label = Path(str(shown)).stem if str(shown).endswith(".gin") else str(shown)
             if tiny:
-                cells.append((label, label, base, tuple(algorithm_bindings(recipe))))
+                cells.append((label, label, base, tuple(algorithm_bindings(recipe)) + tuple(tiny_batch_bindings(recipe, base))))
             else:
                 cells.append((label, label, (recipe,) + base, ()))
     else:

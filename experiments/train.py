@@ -73,6 +73,10 @@ def validate_components(cfg) -> None:
     from components.trainer.config import ConfigError, validate
 
     validate(cfg)
+    try:
+        attention_of(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     LOSSES.check(cfg.loss)
     AGGREGATIONS.check(cfg.aggregation)
     ADVANTAGE_NORMS.check(cfg.advantage_norm)
@@ -156,6 +160,15 @@ def engine_gpus(cfg) -> int:
         return 1
 
 
+def attention_of(cfg) -> str:
+    """The transformers attention implementation the learner uses (train.attn_implementation resolved)."""
+    from components.precision import get_precision
+    from components.trainer.forward import resolve_attn_implementation
+
+    return resolve_attn_implementation(cfg.attn_implementation, "cuda" if on_gpu(cfg) else "cpu",
+                                       get_precision(cfg.precision).param_dtype)
+
+
 def on_gpu(cfg) -> bool:
     import torch
 
@@ -234,6 +247,7 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
     resumed = latest_checkpoint(run_path / "checkpoints") is not None
     merged = {k: v for k, v in (run_info or {}).items() if v is not None}
     merged.setdefault("seed", cfg.seed)
+    merged["attn_implementation"] = attention_of(cfg)
     merged.setdefault("recipe", Path(files[0]).stem if files else None)
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged

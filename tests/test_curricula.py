@@ -10,6 +10,7 @@ import pytest
 
 from _helpers_trainer import read_jsonl, tiny_model, write_gin
 from components.curricula import (
+    CurriculumExhausted,
     DynamicSampling,
     NoPositiveResampling,
     UniformSampler,
@@ -104,9 +105,11 @@ def test_no_positive_resampling_state_round_trip_and_exhaustion():
     twin.load_state_dict(state)
     assert [p.id for p in twin.sample(12)] == [p.id for p in cur.sample(12)]
     assert twin.sampler.pass_history["p1"] == cur.sampler.pass_history["p1"]
-    for p in problems(5):  # every prompt solved: fall back to all prompts, flagged, never stop
+    for p in problems(5):  # every prompt solved: a clear error, never a silent fall-back to solved prompts
         cur.observe(p.id, 1.0)
-    assert len(cur.sample(7)) == 7
+    with pytest.raises(CurriculumExhausted, match=r"all 5 training prompts have been dropped \(mean pass rate >= 0.9 "
+                                                  r"over their last 1 rollout group\(s\)\).*num_train"):
+        cur.sample(7)
     assert cur.sampler.stats()["curriculum_exhausted"] == 1
 
 

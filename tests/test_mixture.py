@@ -131,19 +131,24 @@ def test_mixture_sampler_state_round_trips():
         b.load_state_dict(one_task.state_dict())
 
 
-def test_a_task_whose_prompts_are_all_dropped_keeps_its_weight():
+def test_a_task_whose_prompts_are_all_dropped_stops_the_run_with_a_clear_error():
+    """Issue 12 item 4: No-Positive-Resampling exhaustion is an error (per task in a mixture), never a silent
+    fall-back to the task's dropped prompts."""
+    from components.curricula import CurriculumExhausted
+
     task = echo_mixture({"_mixtest_a": 0.5, "_mixtest_b": 0.5}, _mixtest_a={"n_train": 3}, _mixtest_b={"n_train": 5})
     cur = build_curriculum(["no_positive_resampling"], task.train_problems(), seed=0)
     a_ids = [p.id for p in task.train_problems() if p.meta["task"] == "_mixtest_a"]
     cur.sample(6)
-    for pid in a_ids:
+    for pid in a_ids[:2]:
         cur.observe(pid, 1.0)
-    drawn = cur.sample(200)
-    counts = Counter(p.meta["task"] for p in drawn)
-    assert abs(counts["_mixtest_a"] - 100) <= 1  # falls back to all of its prompts, weight kept
+    drawn = cur.sample(20)  # task a keeps its weight on its one active prompt
+    assert Counter(p.meta["task"] for p in drawn)["_mixtest_a"] == 10
+    assert {p.id for p in drawn if p.meta["task"] == "_mixtest_a"} == {a_ids[2]}
+    cur.observe(a_ids[2], 1.0)
+    with pytest.raises(CurriculumExhausted, match="all 3 training prompts of task '_mixtest_a' have been dropped"):
+        cur.sample(20)
     assert cur.sampler.stats()["curriculum_exhausted"] == 1 and cur.sampler.stats()["curriculum_dropped"] == 3
-    b_ids = [p.id for p in drawn if p.meta["task"] == "_mixtest_b"]
-    assert set(b_ids) == {p.id for p in task.train_problems() if p.meta["task"] == "_mixtest_b"}
 
 
 # ----------------------------------------------------------------------------- ids and verifiers

@@ -256,6 +256,7 @@ def test_run_directory_contract(tmp_path, model_path):
     assert info["status"] == "done"
     assert info["hardware"] == {"device": "cpu", "count": 2, "learner_ranks": 1, "num_generators": 1,
                                 "gpus_per_generator": 0, "processes": 2}
+    assert info["attn_implementation"] == "sdpa"  # the attention kernel the learner used
     assert info["finished"] >= info["started"]
 
     config = (run_dir / "config.gin").read_text()
@@ -391,3 +392,29 @@ def test_scalerl_composition_end_to_end(tmp_path, model_path):
     assert sum(m["forced_tokens"] for m in metrics) > 0
     assert any(m["groups_trained"] == m["prompts"] for m in metrics)
     assert [e["step"] for e in read_jsonl(tmp_path / "run" / "eval.jsonl")] == [0, 4]
+
+
+@pytest.mark.slow
+def test_downstream_benchmarks_run_during_training_on_a_generator(tmp_path, model_path):
+    """train.downstream_every + train.downstream_benchmarks: mean@k and pass@k lines in eval.jsonl,
+    evaluated on a generator off the training clock, kept out of the held-out curve."""
+    from experiments.train import run_training
+
+    bench = tmp_path / "mini.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a, b in [(1, 2), (3, 4), (5, 6)]))
+    gin_file = write_gin(tmp_path / "down.gin", model_path, train__total_steps="4", train__eval_every="2",
+                         train__downstream_every="2", train__downstream_benchmarks=json.dumps([str(bench)]),
+                         train__downstream_k="4")
+    assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
+    rows = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    bench_rows = [r for r in rows if "benchmark" in r]
+    held_out = [r for r in rows if "benchmark" not in r]
+    assert [r["step"] for r in held_out] == [0, 2, 4]
+    assert [r["step"] for r in bench_rows] == [0, 2, 4]
+    for r in bench_rows:
+        assert r["k"] == 4 and r["prompts"] == 3 and "pass_rate" not in r
+        assert set(r["pass@k"]) >= {"1", "4"} and 0.0 <= r["mean@k"] <= 1.0
+        assert r["pass@k"]["1"] == pytest.approx(r["mean@k"])  # pass@1 is mean@k
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # both kinds of evaluation are off the training clock
+    assert metrics[-1]["eval_wall_s"] >= sum(r["eval_wall_s"] for r in held_out[:-1])

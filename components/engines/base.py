@@ -45,11 +45,49 @@ class Interruption:
     (forced, not sampled) and then allows up to `answer_budget` more sampled tokens;
     the completion's finish reason becomes "interrupted" unless the answer hits its
     budget ("length").
+
+    Only while the model is still THINKING (`still_thinking`): with `think_close_ids` set
+    (the token ids of ``</think>``), a sample that has closed its thinking part, or that
+    started answering without opening one (`think_open_ids`, ``<think>``, neither in its
+    completion nor left open by the prompt), is not interrupted; it goes on sampling up to
+    ``SamplingParams.max_tokens``. Without `think_close_ids` every sample counts as thinking.
     """
 
     at_token: int
     phrase_ids: tuple[int, ...]
     answer_budget: int
+    think_open_ids: tuple[int, ...] = ()
+    think_close_ids: tuple[int, ...] = ()
+
+
+def _find(seq: Sequence[int], sub: Sequence[int], last: bool = False) -> int:
+    """Index of the first (or last) occurrence of `sub` in `seq`, -1 if none."""
+    n, k = len(seq), len(sub)
+    if k == 0 or k > n:
+        return -1
+    starts = range(n - k, -1, -1) if last else range(n - k + 1)
+    first = sub[0]
+    for i in starts:
+        if seq[i] == first and list(seq[i : i + k]) == list(sub):
+            return i
+    return -1
+
+
+def still_thinking(it: Interruption, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> bool:
+    """Whether a sample is still in its thinking part after `completion_ids` (see `Interruption`).
+
+    Thinking = a thinking part is open: opened in the completion (``<think>``) or left open at the
+    end of the prompt (a chat template ending in ``<think>``), and not closed in the completion
+    (``</think>``). Without `think_close_ids` every sample counts as thinking.
+    """
+    close, opening = tuple(it.think_close_ids), tuple(it.think_open_ids)
+    if not close:
+        return True
+    if _find(completion_ids, close) >= 0:
+        return False  # thinking closed: the answer has started
+    if not opening or _find(completion_ids, opening) >= 0:
+        return True
+    return _find(prompt_ids, opening, last=True) > _find(prompt_ids, close, last=True)
 
 
 @dataclass

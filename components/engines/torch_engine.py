@@ -30,9 +30,11 @@ is kept, so sequences in flight continue under the new weights (PipelineRL); eve
 records the version of the weights that produced it.
 
 Forced interruption (`Interruption` on a request): once a sequence has sampled `at_token`
-tokens without stopping, the phrase tokens are fed one per decode step (forced=True,
-gen_logp 0.0, version = version at injection), then up to `answer_budget` more tokens are
-sampled. `SamplingParams.max_tokens` stays a hard cap on sampled tokens.
+tokens without stopping, and only if it is still thinking (`base.still_thinking`: no
+``</think>`` sampled yet, and a thinking part open), the phrase tokens are fed one per decode
+step (forced=True, gen_logp 0.0, version = version at injection), then up to `answer_budget`
+more tokens are sampled. A sequence no longer thinking there is not interrupted and samples
+on. `SamplingParams.max_tokens` stays a hard cap on sampled tokens.
 
 Sampling: probabilities softmax(logits / T) (float32), optional top-p (nucleus) filtering,
 then `torch.multinomial` with the engine's seeded generator; temperature <= 0 is greedy.
@@ -56,6 +58,7 @@ from components.engines.base import (
     GenerationRequest,
     Interruption,
     SamplingParams,
+    still_thinking,
 )
 from components.engines.logprobs import scaled_log_softmax
 from components.precision import get_precision
@@ -127,7 +130,12 @@ class _Row:
 
     def wants_injection(self) -> bool:
         it = self.interruption
-        return it is not None and not self.interrupted and self.sampled == it.at_token and self.sampled < self.cap
+        if it is None or self.interrupted or self.sampled != it.at_token or self.sampled >= self.cap:
+            return False
+        if not still_thinking(it, self.group.request.prompt_ids, self.tokens):
+            self.interruption = None  # thinking closed (or never opened): no interruption; sample on to the cap
+            return False
+        return True
 
 
 @ENGINES.register("torch")

@@ -26,7 +26,8 @@ reloaded between two steps:
 - Forced interruption: vLLM cannot inject tokens into a running request, so a sample with an
   `Interruption` first runs with max_tokens = at_token; if it reaches that point, the phrase
   is appended (forced) and a continuation request (prompt + thinking + phrase) is submitted
-  with the answer budget. The continuation recomputes its prefix KV under the current
+  with the answer budget; a sample no longer thinking there (`base.still_thinking`: it sampled
+  ``</think>``, or never opened a thinking part) gets a plain continuation up to max_tokens. The continuation recomputes its prefix KV under the current
   weights (with prefix caching most of it is a cache hit).
 - Precision: `fp32` -> dtype float32; `bf16` -> bfloat16; `bf16_fp32_head` -> bfloat16 body with
   `hf_overrides={"head_dtype": "float32"}` AND the lm_head parameter itself upcast to float32 in
@@ -52,6 +53,7 @@ from components.engines.base import (
     GenerationRequest,
     Interruption,
     SamplingParams,
+    still_thinking,
 )
 from components.precision import get_precision, vllm_dtype
 from components.registry import ENGINES
@@ -88,7 +90,7 @@ def _install_logprob_hook(worker) -> str:
 
 
 def _upcast_lm_head(worker) -> str:
-    """Keep vLLM's lm_head parameter in float32 (runs in the worker)."""
+    """Keep vLLM's lm_head parameter in float32 (runs in the worker), also through later reloads."""
     import torch
 
     model = worker.model_runner.model
@@ -97,6 +99,10 @@ def _upcast_lm_head(worker) -> str:
     if emb is not None and head.weight is emb.weight:
         raise RuntimeError("vllm engine: lm_head is tied to embed_tokens; cannot give it an fp32 weight")
     head.weight.data = head.weight.data.to(torch.float32)
+    try:  # the layerwise reload recorded the head as bf16 at load time: re-record it as fp32
+        _keep_head_dtype_on_reload(model)
+    except ImportError:  # a vLLM without layerwise reload metadata: nothing to re-record
+        pass
     return str(head.weight.dtype)
 
 
@@ -338,6 +344,8 @@ class VllmEngine(Engine):
             group = PendingGroup(request=req)
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
+                if it is not None and it.at_token == 0 and not still_thinking(it, req.prompt_ids, ()):
+                    it = None  # the prompt opens no thinking part: nothing to interrupt
                 seq = _Seq(group=group, sample_index=s, params=params, interruption=it)
                 if it is not None and it.at_token == 0:
                     self._inject(seq)
@@ -461,7 +469,11 @@ class VllmEngine(Engine):
         if seq.interrupted:
             self._finish(seq, "interrupted" if reason == "stop" else "length")
         elif it is not None and reason == "length" and seq.sampled == it.at_token and it.at_token < seq.params.max_tokens:
-            self._inject(seq)
+            if still_thinking(it, seq.group.request.prompt_ids, seq.tokens):
+                self._inject(seq)
+            else:  # thinking closed (or never opened): no interruption; continue to max_tokens
+                seq.interruption = None
+                self._submit(seq, list(seq.group.request.prompt_ids) + seq.tokens, seq.params.max_tokens - seq.sampled)
         else:
             self._finish(seq, reason)
 
@@ -492,7 +504,12 @@ class VllmEngine(Engine):
     def receive_weights(self, receiver, update) -> None:
         """Load `update` through vLLM's weight-transfer API between two steps (in-flight requests keep
         their KV cache): start_weight_update, update_weights (joins the broadcasts, loads bucket by
-        bucket), finish_weight_update; then the prefix cache is reset as in `update_weights`."""
+        bucket), finish_weight_update; then the prefix cache is reset as in `update_weights`.
+
+        The engine is in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, this class's default), so no
+        scheduler step can run between those three calls: this is what vLLM's AsyncLLM gets from
+        `pause_generation(mode="keep")` ... `resume_generation()`. A multiprocess engine core would
+        need that pause (not implemented here)."""
         self.connect_weights(receiver)
         self.llm.start_weight_update()
         self.llm.update_weights({"update_info": receiver.vllm_update_info(update)})

@@ -74,6 +74,10 @@ class ArithmeticTask(SplitTask):
         allow_negative: allow negative operands and negative results (else both are >= 0).
         prompt_template: the user message; ``{expr}`` is replaced by the expression.
         reward_correct / reward_incorrect: the rewards of the verdicts (+1 / -1 by default).
+        scratchpad: the gold completion (`solution_text`, what a warm start imitates) thinks
+            first: the running result after each operator but the last, comma-separated, in
+            ``<think>…</think>``, then the answer ("12+7-3=" -> "<think>19</think>16"). A tiny
+            model then has a thinking part for forced interruptions to cut (tiny_cpu.gin).
     """
 
     name = "arithmetic"
@@ -91,6 +95,7 @@ class ArithmeticTask(SplitTask):
         operators: str = "+-",
         allow_negative: bool = False,
         prompt_template: str = "{expr}=",
+        scratchpad: bool = False,
     ):
         if num_operands < 2:
             raise ValueError(f"num_operands must be >= 2, got {num_operands}")
@@ -115,6 +120,7 @@ class ArithmeticTask(SplitTask):
         self.operators = "".join(dict.fromkeys(operators))  # dedupe, keep order
         self.allow_negative = allow_negative
         self.prompt_template = prompt_template
+        self.scratchpad = bool(scratchpad)
 
         exprs = self._draw(num_train + num_eval)
         held, train = exprs[:num_eval], exprs[num_eval:]
@@ -170,13 +176,19 @@ class ArithmeticTask(SplitTask):
             id=f"arithmetic:{expr}",
             prompt=self.prompt_template.format(expr=expr),
             answer=evaluate(operands, operators),
-            meta={"split": split, "expr": expr, "num_operands": len(operands)},
+            meta={"split": split, "expr": expr, "num_operands": len(operands), "operands": list(operands),
+                  "operators": list(operators)},
         )
 
     # -- Task interface -----------------------------------------------------------------
     def solution_text(self, problem: Problem) -> str:
-        """The gold completion, formatted exactly as a correct answer (e.g. ``"19"``)."""
-        return str(problem.answer)
+        """The gold completion, formatted exactly as a correct answer (e.g. ``"19"``; with `scratchpad`,
+        ``"<think>19</think>16"`` for ``12+7-3``)."""
+        if not self.scratchpad or len(problem.meta["operands"]) < 3:
+            return str(problem.answer)
+        operands, operators = problem.meta["operands"], problem.meta["operators"]
+        steps = [evaluate(operands[: k + 1], operators[:k]) for k in range(1, len(operands) - 1)]  # prefix values
+        return f"<think>{','.join(str(v) for v in steps)}</think>{problem.answer}"
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         """Correct iff the last integer after the thinking part equals the answer."""

@@ -24,7 +24,12 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
   (`components.engines.logprobs.scaled_log_softmax`: float32, temperature-scaled, T <= 0 counts
   as 1) applied to what the model's own head computes: `F.linear(h.to(W.dtype), W, b)`, i.e.
   the head's input is cast to the head weight's dtype, exactly like the fp32-head pre-hook of
-  `components.precision` (bypassed here because the weight is used directly).
+  `components.precision` (bypassed here because the weight is used directly). Autocast is off
+  inside; a torch-function mode of the caller sees the head's `F.linear` (the trainer's
+  precision context uses that to compute a bf16 head). Backward recomputes in the dtype the
+  forward's logits came out in, so a mode that is active during forward only still gets the
+  gradient of the logits forward used; a mode that only rounds fp32 values (bf16 emulation) is
+  not re-applied there, so that recompute is plain fp32.
 - `sequence_logprobs_packed(model, micro_batch, ...)` is the ONE entry point the learner
   calls, for packed rows (`PackedRow`) and for today's padded micro-batches (a
   `components.trainer.rollout.Batch`) alike. It returns logp [b, T] (carries grad) and
@@ -269,11 +274,23 @@ def pack_batch(batch, rows=None) -> PackedRow:
     The output layout keeps the batch's completion width T, so the packed log-probs line up with
     `batch.select(rows)`'s gen_logp / mask / aggregation weights.
     """
+    device = batch.input_ids.device
+    input_ids, attention_mask = batch.input_ids.cpu(), batch.attention_mask.cpu()  # one copy each: no per-row syncs
     if rows is not None:
         idx = torch.as_tensor(rows, dtype=torch.long)
-        batch = batch.select(idx)
-    T = int(batch.input_ids.shape[1]) - int(batch.completion_start)
-    return pack(batch_sequences(batch), num_columns=T, device=batch.input_ids.device)
+        input_ids, attention_mask = input_ids[idx], attention_mask[idx]
+    P = int(batch.completion_start)
+    view = _Rows(input_ids=input_ids, attention_mask=attention_mask, completion_start=P)
+    return pack(batch_sequences(view), num_columns=int(input_ids.shape[1]) - P, device=device)
+
+
+@dataclass
+class _Rows:
+    """The padded layout `batch_sequences` reads (a `Batch`'s input_ids, attention_mask, completion_start)."""
+
+    input_ids: torch.Tensor  # [B, P+T]
+    attention_mask: torch.Tensor  # [B, P+T]
+    completion_start: int
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,10 +327,12 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         N = hidden.shape[0]
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)  # [N]
         entropy = torch.empty(N, dtype=torch.float32, device=hidden.device) if with_entropy else None  # [N]
+        logits_dtype = weight.dtype
         with torch.no_grad(), _no_autocast(hidden.device.type):
             for s in range(0, N, chunk_size):
                 e = min(s + chunk_size, N)
                 logits = F.linear(hidden[s:e].to(weight.dtype), weight, bias)  # [n, V] in the head's dtype
+                logits_dtype = logits.dtype  # the caller's torch-function mode may compute the head in bf16
                 lp = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32
                 del logits
                 logp[s:e] = lp.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)  # [n]
@@ -323,6 +342,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, temperature if torch.is_tensor(temperature) else None)
         ctx.temperature = None if torch.is_tensor(temperature) else temperature
         ctx.chunk_size = chunk_size
+        ctx.logits_dtype = logits_dtype
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
             return logp, entropy
@@ -334,6 +354,13 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         temperature = t_tensor if t_tensor is not None else ctx.temperature
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         N = hidden.shape[0]
+        # Recompute in the dtype the forward's logits came out in. Normally that is the weight's
+        # dtype; a torch-function mode active during forward only (e.g. the trainer's real-bf16
+        # context, which computes a bf16 head from fp32 master weights) is no longer active here,
+        # so its cast is redone explicitly: backward then differentiates the logits forward used.
+        compute = ctx.logits_dtype
+        w_c = weight if compute == weight.dtype else weight.to(compute)  # [V, H]
+        b_c = bias if bias is None or compute == bias.dtype else bias.to(compute)  # [V]
         grad_h = torch.zeros_like(hidden) if need_h else None  # [N, H]
         # the head's gradient is accumulated over chunks in float32, cast to its dtype at the end
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
@@ -342,8 +369,8 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             for s in range(0, N, ctx.chunk_size):
                 e = min(s + ctx.chunk_size, N)
                 go = grad_logp[s:e].float()  # [n]
-                h = hidden[s:e].to(weight.dtype)  # [n, H]
-                logits = F.linear(h, weight, bias)  # [n, V]
+                h = hidden[s:e].to(compute)  # [n, H]
+                logits = F.linear(h, w_c, b_c)  # [n, V]
                 g = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32 log-probs
                 del logits
                 # d logp[target] / d scaled = onehot(target) - softmax;  d scaled / d logits = 1 / T
@@ -352,11 +379,11 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                 t = _effective_temperature(_temperature_rows(temperature, s, e), g)
                 if torch.is_tensor(t) or t != 1.0:
                     g.div_(t)
-                g_logits = g.to(weight.dtype)  # [n, V]: gradient w.r.t. the head's output, in its dtype
+                g_logits = g.to(compute)  # [n, V]: gradient w.r.t. the head's output, in its dtype
                 del g
                 if need_h:
-                    grad_h[s:e] = (g_logits @ weight).to(hidden.dtype)  # [n, H]
-                if need_w and weight.dtype == torch.float32:
+                    grad_h[s:e] = (g_logits @ w_c).to(hidden.dtype)  # [n, H]
+                if need_w and compute == torch.float32:
                     grad_w.addmm_(g_logits.t(), h)  # [V, H], accumulated in place (no [V, H] temporary)
                 elif need_w:
                     grad_w += (g_logits.t() @ h).float()  # [V, H]

@@ -1,9 +1,11 @@
 """Generator process: owns one engine and the task's verifier; talks to learner rank 0 (the hub).
 
 Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
-- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("eval", EvalOrder), ("stop",)
+- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("eval", EvalOrder),
+  ("downstream", step), ("stop",)
 - generator -> hub: ("ready", index, info), ("rollout", Rollout, proc_stats),
-  ("eval_done", index, record, proc_stats), ("error", index, traceback)
+  ("eval_done", index, record, proc_stats), ("downstream_done", index, records, proc_stats),
+  ("error", index, traceback)
 
 Weights do not travel on the transport: a ("weights", update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
@@ -321,6 +323,7 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
     scorer = _Scorer(task, tokenizer, length_control, cfg, index)
     problems: dict[int, Any] = {}
+    benchmarks = None  # downstream benchmarks, loaded at their first evaluation
     busy = [0.0]
 
     def to_scorer(group) -> None:
@@ -360,6 +363,16 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
             elif kind == "eval":
                 record = _run_eval(msg[1], engine, task, tokenizer, length_control, cfg, to_scorer)
                 peer.send(("eval_done", index, record, proc_stats()))
+            elif kind == "downstream":  # every benchmark, at the weights this generator holds
+                from components.trainer.evaluation import evaluate_downstream
+
+                if benchmarks is None:
+                    from components.benchmarks import load_benchmarks
+
+                    benchmarks = load_benchmarks(cfg.downstream_benchmarks)
+                records = evaluate_downstream(_EvalView(engine, to_scorer), benchmarks, tokenizer, cfg, step=int(msg[1]),
+                                              length_control=length_control)
+                peer.send(("downstream_done", index, records, proc_stats()))
             else:
                 raise RuntimeError(f"generator-{index}: unknown message {kind!r}")
             msg = peer.recv(timeout_s=0.0)

@@ -38,7 +38,7 @@ from components.curricula import build_curriculum
 from components.offpolicy import is_too_stale
 from components.registry import OFF_POLICY
 from components.trainer.accounting import FlopCounter, TrainingClock, contention, proc_stats
-from components.trainer.evaluation import eval_seed
+from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.rollout import Rollout, WorkOrder
@@ -87,7 +87,7 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
             per_task[name] = (s + float(rate) * n, c + n)
     out["per_task"] = {name: s / c for name, (s, c) in sorted(per_task.items()) if c}
     if all("entropy" in r and r["entropy"] is not None for r in records):
-        w = [max(int(r.get("eval_tokens", 0)), 1) for r in records]
+        w = [max(int(r.get("eval_sampled_tokens", r.get("eval_tokens", 0))), 1) for r in records]
         out["entropy"] = sum(float(r["entropy"]) * x for r, x in zip(records, w)) / sum(w)
     for key in records[0]:
         if key not in out and key != "indices":
@@ -141,6 +141,7 @@ class Trainer:
         self._procs_at_start: dict = {}
         self._failing = threading.Event()
         self.pushed_version = -1
+        self._reset_since()
 
     # =====================================================================================
     # setup
@@ -241,6 +242,9 @@ class Trainer:
         elif kind == "eval_done":
             self.procs[peer] = msg[3]
             self.eval_done[int(msg[1])] = msg[2]
+        elif kind == "downstream_done":
+            self.procs[peer] = msg[3]
+            self.downstream_done = msg[2]
         elif kind == "ready":  # its CPU time so far is start-up: the baseline of its accounting
             self.ready.add(peer)
             if isinstance(msg[2], dict) and "proc" in msg[2]:
@@ -368,6 +372,33 @@ class Trainer:
             self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
                            f"(mean@{cfg.eval_k}, compute {clock['compute_hours']:.4f} h)")
 
+    def _downstream(self) -> None:
+        """Downstream benchmarks (mean@k, pass@k) on generator-0 at the current version, off the training clock."""
+        cfg = self.cfg
+        if self.pushed_version != self.learner.version:
+            self._push_weights()
+        self.clock.pause()
+        t0 = time.time()
+        self.downstream_done = None
+        self.hub.send(self.generators[0], ("downstream", self.step))
+        deadline = time.monotonic() + cfg.queue_timeout_s
+        while self.downstream_done is None:
+            if time.monotonic() > deadline:
+                raise GeneratorError(f"the downstream benchmarks did not finish within train.queue_timeout_s={cfg.queue_timeout_s}s")
+            self._pump(1.0)
+        wall = time.time() - t0
+        self.clock.resume()
+        self.clock.eval_base_s += wall
+        clock = self.clock_fields()
+        for record in self.downstream_done:
+            line = {"step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"],
+                    "flops": self.flops, "wall_s": clock["wall_s"], **record}
+            self.eval_log.write(line)
+            self.tracker.log_eval(line)
+            if self.bar is not None:
+                self.bar.write(f"benchmark {record.get('benchmark')} @ step {self.step}: mean@{record.get('k')} "
+                               f"{record.get('mean@k', float('nan')):.3f}")
+
     def _reset_since(self) -> None:
         self._since = {"time_generate": 0.0, "time_sync": 0.0, "time_wait": 0.0, "generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0}
 
@@ -437,6 +468,8 @@ class Trainer:
         budget = cfg.compute_budget_hours is not None and self.clock.compute_hours() >= cfg.compute_budget_hours
         if self.step % cfg.eval_every == 0 or last or budget:
             self._evaluate()
+        if downstream_due(cfg, self.step, last or budget):
+            self._downstream()
         if self.step % cfg.checkpoint_every == 0 or last or budget:
             self._checkpoint()
         return last or budget
@@ -614,25 +647,28 @@ class Trainer:
             from components.trainer.tracking import RunTracker
 
             self.tracker = RunTracker.from_config(self.cfg, self.run_dir, resume_step=self.step if resumed else None)
-            self.clock.start()  # every generator is ready: the training clock runs from here
-            self.procs["learner-0"] = proc_stats()
-            self._wall_at_step = self.clock.wall_s()
-            self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
-            self._procs_at_step = dict(self._procs_at_start)
-            self._reset_since()
             self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
             self.eval_log = JsonlLog(self.run_dir / "eval.jsonl")
             if self.progress:
                 from tqdm.auto import tqdm
 
                 self.bar = tqdm(total=self.cfg.total_steps, initial=self.step, desc=f"train {self.run_dir.name}", mininterval=2.0)
-            evals = read_jsonl(self.run_dir / "eval.jsonl")
+            evals = [e for e in read_jsonl(self.run_dir / "eval.jsonl") if not is_downstream_record(e)]
             if evals:  # a resumed run: show its last held-out pass rate until the next evaluation
                 self.last_eval_pass_rate = evals[-1].get("pass_rate", float("nan"))
             if self.step < self.cfg.total_steps:
-                self._push_weights()  # version of the (possibly resumed) learner
+                self._push_weights()  # version of the (possibly resumed) learner: part of (re)start-up
+            self._reset_since()
+            self.clock.start()  # every generator is ready and has the weights: the training clock runs from here
+            self._wall_at_step = self.clock.wall_s()
+            self.procs["learner-0"] = proc_stats()
+            self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
+            self._procs_at_step = dict(self._procs_at_start)
+            if self.step < self.cfg.total_steps:
                 if self.step == 0 and not evals:
                     self._evaluate()  # R0: the pass rate before any training
+                    if downstream_due(self.cfg, 0):
+                        self._downstream()
                 if self.scheme.streaming:
                     self._run_pipeline()
                 else:

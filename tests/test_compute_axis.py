@@ -1,0 +1,95 @@
+"""A compute axis that measures the run, not the machine (issue 12, item 1).
+
+The same deterministic run (ppo_off_policy(1), fixed seed: the same samples, the same work) is
+trained alone and beside a CPU hog. The wall-clock axis `compute_hours` stretches with the
+hog; `compute_hours_uncontended` (each step's wall time less the share its processes spent
+waiting for a CPU, from Linux schedstat) stays within 15%, and the run is flagged contended.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from _helpers_trainer import read_jsonl, tiny_model, write_gin
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gin():
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_contention_of_a_reading():
+    from components.trainer.accounting import contention, proc_stats
+
+    before = {"a": {"cpu_s": 1.0, "runq_s": 0.5}}
+    now = {"a": {"cpu_s": 3.0, "runq_s": 1.5}, "b": {"cpu_s": 1.0, "runq_s": 0.0}}
+    assert contention(now, before) == pytest.approx(1.0 / (3.0 + 1.0))
+    assert contention({"a": {"cpu_s": 1.0, "runq_s": 0.5}}, before) != contention({"a": {"cpu_s": 1.0, "runq_s": 0.5}}, before)  # NaN
+    stats = proc_stats()
+    assert stats["cpu_s"] > 0 and stats["runq_s"] >= 0
+
+
+def test_training_clock_pauses_and_resumes():
+    from components.trainer.accounting import TrainingClock
+
+    clock = TrainingClock(devices=2, base_s=10.0)
+    assert clock.wall_s() == 10.0  # not started: start-up is not billed
+    clock.start()
+    time.sleep(0.05)
+    clock.pause()
+    paused_at = clock.wall_s()
+    time.sleep(0.1)
+    assert clock.wall_s() == pytest.approx(paused_at, abs=1e-3)
+    assert clock.resume() >= 0.1
+    assert clock.compute_hours(3600.0) == 2.0
+
+
+def test_flops_count_attention_and_prefill_but_not_the_embedding():
+    from components.trainer.accounting import FlopCounter, sequence_forward_flops
+
+    # 2 N per token + 4 x layers x width per (query, key) pair, summed over the causal triangle
+    n, layers, width, p, c = 1000, 2, 8, 3, 4
+    pairs = sum(t for t in range(1, p + c + 1))
+    assert sequence_forward_flops(n, layers, width, p, c) == 2 * n * (p + c) + 4 * layers * width * pairs
+    fc = FlopCounter(n_params=n, layers=layers, attn_width=width)
+    assert fc.training(p, c) == 3 * fc.generation(p, c)
+    assert fc.generation(10, 1) > fc.generation(1, 1)  # prefill is counted
+
+
+def _run(tmp_path, name: str) -> list[dict]:
+    from experiments.train import run_training
+
+    gin_file = write_gin(tmp_path / f"{name}.gin", tiny_model(tmp_path.parent / "model"), train__total_steps="24",
+                         train__eval_every="100", train__checkpoint_every="100", train__max_tokens="12",
+                         train__prompts_per_step="8", train__micro_batch_size="32")
+    assert run_training([gin_file], [], str(tmp_path / name), progress=False) == "done"
+    return read_jsonl(tmp_path / name / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_uncontended_compute_stays_put_beside_a_cpu_hog(tmp_path):
+    alone = _run(tmp_path, "alone")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        beside = _run(tmp_path, "beside")
+    finally:
+        hog.kill()
+        hog.wait()
+    a, b = alone[-1], beside[-1]
+    assert [m["reward_mean"] for m in alone] == [m["reward_mean"] for m in beside]  # the same work
+    ratio_wall = b["compute_hours"] / a["compute_hours"]
+    ratio_fixed = b["compute_hours_uncontended"] / a["compute_hours_uncontended"]
+    print(f"beside a CPU hog / alone: compute_hours x{ratio_wall:.2f}, compute_hours_uncontended x{ratio_fixed:.2f}, "
+          f"cpu_hours x{b['cpu_hours'] / a['cpu_hours']:.2f}; contention {a['contention_run']:.2f} -> {b['contention_run']:.2f}")
+    assert b["contention_run"] > a["contention_run"] + 0.05, "the hog must show as contention"
+    assert b["contention_run"] > 0.10  # flagged by `scalerl status` / `scalerl fit`
+    assert abs(ratio_fixed - 1.0) <= 0.15, f"compute_hours_uncontended moved by {ratio_fixed - 1:+.0%}"
