@@ -911,11 +911,33 @@ def run_resources(runs: Sequence[RunSpec], opts: LaunchOptions | None = None) ->
     return out
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _visible_gpus() -> int:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([d for d in env.split(",") if d.strip()])
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
 def local_parallelism(opts: LaunchOptions, res: Sequence[RunResources]) -> int:
-    """How many runs the local executor may run at once: as many as this machine has cores for."""
-    cores = os.cpu_count() or 1
+    """How many runs the local executor may run at once: as many as this machine has cores (and GPUs) for."""
     need = max([opts.cpus if opts.cpus is not None else r.processes for r in res] or [1])
-    return max(1, min(int(opts.array_parallelism), cores // max(int(need), 1)))
+    room = _usable_cores() // max(int(need), 1)
+    gpus = max([opts.gpus or r.gpus for r in res] or [0])
+    if gpus:  # submitit's local executor shows every job the same GPUs: one GPU run at a time unless they fit apart
+        room = min(room, max(_visible_gpus() // gpus, 1))
+    return max(1, min(int(opts.array_parallelism), room))
 
 
 def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunResources | None = None) -> submitit.Executor:
@@ -1026,9 +1048,16 @@ def _record(p: Planned, job: Any, opts: LaunchOptions, folder: Path) -> None:
     _write_json_atomic(path, rec)
 
 
+def job_result(job: Any) -> Any:
+    """A job's result; for a job of several tasks (one per process of a run), task 0's (learner-0's)."""
+    if getattr(job, "_sub_jobs", None):
+        return job.results()[0]
+    return job.result()
+
+
 def _wait_quietly(job: Any) -> None:
     try:
-        job.result()
+        job_result(job)
     except Exception:  # reported by `wait`
         pass
 
@@ -1060,7 +1089,7 @@ def wait(submitted: Sequence[tuple[Planned, Any]], poll_s: float = 5.0) -> dict[
 def _outcome(p: Planned, job: Any) -> tuple[str, str]:
     """("done", "") or ("failed", the run's recorded error, else the job's last error line)."""
     try:
-        job.result()
+        job_result(job)
         return "done", ""
     except Exception as err:  # FailedJobError / UncompletedJobError / RunFailed (debug)
         recorded = (read_json(p.run_dir / "run.json") or {}).get("error")

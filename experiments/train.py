@@ -178,17 +178,22 @@ def on_gpu(cfg) -> bool:
 def _hardware(cfg) -> dict:
     import torch
 
+    from components.trainer.roles import available_gpus
+
     layout = layout_of(cfg)
     gpu = on_gpu(cfg)
     name = "cpu"
+    available = None
     if gpu:
+        available = available_gpus()
         try:
             name = torch.cuda.get_device_name(0)
+            available = available if available is not None else torch.cuda.device_count()
         except Exception:  # noqa: BLE001 - a GPU the supervisor cannot see (Slurm binds it to the task)
             name = "cuda"
     return {
         "device": name,
-        "count": layout.devices_reserved(gpu),
+        "count": layout.devices_reserved(gpu, available),
         "learner_ranks": layout.learner_ranks,
         "num_generators": layout.num_generators,
         "gpus_per_generator": layout.gpus_per_generator if gpu else 0,
@@ -259,7 +264,7 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
 
     lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
     setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg,
-                        run_dir=str(run_path), run_info=merged, progress=progress)
+                        run_dir=str(run_path), run_info=merged, progress=progress, devices=info.data["hardware"]["count"])
     try:
         try:
             code = launch_local(setup, layout_of(cfg), run_path, on_gpu(cfg))
@@ -268,10 +273,11 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
             # the run is not failed, it resumes from its last checkpoint when requeued.
             RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
             raise
-        except BaseException as err:  # noqa: BLE001 - record every failure, KeyboardInterrupt included
+        except KeyboardInterrupt:  # Ctrl-C: stopped by the user, resumable like a preemption
+            RunInfo(run_path).finish("interrupted", error="stopped by Ctrl-C (KeyboardInterrupt); resumes from its last checkpoint")
+            raise
+        except BaseException as err:  # noqa: BLE001 - record every failure
             _record_failure(RunInfo(run_path), run_path, err)
-            if isinstance(err, KeyboardInterrupt):
-                raise
             return "failed"
         info = RunInfo(run_path)  # learner-0 may have written it
         if code == 0:
@@ -292,7 +298,11 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     from components.trainer.generator import WorkerSetup, resolve_device
     from components.trainer.worker import run_role
 
-    marker = run_path / ".scalerl" / f"prepared-{os.environ.get('SLURM_JOB_ID', 'job')}"
+    # torch.cuda.is_available() through NVML, so that CUDA starts only after this task is bound to its GPUs
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    _bind_gpus_early(config_files, bindings, penv)
+    attempt = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}"
+    marker = run_path / ".scalerl" / f"prepared-{attempt}"
     if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
         _wait_for(marker, run_path, timeout_s=3600.0)
     try:
@@ -317,8 +327,6 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
                            f"(train.learner_ranks={layout.learner_ranks} + train.num_generators={layout.num_generators}); "
                            f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
     role = layout.role(penv.rank)
-    if on_gpu(cfg):
-        _bind_gpus(layout, penv)
     setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg, run_dir=str(run_path),
                         run_info=run_info, progress=progress and role.is_hub)
     setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
@@ -328,7 +336,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     import gin
 
     lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
-    setup = dataclasses.replace(setup, run_info=merged)
+    setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
     try:
         try:
             status = run_role(penv.rank, setup, penv.endpoints, layout)
@@ -360,6 +368,22 @@ def _wait_for(marker: Path, run_path: Path, timeout_s: float) -> None:
     text = marker.read_text()
     if text.startswith("failed"):
         raise RuntimeError(f"learner-0 could not prepare the run ({text})")
+
+
+def _bind_gpus_early(config_files, bindings, penv) -> None:
+    """Read the run's layout from its gin config (nothing built or validated yet) and, on GPU,
+    restrict this task to its own device(s) before anything starts CUDA."""
+    import gin
+
+    from components.trainer.config import train_config
+
+    _parse_gin(config_files, bindings)
+    try:
+        cfg = train_config(model_path="<resolved later>")
+        if on_gpu(cfg):
+            _bind_gpus(layout_of(cfg), penv)
+    finally:
+        gin.clear_config()
 
 
 def _bind_gpus(layout, penv) -> None:
@@ -425,9 +449,15 @@ def submit_run(args: argparse.Namespace) -> int:
     """`scalerl train CONFIG --executor slurm`: one run as one Slurm job (no sweep spec needed)."""
     from experiments import launch as L
 
+    if args.run_dir is None and args.name:  # the name names the directory: runs/<config stem>/<name>
+        args.run_dir = str(Path("runs") / Path(args.configs[-1]).stem / args.name)
     run_dir = Path(args.run_dir or default_run_dir(args.configs)).absolute()
+    if args.name and args.name != run_dir.name:
+        print(f"scalerl train: error: with --executor slurm the run's name is its directory's name; got --name {args.name!r} "
+              f"and --run-dir {str(run_dir)!r}", file=sys.stderr)
+        return 2
     files = [str(Path(f).resolve()) for f in args.configs]
-    run = L.RunSpec(name=args.name or run_dir.name, sweep=run_dir.parent.name, factor=None, value=None,
+    run = L.RunSpec(name=run_dir.name, sweep=run_dir.parent.name, factor=None, value=None,
                     recipe=Path(files[0]).stem if files else None, seed=None, config_files=tuple(files), bindings=tuple(args.gin))
     try:
         opts = L.options_from_args(args)

@@ -64,6 +64,21 @@ def test_flops_count_attention_and_prefill_but_not_the_embedding():
     assert fc.generation(10, 1) > fc.generation(1, 1)  # prefill is counted
 
 
+def test_flops_count_a_tied_head_matmul(tmp_path):
+    """Tied embeddings: the input lookup is free, the LM head's matmul with the same matrix is not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from components.trainer.accounting import FlopCounter
+
+    kw = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    tied = FlopCounter.from_model(LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **kw)))
+    untied = FlopCounter.from_model(LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **kw)))
+    assert tied.n_params == untied.n_params  # the same matmuls
+    body = sum(p.numel() for n, p in LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **kw)).named_parameters()
+               if "embed_tokens" not in n)
+    assert untied.n_params == body
+
+
 def _run(tmp_path, name: str) -> list[dict]:
     from experiments.train import run_training
 

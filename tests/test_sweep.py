@@ -462,9 +462,12 @@ def test_job_layout_follows_the_run_layout(tmp_path):
 
 
 def test_local_executor_runs_as_many_runs_at_once_as_the_machine_has_cores_for(monkeypatch):
-    monkeypatch.setattr(L.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(L, "_usable_cores", lambda: 2)
     two_procs = [L.RunResources(1, 1)] * 3
     assert L.local_parallelism(L.LaunchOptions(executor="local"), two_procs) == 1
     assert L.local_parallelism(L.LaunchOptions(executor="local", cpus=1), two_procs) == 2
-    monkeypatch.setattr(L.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(L, "_usable_cores", lambda: 16)
     assert L.local_parallelism(L.LaunchOptions(executor="local", array_parallelism=3), two_procs) == 3
+    monkeypatch.setattr(L, "_visible_gpus", lambda: 4)
+    gpu_runs = [L.RunResources(1, 1, on_gpu=True)] * 3  # 2 GPUs each
+    assert L.local_parallelism(L.LaunchOptions(executor="local"), gpu_runs) == 2

@@ -151,7 +151,10 @@ class FlopCounter:
         cfg = model.config
         emb = model.get_input_embeddings()
         n_emb = emb.weight.numel() if emb is not None else 0
-        total = sum(p.numel() for p in model.parameters())
+        total = sum(p.numel() for p in model.parameters())  # a tied embedding / head matrix counts once
+        head = model.get_output_embeddings()
+        if emb is not None and head is not None and head.weight is emb.weight:
+            total += n_emb  # the lookup is free, the head's matmul with the same matrix is not
         heads = int(getattr(cfg, "num_attention_heads"))
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         return cls(n_params=total - n_emb, layers=int(cfg.num_hidden_layers), attn_width=heads * head_dim)

@@ -58,6 +58,7 @@ class WorkerSetup:
     run_dir: Optional[str] = None
     run_info: Optional[dict] = None
     progress: bool = True
+    devices: Optional[int] = None  # devices the run reserved (compute accounting); None: from the layout
 
 
 @dataclass
@@ -276,11 +277,14 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
     name = f"generator-{index}"
 
     def lost(error) -> None:  # the heartbeat thread: the hub is gone while we may be stuck in a collective
+        from components.trainer.worker import record_hub_lost
+
         print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
+        record_hub_lost(setup, error, first_peer=index == 0 and layout.learner_ranks == 1)
         os._exit(3)
 
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
-                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, 120.0))
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0))
     try:
         _generator_loop(index, setup, endpoints, layout, peer, proc_stats)
     except (HubLost, Aborted) as err:
@@ -293,10 +297,11 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
         os._exit(3)
     except BaseException:  # noqa: BLE001 - report everything to the hub, then die
         try:
-            peer.send(("error", index, traceback.format_exc()), timeout_s=10.0)
-            time.sleep(0.5)
+            tb = traceback.format_exc()
+            print(f"[{name}] failed:\n{tb}", file=sys.stderr, flush=True)
+            peer.send(("error", index, tb), timeout_s=10.0)
+            time.sleep(1.0)  # let the message leave; no goodbye: the hub must see a failure, not a clean leave
         finally:
-            peer.close()
             os._exit(1)
     peer.close()
 

@@ -8,10 +8,13 @@
          -> backward per micro-batch -> clip the global grad norm -> AdamW -> new version
 
 Master weights, gradients and AdamW state are float32 whatever the precision policy. The
-policy decides the COMPUTE path: with one rank, autocast to bfloat16 (the fp32 LM head
-computed outside autocast for ``bf16_fp32_head``); with T > 1 ranks, FSDP2
-``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` per decoder block and an fp32
-root for the fp32 head. What the generators receive is cast per policy by weight_sync.
+policy decides the COMPUTE path (`PrecisionPolicy.compute_context`): with one rank, autocast to
+bfloat16 (the fp32 LM head computed outside autocast for ``bf16_fp32_head``, the bf16 head in
+bf16); with T > 1 ranks, FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` per
+decoder block and an fp32 root for the fp32 head. On CPU bf16 is EMULATED by default
+(``precision.emulate = "auto"``): fp32 compute with values rounded to bf16 where bf16 rounds,
+FSDP2 then computing in fp32 (components/precision.py). What the generators receive is cast
+per policy by weight_sync.
 
 Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
 advantage std) is computed on the whole step batch before it is split, the update does
@@ -268,14 +271,16 @@ class Learner:
         # master weights: float32 whatever the policy; the fp32 head needs its own matrix
         if self.policy.fp32_head:
             untie_lm_head(model)
-        model.to(device=self.device, dtype=torch.float32)
+        model.to(dtype=torch.float32)
         if getattr(model, "config", None) is not None:
             model.config.scalerl_precision = self.policy.name
         if cfg.activation_checkpointing:
             _enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
         if self.ranks > 1:
+            # fully_shard moves each block to the device as it shards it: the full model never sits on one GPU
             shard_model(model, self.policy)
+        model.to(device=self.device)
         self.model = model
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(

@@ -72,6 +72,7 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
         "eval_tokens": tokens,
         "eval_truncation_rate": sum(float(r.get("eval_truncation_rate", 0.0)) * int(r["prompts"]) for r in records) / max(prompts, 1),
         "eval_verifier_errors": sum(int(r.get("eval_verifier_errors", 0)) for r in records),
+        "eval_sampled_tokens": sum(int(r.get("eval_sampled_tokens", 0)) for r in records),
         "time_eval": max(float(r.get("time_eval", 0.0)) for r in records),
     }
     per_task: dict = {}
@@ -140,6 +141,7 @@ class Trainer:
         self._procs_at_step: dict = {}
         self._procs_at_start: dict = {}
         self._failing = threading.Event()
+        self._handled = threading.Event()  # the main thread is ending the run (done or failed)
         self.pushed_version = -1
         self._reset_since()
 
@@ -172,10 +174,11 @@ class Trainer:
         self.eval_problems = eval_problems[: cfg.eval_prompts] if cfg.eval_prompts else eval_problems
         self.length_control = make_length_control(cfg)
         on_gpu = self.device != "cpu"
-        self.clock = TrainingClock(devices=self.layout.devices_reserved(on_gpu))
+        self.clock = TrainingClock(devices=self.setup.devices or self.layout.devices_reserved(on_gpu))
         # counters (checkpointed)
         self.step = 0
         self.next_order = 0
+        self.next_generator = 0
         self.prompts_sampled = 0
         self.flops = 0.0
         self.pending: list[Rollout] = []  # pipeline_rl: received, not yet trained on
@@ -206,7 +209,8 @@ class Trainer:
         self._failing.set()
 
         def fail_if_stuck() -> None:
-            time.sleep(min(10.0, self.cfg.heartbeat_timeout_s))
+            if self._handled.wait(min(10.0, self.cfg.heartbeat_timeout_s)):
+                return  # the main thread is failing the run itself
             # the main thread did not get to record the failure: it is stuck in a collective with the lost process
             print(f"[learner-0] {error}; the run fails", file=sys.stderr, flush=True)
             try:
@@ -277,6 +281,8 @@ class Trainer:
         """Every learner rank gathers each parameter; rank 0 broadcasts it to every generator."""
         from components.trainer.weight_sync import WeightUpdate, push_weights
 
+        if self.pushed_version == self.learner.version:
+            return  # the generators already hold these weights (e.g. pushed for an evaluation)
         t0 = time.perf_counter()
         update = WeightUpdate.plan(self.learner.version, self.weight_meta, self.cfg.weight_sync_bucket_mb)
         self.hub.broadcast(("weights", update), peers=self.generators)
@@ -292,10 +298,12 @@ class Trainer:
         self.next_order += len(problems)
         self.prompts_sampled += len(problems)
         n = len(self.generators)
+        start = self.next_generator  # rotates, so small orders (refills, replacements) spread too
         for g, name in enumerate(self.generators):
-            chunk = [(oid, p) for j, (oid, p) in enumerate(zip(ids, problems)) if j % n == g]
+            chunk = [(oid, p) for j, (oid, p) in enumerate(zip(ids, problems)) if (start + j) % n == g]
             if chunk:
                 self.hub.send(name, ("work", WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
+        self.next_generator = (start + len(problems)) % n
         return ids
 
     # =====================================================================================
@@ -482,6 +490,7 @@ class Trainer:
             "version": self.learner.version,
             "curriculum": self.curriculum.state_dict(),
             "next_order": self.next_order,
+            "next_generator": self.next_generator,
             "prompts_sampled": self.prompts_sampled,
             "wall_s": self.clock.wall_s(),
             "eval_wall_s": self.clock.eval_base_s,
@@ -527,6 +536,7 @@ class Trainer:
         self.curriculum.load_state_dict(state["curriculum"])
         self.step = int(state["step"])
         self.next_order = int(state["next_order"])
+        self.next_generator = int(state.get("next_generator", 0)) % max(len(self.generators), 1)
         self.prompts_sampled = int(state.get("prompts_sampled", self.next_order))
         self.clock.base_s = float(state["wall_s"])
         self.clock.eval_base_s = float(state.get("eval_wall_s", 0.0))
@@ -684,6 +694,7 @@ class Trainer:
             self._status = "interrupted"
             raise
         except BaseException as err:
+            self._handled.set()  # not stuck: this thread records the failure
             culprit = self._name_the_culprit(err)
             if culprit is err:
                 raise
@@ -699,11 +710,12 @@ class Trainer:
             return err
         deadline = time.monotonic() + self.cfg.heartbeat_timeout_s + 5.0
         while time.monotonic() < deadline:
-            try:
-                self.hub.check()
-            except TransportError as lost:
-                return lost
-            time.sleep(0.2)
+            try:  # a process that raised sent its traceback before dying: it names itself
+                self._pump(0.2)
+            except (TransportError, GeneratorError) as named:
+                return named
+            except Exception:  # noqa: BLE001 - anything else in the inbox is of no use now
+                continue
         return err
 
     def _shutdown(self) -> None:

@@ -31,7 +31,8 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "PORTS_PER_RUN"]
+__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "available_gpus",
+           "PORTS_PER_RUN"]
 
 PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
 
@@ -99,10 +100,12 @@ class Layout:
     def gpus_needed(self, role: Role) -> int:
         return 1 if role.is_learner else self.gpus_per_generator
 
-    def devices_reserved(self, on_gpu: bool) -> int:
-        """Devices the run holds: on CPU one core per process; on GPU one per learner rank + TP per generator."""
+    def devices_reserved(self, on_gpu: bool, available: Optional[int] = None) -> int:
+        """Devices the run holds: on CPU one core per process; on GPU one per learner rank + TP per
+        generator, or the `available` GPUs when the processes share fewer (counted once each)."""
         if on_gpu:
-            return self.learner_ranks + self.num_generators * self.gpus_per_generator
+            need = self.learner_ranks + self.num_generators * self.gpus_per_generator
+            return min(need, available) if available else need
         return self.world_size
 
 
@@ -201,6 +204,17 @@ def _ports_free(base: int, n: int) -> bool:
             except OSError:
                 return False
     return True
+
+
+def available_gpus(environ: Optional[dict] = None) -> Optional[int]:
+    """GPUs this run may use: Slurm's allocation (GPUs per node x nodes), else CUDA_VISIBLE_DEVICES, else None."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_GPUS_ON_NODE"):
+        return int(env["SLURM_GPUS_ON_NODE"]) * int(env.get("SLURM_NNODES", "1") or 1)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    return None
 
 
 def free_port_base(n: int = PORTS_PER_RUN, attempts: int = 200) -> int:

@@ -73,12 +73,13 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
 
     def lost(error) -> None:  # heartbeat thread: the hub is gone, maybe while we are inside a collective
         print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
+        record_hub_lost(setup, error, first_peer=index == 1)
         os._exit(3)
 
     if setup.device == "cpu":
         torch.set_num_threads(1)
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
-                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, 120.0))
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0))
     try:
         apply_gin(setup)
         torch.manual_seed(cfg.seed)
@@ -116,12 +117,31 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         os._exit(3)
     except BaseException:  # noqa: BLE001 - report to the hub, then die
         try:
-            peer.send(("error", index, traceback.format_exc()), timeout_s=10.0)
-            time.sleep(0.5)
+            tb = traceback.format_exc()
+            print(f"[{name}] failed:\n{tb}", file=sys.stderr, flush=True)
+            peer.send(("error", index, tb), timeout_s=10.0)
+            time.sleep(1.0)  # let the message leave; no goodbye: the hub must see a failure, not a clean leave
         finally:
-            peer.close()
             os._exit(1)
     peer.close()
+
+
+def record_hub_lost(setup, error, first_peer: bool) -> None:
+    """learner-0 died (no supervisor under Slurm): the first peer marks the run failed, naming it."""
+    from components.trainer.transport import Aborted
+
+    if not first_peer or isinstance(error, Aborted) or not setup.run_dir:
+        return
+    try:
+        from components.trainer.runlog import RunInfo
+
+        info = RunInfo(Path(setup.run_dir))
+        if info.status == "running":
+            message = f"learner-0 was lost: {error}"
+            (Path(setup.run_dir) / "error.txt").write_text(message + "\n")
+            info.finish("failed", error=message)
+    except Exception:  # noqa: BLE001 - best effort from a dying process
+        pass
 
 
 def hub_main(setup, endpoints, layout) -> str:
