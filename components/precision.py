@@ -66,13 +66,17 @@ nearest even, ``x.to(bfloat16).to(float32)``) at the points where real bf16 roun
   rounds each of them); other matmul-like ops (``torch.matmul``/``bmm``/``einsum``, conv;
   eager attention's matmuls) run unrounded in fp32; the chunked LM head's backward
   (components/trainer/forward.py) recomputes the logits unrounded. The vllm engine is never
-  emulated (it runs its own kernels in the policy's dtype).
+  emulated (it runs its own kernels in the policy's dtype). Activation checkpointing is
+  refused under emulation (its recomputation would run unrounded): a clear error at the
+  first forward.
 - Real bf16, one trainer rank: ``torch.autocast(bf16)`` keeps the residual stream fp32
   (fp32 master weights), unlike the real generator and the FSDP2 trainer (bf16 blocks);
   emulation follows the latter on both sides.
-Measured (BENCHMARKS.md, "Emulated bf16 (issue 12)"): the trainer-generator log-prob gap is
-~1e-7 in fp32 and ~4e-3 emulated (real bf16 on this CPU: ~6e-3); the learner step costs
-~1.1x fp32 and the engine ~1.2x (real bf16: ~10x and ~3x).
+Measured on tiny_cpu.gin's policy (BENCHMARKS.md, "Emulated bf16 (issue 12)"): the
+trainer-generator log-prob gap is ~4e-7 in fp32 and ~6e-3 emulated (real bf16 on this CPU:
+~8e-3); the FP32 head shrinks it only marginally there (the 2-layer body dominates) and by
+~2x on a peaked random policy; the learner step costs ~1.3x fp32 and the engine ~1.2x (real
+bf16: ~11x and ~3.6x).
 
 Tied embeddings and the fp32 head: the input embedding stays bfloat16 while the head must
 be float32, so they cannot share one tensor. ``prepare_model`` UNTIES them: the head gets
@@ -556,6 +560,14 @@ class PrecisionPolicy:
         head = _output_embeddings(model)
         stack = contextlib.ExitStack()
         if self.emulated:
+            checkpointing = getattr(type(model), "is_activation_checkpointing", None)
+            checkpointing = model.is_activation_checkpointing if checkpointing is not None else getattr(
+                model, "is_gradient_checkpointing", False)
+            if checkpointing:
+                raise ValueError(
+                    f"precision {self.name} is emulated on {device_type} (precision.emulate), and emulation cannot "
+                    "follow activation checkpointing's recomputation (it would recompute unrounded); set "
+                    "train.activation_checkpointing = False, or precision.emulate = \"off\" for real bf16")
             handles, has_norm = _add_boundary_hooks(model)
             stack.callback(lambda: [h.remove() for h in handles])
             stack.enter_context(marking_autocast(device_type))

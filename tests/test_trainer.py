@@ -378,6 +378,8 @@ def test_scalerl_composition_end_to_end(tmp_path, model_path):
         train__precision='"bf16_fp32_head"', train__length_control='"interruption"',
         interruption__thinking_min="2", interruption__thinking_max="4", interruption__answer_budget="3",
         interruption__phrase='" ok </think>"',
+        # an untrained model never opens <think>: count every sample as thinking until it samples </think>
+        interruption__think_open="None",
         train__total_steps="4", train__eval_every="4", train__checkpoint_every="4",
     )
     assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
