@@ -32,8 +32,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     from analysis.protocol import PROTOCOLS
 
     parser.add_argument("runs", help="a run directory, a sweep directory or a directory of sweeps")
-    parser.add_argument("--compute", choices=["compute_hours", "flops"], default="compute_hours",
-                        help="compute axis (default: compute_hours = devices reserved × training wall-clock hours)")
+    parser.add_argument("--compute", choices=["compute_hours", "flops", "cpu_hours"], default="compute_hours",
+                        help="compute axis (default: compute_hours = devices reserved × training wall-clock hours; "
+                             "cpu_hours = the run's CPU time, robust to a shared machine but blind to idle time)")
     parser.add_argument("--min-compute", type=_min_compute_arg, default="epoch", metavar="epoch|none|C",
                         help="where each fit starts: 'epoch' (default) = the end of the run's first epoch "
                              "(first metrics line with epoch >= 1; runs without `epoch` use the paper's "

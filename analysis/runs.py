@@ -40,7 +40,7 @@ __all__ = ["find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "c
 
 # Columns that identify a run in every frame.
 RUN_KEYS = ["sweep", "run", "factor", "value", "recipe", "seed", "status"]
-COMPUTE_COLUMNS = ("compute_hours", "flops")
+COMPUTE_COLUMNS = ("compute_hours", "flops", "cpu_hours")
 
 
 def find_run_dirs(path: str | Path) -> list[Path]:
@@ -177,6 +177,7 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
         last_mt = mt[-1] if mt else {}
         ep1_hours, max_epoch = epoch1_compute(mt, "compute_hours")
         ep1_flops, _ = epoch1_compute(mt, "flops")
+        ep1_cpu, _ = epoch1_compute(mt, "cpu_hours")
         epochs = [_num(m.get("epoch")) for m in mt]
         epochs = [e for e in epochs if e is not None]
         contention = _num(last_mt.get("contention_run"))
@@ -194,6 +195,7 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             "epoch": max(epochs) if epochs else None,
             "epoch1_compute_hours": ep1_hours,
             "epoch1_flops": ep1_flops,
+            "epoch1_cpu_hours": ep1_cpu,
             "wall_s": _num(last_mt.get("wall_s")),
             "cpu_hours": _num(last_mt.get("cpu_hours")),
             "eval_wall_s": _num(last_mt.get("eval_wall_s")),
@@ -234,6 +236,8 @@ def compute_label(compute: str = "compute_hours", device: str | None = None) -> 
     """Axis label for the compute column."""
     if compute == "flops":
         return "training compute (FLOPs)"
+    if compute == "cpu_hours":
+        return "training compute (CPU hours of the run's processes)"
     if device and str(device).lower().startswith(("cuda", "gpu")):
         return "training compute (GPU-hours)"
     if device and str(device).lower() == "cpu":

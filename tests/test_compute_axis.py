@@ -1,9 +1,11 @@
 """A compute axis that measures the run, not the machine (issue 12, item 1).
 
 The same deterministic run (ppo_off_policy(1), fixed seed: the same samples, the same work) is
-trained alone and beside a CPU hog. The wall-clock axis `compute_hours` stretches with the
-hog; `compute_hours_uncontended` (each step's wall time less the share its processes spent
-waiting for a CPU, from Linux schedstat) stays within 15%, and the run is flagged contended.
+trained alone and beside a CPU hog on this 2-core machine. `cpu_hours` (the run's processes'
+CPU time) stays within 15%; the paper's `compute_hours` (devices x training wall-clock, idle
+time included) does not in general (pipeline_rl: x1.20 beside one hog, x1.74 beside two;
+BENCHMARKS.md), which is why runs reserve their cores and contended runs are flagged and re-run.
+The hog is seen: `contention` (other work on the run's CPUs) goes from ~0 to ~0.5, flagged > 0.10.
 """
 
 from __future__ import annotations
@@ -32,9 +34,42 @@ def test_contention_of_a_reading():
     before = {"a": {"cpu_s": 1.0, "runq_s": 0.5}}
     now = {"a": {"cpu_s": 3.0, "runq_s": 1.5}, "b": {"cpu_s": 1.0, "runq_s": 0.0}}
     assert contention(now, before) == pytest.approx(1.0 / (3.0 + 1.0))
-    assert contention({"a": {"cpu_s": 1.0, "runq_s": 0.5}}, before) != contention({"a": {"cpu_s": 1.0, "runq_s": 0.5}}, before)  # NaN
     stats = proc_stats()
-    assert stats["cpu_s"] > 0 and stats["runq_s"] >= 0
+    assert stats["cpu_s"] > 0 and stats["runq_s"] >= 0 and stats["cpus"] and stats["host"]
+
+
+def test_foreign_load_sees_a_hog_and_not_the_run_itself():
+    """Busy time of the run's CPUs minus the run's own CPU time: a busy loop in THIS process is the
+    run's own work (share ~0); a busy loop in another process is foreign (share ~1 on one CPU)."""
+    import os
+
+    from components.trainer.accounting import ForeignLoad, proc_stats
+
+    cpu = sorted(os.sched_getaffinity(0))[:1]
+    os.sched_setaffinity(0, cpu)  # one CPU, so the numbers are not diluted by the other core
+    try:
+        def me():
+            return {"learner-0": {**proc_stats(), "cpus": cpu}}
+
+        load = ForeignLoad()
+        load.update(me())
+        t0 = time.time()
+        while time.time() - t0 < 1.0:  # our own work
+            sum(i * i for i in range(1000))
+        own, _ = load.update(me())
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(hog.pid, cpu)
+            time.sleep(1.5)  # we sleep, the hog runs on our CPU
+            foreign, run = load.update(me())
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(1)) if os.path.exists("/proc/1") else cpu)
+    assert own < 0.2, own
+    assert foreign > 0.6, foreign
+    assert 0.2 < run < foreign
 
 
 def test_training_clock_pauses_and_resumes():
@@ -82,7 +117,7 @@ def test_flops_count_a_tied_head_matmul(tmp_path):
 def _run(tmp_path, name: str) -> list[dict]:
     from experiments.train import run_training
 
-    gin_file = write_gin(tmp_path / f"{name}.gin", tiny_model(tmp_path.parent / "model"), train__total_steps="24",
+    gin_file = write_gin(tmp_path / f"{name}.gin", tiny_model(tmp_path.parent / "model"), train__total_steps="60",
                          train__eval_every="100", train__checkpoint_every="100", train__max_tokens="12",
                          train__prompts_per_step="8", train__micro_batch_size="32")
     assert run_training([gin_file], [], str(tmp_path / name), progress=False) == "done"
@@ -90,7 +125,7 @@ def _run(tmp_path, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_uncontended_compute_stays_put_beside_a_cpu_hog(tmp_path):
+def test_compute_stays_put_beside_a_cpu_hog_and_the_hog_is_flagged(tmp_path):
     alone = _run(tmp_path, "alone")
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -101,10 +136,9 @@ def test_uncontended_compute_stays_put_beside_a_cpu_hog(tmp_path):
         hog.wait()
     a, b = alone[-1], beside[-1]
     assert [m["reward_mean"] for m in alone] == [m["reward_mean"] for m in beside]  # the same work
-    ratio_wall = b["compute_hours"] / a["compute_hours"]
-    ratio_fixed = b["compute_hours_uncontended"] / a["compute_hours_uncontended"]
-    print(f"beside a CPU hog / alone: compute_hours x{ratio_wall:.2f}, compute_hours_uncontended x{ratio_fixed:.2f}, "
-          f"cpu_hours x{b['cpu_hours'] / a['cpu_hours']:.2f}; contention {a['contention_run']:.2f} -> {b['contention_run']:.2f}")
-    assert b["contention_run"] > a["contention_run"] + 0.05, "the hog must show as contention"
-    assert b["contention_run"] > 0.10  # flagged by `scalerl status` / `scalerl fit`
-    assert abs(ratio_fixed - 1.0) <= 0.15, f"compute_hours_uncontended moved by {ratio_fixed - 1:+.0%}"
+    ratio = b["cpu_hours"] / a["cpu_hours"]
+    print(f"beside a CPU hog / alone: cpu_hours x{ratio:.2f}, compute_hours x{b['compute_hours'] / a['compute_hours']:.2f}; "
+          f"contention {a['contention_run']:.2f} -> {b['contention_run']:.2f}")
+    assert a["contention_run"] < 0.10, "a run alone must not be flagged"
+    assert b["contention_run"] > 0.25, "the hog must show as contention (flagged above 0.10)"
+    assert abs(ratio - 1.0) <= 0.15, f"cpu_hours moved by {ratio - 1:+.0%} beside one CPU hog"

@@ -6,9 +6,12 @@
   run continues from the wall time its checkpoint recorded, so start-up and restarts are
   never billed. On CPU a device is a core the run reserved (one per process); on GPU a GPU.
 - Each process reports its CPU time and its run-queue delay (Linux schedstat: time spent
-  runnable but waiting for a CPU), summed over its threads. `contention` is the run's total
-  run-queue delay over (CPU time + run-queue delay): 0 when every process had its core,
-  about 1/3 for two busy processes sharing a core with a third.
+  runnable but waiting for a CPU), summed over its threads, and the CPUs it may run on.
+  `contention` is the share of the run's CPUs that OTHER work used: busy time of those CPUs
+  (/proc/stat) minus the run's own CPU time, over CPUs x wall time. About 0 when the run has its
+  cores to itself, 0.5 beside one CPU hog on a 2-core machine. (The run's own threads also wait
+  for each other: that shows in `runq_frac`, run-queue delay / (CPU + run-queue delay), which
+  is 0.1-0.25 for a tiny run alone, so it cannot tell a quiet machine from a shared one.)
 - `flops`: 2N per token of a forward pass (N = parameters without the input embedding: a
   lookup, not a matmul) plus causal attention 4 x layers x attention width per (query, key)
   pair; prompt prefill included; training counts 3 forward passes (forward + backward).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -25,6 +29,8 @@ from typing import Mapping, Optional
 __all__ = [
     "proc_stats",
     "contention",
+    "cpu_busy_s",
+    "ForeignLoad",
     "TrainingClock",
     "FlopCounter",
     "sequence_forward_flops",
@@ -49,10 +55,78 @@ def proc_stats() -> dict:
             cpu_ns += int(fields[0])
             wait_ns += int(fields[1])
             found = True
+    where = {"host": socket.gethostname(), "cpus": _affinity()}
     if not found:
         t = os.times()
-        return {"cpu_s": t.user + t.system, "runq_s": 0.0}
-    return {"cpu_s": cpu_ns / 1e9, "runq_s": wait_ns / 1e9}
+        return {"cpu_s": t.user + t.system, "runq_s": 0.0, **where}
+    return {"cpu_s": cpu_ns / 1e9, "runq_s": wait_ns / 1e9, **where}
+
+
+def _affinity() -> list:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_busy_s(cpus) -> Optional[float]:
+    """Seconds the given CPUs spent busy since boot (/proc/stat: everything but idle and iowait); None off Linux."""
+    wanted = {f"cpu{int(c)}" for c in cpus}
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = 0
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] in wanted:
+            values = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+            busy += sum(values) - values[3] - values[4]
+    return busy / float(ticks)
+
+
+class ForeignLoad:
+    """How much OTHER work ran on this machine's CPUs of the run, between readings.
+
+    `update(procs)` takes {process name: proc_stats()} of the run (processes on other hosts are
+    ignored) and returns (share since the last reading, share since the first), each
+    (busy time of the run's CPUs - the run's own CPU time) / (number of CPUs x wall time),
+    or NaN where /proc/stat cannot be read.
+    """
+
+    def __init__(self, host: Optional[str] = None):
+        self.host = host or socket.gethostname()
+        self.first = None
+        self.last = None
+
+    def _reading(self, procs: Mapping[str, Mapping]) -> Optional[tuple]:
+        local = [v for v in procs.values() if v.get("host", self.host) == self.host]
+        cpus = sorted({int(c) for v in local for c in v.get("cpus", [])}) or _affinity()
+        busy = cpu_busy_s(cpus)
+        if busy is None:
+            return None
+        return time.monotonic(), busy, sum(float(v.get("cpu_s", 0.0)) for v in local), len(cpus)
+
+    @staticmethod
+    def _share(a: tuple, b: tuple) -> float:
+        wall = b[0] - a[0]
+        if wall <= 0:
+            return float("nan")
+        foreign = max((b[1] - a[1]) - (b[2] - a[2]), 0.0)
+        return min(foreign / (max(a[3], b[3]) * wall), 1.0)
+
+    def update(self, procs: Mapping[str, Mapping]) -> tuple:
+        now = self._reading(procs)
+        if now is None:
+            return float("nan"), float("nan")
+        if self.first is None:
+            self.first = self.last = now
+            return float("nan"), float("nan")
+        step, run = self._share(self.last, now), self._share(self.first, now)
+        self.last = now
+        return step, run
 
 
 def contention(now: Mapping[str, Mapping[str, float]], before: Optional[Mapping[str, Mapping[str, float]]] = None) -> float:

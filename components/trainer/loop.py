@@ -37,7 +37,7 @@ import torch
 from components.curricula import build_curriculum
 from components.offpolicy import is_too_stale
 from components.registry import OFF_POLICY
-from components.trainer.accounting import FlopCounter, TrainingClock, contention, proc_stats
+from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer.learner import Learner, finish_stats, plan_step
@@ -313,21 +313,23 @@ class Trainer:
         wall = self.clock.wall_s()
         return {"compute_hours": self.clock.compute_hours(wall), "wall_s": wall}
 
+    def _cpu_hours(self, procs: Optional[dict] = None) -> float:
+        """CPU hours of the run's processes since training started (resumes included)."""
+        procs = self.procs if procs is None else procs
+        cpu = sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in procs.items())
+        return (self.cpu_base_s + cpu) / 3600.0
+
     def _proc_fields(self) -> dict:
         self.procs["learner-0"] = proc_stats()
         now = {k: dict(v) for k, v in self.procs.items()}
-        cpu = sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in now.items())
-        step_contention = contention(now, self._procs_at_step)
-        wall = self.clock.wall_s()
-        share = 0.0 if not np.isfinite(step_contention) else step_contention
-        self.uncontended_s += max(wall - self._wall_at_step, 0.0) * (1.0 - share)
-        self._wall_at_step = wall
+        step_share, run_share = self.foreign.update(now)
         fields = {
-            "cpu_hours": self.cpu_base_s / 3600.0 + cpu / 3600.0,
-            # devices x the wall time the step would have taken had the run's processes never waited for a CPU
-            "compute_hours_uncontended": self.uncontended_s * self.clock.devices / 3600.0,
-            "contention": step_contention,
-            "contention_run": contention(now, self._procs_at_start),
+            "cpu_hours": self._cpu_hours(now),
+            # other work on the run's CPUs (0: the run had its cores to itself); flagged above 0.10
+            "contention": step_share,
+            "contention_run": run_share,
+            # the run's own threads waiting for a CPU (run-queue delay / (CPU + delay), schedstat)
+            "runq_frac": contention(now, self._procs_at_step),
             "procs": now,
             "eval_wall_s": self.clock.eval_base_s,
             "startup_s": self.clock.startup_s(),
@@ -369,9 +371,8 @@ class Trainer:
         line = {
             "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
             "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
-            "compute_hours_uncontended": (self.uncontended_s + max(clock["wall_s"] - self._wall_at_step, 0.0))
-            * self.clock.devices / 3600.0,
-            "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0), **record,
+            "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0),
+            "cpu_hours": self._cpu_hours(), **record,
         }
         self.eval_log.write(line)
         self.tracker.log_eval(line)
@@ -495,8 +496,7 @@ class Trainer:
             "wall_s": self.clock.wall_s(),
             "eval_wall_s": self.clock.eval_base_s,
             "startup_s": self.clock.startup_s(),
-            "cpu_s": self.cpu_base_s + sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in self.procs.items()),
-            "uncontended_s": self.uncontended_s,
+            "cpu_s": self._cpu_hours() * 3600.0,
             "flops": self.flops,
             "pending": self.pending,
             "pending_batches": self.pending_batches,
@@ -523,7 +523,6 @@ class Trainer:
         if self.followers:
             self.hub.broadcast(("load", None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
         self.cpu_base_s = 0.0
-        self.uncontended_s = 0.0
         if ckpt_path is None:
             # nothing to resume from: any log lines belong to a run that never checkpointed
             repair_jsonl(metrics_path, None)
@@ -542,7 +541,6 @@ class Trainer:
         self.clock.eval_base_s = float(state.get("eval_wall_s", 0.0))
         self.clock.startup_base_s = float(state.get("startup_s", 0.0))
         self.cpu_base_s = float(state.get("cpu_s", 0.0))
-        self.uncontended_s = float(state.get("uncontended_s", self.clock.base_s))
         self.flops = float(state["flops"])
         self.pending = list(state.get("pending", []))
         self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
@@ -670,10 +668,11 @@ class Trainer:
                 self._push_weights()  # version of the (possibly resumed) learner: part of (re)start-up
             self._reset_since()
             self.clock.start()  # every generator is ready and has the weights: the training clock runs from here
-            self._wall_at_step = self.clock.wall_s()
             self.procs["learner-0"] = proc_stats()
             self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
             self._procs_at_step = dict(self._procs_at_start)
+            self.foreign = ForeignLoad()
+            self.foreign.update(self._procs_at_start)
             if self.step < self.cfg.total_steps:
                 if self.step == 0 and not evals:
                     self._evaluate()  # R0: the pass rate before any training
