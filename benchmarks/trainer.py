@@ -134,6 +134,7 @@ def run_trl(args) -> dict:
         config = GRPOConfig(
             output_dir=tmp,
             use_cpu=True,
+            bf16=False,  # TRL defaults to bf16 autocast, ~10x slower on a CPU without bf16 units; ours runs fp32 here too
             use_vllm=False,
             loss_type="cispo",
             epsilon_high=5.0,

@@ -331,9 +331,12 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     benchmarks = None  # downstream benchmarks, loaded at their first evaluation
     busy = [0.0]
 
+    outstanding = [0]  # groups handed to the scorer and not sent yet
+
     def to_scorer(group) -> None:
         problem = problems.pop(int(group.request.group_id))
         scorer.inbox.put((group, problem, int(getattr(engine, "version", 0)), busy[0]))
+        outstanding[0] += 1
         busy[0] = 0.0
 
     peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats()}))
@@ -346,8 +349,19 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
             except queue.Empty:
                 break
             peer.send(("rollout", rollout, proc_stats()))
+            outstanding[0] -= 1
         idle = not engine.has_unfinished()
-        msg = peer.recv(timeout_s=(0.05 if scorer.pending() else 0.5) if idle else 0.0)
+        if idle and outstanding[0] > 0:
+            # nothing to decode: the hub is waiting for these groups, so wake up the moment one is scored
+            try:
+                rollout = scorer.outbox.get(timeout=0.05)
+                peer.send(("rollout", rollout, proc_stats()))
+                outstanding[0] -= 1
+            except queue.Empty:
+                pass
+            msg = peer.recv(timeout_s=0.0)
+        else:
+            msg = peer.recv(timeout_s=0.5 if idle else 0.0)
         while msg is not None:
             kind = msg[0]
             if kind == "stop":
