@@ -58,9 +58,17 @@ class _EchoC(_Echo):
     pass
 
 
-for _name, _cls in (("_mixtest_a", _EchoA), ("_mixtest_b", _EchoB), ("_mixtest_c", _EchoC)):
-    if _name not in TASKS.names():
-        TASKS.register(_name, gin_configurable=False)(_cls)
+@pytest.fixture(autouse=True, scope="module")
+def _echo_tasks():
+    """The three echo tasks exist only while this module's tests run (other modules walk the registry)."""
+    added = []
+    for name, cls in (("_mixtest_a", _EchoA), ("_mixtest_b", _EchoB), ("_mixtest_c", _EchoC)):
+        if name not in TASKS.names():
+            TASKS.register(name, gin_configurable=False)(cls)
+            added.append(name)
+    yield
+    for name in added:
+        TASKS.unregister(name)
 
 
 def echo_mixture(weights=None, **kw):

@@ -420,3 +420,28 @@ def test_downstream_benchmarks_run_during_training_on_a_generator(tmp_path, mode
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     # both kinds of evaluation are off the training clock
     assert metrics[-1]["eval_wall_s"] >= sum(r["eval_wall_s"] for r in held_out[:-1])
+
+
+@pytest.mark.slow
+def test_trackers_mirror_the_trainers_logs_end_to_end(tmp_path, model_path):
+    """train.trackers through the real trainer: TensorBoard holds metrics.jsonl's values, samples.jsonl
+    has a few completions every train.samples_every steps, run.json keeps its fields."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from components.trainer.tracking import tensorboard_dir
+    from experiments.train import run_training
+
+    run_dir = tmp_path / "sweep" / "run"
+    gin_file = write_gin(tmp_path / "tb.gin", model_path, train__total_steps="4", train__eval_every="2",
+                         train__trackers='["tensorboard"]', train__samples_every="2", train__samples_per_log="2")
+    assert run_training([gin_file], [], str(run_dir), progress=False) == "done"
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    acc = EventAccumulator(str(tensorboard_dir(run_dir)), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    got = {e.step: e.value for e in acc.Scalars("train/pass_rate")}
+    assert got == {m["step"]: float(np.float32(m["pass_rate"])) for m in metrics}
+    assert {e.step for e in acc.Scalars("eval/pass_rate")} == {0, 2, 4}
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert sorted({s["step"] for s in samples}) == [2, 4] and all("completion" in s and "reward" in s for s in samples)
+    assert run_json(run_dir)["status"] == "done"
