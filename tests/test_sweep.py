@@ -471,3 +471,37 @@ def test_local_executor_runs_as_many_runs_at_once_as_the_machine_has_cores_for(m
     monkeypatch.setattr(L, "_visible_gpus", lambda: 4)
     gpu_runs = [L.RunResources(1, 1, on_gpu=True)] * 3  # 2 GPUs each
     assert L.local_parallelism(L.LaunchOptions(executor="local"), gpu_runs) == 2
+
+
+def _effective(run, selector: str, param: str):
+    """The value a run binds to selector.param: its config files, then its bindings (last wins)."""
+    value = L.recipe_binding(run.config_files, selector, param)
+    for b in run.bindings:
+        scope, sel, p, v = L.parse_binding(b)
+        if not scope and sel.split(".")[-1] == selector and p == param:
+            value = v
+    return value
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_no_tiny_run_carries_the_papers_lengths(name):
+    """A tiny run's generation lengths must fit the tiny model (128 positions): a recipe's paper
+    sizes (10k-12k thinking tokens) leaking into a tiny run fail at its first evaluation."""
+    for run in L.expand(L.load_spec(name), "tiny"):
+        thinking = _effective(run, "interruption", "thinking_max") or 0
+        answer = _effective(run, "interruption", "answer_budget") or 0
+        l_max = _effective(run, "length_penalty", "l_max") or 0
+        max_tokens = _effective(run, "train", "max_tokens") or 0
+        assert thinking + answer <= 64 and l_max <= 64 and max_tokens <= 64, (
+            f"{name}/{run.name}: thinking_max {thinking} + answer_budget {answer}, l_max {l_max}, "
+            f"max_tokens {max_tokens}")
+
+
+def test_tiny_scalerl_seeds_are_tiny_cpu_itself():
+    """The seed sweep sets the comparison margin of every tiny sweep, so its runs must be the tiny
+    base's configuration: every bound value equals tiny_cpu.gin's."""
+    for run in L.expand(L.load_spec("scalerl_seeds"), "tiny"):
+        for b in run.bindings[:-1]:  # the last one is the seed
+            scope, sel, p, _ = L.parse_binding(b)
+            base, got = L.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
+            assert base is None or base == got, f"{run.name}: {sel}.{p} = {got!r}, tiny_cpu.gin binds {base!r}"
