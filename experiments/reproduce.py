@@ -3,6 +3,7 @@
     scalerl reproduce --scale tiny --executor slurm --seeds 3      # run (resumable), draw, report
     scalerl reproduce --scale tiny --dry-run                       # every sweep x config x seed, what would run
     scalerl reproduce --scale tiny --report-only                   # figures + REPORT.md from results/tiny again
+    scalerl reproduce --scale tiny --collect-only                  # collect the runs done so far, draw, report
 
 1. Every sweep spec of experiments/sweeps/ (or `--sweeps a,b`) is expanded with seeds
    0..N-1 and planned by `scalerl sweep`'s own functions (`experiments.launch.prepare`,
@@ -301,17 +302,18 @@ def _dir_bytes(path: Path) -> int:
 
 
 def collect(work: Path, out: Path, plans: Sequence[SweepPlan], *, max_mb: float, thin: str | int = "auto",
-            reserve_mb: float = 8.0) -> CollectResult:
+            reserve_mb: float = 8.0, accept=None) -> CollectResult:
     """Copy the four log files of every planned run from WORK into OUT/<sweep>/<run>/.
 
     thin: 1 keeps metrics.jsonl whole; N keeps every N-th line; "auto" picks the smallest N that
     keeps OUT (logs, plus `reserve_mb` for the figures and the report) under `max_mb`.
+    accept: run_dir -> bool, which runs with logs to take (default: all); the others count as missing.
     """
     pairs, missing = [], []
     for sp in plans:
         for r in sp.runs:
             src, dst = work / r.sweep / r.name, out / r.sweep / r.name
-            if (src / "run.json").is_file():
+            if (src / "run.json").is_file() and (accept is None or accept(src)):
                 pairs.append((src, dst))
             elif not (dst / "run.json").is_file():
                 missing.append(f"{r.sweep}/{r.name}")
@@ -446,6 +448,18 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
       "`analysis.study.summarize`). Tables: `report/configs.csv`, `report/claims.csv`, `report/runs.csv`, "
       "`report/predictions.csv`.\n")
+    shipped = [p.stem for p in select_specs(None)]
+    absent = [n for n in shipped if n not in summaries]
+    unfinished_runs = list(collected.missing) if collected is not None else []
+    if absent or unfinished_runs:
+        w("## Study progress\n")
+        w(f"**Part-way**: {len(shipped) - len(absent)} of {len(shipped)} shipped sweeps have runs here."
+          + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "")
+          + (f" Runs of the selected sweeps not finished yet ({len(unfinished_runs)}): "
+             + ", ".join(unfinished_runs[:30]) + (" ..." if len(unfinished_runs) > 30 else "") + "."
+             if unfinished_runs else "")
+          + f" `scalerl reproduce --scale {scale} --executor slurm --seeds 3` goes on from here (done runs are "
+          "skipped).\n")
     w("## Verdicts\n")
     w("| verdict | claims |\n|---|---|")
     for v in ("agree", "disagree", "inconclusive", "not run"):
@@ -611,6 +625,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list every sweep × config × seed and what would happen; run nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: draw the figures and write REPORT.md from the results folder")
+    parser.add_argument("--collect-only", action="store_true",
+                        help="submit nothing: collect the runs that are done (and uncontended), draw, report "
+                             "(a study part-way through; run without it later to finish)")
     parser.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     parser.add_argument("--allow-contention", action="store_true",
                         help="keep done runs whose CPU contention exceeded 10%% (default: set aside and re-run)")
@@ -639,6 +656,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ReproduceError(f"--max-reruns must be >= 0, got {args.max_reruns}")
     if args.max_mb <= 0:
         raise ReproduceError(f"--max-mb must be > 0, got {args.max_mb}")
+    if args.collect_only and (args.report_only or args.dry_run):
+        raise ReproduceError("--collect-only cannot be combined with --report-only or --dry-run")
     if args.wait_hours <= 0:
         raise ReproduceError(f"--wait-hours must be > 0, got {args.wait_hours}")
     if str(args.thin_metrics) != "auto":
@@ -664,6 +683,25 @@ def _draw_figures(out: Path, console) -> tuple[dict, dict, dict]:
     return written, missing, failed
 
 
+def _collect_finished(args: argparse.Namespace, console):
+    """`--collect-only`: copy the runs that are done and uncontended (a study part-way through, or
+    runs still queued), submitting nothing; the others stay out of OUT until a later collect."""
+    from analysis.protocol import CONTENTION_LIMIT
+
+    def finished(run_dir: Path) -> bool:
+        if _status(run_dir) != "done":
+            return False
+        cont = run_contention(run_dir)
+        return args.allow_contention or cont is None or cont <= CONTENTION_LIMIT
+
+    plans = plan_study(args, console, act=False)
+    thin = "auto" if str(args.thin_metrics) == "auto" else int(args.thin_metrics)
+    collected = collect(args.runs, args.out, plans, max_mb=args.max_mb, thin=thin, accept=finished)
+    console.print(f"collected {collected.runs} finished runs into {args.out}; {len(collected.missing)} not finished "
+                  "(or contended) yet", highlight=False)
+    return collected
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -673,7 +711,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         collected, kept = None, []
-        if not args.report_only:
+        if args.collect_only:
+            collected = _collect_finished(args, console)
+        elif not args.report_only:
             plans = plan_study(args, console, act=not args.dry_run)
             _print_plans(plans, args, console)
             if args.dry_run:

@@ -251,3 +251,23 @@ def test_contended_collected_run_is_planned_again_and_set_aside(tmp_path):
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)  # contended again
     (sp,) = R.plan_study(capped, act=False)
     assert sp.kept_contended and {p.run.name: p.action for p in sp.planned}["bf16-s0"] == "skip-done"
+
+
+def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_what_is_left(tmp_path, capsys):
+    runs, res = tmp_path / "runs", tmp_path / "results"
+    kw = dict(B=1.8, C_mid=0.26, steps=40, eval_every=2, device="cpu", count=2, factor="train.precision")
+    write_run(runs, "fp32_head", "bf16-s0", A=0.52, value="bf16", seed=0, **kw)
+    write_run(runs, "fp32_head", "bf16-s1", A=0.53, value="bf16", seed=1, contention=0.4, **kw)
+    write_run(runs, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", seed=0, status="running", **kw)
+    before = {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()}
+    cmd = _args(tmp_path, "--sweeps", "fp32_head", "--seeds", "2", "--executor", "local", "--collect-only",
+                "--no-figures")
+    assert scalerl(cmd) == 0, capsys.readouterr().out
+    assert {d.name for d in (res / "fp32_head").iterdir()} == {"bf16-s0"}  # not the contended, not the running one
+    assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before  # nothing moved, nothing ran
+    text = (res / "REPORT.md").read_text()
+    progress = text[text.index("## Study progress"):text.index("## Verdicts")]
+    assert "1 of" in progress and "`loss_type`" in progress and "`fp32_head`" not in progress
+    for left in ("fp32_head/bf16-s1", "fp32_head/bf16_fp32_head-s0", "fp32_head/bf16_fp32_head-s1"):
+        assert left in progress
+    assert scalerl(cmd + ["--report-only"]) == 2  # not with --report-only
