@@ -24,8 +24,8 @@ The fraction is of the fitted range's end (`fit_fraction` × the run's final com
 prefix fit keeps points.
 
 The margin on A (`Margin`): see analysis/README.md "The margin on A".
-Contention: a run whose cumulative `contention_run` (run-queue delay / (CPU time + run-queue
-delay), from Linux schedstat) exceeds CONTENTION_LIMIT shared its cores, so its compute axis
+Contention: a run whose cumulative `contention_run` (the share of its CPUs that other work used,
+from /proc/stat; components/trainer/accounting.py) exceeds CONTENTION_LIMIT shared its cores, so its compute axis
 is stretched; it is flagged everywhere (`contended`).
 """
 
@@ -58,7 +58,7 @@ __all__ = [
     "t_quantile",
 ]
 
-CONTENTION_LIMIT = 0.10  # a run above this share of run-queue delay is flagged
+CONTENTION_LIMIT = 0.10  # a run whose CPUs other work used above this share is flagged
 PAPER_MIN_COMPUTE_GPUH = 1500.0  # the paper's fit cutoff (~1 epoch, A.5-A.7)
 
 

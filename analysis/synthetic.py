@@ -131,7 +131,7 @@ def write_run(
     being written); `with_evals=False` writes no eval.jsonl lines.
     epochs: the training pool is consumed this many times over the run (`epoch` per step);
     None writes no `epoch` (a run from before the field existed).
-    contention: the run's run-queue share (`contention_run` at the end; per step it varies
+    contention: the share of the run's CPUs other work used (`contention_run` at the end; per step it varies
     around it). benchmarks: names of downstream benchmark records written beside each
     held-out evaluation (eval.jsonl lines with a "benchmark" key). run_info: extra run.json keys.
     """

@@ -483,7 +483,8 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "for the other, and is inconclusive when our A difference is within the margin; 'similar A' agrees when "
       "within the margin; 'better' uses the whole rule (a tie is inconclusive); 'not worse' agrees unless the other "
       "side wins. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
-    w(f"- **Contention**: a run whose CPU run-queue share (`contention_run`) exceeds {CONTENTION_LIMIT:.0%} had "
+    w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time (`contention_run`, "
+      "from /proc/stat) had "
       "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
       "left are listed below, marked in the tables and drawn faded in the figures.")
     if collected is not None and collected.thin > 1:

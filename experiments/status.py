@@ -3,8 +3,8 @@
 Columns: run, state (run.json status), Slurm (the state of the run's last job, from
 `squeue` while it is live, else `sacct`, through the job id `scalerl sweep` records
 in the run's slurm.json), step, epoch and compute_hours (last line of metrics.jsonl), the
-run's CPU contention (`contention_run`: run-queue delay / (CPU time + run-queue delay) since
-the start; above 10% the row is marked and a warning names the run, since its compute axis
+run's CPU contention (`contention_run`: the share of the run's CPUs that other work used since
+the start, from /proc/stat; above 10% the row is marked and a warning names the run, since its compute axis
 is stretched), the last held-out pass rate (eval.jsonl) and the fitted asymptote A and
 exponent B of the sigmoid law once the run has enough evaluation points, fitted by the
 paper's protocol for the run's sweep (`analysis.protocol.fit_with_protocol`: the whole run
