@@ -157,10 +157,34 @@ def _slurm_hostnames(nodelist: str) -> list[str]:
     raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r}: `scontrol show hostnames` failed")
 
 
+PORT_FLOOR = 20000  # run port blocks lie in [PORT_FLOOR, the kernel's ephemeral range)
+
+
+def ephemeral_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for outgoing (ephemeral) ports; Linux's default when it cannot be read."""
+    try:
+        with open(path) as f:
+            lo, hi = (int(x) for x in f.read().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_blocks(n: int = PORTS_PER_RUN) -> tuple[int, int]:
+    """(first port, number of n-port blocks) BELOW the ephemeral range: a port probed free there
+    cannot be taken a moment later by an outgoing connection (gloo's pairs, ZeroMQ, HTTP) of this
+    or another run, which is how a block probed free in 20000-60000 once failed to bind."""
+    lo = ephemeral_port_range()[0]
+    if lo - PORT_FLOOR >= 10 * n:
+        return PORT_FLOOR, (lo - PORT_FLOOR) // n
+    return 1024, max((lo - 1024) // n, 1)  # an unusually low ephemeral range: privileged ports excluded
+
+
 def slurm_port_base(job_id: str) -> int:
     """A port block derived from the Slurm job id, so every task of the job computes the same one."""
     digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return 20000 + (int(digits) * PORTS_PER_RUN) % 40000
+    first, blocks = _port_blocks()
+    return first + (int(digits) % blocks) * PORTS_PER_RUN
 
 
 def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
@@ -220,11 +244,13 @@ def available_gpus(environ: Optional[dict] = None) -> Optional[int]:
 def free_port_base(n: int = PORTS_PER_RUN, attempts: int = 200) -> int:
     """A block of n consecutive free TCP ports on this machine (for a locally spawned run)."""
     rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))
+    first, blocks = _port_blocks(n)
     for _ in range(attempts):
-        base = rng.randrange(20000, 60000 - n)
+        base = first + rng.randrange(blocks) * n
         if _ports_free(base, n):
             return base
-    raise RuntimeError(f"no block of {n} free TCP ports found between 20000 and 60000")
+    raise RuntimeError(f"no block of {n} free TCP ports found between {first} and {first + blocks * n} "
+                       "(below the kernel's ephemeral port range)")
 
 
 def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:

@@ -1,0 +1,74 @@
+"""components/trainer/roles.py: roles from ranks, the process environment (scalerl or Slurm),
+port blocks outside the kernel's ephemeral range, GPU assignment."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from components.trainer import roles as R
+
+
+def test_layout_roles_and_bad_layouts():
+    lay = R.Layout(learner_ranks=2, num_generators=3)
+    assert [r.name for r in lay.roles()] == ["learner-0", "learner-1", "generator-0", "generator-1", "generator-2"]
+    assert lay.role(0).is_hub and not lay.role(1).is_hub and not lay.role(2).is_learner
+    assert lay.peer_names() == ["learner-1", "generator-0", "generator-1", "generator-2"]
+    assert lay.devices_reserved(on_gpu=False) == 5
+    assert R.Layout(2, 2, gpus_per_generator=4).devices_reserved(on_gpu=True) == 10
+    assert R.Layout(1, 1).devices_reserved(on_gpu=True, available=1) == 1  # sharing one GPU counts it once
+    with pytest.raises(ValueError, match="rank 5 is outside this run's 5 processes"):
+        lay.role(5)
+    with pytest.raises(ValueError, match="learner_ranks=0"):
+        R.Layout(0, 1)
+
+
+def test_process_env_from_scalerl_and_from_slurm():
+    env = R.process_env({"SCALERL_RANK": "2", "SCALERL_WORLD_SIZE": "3", "SCALERL_PORT_BASE": "21000"})
+    assert (env.rank, env.world_size, env.source, env.endpoints.port_base) == (2, 3, "scalerl", 21000)
+    assert env.endpoints.hub_port == 21002 and env.endpoints.weight_port == 21001
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nodeA",
+             "SLURM_LOCALID": "1"}
+    env = R.process_env(slurm)
+    assert (env.rank, env.world_size, env.local_rank, env.source, env.endpoints.host) == (1, 3, 1, "slurm", "nodeA")
+    assert env.endpoints.port_base == R.slurm_port_base("4242")  # every task of the job computes the same block
+    assert R.process_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task: a plain process
+    assert R.process_env({}) is None
+
+
+def test_port_blocks_lie_below_the_ephemeral_range(tmp_path, monkeypatch):
+    """A block in the ephemeral range can be probed free and then taken by an outgoing connection
+    before the hub binds it (seen: 'Address already in use' on a port probed free seconds before)."""
+    lo, _ = R.ephemeral_port_range()
+    for job in ("1", "41", "99999", "123456789", "4242_7"):
+        base = R.slurm_port_base(job)
+        assert R.PORT_FLOOR <= base and base + R.PORTS_PER_RUN <= lo, (job, base, lo)
+    assert R.slurm_port_base("41") != R.slurm_port_base("42")
+    for _ in range(20):
+        base = R.free_port_base()
+        assert R.PORT_FLOOR <= base and base + R.PORTS_PER_RUN <= lo and (base - R.PORT_FLOOR) % R.PORTS_PER_RUN == 0
+    with socket.socket() as s:  # the block it returns is free: every port binds
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", base))
+    # another kernel range is read from the file; an unreadable one falls back to Linux's default
+    f = tmp_path / "range"
+    f.write_text("40000\t60999\n")
+    assert R.ephemeral_port_range(str(f)) == (40000, 60999)
+    assert R.ephemeral_port_range(str(tmp_path / "missing")) == (32768, 60999)
+    monkeypatch.setattr(R, "ephemeral_port_range", lambda: (40000, 60999))
+    assert all(R.slurm_port_base(str(j)) + R.PORTS_PER_RUN <= 40000 for j in range(0, 5000, 7))
+
+
+def test_assign_gpus_exclusive_shared_and_errors():
+    lay = R.Layout(learner_ranks=2, num_generators=2, gpus_per_generator=2)
+    got = [R.assign_gpus(lay, r, [0, 1, 2, 3], gpus_on_node=8) for r in range(4)]
+    assert got == [[0], [1], [2, 3], [4, 5]]
+    one = R.Layout(1, 1)
+    assert [R.assign_gpus(one, r, [0, 1], gpus_on_node=1) for r in range(2)] == [[0], [0]]  # shared
+    with pytest.raises(RuntimeError, match="needs 2 GPUs .* has 1"):
+        R.assign_gpus(lay, 2, [2], gpus_on_node=1)
+    with pytest.raises(RuntimeError, match="no visible GPU"):
+        R.assign_gpus(one, 0, [0, 1], gpus_on_node=0)
+    with pytest.raises(ValueError, match="rank 3 is not among"):
+        R.assign_gpus(lay, 3, [0, 1], gpus_on_node=8)
