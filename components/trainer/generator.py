@@ -203,9 +203,6 @@ class _Scorer:
             rollout.time_generate = busy
             self.outbox.put(rollout)
 
-    def pending(self) -> bool:
-        return not self.inbox.empty() or not self.outbox.empty()
-
 
 class _EvalView:
     """The generator's engine seen by `evaluate`: only the evaluation's groups come out of it.
@@ -339,6 +336,10 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
         outstanding[0] += 1
         busy[0] = 0.0
 
+    def send(rollout) -> None:
+        peer.send(("rollout", rollout, proc_stats()))
+        outstanding[0] -= 1
+
     peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats()}))
     while True:
         if scorer.error is not None:
@@ -348,15 +349,12 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                 rollout = scorer.outbox.get_nowait()
             except queue.Empty:
                 break
-            peer.send(("rollout", rollout, proc_stats()))
-            outstanding[0] -= 1
+            send(rollout)
         idle = not engine.has_unfinished()
         if idle and outstanding[0] > 0:
             # nothing to decode: the hub is waiting for these groups, so wake up the moment one is scored
             try:
-                rollout = scorer.outbox.get(timeout=0.05)
-                peer.send(("rollout", rollout, proc_stats()))
-                outstanding[0] -= 1
+                send(scorer.outbox.get(timeout=0.05))
             except queue.Empty:
                 pass
             msg = peer.recv(timeout_s=0.0)
