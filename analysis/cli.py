@@ -35,10 +35,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", choices=["compute_hours", "flops", "cpu_hours"], default="compute_hours",
                         help="compute axis (default: compute_hours = devices reserved × training wall-clock hours; "
                              "cpu_hours = the run's CPU time, robust to a shared machine but blind to idle time)")
-    parser.add_argument("--min-compute", type=_min_compute_arg, default="epoch", metavar="epoch|none|C",
-                        help="where each fit starts: 'epoch' (default) = the end of the run's first epoch "
-                             "(first metrics line with epoch >= 1; runs without `epoch` use the paper's "
-                             "fraction, analysis/protocol.py), 'none', or a compute value")
+    parser.add_argument("--min-compute", type=_min_compute_arg, default="paper", metavar="paper|epoch|none|C",
+                        help="where each fit starts: 'paper' (default) = where the paper starts it: a "
+                             "whole-run fit at the end of the run's first epoch (first metrics line with "
+                             "epoch >= 1), a first-half fit at the paper's 1.5k GPU-h as a fraction of the "
+                             "fitted range (analysis/protocol.py); 'epoch' = the end of epoch 1 for every "
+                             "fit; 'none'; or a compute value")
     parser.add_argument("--protocol", choices=["auto", *PROTOCOLS], default="auto",
                         help="fit protocol: auto (default) = the paper's for each sweep (whole run for forward "
                              "ablations, the first half for leave-one-out, seeds, recipes and scaling axes)")

@@ -13,15 +13,25 @@ Protocols (PAPER.md §1 "Fitting procedure" and "Extrapolation protocols"):
 Which figure uses which protocol is set per figure in `paper_figures/spec.py`; a sweep takes
 the protocol of the figures that draw it (`sweep_protocol`).
 
-`min_compute` (where the fit starts) defaults to the END OF THE FIRST EPOCH: the training
-compute at the first metrics.jsonl line whose `epoch` >= 1 (the paper: "the fit starts after
-~1.5k GPU-hours, i.e. about one epoch"). A run that logs no `epoch` (older runs), or never
-reaches epoch 1, starts its fit at the paper's cutoff expressed as a fraction of the paper's
-fitted range for the same protocol: 1.5k GPU-h of the 3.5-4k fitted for a forward ablation
-(0.40), of the 8k fitted for a LOO run (0.19), of the ~50k fitted for the large runs (0.03),
-of the ~16k fitted for the Fig 2 recipes (0.094; that range is a secondary figure reading).
-The fraction is of the fitted range's end (`fit_fraction` × the run's final compute), so a
-prefix fit keeps points.
+`min_compute` (where the fit starts), rule "paper" (the default): the paper skips its first
+~1.5k GPU-h, "about one epoch", and fits from there (PAPER.md §1). Where that cutoff sits in the
+fitted range depends on the protocol, and the default keeps it where the paper has it:
+- a whole-run fit (forward ablations) starts at the END OF THE FIRST EPOCH: the training compute
+  at the first metrics.jsonl line whose `epoch` >= 1. The paper's forward ablations fit
+  1.5k-3.75k GPU-h, so its epoch 1 ends at 0.40 of the run; the tiny runs (~2.7 epochs) end
+  their first epoch at ~0.37 of the run, the same place.
+- a prefix fit (leave-one-out, scaling, recipes, or any `fit_fraction` < 1) starts at the
+  paper's cutoff as the same FRACTION OF THE FITTED RANGE: 1.5k GPU-h of the 8k fitted in a LOO
+  run (0.19), of the ~50k fitted for the large runs (0.03), of the ~16k fitted for the Fig 2
+  recipes (0.094; a secondary figure reading), of the 3.75k of a forward ablation (0.40) when a
+  whole-protocol run is cut to a prefix. The paper's long runs reach epoch 1 after ~9% of the
+  run, so the end of epoch 1 is an early cutoff there; a run of a few epochs (every tiny run)
+  would end its first epoch near or past the end of its first half and leave the prefix fit
+  with no points. The fraction is of the fitted range's end (`fit_fraction` × the run's final
+  compute).
+Rule "epoch" takes the end of epoch 1 for every fit; a run that logs no `epoch` (older runs), or
+never reaches epoch 1, starts at the protocol's fraction instead. "none" fits from the first
+point; a number is an absolute compute value.
 
 The margin on A (`Margin`): see analysis/README.md "The margin on A".
 Contention: a run whose cumulative `contention_run` (the share of its CPUs that other work used,
@@ -79,9 +89,16 @@ class Protocol:
         f = self.fit_fraction if fit_fraction is None else fit_fraction
         return "whole run" if f >= 1.0 else f"first {f:.0%} of the run"
 
+    def start_text(self, fit_fraction: float | None = None) -> str:
+        """Where the default ("paper") rule starts this protocol's fits, in words."""
+        f = self.fit_fraction if fit_fraction is None else fit_fraction
+        if f >= 1.0:
+            return "the end of epoch 1"
+        return f"{self.fallback_min_fraction:.2g} of the fitted range (the paper's 1.5k GPU-h)"
+
     def describe(self, fit_fraction: float | None = None) -> str:
-        """One line for a figure subtitle or a report: 'whole run, from the end of epoch 1'."""
-        return f"{self.range_text(fit_fraction)}, fit from the end of epoch 1 ({self.name} protocol)"
+        """One line for a figure subtitle or a report: 'whole run, fit from the end of epoch 1'."""
+        return f"{self.range_text(fit_fraction)}, fit from {self.start_text(fit_fraction)} ({self.name} protocol)"
 
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in [
@@ -126,23 +143,26 @@ def sweep_protocol(sweep: Any) -> Protocol:
 
 
 def parse_min_compute(value: Any) -> str | float:
-    """'epoch' (default: end of the first epoch), 'none' (0: fit from the first point) or a
-    number (absolute compute, in the units of the compute axis)."""
+    """'paper' (default: the paper's start for the protocol, see the module doc), 'epoch' (the
+    end of the first epoch for every fit), 'none' (0: fit from the first point) or a number
+    (absolute compute, in the units of the compute axis)."""
     if value is None:
-        return "epoch"
+        return "paper"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"min_compute must be >= 0 and finite, got {value!r}")
         return float(value)
     text = str(value).strip().lower()
-    if text in ("epoch", "epoch1", "auto"):
+    if text in ("paper", "auto", "default"):
+        return "paper"
+    if text in ("epoch", "epoch1"):
         return "epoch"
     if text in ("none", "0", "off"):
         return 0.0
     try:
         return parse_min_compute(float(text))
     except ValueError:
-        raise ValueError(f"min_compute must be 'epoch', 'none' or a number >= 0; got {value!r}") from None
+        raise ValueError(f"min_compute must be 'paper', 'epoch', 'none' or a number >= 0; got {value!r}") from None
 
 
 def epoch1_compute(metrics_rows: Sequence[dict], compute: str = "compute_hours") -> tuple[float | None, float | None]:
@@ -164,17 +184,23 @@ def epoch1_compute(metrics_rows: Sequence[dict], compute: str = "compute_hours")
 
 
 def resolve_min_compute(
-    rule: str | float, *, epoch1: float | None, max_epoch: float | None, cutoff: float, protocol: Protocol
+    rule: str | float, *, epoch1: float | None, max_epoch: float | None, cutoff: float, protocol: Protocol,
+    fit_fraction: float | None = None,
 ) -> tuple[float, str]:
-    """(min_compute, the rule that set it, in words)."""
+    """(min_compute, the rule that set it, in words). cutoff: where the fitted range ends;
+    fit_fraction: that range as a fraction of the run (None: the protocol's)."""
     rule = parse_min_compute(rule)
     if isinstance(rule, float):
         return rule, ("none" if rule == 0.0 else f"fixed {rule:.4g}")
+    frac = protocol.fallback_min_fraction
+    prefix = (protocol.fit_fraction if fit_fraction is None else fit_fraction) < 1.0
+    if rule == "paper" and prefix:
+        return frac * cutoff, (f"{frac:.2g} of the fitted range (the paper's 1.5k GPU-h of its "
+                               f"{protocol.name} fit range)")
     if epoch1 is not None and math.isfinite(epoch1):
         return float(epoch1), "end of epoch 1"
-    frac = protocol.fallback_min_fraction
     why = "no epoch logged" if max_epoch is None else f"run ends at epoch {max_epoch:.2f} < 1"
-    return frac * cutoff, f"{frac:.3g} x fitted range ({why}; paper: 1.5k GPU-h of its {protocol.name} fit range)"
+    return frac * cutoff, f"{frac:.2g} of the fitted range ({why}; paper: 1.5k GPU-h of its {protocol.name} fit range)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +230,7 @@ def fit_with_protocol(
     reward: Any,
     *,
     protocol: Protocol | str | None = None,
-    min_compute: str | float = "epoch",
+    min_compute: str | float = "paper",
     epoch1: float | None = None,
     max_epoch: float | None = None,
     fit_fraction: float | None = None,
@@ -226,7 +252,8 @@ def fit_with_protocol(
     if c.size == 0:
         return ProtocolFit(None, proto, frac, math.nan, math.nan, "", "no evaluations", c, r)
     cutoff = float(c[-1]) * frac
-    mc, rule = resolve_min_compute(min_compute, epoch1=epoch1, max_epoch=max_epoch, cutoff=cutoff, protocol=proto)
+    mc, rule = resolve_min_compute(min_compute, epoch1=epoch1, max_epoch=max_epoch, cutoff=cutoff, protocol=proto,
+                                   fit_fraction=frac)
     if c.size < min_points:
         return ProtocolFit(None, proto, frac, cutoff, mc, rule,
                            f"{c.size} evaluations (< min_points {min_points})", c, r)

@@ -316,7 +316,7 @@ def fit_runs(
     compute: str = "compute_hours",
     min_points: int = 6,
     fraction: float | None = None,
-    min_compute: str | float = "epoch",
+    min_compute: str | float = "paper",
     protocol: Any = None,
     bootstrap: int = 0,
     seed: int = 0,
@@ -332,8 +332,9 @@ def fit_runs(
     its metrics). R0 is each run's first evaluation.
     protocol: a protocol name or Protocol for every run; None: each run's sweep's protocol
     (`analysis.protocol.sweep_protocol`: whole run for forward ablations, first half for LOO...).
-    min_compute: "epoch" (default: the end of each run's first epoch; see the protocol for runs
-    without `epoch`), "none"/0, or an absolute compute.
+    min_compute: "paper" (default: the end of each run's first epoch for a whole-run fit, the
+    paper's fraction of the fitted range for a prefix fit; analysis/protocol.py), "epoch" (the
+    end of epoch 1 for every fit), "none"/0, or an absolute compute.
     fraction: fit only compute <= fraction × the run's final compute (overrides the protocol's
     range); the row then also holds predicted_final, observed_final and prediction_error
     (predicted − observed at the last evaluation).

@@ -346,7 +346,7 @@ def summarize_sweep(
     seed_runs: pd.DataFrame | None = None,
     compute: str = "compute_hours",
     protocol: Any = None,
-    min_compute: str | float = "epoch",
+    min_compute: str | float = "paper",
     margin: str | float = "auto",
     min_points: int = 6,
     fraction: float | None = None,

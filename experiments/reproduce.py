@@ -297,6 +297,21 @@ def _thin_lines(text: str, every: int) -> str:
     return "\n".join(keep) + "\n"
 
 
+def _thinned_every(out: Path) -> int:
+    """How thinly the collected metrics.jsonl files under OUT were kept (the usual step gap between
+    lines; 1: whole), read back from the files themselves (`--report-only` collects nothing)."""
+    gaps: list[int] = []
+    for f in sorted(Path(out).glob("*/*/metrics.jsonl"))[:20]:
+        steps = []
+        for ln in f.read_text(encoding="utf-8", errors="replace").splitlines()[:50]:
+            try:
+                steps.append(int(json.loads(ln)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        gaps += [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    return max(set(gaps), key=gaps.count) if gaps else 1
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -468,9 +483,13 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     w("## How the numbers are made\n")
     w("- **Fit protocol** (PAPER.md §1; per figure in `paper_figures/spec.py`): "
       + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
-      "Every fit starts at the **end of the first epoch** (the compute at the first metrics line with "
-      "epoch >= 1); a run without `epoch` starts at the paper's 1.5k GPU-h as a fraction of the paper's fitted "
-      "range for the same protocol (analysis/protocol.py). R0 = the run's first evaluation.")
+      "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
+      "a whole-run fit at the **end of the first epoch** (the compute at the first metrics line with epoch >= 1; "
+      "the paper's forward ablations end it at 0.40 of the run, the tiny runs at ~0.37), a first-half fit at the "
+      "**paper's cutoff as the same fraction of the fitted range** (`loo` 0.19, `recipes` 0.094, `scaling` 0.03, "
+      "a whole-protocol run cut to its first half 0.40): the paper's long runs end epoch 1 after ~9% of the run, "
+      "a tiny run only after ~37%, past most of its first half (analysis/protocol.py). R0 = the run's first "
+      "evaluation.")
     w("- **Ours per configuration**: the mean of the fitted A (and B) over seeds with its 95% t-interval "
       "(mean ± t(0.975, n−1)·sd/√n); C_mid is the geometric mean.")
     w("- **Margin on A** (analysis/README.md): measured from the seeds, t(0.975, df)·s_A·√(1/n_a + 1/n_b) with "
@@ -487,8 +506,9 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "from /proc/stat) had "
       "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
       "left are listed below, marked in the tables and drawn faded in the figures.")
-    if collected is not None and collected.thin > 1:
-        w(f"- **Collected logs**: metrics.jsonl keeps every {collected.thin}-th step line (plus the line where "
+    thin = collected.thin if collected is not None else _thinned_every(out)
+    if thin > 1:
+        w(f"- **Collected logs**: metrics.jsonl keeps every {thin}-th step line (plus the line where "
           "epoch 1 ends and the last line) to keep the folder under its size budget; eval.jsonl is whole.")
     w("")
 
@@ -546,7 +566,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         p = pred.dropna(subset=["prediction_error"]).copy()
         p["abs_error"] = p["prediction_error"].abs()
         worst = p.loc[p["abs_error"].idxmax()]
-        w(f"Every run fitted on its first 50% of compute (from the end of epoch 1), its final pass rate predicted "
+        w(f"Every run fitted on its first 50% of compute (from the paper's start, its protocol's fraction of that half), its final pass rate predicted "
           f"and compared with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`): "
           f"{len(p)} of {len(pred)} runs predicted; **median |error| {p['abs_error'].median():.3f}, worst "
           f"{worst['abs_error']:.3f}** ({worst['sweep']}/{worst['run']}).\n")

@@ -8,7 +8,8 @@ the start, from /proc/stat; above 10% the row is marked and a warning names the 
 is stretched), the last held-out pass rate (eval.jsonl) and the fitted asymptote A and
 exponent B of the sigmoid law once the run has enough evaluation points, fitted by the
 paper's protocol for the run's sweep (`analysis.protocol.fit_with_protocol`: the whole run
-for a forward ablation, the first half for leave-one-out..., from the end of the first epoch).
+for a forward ablation from the end of its first epoch, the first half for leave-one-out...
+from the paper's start).
 
 PATH may be one run directory, a sweep directory (its runs are the subdirectories) or a
 runs root (every sweep below it).
@@ -126,7 +127,7 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
 def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS, *, metrics: Sequence[dict] = (),
            sweep: str | None = None) -> tuple[float | None, float | None, str]:
     """(A, B, note) of the sigmoid law on (compute_hours, pass_rate) points, fitted by the paper's
-    protocol for `sweep` from the end of the first epoch (read from `metrics`); None where not
+    protocol for `sweep` (where a fit starts: analysis/protocol.py; epoch from `metrics`); None where not
     fittable. Downstream benchmark records (a "benchmark" key) are not part of the curve."""
     evals = [e for e in evals if "benchmark" not in e]
     pts = [(e.get("compute_hours"), e.get("pass_rate")) for e in evals]

@@ -3,7 +3,8 @@
 - x: training compute on a log axis; y: held-out pass rate (mean@k);
 - stars: evaluation points used in the fit; solid line: the fitted sigmoid over the fitted
   range; dashed line: its extrapolation; "×": points held out beyond the fit cutoff;
-  hollow circles: points before `min_compute` (the end of the first epoch), excluded from the fit;
+  hollow circles: points before `min_compute` (where the paper's fit starts: analysis/protocol.py),
+  excluded from the fit;
 - the legend carries the fitted A and B (and C_mid where the figure asks for it);
 - the fit protocol (whole run or first half, paper_figures/spec.py), where the fits start and
   the margin on A are written under the title, and in `<figure>_fits.csv` beside the figure;
@@ -46,7 +47,7 @@ class MissingRuns(Exception):
 class Options:
     compute: str = "compute_hours"  # or "flops"
     fit_fraction: float | None = None  # None: the figure's protocol; else fit compute <= this × the final
-    min_compute: str | float = "epoch"  # "epoch": from the end of each run's first epoch; or a compute value
+    min_compute: str | float = "paper"  # "paper": the paper's start per protocol (analysis/protocol.py); "epoch"; or a compute value
     margin: str | float = "auto"  # the margin on A: measured from seeds, or a number
     protocol: str | None = None  # None: each figure's own (paper_figures/spec.py)
     dpi: int = 150
@@ -198,7 +199,7 @@ def _draw(ax, c: np.ndarray, r: np.ndarray, res: FitResult | None, cutoff: float
     fitted = pos & (c <= cutoff * (1 + 1e-12)) & (c >= mc)
     excluded = pos & (c < mc)
     held = pos & (c > cutoff * (1 + 1e-12))
-    ax.scatter(c[fitted], r[fitted], marker="*", s=60, color=color, zorder=3, alpha=alpha)
+    ax.scatter(c[fitted], r[fitted], marker="*", s=40, color=color, zorder=3, alpha=0.8 * alpha, linewidths=0)
     if excluded.any():
         ax.scatter(c[excluded], r[excluded], marker="o", s=18, facecolors="none", edgecolors=color, zorder=3,
                    alpha=alpha)
@@ -208,11 +209,12 @@ def _draw(ax, c: np.ndarray, r: np.ndarray, res: FitResult | None, cutoff: float
         lo = max(float(c[pos].min()), mc) if pos.any() else cutoff / 10
         xs = np.geomspace(lo, cutoff, 100)
         entry = f"{label}: {legend_text(res, legend)}" if text is None else (text or "_nolegend_")
-        ax.plot(xs, res(xs), "-", color=color, lw=1.6, alpha=alpha, label=entry)
+        # the fitted curves are drawn over the points (with many seeds the stars would hide them)
+        ax.plot(xs, res(xs), "-", color=color, lw=1.6, alpha=alpha, label=entry, zorder=4)
         end = float(c[-1])
         if end > cutoff:
             xe = np.geomspace(cutoff, end * 1.25, 60)
-            ax.plot(xe, res(xe), "--", color=color, lw=1.4, alpha=alpha)
+            ax.plot(xe, res(xe), "--", color=color, lw=1.4, alpha=alpha, zorder=4)
     else:
         entry = f"{label}: {legend_text(None, legend, reason)}" if text is None else (text or "_nolegend_")
         ax.plot([], [], "-", color=color, alpha=alpha, label=entry)
@@ -358,12 +360,24 @@ def draw_curves_with_summaries(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Opt
               row["contention_run"], text)
         fits[label] = res
     ax.set_xscale("log")
+    _left_limit(ax, [run_curve(g, opts.compute)[0] for _, g in groups])
     ax.set_xlabel(xlabel(ev, opts.compute))
     ax.set_ylabel(ylabel(ev))
     ax.set_title(f"{spec.title}\n{protocol_note(summaries)}", fontsize=8)
     ax.legend(loc="upper left", fontsize=7, title=_legend_title(ev), title_fontsize=7)
     marker_legend(ax)
     return fits, summaries
+
+
+def _left_limit(ax, computes: list[np.ndarray]) -> None:
+    """Start the log x axis at half the earliest SECOND evaluation of any run. A run's first
+    evaluation (step 0, R0) logs almost no compute (a tiny run: ~1e-6 of ~0.05 CPU-h); on a
+    log axis it would stretch the axis over decades that hold no other point. It is the fit's
+    R0, listed in the figure's CSV, and left out of view like the paper's figures do."""
+    second = [float(c[c > 0][1]) for c in computes if (c > 0).sum() >= 2]
+    first = [float(c[c > 0][0]) for c in computes if (c > 0).sum() >= 2]
+    if second and min(first) < 0.1 * min(second):
+        ax.set_xlim(left=0.5 * min(second))
 
 
 def draw_curves_on(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Options,

@@ -1,7 +1,7 @@
 """Fig 5b: FP32 LM head. Needs runs with sweep fp32_head or factor precision | fp32_head.
 
 Each run of the sweep is drawn with its sigmoid fitted by the figure's protocol (the whole
-run or its first half, from the end of the first epoch; paper_figures/spec.py), solid over
+run from the end of epoch 1, or its first half from the paper's start; paper_figures/spec.py), solid over
 the fitted range and dashed beyond; stars are fitted points, "×" the points held out, hollow
 circles the points before the fit starts. Runs are selected by paper_figures/spec.py.
 """

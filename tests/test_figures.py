@@ -63,12 +63,13 @@ def test_curve_figure_follows_the_paper_conventions(runs):
     assert "pass rate (mean@4)" in ax.get_ylabel() and "CPU" in ax.get_xlabel()
     assert set(fits) == {"dapo", "gspo", "cispo"} and all(f is not None for f in fits.values())
     markers = {c.get_paths()[0].vertices.shape[0] for c in ax.collections}
-    # per run: stars (fitted), hollow circles (before the end of epoch 1, excluded), × (held out)
+    # per run: stars (fitted), hollow circles (before the fit starts, excluded), × (held out)
     assert len(ax.collections) == 9 and len(markers) == 3
     hollow = [c for c in ax.collections if len(c.get_facecolors()) == 0 or c.get_facecolors()[0][3] == 0]
     assert len(hollow) == 3
     # the subtitle says how the runs were fitted and which margin applies
-    assert "first 50% of the run" in ax.get_title() and "end of epoch 1 (3)" in ax.get_title()
+    # (a prefix fit starts at the paper's fraction of the fitted range)
+    assert "first 50% of the run" in ax.get_title() and "from 0.4 of the fitted range (3)" in ax.get_title()
     assert "margin on A ±0.02 (paper (no seeds))" in ax.get_title()
     styles = [line.get_linestyle() for line in ax.lines]
     assert styles.count("-") >= 3 and styles.count("--") == 3  # solid fit, dashed extrapolation
@@ -79,7 +80,32 @@ def test_curve_figure_follows_the_paper_conventions(runs):
     dashed = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
     for s, d in zip(solid, dashed):
         assert s.get_xdata()[-1] == pytest.approx(d.get_xdata()[0])
+    # the fitted curves lie over the points, not under them
+    assert min(ln.get_zorder() for ln in solid + dashed) > max(c.get_zorder() for c in ax.collections)
     plt.close(fig)
+
+
+def test_a_step_0_evaluation_with_almost_no_compute_does_not_stretch_the_log_axis():
+    from paper_figures.common import _left_limit
+
+    fig, ax = plt.subplots()
+    runs = [np.array([4e-7, 0.004, 0.01, 0.05]), np.array([9e-7, 0.003, 0.012, 0.06])]  # [evals] per run
+    for c in runs:
+        ax.scatter(c, np.linspace(0.2, 0.7, c.size))
+    ax.set_xscale("log")
+    _left_limit(ax, runs)
+    assert ax.get_xlim()[0] == pytest.approx(0.0015)  # half the earliest second evaluation
+    # a first evaluation already among the others leaves the axis alone
+    fig2, ax2 = plt.subplots()
+    spread = [np.array([0.002, 0.004, 0.01]), np.array([0.001, 0.003, 0.02])]
+    for c in spread:
+        ax2.scatter(c, np.linspace(0.2, 0.7, c.size))
+    ax2.set_xscale("log")
+    before = ax2.get_xlim()
+    _left_limit(ax2, spread)
+    assert ax2.get_xlim() == before
+    plt.close(fig)
+    plt.close(fig2)
 
 
 def test_fig3_matches_eq1_numerically(tmp_path):

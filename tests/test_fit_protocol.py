@@ -69,12 +69,39 @@ def test_runs_without_epoch_use_the_papers_fraction_of_the_fitted_range(tmp_path
     assert "run ends at epoch 0.50 < 1" in pf.min_rule
 
 
+def test_a_prefix_fit_starts_at_the_papers_fraction_of_its_range_not_at_epoch_1(tmp_path):
+    # 2.5 epochs in 60 steps: epoch 1 ends at step 24, i.e. 80% of the first half
+    d = _run(tmp_path, sweep="leave_one_out", name="loo-fp32-s0", epochs=2.5)
+    metrics, _ = read_jsonl(d / "metrics.jsonl")
+    ep1, _ = epoch1_compute(metrics)
+    ev = load_runs(tmp_path)
+    final = float(ev["compute_hours"].max())
+    loo = fit_runs(ev).iloc[0]  # the sweep's protocol: loo, first half
+    assert loo["protocol"] == "loo" and loo["fit_cutoff"] == pytest.approx(0.5 * final)
+    assert loo["min_compute"] == pytest.approx(1500 / 8000 * 0.5 * final) and loo["min_compute"] < 0.5 * ep1
+    assert loo["min_compute_rule"].startswith("0.19 of the fitted range") and "loo" in loo["min_compute_rule"]
+    assert loo["n_points"] >= 8  # every 3 steps from step ~6 to step 30
+    by_epoch = fit_runs(ev, min_compute="epoch").iloc[0]  # the end of epoch 1 leaves the prefix 3 points
+    assert by_epoch["min_compute"] == pytest.approx(ep1) and by_epoch["min_compute_rule"] == "end of epoch 1"
+    assert math.isnan(by_epoch["A"]) and "points" in by_epoch["fit_error"]  # too few to fit
+    # the same run fitted whole starts at the end of epoch 1 (the paper's 0.40 of a forward ablation)
+    whole = fit_runs(ev, protocol="whole").iloc[0]
+    assert whole["min_compute"] == pytest.approx(ep1) and whole["min_compute_rule"] == "end of epoch 1"
+    # a whole-protocol run cut to its first half (--fraction) takes the whole protocol's 0.40 of that half
+    half = fit_runs(ev, protocol="whole", fraction=0.5).iloc[0]
+    assert half["min_compute"] == pytest.approx(0.4 * 0.5 * final)
+    assert get_protocol("loo").describe() == ("first 50% of the run, fit from 0.19 of the fitted range "
+                                              "(the paper's 1.5k GPU-h) (loo protocol)")
+    assert get_protocol("whole").describe() == "whole run, fit from the end of epoch 1 (whole protocol)"
+
+
 def _curve(ev):
     return ev["compute_hours"].to_numpy(), ev["pass_rate"].to_numpy()
 
 
 def test_min_compute_options_and_bad_values():
-    assert parse_min_compute("epoch") == "epoch" and parse_min_compute(None) == "epoch"
+    assert parse_min_compute("epoch") == "epoch" and parse_min_compute(None) == "paper"
+    assert parse_min_compute("paper") == "paper"
     assert parse_min_compute("none") == 0.0 and parse_min_compute("2.5") == 2.5 and parse_min_compute(3) == 3.0
     for bad in ("later", -1.0, "nan", float("inf")):
         with pytest.raises(ValueError, match="min_compute"):

@@ -145,6 +145,8 @@ def test_collect_thins_metrics_to_the_budget_keeping_epoch_and_last_lines(tmp_pa
             d / "eval.jsonl").read_bytes()
     whole = R.collect(tmp_path / "runs", tmp_path / "whole", plans, max_mb=50, thin="auto")
     assert whole.thin == 1
+    # --report-only reads the thinning back from the collected files
+    assert R._thinned_every(tmp_path / "results") == 3 and R._thinned_every(tmp_path / "whole") == 1
 
 
 def test_thin_lines_keeps_the_epoch_line():

@@ -71,5 +71,5 @@ def test_fit_flags_contended_runs(tmp_path, capsys):
     assert "cispo-s0" not in warning
     # the protocol and the margin of every fit are in the table
     assert set(df["protocol"]) == {"whole"} and set(df["margin_source"]) == {"paper (no seeds)"}
-    assert df.loc["gspo-s0", "min_compute_rule"].startswith("0.4 x fitted range (no epoch logged")
+    assert df.loc["gspo-s0", "min_compute_rule"].startswith("0.4 of the fitted range (no epoch logged")
     assert df.loc["cispo-s0", "min_compute_rule"] == "end of epoch 1"
