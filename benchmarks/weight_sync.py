@@ -46,12 +46,15 @@ SIZES = {
                            intermediate_size=3072, vocab_size=65536, tie_word_embeddings=True)),
     "500M": ("qwen2", dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                            intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)),
+    "1.5B": ("qwen2", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                           intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)),  # Qwen2.5-1.5B's
 }
 TIMEOUT_S = 600.0
 
 
-def build_model(size: str, init: bool):
-    """A causal LM of shape `size` in fp32 (random normal weights if `init`, else uninitialised memory)."""
+def build_model(size: str, init: bool, device: str = "cpu"):
+    """A causal LM of shape `size` in fp32 on `device` (random normal weights if `init`, else
+    uninitialised memory)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -72,11 +75,11 @@ def build_model(size: str, init: bool):
             fresh = type(module)(module.config)
             for name, buf in fresh.named_buffers(recurse=False):
                 getattr(module, name).copy_(buf)
-    return model.eval()
+    return model.to(device).eval()
 
 
 # ------------------------------------------------------------------------------ generator process
-def generator_main(index: int, group, ctrl_q, done_q) -> None:
+def generator_main(index: int, group, ctrl_q, done_q, device: str = "cpu") -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -95,10 +98,13 @@ def generator_main(index: int, group, ctrl_q, done_q) -> None:
                 return
             if msg[0] == "build":  # ("build", size, precision)
                 engine = None
-                engine = TorchEngine("", precision=msg[2], model=build_model(msg[1], init=False), tokenizer=tokenizer)
+                engine = TorchEngine("", precision=msg[2], device=device, model=build_model(msg[1], init=False, device=device),
+                                     tokenizer=tokenizer)
                 done_q.put(("built", index, time.time()))
             elif msg[0] == "update":  # ("update", WeightUpdate)
                 engine.receive_weights(receiver, msg[1])
+                if device != "cpu":
+                    torch.cuda.synchronize()
                 done_q.put(("done", index, time.time()))
             elif msg[0] == "weights":  # ("weights", version, torch.save bytes): the old path
                 state = torch.load(io.BytesIO(msg[2]), map_location="cpu", weights_only=True)
@@ -137,14 +143,15 @@ def run(args) -> list[dict]:
         group = WeightGroup.local(G, timeout_s=TIMEOUT_S, bucket_mb=args.bucket_mb)
         ctrl = [ctx.Queue() for _ in range(G)]
         done_q = ctx.Queue()
-        procs = [ctx.Process(target=generator_main, args=(i, group, ctrl[i], done_q), daemon=True) for i in range(G)]
+        procs = [ctx.Process(target=generator_main, args=(i, group, ctrl[i], done_q, args.device), daemon=True)
+                 for i in range(G)]
         for p in procs:
             p.start()
         sender = WeightSender(group)
         sender.connect()
         try:
             for size in args.sizes:
-                model = build_model(size, init=True)
+                model = build_model(size, init=True, device=args.device)
                 n_params = sum(p.numel() for p in model.parameters())
                 for precision in args.precisions:
                     for q in ctrl:
@@ -208,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated precision policies")
     ap.add_argument("--generators", default="1,2", help="comma-separated generator counts")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: learner and generators on the visible GPU(s); "
+                                                     "the group is gloo (staged through host memory)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="train.weight_sync_bucket_mb")
     ap.add_argument("--queue-max-params", type=float, default=2e8, help="run the old queue path up to this many parameters")
     args = ap.parse_args(argv)

@@ -76,6 +76,26 @@ def gradients(model_path: str, rollouts, cfg, ranks: int, rank: int):
     return grads, learner.grad_norm(), [len(s) for s in plan.shards], [int(sum(int(mb.batch.mask.sum()) for mb in s)) for s in plan.shards]
 
 
+def emulated_gradients(model_path: str, rollouts, cfg, ranks: int):
+    """(full gradient by parameter name, grad norm) of ONE process computing as `ranks` ranks, on
+    one thread as every rank process runs (a matmul's summation order depends on the threads)."""
+    from components.models import load_causal_lm, load_tokenizer
+    from components.trainer.learner import Learner, plan_step
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        tok = load_tokenizer(model_path)
+        learner = Learner(load_causal_lm(model_path), cfg, tok.pad_token_id, torch.device("cpu"))
+        plan = plan_step(rollouts, [True] * len(rollouts), cfg, tok.pad_token_id, ranks)
+        learner.accumulate_as_ranks(plan.shards)
+        grads = {name: p.grad.detach().clone() for name, p in learner.model.named_parameters()}
+        return grads, learner.grad_norm(as_ranks=ranks)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _rank_main(rank: int, world: int, init_file: str, model_path: str, out: str) -> None:
     import torch.distributed as dist
 
@@ -126,6 +146,11 @@ def test_two_ranks_give_the_one_process_gradient_for_every_loss_and_aggregation(
             scale = ref[name].abs().max().clamp_min(1e-12)
             err = (got[name] - ref[name]).abs().max() / scale
             assert err < 1e-6, f"{combo} {name}: relative gradient error {float(err):.2e}"
+        # one process in the arithmetic of two ranks (train.emulate_learner_ranks = 2): bit for bit
+        emu, emu_norm = emulated_gradients(model_path, rollouts, config(model_path, *combo, emulate_learner_ranks=2), 2)
+        assert emu_norm == got_norm, combo
+        for name in ref:
+            assert torch.equal(emu[name], got[name]), f"{combo} {name}: emulated 2-rank gradient is not bit-equal"
 
 
 def test_a_gradient_scale_error_is_caught(model_path):
@@ -139,6 +164,16 @@ def test_a_gradient_scale_error_is_caught(model_path):
     ref, ref_norm, _, _ = gradients(model_path, rollouts, cfg, 1, 0)
     half = {k: v / 2 for k, v in ref.items()}
     assert any(((half[k] - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-12)) > 1e-6 for k in ref)
+
+
+def test_emulating_learner_ranks_takes_two_and_only_on_one_rank(model_path):
+    from components.trainer.config import ConfigError, validate
+
+    validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=2))
+    with pytest.raises(ConfigError, match=r"emulate_learner_ranks must be 1 \(off\) or 2, got 4"):
+        validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=4))
+    with pytest.raises(ConfigError, match="got train.learner_ranks = 2"):
+        validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=2, learner_ranks=2))
 
 
 def test_rows_and_micro_batches_split_evenly():
@@ -178,7 +213,7 @@ def test_bf16_step_at_the_paper_lr_changes_every_fp32_master_tensor(model_path):
 
 # ---------------------------------------------------------------------------------------
 # end to end: the trainer with T = 2 learner ranks, and resuming at another T (items 2 and 7)
-def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None) -> Path:
+def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None, emulate: int = 1) -> Path:
     import gin
 
     from _helpers_trainer import write_gin
@@ -188,7 +223,8 @@ def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None) 
     run_dir = Path(run_dir or tmp_path / name)
     cfg = write_gin(tmp_path / f"{name}-{steps}-{ranks}.gin", model_path, train__total_steps=str(steps),
                     train__checkpoint_every="2", train__eval_every="100", train__learner_ranks=str(ranks),
-                    train__micro_batch_size="5")
+                    train__micro_batch_size="5", train__emulate_learner_ranks=str(emulate),
+                    train__grad_clip="0.05")  # clipping active: its norm must match too
     assert run_training([cfg], [], str(run_dir), progress=False) == "done", (run_dir / "run.json").read_text()
     gin.clear_config()
     return run_dir
@@ -232,6 +268,13 @@ def test_trainer_with_two_learner_ranks_matches_one_and_resumes_at_another_rank_
     for a, b in zip(m1, m2):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     print(f"T=1 vs T=2 after 6 steps: max |dw| = {diff:.2e}")
+    # one rank computing in the arithmetic of two (train.emulate_learner_ranks = 2) is the 2-rank run bit for bit
+    emu = _run(tmp_path, model_path, "emu", 6, 1, emulate=2)
+    w2, we = _final(two), _final(emu)
+    assert all(torch.equal(w2[k], we[k]) for k in w2), "T=1 emulating 2 ranks vs T=2: weights not bit-equal"
+    me = read_jsonl(emu / "metrics.jsonl")
+    assert [m["grad_norm"] for m in me] == [m["grad_norm"] for m in m2] and [m["loss"] for m in me] == [m["loss"] for m in m2]
+    assert run_json(emu)["hardware"]["emulate_learner_ranks"] == 2
     # resume a T=2 checkpoint with T=1, and a T=1 checkpoint with T=2
     r21 = _run(tmp_path, model_path, "r21", 4, 2)
     _interrupt(r21)

@@ -330,3 +330,20 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path)
         assert r["changed"] == r["num_params"], (precision, r)  # every weight really changed
         assert r["spanning"] >= 1 and r["late_versions"] == [1] and r["engine_version"] == 1
     assert res["bf16_fp32_head"]["head_dtype"] == "torch.float32"
+
+
+def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeypatch):
+    import importlib.util
+
+    from components.trainer.config import ConfigError, TrainConfig, validate
+    from components.trainer.loop import weight_sync_backend
+
+    assert weight_sync_backend("auto", "cpu") == "gloo"
+    assert weight_sync_backend("gloo", "cuda:0") == "gloo" and weight_sync_backend("nccl", "cuda") == "nccl"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert weight_sync_backend("auto", "cuda:0") == "gloo"  # the nccl path is vLLM's engine: gloo without it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    assert weight_sync_backend("auto", "cuda:0") == "nccl"
+    with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl; got 'mpi'"):
+        validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))

@@ -72,9 +72,17 @@ class TrainConfig:
     # -- processes --------------------------------------------------------------------------
     num_generators: int = 1
     learner_ranks: int = 1  # data-parallel FSDP2 learner processes (one device each)
+    # a ONE-rank learner that computes every step exactly as this many FSDP2 ranks would (their
+    # row split, micro-batches, gradient reduction and grad-norm reduction): a run at
+    # learner_ranks = 1 then reproduces a 2-rank run bit for bit (a check, not a speed-up)
+    emulate_learner_ranks: int = 1
     heartbeat_s: float = 2.0  # every process beats this often
     heartbeat_timeout_s: float = 30.0  # a process silent this long is named dead or hung
     weight_sync_bucket_mb: float = 64.0  # tensors broadcast to the generators per bucket
+    # "auto": nccl on GPU (vLLM's weight-transfer engine; gloo when vLLM is not installed), gloo on
+    # CPU; "gloo" on GPU stages through host memory (e.g. a learner and a generator sharing one GPU,
+    # which NCCL refuses)
+    weight_sync_backend: str = "auto"
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     seed: int = 0
     verifier_timeout_s: float = 10.0
@@ -181,9 +189,11 @@ def train_config(
     samples_per_log: int = 4,
     num_generators: int = 1,
     learner_ranks: int = 1,
+    emulate_learner_ranks: int = 1,
     heartbeat_s: float = 2.0,
     heartbeat_timeout_s: float = 30.0,
     weight_sync_bucket_mb: float = 64.0,
+    weight_sync_backend: str = "auto",
     device: str = "auto",
     seed: int = 0,
     verifier_timeout_s: float = 10.0,
@@ -244,9 +254,11 @@ def train_config(
         samples_per_log=int(samples_per_log),
         num_generators=int(num_generators),
         learner_ranks=int(learner_ranks),
+        emulate_learner_ranks=int(emulate_learner_ranks),
         heartbeat_s=float(heartbeat_s),
         heartbeat_timeout_s=float(heartbeat_timeout_s),
         weight_sync_bucket_mb=float(weight_sync_bucket_mb),
+        weight_sync_backend=str(weight_sync_backend),
         device=device,
         seed=int(seed),
         verifier_timeout_s=float(verifier_timeout_s),
@@ -273,6 +285,17 @@ def validate(cfg: TrainConfig) -> None:
     for name, value in positive.items():
         if int(value) < 1:
             raise ConfigError(f"train.{name} must be >= 1, got {value!r}")
+    if cfg.emulate_learner_ranks not in (1, 2):
+        raise ConfigError(
+            f"train.emulate_learner_ranks must be 1 (off) or 2, got {cfg.emulate_learner_ranks!r}: two ranks reduce "
+            "a gradient with one exact addition; more ranks sum in the collective's own order, which one process "
+            "cannot reproduce bit for bit"
+        )
+    if cfg.emulate_learner_ranks > 1 and cfg.learner_ranks != 1:
+        raise ConfigError(
+            f"train.emulate_learner_ranks = {cfg.emulate_learner_ranks} makes ONE learner rank compute as "
+            f"{cfg.emulate_learner_ranks} ranks; got train.learner_ranks = {cfg.learner_ranks} (set it to 1)"
+        )
     if cfg.generations_per_prompt < 2:
         raise ConfigError(
             f"train.generations_per_prompt must be >= 2 (group-relative advantages need a group), got {cfg.generations_per_prompt}"
@@ -290,6 +313,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.weight_sync_bucket_mb <= 0:
         raise ConfigError(f"train.weight_sync_bucket_mb must be > 0, got {cfg.weight_sync_bucket_mb!r}")
+    if cfg.weight_sync_backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl; got {cfg.weight_sync_backend!r}")
     if cfg.temperature <= 0:
         raise ConfigError(f"train.temperature must be > 0 for RL sampling, got {cfg.temperature!r}")
     if not 0 < cfg.top_p <= 1:

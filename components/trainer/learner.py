@@ -200,6 +200,29 @@ def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list
     return out + ([cur] if cur else [])
 
 
+def sharded_grad_norm(grads: Sequence[torch.Tensor], ranks: int) -> torch.Tensor:
+    """The total 2-norm of `grads` [full tensors] computed as `ranks` FSDP2 ranks compute it from
+    their dim-0 shards (`clip_grad_norm_` on DTensors), bit for bit: each rank takes the norm of
+    each of its shards (torch.chunk along dim 0, FSDP2's split; a rank past the last chunk holds
+    an empty one), every parameter's norm is reduced over the ranks as (sum of squares) ** 0.5
+    (DTensor's partial norm), then the norms of all parameters are stacked and normed. Returns a
+    0-d tensor."""
+    per_rank: list[list[torch.Tensor]] = [[] for _ in range(ranks)]
+    for g in grads:
+        chunks = list(torch.chunk(g, ranks, dim=0))  # FSDP2 `Shard(0)`
+        chunks += [g.new_empty(0)] * (ranks - len(chunks))
+        for r, c in enumerate(chunks):
+            per_rank[r].append(c)
+    local = [torch._foreach_norm(ts, 2.0) for ts in per_rank]  # [ranks][params] 0-d each
+    norms = []
+    for p in range(len(grads)):
+        total = local[0][p] ** 2.0
+        for r in range(1, ranks):
+            total = total + local[r][p] ** 2.0
+        norms.append(total ** (1.0 / 2.0))
+    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
+
+
 def _dummy_micro_batch(batch: Batch) -> MicroBatch:
     """One padding row with no trainable token: keeps the ranks' collective counts equal."""
     one = batch.select(torch.tensor([0])).trim()
@@ -312,6 +335,20 @@ class Learner:
                 self.model, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True
             )
 
+    def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None]:
+        """Forward + backward of one micro-batch (gradients added into .grad). Returns its loss and,
+        unless it is a dummy, the detached log-probs [b, T] and entropies [b, T] of its tokens."""
+        logp, entropy = self.logprobs(mb)  # [b, T] each
+        adv = mb.advantages.to(self.device)  # [b]
+        batch = mb.batch.to(self.device)
+        per_token = self.loss_fn(logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+        loss = weighted_sum(per_token, mb.weights.to(self.device))  # []
+        (loss * scale).backward()
+        if mb.dummy:
+            return float(loss.detach()), None, None
+        ent = entropy.detach().float().cpu() if entropy is not None else torch.zeros_like(logp).cpu()
+        return float(loss.detach()), logp.detach().float().cpu(), ent
+
     def accumulate(self, micro_batches: Sequence[MicroBatch]) -> dict:
         """Forward + backward over this rank's micro-batches (gradients summed into .grad).
 
@@ -324,32 +361,72 @@ class Learner:
         total = 0.0
         logps, entropies = [], []
         for mb in micro_batches:
-            logp, entropy = self.logprobs(mb)  # [b, T] each
-            adv = mb.advantages.to(self.device)  # [b]
-            batch = mb.batch.to(self.device)
-            per_token = self.loss_fn(logp, batch.gen_logp, adv, batch.mask)  # [b, T]
-            loss = weighted_sum(per_token, mb.weights.to(self.device))  # []
-            (loss * scale).backward()
-            total += float(loss.detach())
-            if not mb.dummy:
-                logps.append(logp.detach().float().cpu())
-                entropies.append(entropy.detach().float().cpu() if entropy is not None else torch.zeros_like(logp).cpu())
+            loss, logp, entropy = self._backward(mb, scale)
+            total += loss
+            if logp is not None:
+                logps.append(logp)
+                entropies.append(entropy)
         return {"loss": total, "logp": logps, "entropy": entropies}
 
-    def grad_norm(self) -> float:
-        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0."""
+    def accumulate_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
+        """Forward + backward over EVERY shard of a step, in this one process, in the arithmetic
+        of `len(shards)` FSDP2 ranks (`train.emulate_learner_ranks`).
+
+        FSDP2 reduces after each backward: rank r computes micro-batch m of its shard, the
+        ranks' gradients of micro-batch m are summed (reduce-scatter) and added to the sharded
+        gradient, micro-batch after micro-batch. So here: each shard's micro-batch m gets its
+        own gradient, those are summed across shards in rank order, and the sum is added to the
+        step's gradient. With two ranks the reduction is one addition, exact and order-free
+        (the loss scale T and FSDP2's division by T are powers of two, also exact), so .grad
+        ends bit for bit equal to the two ranks' sharded gradients put together. Costs two more
+        gradient-sized buffers; returns one partial result per shard, as the ranks would.
+        """
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        n_mb = {len(s) for s in shards}
+        if len(n_mb) != 1:
+            raise RuntimeError(f"every rank needs the same number of micro-batches, got {[len(s) for s in shards]}")
+        parts = [{"loss": 0.0, "logp": [], "entropy": []} for _ in shards]
+        step_grad: list[torch.Tensor] | None = None
+        for m in range(n_mb.pop()):
+            reduced: list[torch.Tensor] | None = None
+            for part, shard in zip(parts, shards):
+                loss, logp, entropy = self._backward(shard[m], 1.0)
+                part["loss"] += loss
+                if logp is not None:
+                    part["logp"].append(logp)
+                    part["entropy"].append(entropy)
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                for p in params:
+                    p.grad = None
+                reduced = grads if reduced is None else [a + b for a, b in zip(reduced, grads)]
+            step_grad = reduced if step_grad is None else [a + b for a, b in zip(step_grad, reduced)]
+        for p, g in zip(params, step_grad or []):
+            p.grad = g
+        return parts
+
+    def grad_norm(self, as_ranks: int = 1) -> float:
+        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0.
+        as_ranks > 1 (one process emulating that many ranks): the norm is reduced as the ranks
+        reduce it (`sharded_grad_norm`), so the clip factor is bit for bit theirs."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
         clip = self.cfg.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip and clip > 0 else float("inf"))
+        max_norm = clip if clip and clip > 0 else float("inf")
+        if as_ranks > 1:
+            norm = sharded_grad_norm([p.grad for p in params], as_ranks)
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+            return float(norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
 
-    def apply_update(self) -> tuple[float, float]:
+    def apply_update(self, as_ranks: int = 1) -> tuple[float, float]:
         """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
-        grad_norm = self.grad_norm()
+        grad_norm = self.grad_norm(as_ranks)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
@@ -365,17 +442,27 @@ class Learner:
         part.update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
         return part
 
+    def train_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
+        """One step on every shard in the arithmetic of len(shards) ranks (one process); one
+        partial result per shard, the first carrying the grad norm, lr and time."""
+        t0 = time.perf_counter()
+        parts = self.accumulate_as_ranks(shards)
+        grad_norm, lr = self.apply_update(as_ranks=len(shards))
+        parts[0].update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
+        return parts
+
     # -------------------------------------------------------------------------------------
     def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
         """One step of a ONE-rank learner on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
         if self.ranks != 1:
             raise RuntimeError("Learner.step is the one-rank path; with T > 1 ranks learner rank 0 plans the step")
         t0 = time.perf_counter()
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, 1)
+        emulated = self.cfg.emulate_learner_ranks
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, emulated)
         if not plan.shards:
             return finish_stats(plan, None, self.version, self.cfg, time.perf_counter() - t0)
-        part = self.train_shard(plan.shards[0])
-        return finish_stats(plan, [part], self.version, self.cfg, time.perf_counter() - t0)
+        parts = self.train_as_ranks(plan.shards) if emulated > 1 else [self.train_shard(plan.shards[0])]
+        return finish_stats(plan, parts, self.version, self.cfg, time.perf_counter() - t0)
 
     # -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

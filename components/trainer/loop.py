@@ -96,13 +96,29 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
     return out
 
 
+def weight_sync_backend(choice: str, device: str) -> str:
+    """`train.weight_sync_backend` resolved (the same on every member of the group): "auto" is
+    nccl on GPU when vLLM (whose weight-transfer engine the nccl path uses) is installed, else
+    gloo."""
+    if choice != "auto":
+        return choice
+    if not str(device).startswith("cuda"):
+        return "gloo"
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        log.warning("vLLM is not installed: weights go to the generators over gloo, staged through host memory")
+        return "gloo"
+    return "nccl"
+
+
 def weight_group_of(cfg, endpoints, layout, device: str):
     """The run's weight group (learner-0 + every generator); every member builds the same one."""
     from components.trainer.weight_sync import WeightGroup
 
     host = endpoints.host if endpoints.host not in ("", "0.0.0.0") else "127.0.0.1"
     return WeightGroup(master_addr=host, master_port=endpoints.weight_port, num_generators=layout.num_generators,
-                       backend="nccl" if str(device).startswith("cuda") else "gloo",
+                       backend=weight_sync_backend(cfg.weight_sync_backend, device),
                        timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb)
 
 
@@ -416,9 +432,12 @@ class Trainer:
     def _learn(self, rollouts: list[Rollout]) -> dict:
         t0 = time.perf_counter()
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, self.layout.learner_ranks)
+        emulated = self.cfg.emulate_learner_ranks  # > 1: one rank computing as that many (a bit-for-bit check)
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, max(self.layout.learner_ranks, emulated))
         if not plan.shards:
             return finish_stats(plan, None, self.learner.version, self.cfg, time.perf_counter() - t0)
+        if emulated > 1:
+            return self._finish_learn(plan, self.learner.train_as_ranks(plan.shards), t0)
         self.step_parts = {}
         for k, name in enumerate(self.followers, start=1):
             self.hub.send(name, ("step", plan.shards[k]))
@@ -429,6 +448,9 @@ class Trainer:
                 raise GeneratorError(f"learner ranks did not report their step within {self.cfg.queue_timeout_s}s")
             self._pump(1.0)
         parts = [part0] + [self.step_parts[k] for k in range(1, self.layout.learner_ranks)]
+        return self._finish_learn(plan, parts, t0)
+
+    def _finish_learn(self, plan, parts: list, t0: float) -> dict:
         batch = plan.batch  # the kept (trained) sequences
         prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
         for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):

@@ -1,0 +1,295 @@
+"""GPU measurements of issue 10 item 9, on one GPU: learner tokens/s and MFU, torch-engine
+generation tokens/s, and end-to-end samples/s of `pipeline_rl(8)` against `ppo_off_policy(1)`.
+(Weight sync seconds: `benchmarks/weight_sync.py --device cuda`.)
+
+Models are built here from real architectures' shapes with random weights (nothing downloaded):
+Qwen2.5-0.5B and Qwen2.5-1.5B (`--sizes`).
+
+- learner: `components.trainer.learner.Learner` (fp32 master weights, AdamW; the `bf16` policy
+  computes under autocast at one rank; sdpa attention; packed micro-batches of at most
+  `--mb-tokens` tokens; the chunked log-prob head) on synthetic rollouts of `--seqs` sequences
+  (prompt `--prompt-len`, completion `--completion-len` tokens). Timed: whole steps (forward,
+  backward, clip, AdamW), after `--warmup` steps. FLOPs: `FlopCounter.training` (3 forwards: 2N
+  per token without the input embedding + causal attention), as the run's compute axis counts
+  them. MFU against the GPU's dense bf16 peak (`--peak-tflops`, H100 SXM: 989).
+- generation: `TorchEngine` in bf16, `--gen-prompts` prompts x `--gen-samples` samples x
+  `--gen-tokens` new tokens (random weights rarely sample EOS: nearly every sequence runs to the
+  cap), after a warm-up batch.
+- e2e: `scalerl`'s trainer (`run_training`), 1 learner + 1 generator sharing the GPU, on the
+  arithmetic task with a random char-tokenizer Llama of `--e2e-hidden` x `--e2e-layers`;
+  rollouts of `--e2e-tokens` tokens at most; the weight group on gloo (NCCL refuses two ranks on
+  one GPU). samples/s = generations trained / training wall clock (start-up excluded).
+
+    python benchmarks/gpu.py --out /tmp/gpu            # everything (a GPU machine)
+    python benchmarks/gpu.py --smoke --out /tmp/gpu    # the same code paths, tiny, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SIZES = {  # Qwen2.5 shapes (config.json of the released models), random weights
+    "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
+}
+
+
+def build(size: str, device: str):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SIZES[size])
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg)
+    return model
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def rollouts(n_seqs: int, group: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0):
+    import torch
+
+    from components.engines.base import Completion
+    from components.trainer.rollout import Rollout
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for gi in range(n_seqs // group):
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
+        comps, rewards = [], []
+        for s in range(group):
+            toks = torch.randint(3, vocab, (completion_len,), generator=g).tolist()
+            comps.append(Completion(gi, s, list(prompt), toks, [-5.0] * completion_len, [0] * completion_len,
+                                    [False] * completion_len, "length"))
+            rewards.append(1.0 if (s + gi) % 2 else 0.0)
+        out.append(Rollout(order_id=gi, problem_id=f"p{gi}", completions=comps, rewards=rewards,
+                           passed=[r > 0 for r in rewards]))
+    return out
+
+
+def learner_bench(size: str, args) -> dict:
+    import torch
+
+    from components.registry import load_builtin_components
+    from components.trainer.accounting import FlopCounter
+    from components.trainer.config import TrainConfig
+    from components.trainer.learner import Learner
+
+    load_builtin_components()
+    device = args.device
+    model = build(size, device)
+    flops = FlopCounter.from_model(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    group = 8
+    cfg = TrainConfig(model_path="", loss="cispo", aggregation="prompt_mean", advantage_norm="batch",
+                      precision=args.precision, lr=1e-6, warmup_steps=0, grad_clip=1.0,
+                      prompts_per_step=args.seqs // group, generations_per_prompt=group,
+                      micro_batch_size=args.mb_seqs or args.seqs,
+                      max_tokens_per_micro_batch=None if args.mb_seqs else args.mb_tokens, logprob_chunk_size=1024,
+                      activation_checkpointing=args.checkpointing, attn_implementation="sdpa")
+    learner = Learner(model, cfg, 0, torch.device(device))
+    batch = rollouts(args.seqs, group, args.prompt_len, args.completion_len, SIZES[size]["vocab_size"])
+    keep = [True] * len(batch)
+    tokens = sum(len(c.prompt_ids) + len(c.token_ids) for r in batch for c in r.completions)
+    step_flops = sum(flops.training(len(c.prompt_ids), len(c.token_ids)) for r in batch for c in r.completions)
+    for _ in range(args.warmup):
+        learner.step(batch, keep)
+    sync(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        learner.step(batch, keep)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    s = sorted(times)[len(times) // 2]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else math.nan
+    row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
+               seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing, step_s=s,
+               tokens_per_s=tokens / s, tflops=step_flops / s / 1e12, mfu=step_flops / s / (args.peak_tflops * 1e12),
+               peak_gib=peak)
+    del learner, model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return row
+
+
+def generation_bench(size: str, args) -> dict:
+    import torch
+
+    from components.engines import GenerationRequest, SamplingParams
+    from components.engines.torch_engine import TorchEngine
+    from components.models import make_char_tokenizer
+
+    device = args.device
+    model = build(size, device)
+    engine = TorchEngine("", precision=args.precision, device=device, model=model, tokenizer=make_char_tokenizer(),
+                         max_batch_size=args.gen_prompts * args.gen_samples)
+    g = torch.Generator().manual_seed(1)
+    vocab = SIZES[size]["vocab_size"]
+
+    def once(n_prompts: int, max_tokens: int) -> tuple[int, float]:
+        reqs = [GenerationRequest(group_id=i, prompt_ids=torch.randint(3, vocab, (args.gen_prompt_len,), generator=g).tolist(),
+                                  n=args.gen_samples) for i in range(n_prompts)]
+        sync(device)
+        t0 = time.perf_counter()
+        n = sum(c.num_tokens for grp in engine.generate(reqs, SamplingParams(temperature=1.0, max_tokens=max_tokens))
+                for c in grp.completions)
+        sync(device)
+        return n, time.perf_counter() - t0
+
+    once(2, 16)  # warm-up
+    runs = [once(args.gen_prompts, args.gen_tokens) for _ in range(args.gen_repeats)]
+    n, s = sorted(runs, key=lambda x: x[1])[len(runs) // 2]
+    row = dict(part="generation", size=size, precision=args.precision, sequences=args.gen_prompts * args.gen_samples,
+               new_tokens=n, seconds=s, tokens_per_s=n / s, vllm="not measured: vLLM is not installed on the machine")
+    del engine, model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return row
+
+
+def e2e_bench(scheme: str, args, model_dir: Path, work: Path) -> dict:
+    import gin
+
+    from experiments.train import run_training
+
+    run_dir = work / f"e2e-{scheme.replace(':', '-')}"
+    off, k = scheme.split(":")
+    bindings = [
+        f'model.path = "{model_dir}"',
+        'train.task = "arithmetic"',
+        'train.task_kwargs = {"num_train": 2000, "num_eval": 16, "max_operand": 99}',
+        'train.engine = "torch"',
+        f'train.device = "{args.device}"',
+        f'train.precision = "{args.precision}"',
+        f'train.off_policy = "{off}"',
+        f"{off}.k = {k}",
+        'train.loss = "cispo"',
+        'train.aggregation = "prompt_mean"',
+        'train.advantage_norm = "batch"',
+        'train.curriculum = ["uniform"]',
+        'train.length_control = "truncate"',
+        f"train.max_tokens = {args.e2e_tokens}",
+        f"train.prompts_per_step = {args.e2e_prompts}",
+        "train.generations_per_prompt = 8",
+        f"train.micro_batch_size = {args.e2e_prompts * 8}",
+        "train.lr = 1e-6",
+        f"train.total_steps = {args.e2e_steps}",
+        "train.eval_every = 100000",
+        "train.eval_prompts = 16",
+        "train.eval_k = 1",
+        "train.checkpoint_every = 100000",
+        'train.weight_sync_backend = "gloo"',
+        "train.num_generators = 1",
+        "train.learner_ranks = 1",
+    ]
+    gin.clear_config()
+    status = run_training([], bindings, str(run_dir), progress=False)
+    gin.clear_config()
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    skip = min(args.e2e_warmup, len(lines) - 1)  # the first steps include the engines' warm-up
+    t0 = lines[skip - 1]["wall_s"] if skip > 0 else 0.0
+    gens = sum(m["generations"] for m in lines[skip:])
+    toks = sum(m.get("generated_tokens", 0) for m in lines[skip:])
+    wall = lines[-1]["wall_s"] - t0
+    return dict(part="e2e", scheme=scheme, status=status, steps=len(lines) - skip, samples=gens, wall_s=wall,
+                samples_per_s=gens / wall, generated_tokens_per_s=toks / wall,
+                lag_max=max(m.get("lag_max", 0) for m in lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="writes gpu.json and gpu.md here")
+    ap.add_argument("--parts", default="learner,generation,e2e")
+    ap.add_argument("--sizes", default="0.5B,1.5B")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--completion-len", type=int, default=1024)
+    ap.add_argument("--mb-tokens", type=int, default=16384)
+    ap.add_argument("--mb-seqs", type=int, default=0,
+                    help="> 0: padded micro-batches of this many sequences instead of packed rows of --mb-tokens")
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")
+    ap.add_argument("--gen-prompts", type=int, default=32)
+    ap.add_argument("--gen-samples", type=int, default=8)
+    ap.add_argument("--gen-prompt-len", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=512)
+    ap.add_argument("--gen-repeats", type=int, default=3)
+    ap.add_argument("--e2e-hidden", type=int, default=1024)
+    ap.add_argument("--e2e-layers", type=int, default=16)
+    ap.add_argument("--e2e-tokens", type=int, default=256)
+    ap.add_argument("--e2e-prompts", type=int, default=16)
+    ap.add_argument("--e2e-steps", type=int, default=16)
+    ap.add_argument("--e2e-warmup", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: check the code paths")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.device, args.sizes, args.precision = "cpu", "smoke", "fp32"
+        args.seqs, args.prompt_len, args.completion_len, args.mb_tokens = 16, 8, 16, 256
+        args.warmup, args.steps, args.gen_prompts, args.gen_samples, args.gen_tokens = 1, 1, 2, 2, 8
+        args.gen_repeats, args.e2e_hidden, args.e2e_layers, args.e2e_tokens, args.e2e_steps = 1, 64, 2, 8, 4
+        args.e2e_prompts, args.e2e_warmup = 4, 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    print(json.dumps(env), flush=True)
+    rows = []
+    parts = args.parts.split(",")
+    sizes = [s for s in args.sizes.split(",") if s]
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "gpu.json").write_text(json.dumps({"env": env, "args": vars(args), "rows": rows}, indent=1))
+
+    for size in sizes:
+        if "learner" in parts:
+            record(learner_bench(size, args))
+        if "generation" in parts:
+            record(generation_bench(size, args))
+    if "e2e" in parts:
+        from components.models import build_tiny_policy
+
+        model_dir = out / "e2e-model"
+        if not (model_dir / "config.json").is_file():
+            build_tiny_policy(model_dir, hidden_size=args.e2e_hidden, num_layers=args.e2e_layers,
+                              num_heads=max(args.e2e_hidden // 64, 1), max_position_embeddings=1024)
+        for scheme in ("ppo_off_policy:1", "pipeline_rl:8"):
+            record(e2e_bench(scheme, args, model_dir, out))
+        e2e = {r["scheme"]: r for r in rows if r["part"] == "e2e"}
+        print(f"pipeline_rl(8) / ppo_off_policy(1) samples/s: "
+              f"{e2e['pipeline_rl:8']['samples_per_s'] / e2e['ppo_off_policy:1']['samples_per_s']:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
