@@ -100,10 +100,13 @@ def measure_one(tokens: int, checkpointing: bool, steps: int = 2, chunk: int = 1
         rollouts = _rollouts(prompts, generations, config["vocab_size"])
         keep = [True] * len(rollouts)
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to the current RSS
-        base = _status_kib("VmRSS")
+        base = _status_kib("VmRSS") - _status_kib("RssFile")
         for _ in range(steps):
             stats = learner.step(rollouts, keep)
-        peak = _status_kib("VmHWM")
+        # VmHWM counts file-backed pages too: library code the step touches for the first time (how
+        # much depends on the page cache, not on the step). RssFile only grows during the step, so
+        # VmHWM - RssFile(end) is at most the anonymous (tensor) memory at the peak
+        peak = _status_kib("VmHWM") - _status_kib("RssFile")
     shape = ModelShape.from_config(config)
     layout = LearnerLayout(ranks=1, rows=1, row_length=tokens, head_tokens=per_mb * COMPLETION,
                            activation_checkpointing=checkpointing, logprob_chunk_size=chunk, precision="fp32", device="cpu")

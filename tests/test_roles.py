@@ -72,3 +72,22 @@ def test_assign_gpus_exclusive_shared_and_errors():
         R.assign_gpus(one, 0, [0, 1], gpus_on_node=0)
     with pytest.raises(ValueError, match="rank 3 is not among"):
         R.assign_gpus(lay, 3, [0, 1], gpus_on_node=8)
+
+
+def test_a_local_run_pins_each_process_to_its_own_cpu_when_there_are_enough():
+    import os
+
+    from components.trainer.roles import pin_cpu
+
+    before = os.sched_getaffinity(0)
+    cpus = sorted(before)
+    try:
+        assert pin_cpu(0, len(cpus) + 1, environ={}) is None  # more processes than CPUs: left alone
+        assert os.sched_getaffinity(0) == before
+        assert pin_cpu(0, 1, environ={"SLURM_JOB_ID": "7"}) is None  # Slurm's task binding decides
+        assert pin_cpu(0, 1, environ={"SCALERL_PIN_CPUS": "0"}) is None
+        slot = len(cpus) - 1
+        assert pin_cpu(slot, len(cpus), environ={}) == cpus[slot]
+        assert os.sched_getaffinity(0) == {cpus[slot]}
+    finally:
+        os.sched_setaffinity(0, before)

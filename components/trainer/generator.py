@@ -314,7 +314,10 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
 
     cfg = setup.cfg
     if setup.device == "cpu":
+        from components.trainer.roles import pin_cpu
+
         torch.set_num_threads(1)
+        pin_cpu(layout.learner_ranks + index, layout.world_size)
     apply_gin(setup)
     task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
     tokenizer = load_tokenizer(cfg.model_path)

@@ -41,6 +41,7 @@ from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingCloc
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer.learner import Learner, finish_stats, plan_step
+from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import JsonlLog, read_jsonl, repair_jsonl
 
@@ -173,6 +174,7 @@ class Trainer:
         self.device = self.setup.device
         if self.device == "cpu":
             torch.set_num_threads(1)  # one core per process
+            pin_cpu(0, self.layout.world_size)  # ... and the same core throughout
         torch.manual_seed(cfg.seed)
         self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)

@@ -253,6 +253,28 @@ def free_port_base(n: int = PORTS_PER_RUN, attempts: int = 200) -> int:
                        "(below the kernel's ephemeral port range)")
 
 
+def pin_cpu(slot: int, world_size: int, environ: Optional[dict] = None) -> Optional[int]:
+    """Pin this process to one CPU of its affinity set (the `slot`-th: the process's global rank)
+    when every process of the run can have its own (a local run on a machine with at least
+    `world_size` CPUs); returns the CPU, or None when it leaves the process alone: under Slurm
+    (its task binding decides), when the run's processes outnumber the CPUs, or when
+    SCALERL_PIN_CPUS=0. Unpinned, the run's processes hop between the cores as they wake, and a
+    run's CPU time then depends on whether other work holds the other cores (BENCHMARKS.md
+    "Compute axis beside a CPU hog")."""
+    env = os.environ if environ is None else environ
+    if env.get("SCALERL_PIN_CPUS", "1") == "0" or env.get("SLURM_JOB_ID"):
+        return None
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return None
+    if len(cpus) < world_size:
+        return None
+    cpu = cpus[slot % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
 def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:
     """Local GPU indices of `rank` among the processes of its node (consecutive, in rank order).
 
