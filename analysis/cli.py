@@ -34,7 +34,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", help="a run directory, a sweep directory or a directory of sweeps")
     parser.add_argument("--compute", choices=["compute_hours", "flops", "cpu_hours"], default="compute_hours",
                         help="compute axis (default: compute_hours = devices reserved × training wall-clock hours; "
-                             "cpu_hours = the run's CPU time, robust to a shared machine but blind to idle time)")
+                             "cpu_hours = the run's CPU time, a second view: blind to idle time, and itself moved by "
+                             "neighbours' cache use; BENCHMARKS.md)")
     parser.add_argument("--min-compute", type=_min_compute_arg, default="paper", metavar="paper|epoch|none|C",
                         help="where each fit starts: 'paper' (default) = where the paper starts it: a "
                              "whole-run fit at the end of the run's first epoch (first metrics line with "

@@ -1,11 +1,11 @@
 """A compute axis that measures the run, not the machine (issue 12, item 1).
 
 The same deterministic run (ppo_off_policy(1), fixed seed: the same samples, the same work) is
-trained alone and beside a CPU hog on this 2-core machine. `cpu_hours` (the run's processes'
-CPU time) stays within 15%; the paper's `compute_hours` (devices x training wall-clock, idle
-time included) does not in general (pipeline_rl: x1.20 beside one hog, x1.74 beside two;
-BENCHMARKS.md), which is why runs reserve their cores and contended runs are flagged and re-run.
-The hog is seen: `contention` (other work on the run's CPUs) goes from ~0 to ~0.5, flagged > 0.10.
+trained alone and beside a CPU hog on this 2-core machine. The hog is seen: `contention` (other
+work on the run's CPUs) goes from ~0 to ~0.4, flagged > 0.10. Neither axis is contention-proof
+here: the paper's `compute_hours` (devices x training wall-clock) moves by up to x1.74, and
+`cpu_hours` (the run's CPU time), which stayed within 6% on 2026-11-22, measured x0.79-1.21 on
+2026-11-23 (BENCHMARKS.md). So runs reserve their cores, and contended runs are flagged and re-run.
 """
 
 from __future__ import annotations
@@ -143,4 +143,8 @@ def test_compute_stays_put_beside_a_cpu_hog_and_the_hog_is_flagged(tmp_path):
           f"contention {a['contention_run']:.2f} -> {b['contention_run']:.2f}")
     assert a["contention_run"] < 0.10, "a run alone must not be flagged"
     assert b["contention_run"] > 0.25, "the hog must show as contention (flagged above 0.10)"
-    assert abs(ratio - 1.0) <= 0.15, f"cpu_hours moved by {ratio - 1:+.0%} beside one CPU hog"
+    # cpu_hours is NOT asserted within 15%: on this 2-vCPU machine the same run's CPU time beside
+    # one hog measured x0.79-1.21 of alone over 2026-11-23 (cache and sibling-thread effects, pinned
+    # or not; BENCHMARKS.md "Compute axis beside a CPU hog"), so no axis here is contention-proof;
+    # the project flags (above) and re-runs contended runs instead (tests/test_reproduce.py)
+    assert 0.5 < ratio < 2.0, f"cpu_hours x{ratio:.2f}: the same work should cost about the same CPU time"
