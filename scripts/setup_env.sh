@@ -4,6 +4,23 @@
 # pulls gigabytes of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The code sandbox's system packages (components/tasks/README.md, "The sandbox"): bubblewrap,
+# its backend for users who are not root, and libseccomp, its system call filter. Installed
+# here when we are root and they are missing (quiet, idempotent); otherwise only a note.
+sandbox_missing=""
+command -v bwrap >/dev/null 2>&1 || [ -x /usr/bin/bwrap ] || sandbox_missing="bubblewrap"
+case "$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)" in
+  *libseccomp.so.2*) ;;
+  *) sandbox_missing="$sandbox_missing libseccomp2" ;;
+esac
+if [ -n "$sandbox_missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing the sandbox's system packages:$sandbox_missing"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $sandbox_missing; } >/dev/null
+  else
+    echo "[setup] note: the code sandbox needs the system packages$sandbox_missing (not installed here)"
+  fi
+fi
 VENV=${SCALERL_VENV:-.venv}
 PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then

@@ -1,8 +1,9 @@
 """The code sandbox and the `code_file` task: hostile programs end as -1, the grader survives, nothing leaks.
 
-These run in CI (which runs as root, like the development machine). Without root the
-sandbox refuses to run programs by design; the hostile tests then skip with that reason and
-`test_refuses_without_isolation` still checks the refusal.
+These run in CI (which runs as root, like the development machine). The sandbox-level tests
+run under both backends (`_helpers_sandbox.BACKENDS`): ``namespaces`` in this process and
+``bwrap`` as an unprivileged user; the `code_file` tests grade as root. Without root
+the hostile tests skip, and `test_refuses_without_isolation` still checks the refusal.
 """
 
 from __future__ import annotations
@@ -19,36 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from _helpers_sandbox import BACKENDS, UID_BASE, run_batch, sandbox_processes
 from components.tasks import make_task
 from components.tasks import sandbox
 from components.tasks.sandbox import SandboxConfig, SandboxLimits, SandboxUnavailableError
 
-# A uid range of our own (per test session, away from the default 2e9 + pid), so the
-# leftover checks cannot see other sandboxes on the machine.
-UID_BASE = 1_500_000_000 + (os.getpid() % 100) * 2**22
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_bytes=256 * 2**20, max_processes=8, output_bytes=64 * 1024)
 CONFIG = SandboxConfig(uid_base=UID_BASE)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox isolates programs only when run as root")
-
-
-def sandbox_processes() -> list[tuple[int, int]]:
-    """(pid, uid) of live processes whose real uid is in our sandbox range."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        uid = int(line.split()[1])
-                        if UID_BASE <= uid < UID_BASE + 2**22:
-                            found.append((int(entry), uid))
-                        break
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture
@@ -59,6 +39,9 @@ def sandbox_tmp(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(control_root))
     yield control_root
     assert list(control_root.iterdir()) == [], "sandbox control dirs were left behind"
+    end = time.monotonic() + 3.0
+    while sandbox_processes() and time.monotonic() < end:  # a killed process may take a moment to go
+        time.sleep(0.05)
     assert sandbox_processes() == [], "sandbox processes were left running"
 
 
@@ -183,30 +166,48 @@ def test_oracle_over_the_network_does_not_help(sum_task, sandbox_tmp):
         server.close()
 
 
+BOMB = (
+    "import os, time\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
+    "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+    "    n += 1\nprint(n)\n"
+)
+
+
 @needs_root
-def test_limits_are_reported(sandbox_tmp):
-    # A generous wall limit, so that the CPU limit (1 s of CPU) is what stops it even on a busy machine.
-    loop = sandbox.run_python("while True: pass", limits=dataclasses.replace(FAST, wall_seconds=20), config=CONFIG)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_limits_are_reported(backend, sandbox_tmp):
+    fast = dataclasses.asdict(FAST)
+    jobs = [
+        # A generous wall limit, so that the CPU limit (1 s of CPU) is what stops it even on a busy machine.
+        {"code": "while True: pass", "limits": {**fast, "wall_seconds": 20}},
+        {"code": "import time; time.sleep(60)", "limits": fast},
+        {"code": "while True: print('x' * 1000)", "limits": fast},
+        {"code": "x = bytearray(2**30)", "limits": fast},
+        {"code": BOMB, "limits": fast},
+    ]
+    (loop, _), (sleep, _), (flood, _), (mem, _), (bomb, _) = run_batch(backend, jobs)
     assert loop.cpu_limit and not loop.timed_out and not loop.ok and 0.5 < loop.cpu_s < 2.5  # rusage lags the limit
-    sleep = sandbox.run_python("import time; time.sleep(60)", limits=FAST, config=CONFIG)
     assert sleep.timed_out and not sleep.ok and 2.9 < sleep.wall_s < 4.0
-    flood = sandbox.run_python("while True: print('x' * 1000)", limits=FAST, config=CONFIG)
     assert flood.output_limit and len(flood.stdout) == FAST.output_bytes
-    mem = sandbox.run_python("x = bytearray(2**30)", limits=FAST, config=CONFIG)
     assert mem.exit_code == 1 and "MemoryError" in mem.stderr
-    bomb = sandbox.run_python(
-        "import os, time\nn = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
-        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
-        "    n += 1\nprint(n)\n",
-        limits=FAST,
-        config=CONFIG,
-    )
-    # RLIMIT_NPROC counts the run's own uid: the program itself plus at most 7 children.
+    # RLIMIT_NPROC bounds the run's own processes: the program itself plus at most 7 children.
     assert bomb.ok and int(bomb.stdout) == FAST.max_processes - 1
 
 
 @needs_root
-def test_no_network(sandbox_tmp):
+def test_hostile_programs_fail_and_leave_nothing_under_bwrap(sandbox_tmp):
+    """Each HOSTILE program, with the sum problem's input, fails within its limits under
+    bubblewrap too (graded by a user that is not root), and leaves no process (`sandbox_tmp`
+    checks). `test_hostile_program_gets_minus_one_and_nothing_leaks` is the same as root."""
+    jobs = [{"code": HOSTILE[name], "stdin": "1 2\n", "limits": dataclasses.asdict(FAST)} for name in sorted(HOSTILE)]
+    for name, (res, seconds) in zip(sorted(HOSTILE), run_batch("bwrap", jobs, threads=len(jobs))):
+        assert not res.ok and res.error is None, (name, res)
+        assert seconds < 8.0, f"{name} took {seconds:.1f} s"
+
+
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_network(backend, sandbox_tmp):
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -214,12 +215,13 @@ def test_no_network(sandbox_tmp):
     port = listener.getsockname()[1]
     try:
         code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
-        res = sandbox.run_python(code, limits=FAST, config=CONFIG)
+        jobs = [{"code": code, "limits": dataclasses.asdict(FAST)},
+                {"code": "import socket; print(socket.if_nameindex())", "limits": dataclasses.asdict(FAST)}]
+        (res, _), (ifaces, _) = run_batch(backend, jobs)
         assert not res.ok and "connected" not in res.stdout
         assert "Network is unreachable" in res.stderr or "Connection refused" in res.stderr
         with pytest.raises(socket.timeout):
             listener.accept()  # nobody connected to the grader's listener
-        ifaces = sandbox.run_python("import socket; print(socket.if_nameindex())", limits=FAST, config=CONFIG)
         assert ifaces.ok and "eth" not in ifaces.stdout and "ens" not in ifaces.stdout
     finally:
         listener.close()
@@ -242,23 +244,32 @@ def outside_dir():
 
 
 @needs_root
-def test_cannot_read_grader_files(outside_dir, sum_task, sandbox_tmp, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cannot_read_grader_files(backend, outside_dir, sum_task, sandbox_tmp, tmp_path):
     secret = os.path.join(outside_dir, "secret.txt")
     assert open(secret).read() == "TOP-SECRET"  # the grader can
-    read = lambda path: sandbox.run_python(f"print(open({path!r}).read())", limits=FAST, config=CONFIG)
-    res = read(secret)
-    assert not res.ok and "PermissionError" in res.stderr and "TOP-SECRET" not in res.stdout
-    # The same directory is visible: the protection above is the permissions, not a missing path.
-    assert read(os.path.join(outside_dir, "public.txt")).stdout.strip() == "PUBLIC"
-    # The task's own test data, the repository, the grader's temp files and environment are out of reach.
-    data = sum_task.path
     note = tmp_path / "grader_note.txt"
     note.write_text("grader only")
-    for path in [data, os.path.join(sandbox.REPO_ROOT, "pyproject.toml"), str(note), "/etc/shadow",
-                 f"/proc/{os.getpid()}/environ"]:
-        res = read(path)
-        assert not res.ok, path
-    # ... and a program that would pass by looking its answer up in the test data gets -1.
+    # The task's own test data, the repository, the grader's temp files and environment are out of reach.
+    unreadable = [secret, sum_task.path, os.path.join(sandbox.REPO_ROOT, "pyproject.toml"), str(note), "/etc/shadow",
+                  f"/proc/{os.getpid()}/environ"]
+    paths = unreadable + [os.path.join(outside_dir, "public.txt")]
+    jobs = [{"code": f"print(open({path!r}).read())", "limits": dataclasses.asdict(FAST)} for path in paths]
+    jobs.append({"code": "import os; print(' '.join(sorted(os.environ)))", "limits": dataclasses.asdict(FAST)})
+    results = [res for res, _ in run_batch(backend, jobs)]
+    for path, res in zip(unreadable, results):
+        assert not res.ok and "TOP-SECRET" not in res.stdout, path
+    assert "PermissionError" in results[0].stderr
+    # The same directory is visible: the protection above is the permissions, not a missing path.
+    assert results[-2].stdout.strip() == "PUBLIC"
+    # Nothing of the grader's environment (the scrubbed one only).
+    assert set(results[-1].stdout.split()) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONIOENCODING", "PYTHONHASHSEED", "LC_CTYPE"}
+
+
+@needs_root
+def test_looking_up_the_answer_in_the_test_data_fails(sum_task, sandbox_tmp):
+    """A program that would pass by looking its answer up in the test data gets -1."""
+    data = sum_task.path
     p = sum_task.train_problems()[0]
     cheat = (
         "import json, sys\ninp = sys.stdin.read()\n"
@@ -271,7 +282,8 @@ def test_cannot_read_grader_files(outside_dir, sum_task, sandbox_tmp, tmp_path):
 
 
 @needs_root
-def test_cannot_write_outside_its_directory(outside_dir, sandbox_tmp, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cannot_write_outside_its_directory(backend, outside_dir, sandbox_tmp, tmp_path):
     host_tmp_target = os.path.join(tempfile.gettempdir(), f"scalerl-escape-{os.getpid()}")
     targets = [
         os.path.join(outside_dir, "written.txt"),
@@ -279,17 +291,15 @@ def test_cannot_write_outside_its_directory(outside_dir, sandbox_tmp, tmp_path):
         "/var/tmp/written.txt",
         "/dev/shm/written.txt",
     ]
-    for target in targets:
-        res = sandbox.run_python(f"open({target!r}, 'w').write('x')", limits=FAST, config=CONFIG)
+    jobs = [{"code": f"open({target!r}, 'w').write('x')", "limits": dataclasses.asdict(FAST)} for target in targets]
+    # /tmp inside the sandbox is private: a write there succeeds but never reaches the host.
+    jobs.append({"code": f"open('/tmp/scalerl-escape-{os.getpid()}', 'w').write('x'); open('here.txt', 'w').write('y'); print('ok')",
+                 "limits": dataclasses.asdict(FAST)})
+    results = [res for res, _ in run_batch(backend, jobs)]
+    for target, res in zip(targets, results):
         assert not res.ok, target
         assert not os.path.exists(target), target
-    # /tmp inside the sandbox is private: a write there succeeds but never reaches the host.
-    res = sandbox.run_python(
-        f"open('/tmp/scalerl-escape-{os.getpid()}', 'w').write('x'); open('here.txt', 'w').write('y'); print('ok')",
-        limits=FAST,
-        config=CONFIG,
-    )
-    assert res.ok and res.stdout.strip() == "ok"
+    assert results[-1].ok and results[-1].stdout.strip() == "ok"
     assert not os.path.exists(f"/tmp/scalerl-escape-{os.getpid()}") and not os.path.exists(host_tmp_target)
 
 
@@ -307,7 +317,9 @@ def test_hostile_sandbox_runs_concurrently_with_a_correct_one(sum_task, sandbox_
 
 # -- refusal and opt-outs -------------------------------------------------------------------------
 def _fake_probe(**caps):
-    base = {"euid": os.geteuid(), "net_ns": True, "net_ns_error": None, "mount_ns": True, "mount_ns_error": None}
+    base = {"euid": os.geteuid(), "net_ns": True, "net_ns_error": None, "mount_ns": True, "mount_ns_error": None,
+            "pid_ns": True, "pid_ns_error": None, "seccomp": True, "seccomp_error": None,
+            "bwrap": None, "bwrap_error": "bwrap not found on PATH"}
     base.update(caps)
     return lambda: dict(base)
 

@@ -1,27 +1,44 @@
 """Sandbox launcher: runs ONE untrusted program with isolation, then cleans up everything it started.
 
 Executed by `components.tasks.sandbox` as its own process (``python -I -S -B this_file ...``),
-never imported. Standard library only. Modes:
+never imported. Standard library only (the seccomp filter comes from `_sandbox_seccomp.py`
+beside this file, loaded by path; bubblewrap's supervisor is `_sandbox_supervisor.py`). Modes:
 
-    launcher.py <control_dir>     run the program described by <control_dir>/spec.json
-    launcher.py --probe           print a JSON of what isolation this machine allows
-    launcher.py --kill-uid UID    SIGKILL every process of UID (a backstop cleanup)
+    launcher.py <control_dir>        run the program described by <control_dir>/spec.json
+    launcher.py --probe              print a JSON of what isolation this machine allows
+    launcher.py --kill-uid UID       SIGKILL every process of UID, as root (a backstop cleanup)
 
-Run mode, in order (the launcher itself stays root and single-threaded, so fork is safe):
+Backend ``namespaces`` (the launcher runs as root), in order:
 
-1. becomes a child subreaper, so every process the program leaves behind is re-parented to it;
-2. opens stdin / stdout / stderr files of the control dir (stdout/stderr are capped by
-   RLIMIT_FSIZE: a program writing more is killed by SIGXFSZ);
-3. ``unshare`` a new network namespace (only a down loopback: no network at all) and a new
-   mount + IPC namespace in which /tmp is a fresh size-capped tmpfs holding the program's
-   working dir /tmp/work, the other world-writable dirs are empty read-only tmpfs, and the
-   paths to hide (the repo, the data files, /run with its unix sockets, ...) are covered;
-4. forks the program: new process group, rlimits (CPU, address space, processes, file size,
-   open files, no core), all groups dropped and uid/gid set to a fresh unprivileged id
-   (``uid_base + launcher pid``, unique among live launchers, so RLIMIT_NPROC bounds a fork
-   bomb and the cleanup can kill exactly this sandbox's processes), scrubbed environment;
-5. waits with a wall-clock deadline, then kills every process of that uid and reaps until no
-   child is left, and writes result.json.
+1. becomes a child subreaper; opens the stdin / stdout / stderr files of the control dir
+   (stdout / stderr are capped by RLIMIT_FSIZE);
+2. ``unshare(CLONE_NEWPID)`` and forks the *supervisor*, which is PID 1 of the new PID
+   namespace and stays root: the program's uid can neither see nor signal it, and when it
+   exits or is killed the kernel kills every process of the namespace;
+3. the supervisor unshares network (only a down loopback), mount, IPC and UTS namespaces,
+   makes /tmp a fresh size-capped tmpfs holding the working dir /tmp/work, covers the other
+   world-writable dirs and the paths to hide, and mounts a /proc of the new PID namespace;
+4. it forks the program: new process group, rlimits, all groups dropped and uid/gid set to a
+   fresh unprivileged id (``uid_base + launcher pid``), no-new-privileges, the seccomp filter,
+   scrubbed environment, exec. It reaps every process of the namespace until the program
+   exits, reports the program's status and CPU time over a pipe, and exits (by itself a few
+   seconds after the deadline, should the launcher be gone or stopped);
+5. the launcher waits for the supervisor until the wall-clock deadline, then SIGKILLs it
+   (which kills the whole namespace), SIGKILLs from root whatever process of the run's uid
+   is still alive anywhere (none should be), reaps, and writes result.json.
+
+Backend ``bwrap`` (any user; `bwrap` from bubblewrap): the launcher runs bubblewrap with new
+user, PID, network, IPC, UTS (and cgroup) namespaces, ``--as-pid-1``, ``--die-with-parent``,
+``--new-session``, a read-only view of / with a fresh /dev, /proc and a size-capped tmpfs
+/tmp holding /tmp/work (the files are copied in), the hidden paths covered, and the seccomp
+filter (``--seccomp FD``; bubblewrap sets no-new-privileges). Inside, a supervisor
+(`_sandbox_supervisor.py`), undumpable and the namespace's init (so no process there that the
+program could read through /proc/1 holds the run's stdin / stdout), forks the program with the rlimits (RLIMIT_NPROC counts per user
+namespace on Linux >= 5.14) and reports its status over a pipe. On the deadline the
+launcher SIGKILLs bubblewrap, whose namespace's init (the supervisor) then dies
+(``--die-with-parent``) and takes every process of the namespace with it, and
+SIGKILLs any process of its own that is left (it is their subreaper). Run as root, the
+launcher first switches to the run's unprivileged uid, so bubblewrap never runs as root.
 """
 
 import ctypes
@@ -33,16 +50,23 @@ import sys
 import time
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+# In the bubblewrap backend the program shares its uid with the supervisor (the namespace's
+# init, ``--as-pid-1``), so its RLIMIT_NPROC is raised by one.
+BWRAP_OWN_PROCESSES = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -72,30 +96,88 @@ def prctl(option, arg):
     _errcheck(_libc.prctl(option, arg, 0, 0, 0), "prctl")
 
 
+def load_sibling(name):
+    """The module `name`.py beside this file (this process runs without sys.path entries for it)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# bubblewrap's supervisor; its status_fields is shared (loaded now: a run's mounts may hide this dir).
+SUPERVISOR = load_sibling("_sandbox_supervisor")
+
+
+def load_seccomp_module():
+    """`_sandbox_seccomp`, with libseccomp loaded now, before any mount hides or changes the filesystem."""
+    module = load_sibling("_sandbox_seccomp")
+    module.library()
+    return module
+
+
 # -- cleanup ---------------------------------------------------------------------------
-def kill_uid(uid):
-    """SIGKILL every process whose uid is `uid` (kill(-1) from a child running as that uid)."""
+def _proc_field(pid, name):
+    """A field of /proc/<pid>/status (first value), or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(name + ":"):
+                    return line.split()[1]
+    except OSError:
+        return None
+    return None
+
+
+def _live_pids(match):
+    """Pids of non-zombie processes for which match(pid) is true."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and match(entry) and _proc_field(entry, "State") not in (None, "Z"):
+            out.append(int(entry))
+    return out
+
+
+def kill_uid(uid, deadline_s=5.0):
+    """SIGKILL every process whose real uid is `uid`, from this (root) process; True when none is left.
+
+    Root is not of the sandbox's uid, so no process of that uid can stop or kill the cleanup
+    (the old way, switching to the uid and calling kill(-1), could be SIGSTOPped by it).
+    Repeats until no live process of the uid is found (a fork bomb may still be forking).
+    """
     if uid < 65536:
         raise ValueError(f"refusing to kill every process of uid {uid}: not a sandbox uid")
-    pid = os.fork()
-    if pid == 0:
+    if os.geteuid() != 0:
+        raise PermissionError("killing by uid needs root")
+    end = time.monotonic() + deadline_s
+    while True:
+        pids = _live_pids(lambda pid: _proc_field(pid, "Uid") == str(uid))
+        if not pids:
+            return True
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+
+
+def kill_children():
+    """SIGKILL every live child of this process (orphans re-parented to us, the subreaper, included)."""
+    me = str(os.getpid())
+    for pid in _live_pids(lambda pid: _proc_field(pid, "PPid") == me):
         try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            # Linux: kill(-1) never signals the caller itself, and succeeds even when it
-            # finds nothing of ours to kill (other processes only give EPERM), so it cannot
-            # tell us when we are done: a few passes here, and `reap_all` repeats until the
-            # launcher (the subreaper of every process the program started) has no child left.
-            for _ in range(3):
-                os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def reap_all(kill, deadline_s=3.0):
-    """Wait for every child (direct or re-parented orphan) until none is left."""
+    """Wait for every child (direct or re-parented orphan) until none is left, killing meanwhile."""
     end = time.monotonic() + deadline_s
     reaped = 0
     while True:
@@ -112,21 +194,57 @@ def reap_all(kill, deadline_s=3.0):
         time.sleep(0.002)
 
 
+def wait_until(pid, deadline):
+    """wait4(pid) until the monotonic `deadline`: (status, rusage), or None when the deadline passed.
+
+    SIGCHLD must be blocked: the wait sleeps in sigtimedwait until a child changes state.
+    """
+    while True:
+        wpid, status, rusage = os.wait4(pid, os.WNOHANG)
+        if wpid:
+            return status, rusage
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        signal.sigtimedwait({signal.SIGCHLD}, min(remaining, 0.5))
+
+
+def kill_and_wait(pid):
+    """SIGKILL `pid` (a child) and reap it: (status, rusage)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _, status, rusage = os.wait4(pid, 0)
+    return status, rusage
+
+
 # -- isolation -------------------------------------------------------------------------
-def setup_filesystem(spec, files, uid):
-    """In a fresh mount namespace: private /tmp with /tmp/work, covered dirs; returns the workdir."""
+def covered_paths(paths):
+    """The paths to cover, in mount order: real paths that exist, not /, not under /tmp (a
+    fresh tmpfs there hides everything anyway), and not inside another covered directory."""
+    out = []
+    for real in sorted({os.path.realpath(p) for p in paths}):
+        if real == "/" or real == "/tmp" or real.startswith("/tmp/") or not os.path.lexists(real):
+            continue
+        if any(real.startswith(c.rstrip("/") + "/") for c, isdir in out if isdir):
+            continue
+        out.append((real, os.path.isdir(real)))
+    return out
+
+
+def setup_filesystem(spec, files, uid, pid_ns):
+    """In a fresh mount namespace: private /tmp with /tmp/work, covered dirs, own /proc; returns the workdir."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(spec['tmpfs_bytes'])},mode=1777")
-    covered = []
-    for path in spec.get("readonly_empty", []) + spec.get("hide_paths", []):
-        real = os.path.realpath(path)
-        if real in covered or real == "/" or real == "/tmp" or not os.path.exists(real):
-            continue
-        if os.path.isdir(real):
+    for real, isdir in covered_paths(spec.get("readonly_empty", []) + spec.get("hide_paths", [])):
+        if isdir:
             mount("tmpfs", real, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
         else:
             mount("/dev/null", real, None, MS_BIND)
-        covered.append(real)
+    if pid_ns:  # a /proc of the new PID namespace: the host's processes are not listed, and
+        # hidepid=2 hides the root supervisor (PID 1) from the program too
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
     for name, data in files.items():
@@ -160,8 +278,32 @@ def read_files(workdir):
     return files
 
 
-def exec_program(spec, workdir, fds, uid, drop):
-    """In the forked child: redirect, limit, drop privileges, exec. Never returns."""
+def program_rlimits(spec, nproc_extra=None):
+    """(resource, (soft, hard)) for the program. Output of exactly `output_bytes` is allowed:
+    RLIMIT_FSIZE is one byte more, and a file that reaches it is reported as over the cap.
+    RLIMIT_NPROC only when `nproc_extra` is given (it counts processes of the program's uid)."""
+    cpu = max(1, int(-(-float(spec["cpu_seconds"]) // 1)))  # ceil, at least 1 s
+    limits = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at cpu, SIGKILL at cpu + 1
+        (resource.RLIMIT_AS, (int(spec["memory_bytes"]),) * 2),
+        (resource.RLIMIT_FSIZE, (int(spec["output_bytes"]) + 1,) * 2),
+        (resource.RLIMIT_NOFILE, (int(spec["max_open_files"]),) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    if nproc_extra is not None:
+        limits.append((resource.RLIMIT_NPROC, (int(spec["max_processes"]) + nproc_extra,) * 2))
+    return limits
+
+
+def _die_reporting(err):
+    try:
+        os.write(2, f"sandbox: cannot start the program: {type(err).__name__}: {err}\n".encode())
+    finally:
+        os._exit(127)
+
+
+def exec_program(spec, workdir, fds, uid, drop, seccomp):
+    """In the forked child (namespaces backend): redirect, limit, drop privileges, filter, exec. Never returns."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         os.setpgid(0, 0)
@@ -169,37 +311,98 @@ def exec_program(spec, workdir, fds, uid, drop):
             os.dup2(fd, target)
         os.closerange(3, 65536)
         os.chdir(workdir)
-        cpu = max(1, int(-(-float(spec["cpu_seconds"]) // 1)))  # ceil, at least 1 s
-        limits = [
-            (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at cpu, SIGKILL at cpu + 1
-            (resource.RLIMIT_AS, (int(spec["memory_bytes"]),) * 2),
-            (resource.RLIMIT_FSIZE, (int(spec["output_bytes"]),) * 2),
-            (resource.RLIMIT_NOFILE, (int(spec["max_open_files"]),) * 2),
-            (resource.RLIMIT_CORE, (0, 0)),
-        ]
-        if drop:
-            limits.append((resource.RLIMIT_NPROC, (int(spec["max_processes"]),) * 2))
-        for which, value in limits:
+        for which, value in program_rlimits(spec, 0 if drop else None):
             resource.setrlimit(which, value)
         if drop:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+        prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries give nothing
+        if seccomp is not None:
+            seccomp.load()
         os.umask(0o077)
         argv = spec["argv"]
         os.execve(argv[0], argv, spec["env"])
     except BaseException as err:  # noqa: BLE001 - report anything, then die
+        _die_reporting(err)
+
+
+def _read_report(fd):
+    """Lines written to the report pipe (its writers are gone or dead): a list of JSON objects."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
         try:
-            os.write(2, f"sandbox: cannot start the program: {type(err).__name__}: {err}\n".encode())
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    out = []
+    for line in b"".join(chunks).decode(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp):
+    """The forked supervisor (PID 1 of the run's PID namespace, still root): isolate, start the
+    program, reap until it exits, report. Never returns; its exit kills the namespace."""
+
+    def report(obj):
+        os.write(report_fd, (json.dumps(obj) + "\n").encode())
+
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dies -> so does the namespace
+        SUPERVISOR.set_own_deadline(float(spec["wall_seconds"]))
+        flags = (CLONE_NEWNET if spec["net_ns"] else 0) | (
+            CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS if spec["mount_ns"] else 0
+        )
+        if flags:
+            unshare(flags)
+        if spec["mount_ns"]:
+            workdir = setup_filesystem(spec, files, uid, spec["pid_ns"])
+        else:
+            workdir = spec["host_workdir"]
+            if drop:
+                for name in os.listdir(workdir):
+                    os.chown(os.path.join(workdir, name), uid, uid)
+                os.chown(workdir, uid, uid)
+        if not spec["pid_ns"]:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans come to us, and so to the cleanup
+        pid = os.fork()
+    except BaseException as err:  # noqa: BLE001
+        try:
+            report({"setup_error": f"{type(err).__name__}: {err}"})
         finally:
-            os._exit(127)
+            os._exit(1)
+    if pid == 0:
+        os.close(report_fd)
+        exec_program(spec, workdir, fds, uid, drop, seccomp)
+    for fd in fds:
+        os.close(fd)
+    try:
+        while True:
+            wpid, status, rusage = os.wait4(-1, 0)  # reap every orphan of the namespace
+            if wpid == pid:
+                report(SUPERVISOR.status_fields(status, rusage))
+                break
+    finally:
+        if not spec["pid_ns"]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(0)
 
 
-def run(control):
-    t0 = time.monotonic()
-    with open(os.path.join(control, "spec.json")) as f:
-        spec = json.load(f)
+def run_namespaces(control, spec, t0):
+    """Backend ``namespaces`` (root): see the module docstring, steps 1-5."""
     result = {"setup_error": None, "exit_code": None, "signal": None, "timed_out": False, "cpu_s": None}
     drop = bool(spec["drop_privileges"])
     uid = int(spec["uid_base"]) + os.getpid() if drop else os.getuid()
@@ -208,100 +411,302 @@ def run(control):
         if drop:
             _check_unused_uid(uid)
         prctl(PR_SET_CHILD_SUBREAPER, 1)
+        seccomp = load_seccomp_module() if spec["seccomp"] else None
         fds = (
             os.open(os.path.join(control, "stdin"), os.O_RDONLY),
             os.open(os.path.join(control, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
             os.open(os.path.join(control, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
         )
-        host_workdir = os.path.join(control, "work")
-        flags = (CLONE_NEWNET if spec["net_ns"] else 0) | (CLONE_NEWNS | CLONE_NEWIPC if spec["mount_ns"] else 0)
-        if flags:
-            unshare(flags)
-        if spec["mount_ns"]:
-            workdir = setup_filesystem(spec, read_files(host_workdir), uid)
-        else:
-            workdir = host_workdir
-            if drop:
-                for name in os.listdir(workdir):
-                    os.chown(os.path.join(workdir, name), uid, uid)
-                os.chown(workdir, uid, uid)
+        spec["host_workdir"] = os.path.join(control, "work")
+        files = read_files(spec["host_workdir"]) if spec["mount_ns"] else {}
+        if spec["pid_ns"]:
+            unshare(CLONE_NEWPID)  # our next child is PID 1 of a new PID namespace
     except OSError as err:
         result["setup_error"] = f"{type(err).__name__}: {err}"
         return result
-
-    # SIGCHLD stays blocked so the wait below can sleep in sigtimedwait until a child exits
-    # (no polling latency); the program gets an empty mask back before exec.
+    report_r, report_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    pid = os.fork()
-    if pid == 0:
-        exec_program(spec, workdir, fds, uid, drop)
+    sup = os.fork()
+    if sup == 0:
+        os.close(report_r)
+        supervise_namespaces(spec, files, fds, uid, drop, report_w, seccomp)
+    os.close(report_w)
     for fd in fds:
         os.close(fd)
-
-    def kill_rest():
-        if drop:
-            kill_uid(uid)
-        else:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    deadline = t0 + float(spec["wall_seconds"])
-    status = None
-    while True:
-        wpid, st, rusage = os.wait4(pid, os.WNOHANG)
-        if wpid:
-            status = st
-            break
-        remaining = deadline - time.monotonic()
-        if remaining > 0:
-            # Wakes on any SIGCHLD (e.g. a grandchild re-parented to us): loop and re-check.
-            signal.sigtimedwait({signal.SIGCHLD}, min(remaining, 0.5))
-            continue
-        result["timed_out"] = True
-        kill_rest()
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        wpid, status, rusage = os.wait4(pid, 0)
-        break
-    result["wall_s"] = time.monotonic() - t0
-    result["cpu_s"] = rusage.ru_utime + rusage.ru_stime
-    if os.WIFEXITED(status):
-        result["exit_code"] = os.WEXITSTATUS(status)
-    elif os.WIFSIGNALED(status):
-        result["signal"] = os.WTERMSIG(status)
-    # Whatever the program left running (background children, a fork bomb) dies here.
+    waited = wait_until(sup, t0 + float(spec["wall_seconds"]))
+    deadline_hit = waited is None
+    if deadline_hit:
+        waited = kill_and_wait(sup)  # kills every process of the PID namespace
+    _finish(result, _read_report(report_r), waited, deadline_hit)
+    # Nothing of the run's uid should be left (the namespace is gone); kill from root anyway.
+    kill_rest = (lambda: kill_uid(uid)) if drop else kill_children
     kill_rest()
     result["reaped_leftovers"] = reap_all(kill_rest)
+    result["wall_s"] = time.monotonic() - t0
     return result
 
 
-def probe():
-    """What this machine allows: root, a network namespace, a mount namespace with tmpfs."""
-    out = {"euid": os.geteuid()}
-    for key, flags in (("net_ns", CLONE_NEWNET), ("mount_ns", CLONE_NEWNS | CLONE_NEWIPC)):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            msg = "ok"
-            try:
-                unshare(flags)
-                if flags & CLONE_NEWNS:
-                    mount(None, "/", None, MS_REC | MS_PRIVATE)
-                    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=1777")
-            except BaseException as err:  # noqa: BLE001
-                msg = f"{type(err).__name__}: {err}"
-            os.write(w, msg.encode())
-            os._exit(0)
-        os.close(w)
-        msg = os.read(r, 4096).decode()
+def _finish(result, reports, waited, deadline_hit):
+    """Fill `result` from the supervisor's reports. Without a final report the run was cut off
+    (by the wall-clock deadline, or the program killed or stopped its supervisor): it counts as
+    killed by SIGKILL, with the supervisor's CPU time (which includes the program's)."""
+    final = [r for r in reports if "exit_code" in r or "setup_error" in r]
+    if final and final[-1].get("setup_error"):
+        result["setup_error"] = final[-1]["setup_error"]
+    elif final:
+        result.update(final[-1])
+    else:
+        _, rusage = waited
+        result["timed_out"] = deadline_hit
+        result["signal"] = int(signal.SIGKILL)
+        result["cpu_s"] = rusage.ru_utime + rusage.ru_stime
+
+
+# -- bubblewrap backend ----------------------------------------------------------------
+def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command):
+    """bubblewrap's command line for one run (`file_fds`: [(fd, name)] copied into /tmp/work)."""
+    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if spec["net_ns"]:
+        argv.append("--unshare-net")
+    # --as-pid-1: the supervisor itself is the namespace's init, not bubblewrap's own init
+    # process. That one runs as the program's uid, is dumpable and holds the run's stdin /
+    # stdout / stderr, so a program could read its input back, or write forged output, through
+    # /proc/1/fd; the supervisor is undumpable.
+    argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv += ["--size", str(int(spec["tmpfs_bytes"])), "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--perms", "0700", "--dir", "/tmp/work"]
+    for fd, name in file_fds:
+        argv += ["--perms", "0600", "--file", str(fd), f"/tmp/work/{name}"]
+    for real, isdir in covered_paths(spec.get("readonly_empty", []) + spec.get("hide_paths", [])):
+        if real == "/proc" or real.startswith("/proc/"):
+            continue
+        if isdir:
+            argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
+        else:
+            argv += ["--ro-bind", "/dev/null", real]
+    argv += ["--chdir", "/tmp/work"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return argv + ["--"] + list(command)
+
+
+def _supervisor_source():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_supervisor.py")) as f:
+        return f.read()
+
+
+def exec_bwrap(argv, env, fds, keep, uid):
+    """In the forked child: stdio, drop root (if root), exec bubblewrap. Never returns. It stays
+    in the launcher's process group, so killing that group kills it (and so its namespace)."""
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        if os.geteuid() == 0:  # bubblewrap never runs as root: as root its sandbox would be root's
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.umask(0o077)
+        os.chdir("/")
+        os.execve(argv[0], argv, env)
+    except BaseException as err:  # noqa: BLE001
+        _die_reporting(err)
+
+
+def run_bwrap(control, spec, t0):
+    """Backend ``bwrap``: see the module docstring."""
+    result = {"setup_error": None, "exit_code": None, "signal": None, "timed_out": False, "cpu_s": None}
+    root = os.geteuid() == 0
+    uid = int(spec["uid_base"]) + os.getpid() if root else os.getuid()
+    result["uid"] = uid
+    opened = []
+    try:
+        if root:
+            _check_unused_uid(uid)
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        fds = (
+            os.open(os.path.join(control, "stdin"), os.O_RDONLY),
+            os.open(os.path.join(control, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+            os.open(os.path.join(control, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+        )
+        opened += fds
+        if root:  # bubblewrap runs as the run's uid: it must be able to write the program's output
+            for fd in fds[1:]:
+                os.fchown(fd, uid, uid)
+        work = os.path.join(control, "work")
+        file_fds = []
+        for name in sorted(os.listdir(work)):
+            fd = os.open(os.path.join(work, name), os.O_RDONLY)
+            opened.append(fd)
+            file_fds.append((fd, name))
+        seccomp_fd = load_seccomp_module().export_bpf_fd() if spec["seccomp"] else None
+        if seccomp_fd is not None:
+            opened.append(seccomp_fd)
+        report_r, report_w = os.pipe()
+        opened.append(report_w)
+        sup_spec = {
+            "argv": spec["argv"],
+            "env": spec["env"],
+            "wall_seconds": float(spec["wall_seconds"]),
+            "report_fd": report_w,
+            "rlimits": program_rlimits(spec, BWRAP_OWN_PROCESSES),
+        }
+        command = [spec["supervisor_python"], "-I", "-S", "-B", "-c", _supervisor_source(), json.dumps(sup_spec)]
+        argv = bwrap_argv(spec["bwrap"], spec, file_fds, seccomp_fd, command)
+    except OSError as err:
+        for fd in opened:
+            os.close(fd)
+        result["setup_error"] = f"{type(err).__name__}: {err}"
+        return result
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    child = os.fork()
+    if child == 0:
+        os.close(report_r)
+        keep = [fd for fd, _ in file_fds] + ([seccomp_fd] if seccomp_fd is not None else []) + [report_w]
+        exec_bwrap(argv, spec["env"], fds, keep, uid)
+    for fd in opened:
+        os.close(fd)
+    waited = wait_until(child, t0 + float(spec["wall_seconds"]))
+    deadline_hit = waited is None
+    if deadline_hit:
+        waited = kill_and_wait(child)  # the supervisor (the namespace's init) dies with it (--die-with-parent)
+    reports = _read_report(report_r)
+    kill_rest = (lambda: (kill_children(), kill_uid(uid))) if root else kill_children
+    result["reaped_leftovers"] = reap_all(kill_rest)  # the namespace's init, if it outlived bubblewrap
+    if root:
+        kill_uid(uid)
+    if any(r.get("started") for r in reports) or deadline_hit:
+        _finish(result, reports, waited, deadline_hit)
+    else:
+        tail = _tail(os.path.join(control, "stderr"))
+        result["setup_error"] = f"bubblewrap failed (status {waited[0]}): {tail}"
+    result["wall_s"] = time.monotonic() - t0
+    return result
+
+
+def _tail(path, n=1000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - n))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def run(control):
+    t0 = time.monotonic()
+    with open(os.path.join(control, "spec.json")) as f:
+        spec = json.load(f)
+    if spec.get("backend") == "bwrap":
+        return run_bwrap(control, spec, t0)
+    return run_namespaces(control, spec, t0)
+
+
+# -- probe -----------------------------------------------------------------------------
+def _in_child(fn):
+    """Run fn() in a forked child; its error message, or None when it succeeded."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
         os.close(r)
-        os.waitpid(pid, 0)
-        out[key] = msg == "ok"
-        out[key + "_error"] = None if msg == "ok" else msg
+        msg = "ok"
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001
+            msg = f"{type(err).__name__}: {err}"
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    msg = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return None if msg == "ok" else (msg or "the probe process died")
+
+
+def _probe_mount_ns():
+    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=1777")
+
+
+def _probe_pid_ns():
+    unshare(CLONE_NEWPID)
+    pid = os.fork()
+    if pid == 0:  # PID 1 of the new namespace: mount its /proc, as a run does
+        ok = 1
+        try:
+            unshare(CLONE_NEWNS)
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+            ok = 0 if os.getpid() == 1 else 1
+        finally:
+            os._exit(ok)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(1, "cannot mount /proc in a new PID namespace")
+
+
+def _find_bwrap():
+    for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/local/bin", "/bin"]:
+        p = os.path.join(d or ".", "bwrap")
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return os.path.abspath(p)
+    return None
+
+
+def _probe_bwrap(bwrap, seccomp):
+    """Run `true` through bubblewrap with every option a run uses (as root: as nobody)."""
+    spec = {"net_ns": True, "tmpfs_bytes": 65536, "readonly_empty": ["/dev/shm"], "hide_paths": []}
+    seccomp_fd = seccomp.export_bpf_fd() if seccomp is not None else None
+    argv = bwrap_argv(bwrap, spec, [], seccomp_fd, ["/bin/sh", "-c", "exit 0"])
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        null = os.open(os.devnull, os.O_RDWR)
+        exec_bwrap(argv, {"PATH": "/usr/bin:/bin"}, (null, null, err_w), [seccomp_fd] if seccomp_fd is not None else [], 65534)
+    os.close(err_w)
+    if seccomp_fd is not None:
+        os.close(seccomp_fd)
+    err = b""
+    while True:
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            break
+        err += chunk
+    os.close(err_r)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(1, f"{bwrap} exited with status {status}: {err.decode(errors='replace').strip()[-300:]}")
+
+
+def probe():
+    """What this machine allows: root, network / mount / PID namespaces, libseccomp, bubblewrap."""
+    out = {"euid": os.geteuid()}
+    for key, fn in (("net_ns", lambda: unshare(CLONE_NEWNET)), ("mount_ns", _probe_mount_ns), ("pid_ns", _probe_pid_ns)):
+        err = _in_child(fn)
+        out[key] = err is None
+        out[key + "_error"] = err
+    seccomp = None
+    try:
+        seccomp = load_seccomp_module()
+        ctx = seccomp.build_filter()
+        seccomp.release(ctx)
+        out["seccomp"], out["seccomp_error"] = True, None
+    except OSError as err:
+        seccomp = None
+        out["seccomp"], out["seccomp_error"] = False, f"{type(err).__name__}: {err}"
+    bwrap = _find_bwrap()
+    out["bwrap"] = None
+    out["bwrap_error"] = "bwrap not found on PATH (Debian: apt-get install bubblewrap)" if bwrap is None else None
+    if bwrap is not None:
+        err = _in_child(lambda: _probe_bwrap(bwrap, seccomp))
+        out["bwrap"] = bwrap if err is None else None
+        out["bwrap_error"] = err
     return out
 
 
@@ -310,8 +715,7 @@ def main(argv):
         print(json.dumps(probe()))
         return 0
     if len(argv) == 3 and argv[1] == "--kill-uid":
-        kill_uid(int(argv[2]))
-        return 0
+        return 0 if kill_uid(int(argv[2])) else 1
     if len(argv) != 2:
         print("usage: _sandbox_launcher.py <control_dir> | --probe | --kill-uid UID", file=sys.stderr)
         return 2

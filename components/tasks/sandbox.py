@@ -1,25 +1,36 @@
 """Run untrusted programs (model-written code) in a sandbox.
 
 Each run is its own process tree, started by `_sandbox_launcher.py` (see its docstring for
-the order of operations), with:
+the order of operations). Two backends give the same protections; ``SandboxConfig.backend``
+picks one (``"auto"``, the default: ``"namespaces"`` when this process is root, else
+``"bwrap"`` when bubblewrap works here):
 
-- **no network**: a new network namespace (only a down loopback device);
-- **an unprivileged, per-run uid/gid** (``uid_base + launcher pid``): it cannot read the
-  grader's files (root-owned, not world-readable), cannot signal or trace other processes,
-  and RLIMIT_NPROC (counted per uid) bounds a fork bomb to `max_processes`;
+- **no network**: a new network namespace (only a loopback device, nothing listening);
+- **a private PID namespace**: /proc lists only the run's own processes (host command lines
+  are not readable), and killing the namespace's init kills every process of the run;
+- **an unprivileged uid**: ``namespaces`` uses a fresh per-run uid/gid
+  (``uid_base + launcher pid``) that cannot read the grader's files (root-owned, not
+  world-readable) or signal other processes; ``bwrap`` runs as the calling user inside a
+  new user namespace with no capabilities (as root it switches to the per-run uid first);
+- **no-new-privileges** (setuid binaries give nothing) and a **seccomp filter**
+  (`_sandbox_seccomp.DENIED`: namespace creation, ptrace and process_vm_*, mount and
+  friends, keyrings, bpf, perf_event_open, io_uring, kexec and module loading, ...);
 - **a private filesystem view**: a new mount namespace where /tmp is a fresh size-capped
   tmpfs holding the working dir /tmp/work, /var/tmp, /dev/shm are empty and read-only, and
-  the repository, the task's data files, /run (unix sockets) and $HOME are covered by empty
-  read-only mounts; everything else is read-only to the program by permissions;
-- **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (caps stdout / stderr too), RLIMIT_NOFILE,
-  no core dumps, a wall-clock timeout; every process of the run's uid is killed afterwards
-  and the control directory is removed, so nothing outlives a run;
+  the repository, the task's data files, /run (unix sockets), /root, /home and $HOME are
+  covered by empty read-only mounts; the rest is read-only (``namespaces``: by permissions,
+  ``bwrap``: a read-only bind of /);
+- **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE (caps stdout / stderr too:
+  exactly ``output_bytes`` is allowed, one byte more is an output-limit failure),
+  RLIMIT_NOFILE, no core dumps, a wall-clock timeout. Afterwards the launcher, from outside
+  the run's uid, kills the namespace and anything of the run left anywhere; nothing
+  outlives a run, and no process of the run can stop the cleanup;
 - a scrubbed environment.
 
-Where any of that cannot be set up (not root, no namespaces), `SandboxUnavailableError` is
-raised instead of running the program, unless the caller opts out explicitly:
-``allow_network=True`` (run without the network namespace) and / or ``allow_unsafe=True``
-(run as the grader's own user / without the private filesystem view).
+Where none of that can be set up (not root and no working bubblewrap, no namespaces),
+`SandboxUnavailableError` is raised instead of running the program, unless the caller opts
+out explicitly: ``allow_network=True`` (run without the network namespace) and / or
+``allow_unsafe=True`` (run as the grader's own user / without the private filesystem view).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # World-writable places the program must not write to (covered by empty read-only mounts).
 READONLY_EMPTY_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home")
+BACKENDS = ("auto", "namespaces", "bwrap")
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -77,6 +89,8 @@ class SandboxConfig:
             view can be made (opt-out: the program could then read the grader's files).
         uid_base: runs use uid = gid = uid_base + launcher pid (pids are below 2**22), a
             range no real account uses; a uid that names an account is refused.
+        backend: ``"auto"`` (root: ``"namespaces"``; otherwise ``"bwrap"`` where bubblewrap
+            works), ``"namespaces"`` (needs root) or ``"bwrap"`` (bubblewrap, any user).
     """
 
     python: Optional[str] = None
@@ -85,8 +99,11 @@ class SandboxConfig:
     allow_network: bool = False
     allow_unsafe: bool = False
     uid_base: int = 2_000_000_000
+    backend: str = "auto"
 
     def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if not 65536 <= self.uid_base <= 2**31 - 1 - 2**22:
             raise ValueError(f"uid_base must be in [65536, 2**31 - 1 - 2**22] (pids go up to 2**22), got {self.uid_base}")
 
@@ -191,11 +208,37 @@ def find_python(config: SandboxConfig, need_world_executable: bool) -> str:
     )
 
 
+def choose_backend(config: SandboxConfig, caps: dict) -> str:
+    """The backend a run uses: the configured one, or for ``"auto"`` ``"namespaces"`` as root
+    (where it can make its namespaces) and ``"bwrap"`` otherwise where bubblewrap works."""
+    if config.backend != "auto":
+        return config.backend
+    root = caps["euid"] == 0
+    if root and caps["mount_ns"] and caps.get("pid_ns", True):
+        return "namespaces"
+    if caps.get("bwrap"):
+        return "bwrap"
+    return "namespaces"
+
+
 def isolation_plan(config: SandboxConfig) -> dict:
     """Which isolation to use; raises SandboxUnavailableError if a required part is missing."""
     caps = probe()
     root = caps["euid"] == 0
+    backend = choose_backend(config, caps)
     problems = []
+    if not caps.get("seccomp", False) and not config.allow_unsafe:
+        problems.append(f"cannot build the seccomp filter ({caps.get('seccomp_error')}); opt out with allow_unsafe=True")
+    if backend == "bwrap":
+        if not caps.get("bwrap"):
+            raise SandboxUnavailableError(
+                f"the bwrap sandbox backend is not usable here: {caps.get('bwrap_error')}; install bubblewrap "
+                "(Debian: apt-get install bubblewrap) or choose another backend (valid: " + ", ".join(BACKENDS) + ")"
+            )
+        if problems:
+            raise SandboxUnavailableError("refusing to run untrusted code: " + "; ".join(problems))
+        return {"backend": "bwrap", "bwrap": caps["bwrap"], "net_ns": True, "mount_ns": True, "pid_ns": True,
+                "seccomp": bool(caps.get("seccomp")), "drop_privileges": root}
     if not caps["net_ns"] and not config.allow_network:
         problems.append(
             f"cannot create a network namespace ({caps.get('net_ns_error')}); "
@@ -203,7 +246,8 @@ def isolation_plan(config: SandboxConfig) -> dict:
         )
     if not root and not config.allow_unsafe:
         problems.append(
-            "not running as root, so programs cannot run as a separate unprivileged user; "
+            "not running as root, so programs cannot run as a separate unprivileged user, and bubblewrap is not "
+            f"usable ({caps.get('bwrap_error')}): install bubblewrap (Debian: apt-get install bubblewrap), or "
             "opt out with allow_unsafe=True to run them as this user (they could read your files)"
         )
     if not caps["mount_ns"] and not config.allow_unsafe:
@@ -211,21 +255,31 @@ def isolation_plan(config: SandboxConfig) -> dict:
             f"cannot create a private mount namespace ({caps.get('mount_ns_error')}); "
             "opt out with allow_unsafe=True"
         )
+    if not caps.get("pid_ns", True) and not config.allow_unsafe:
+        problems.append(f"cannot create a PID namespace ({caps.get('pid_ns_error')}); opt out with allow_unsafe=True")
     if problems:
         raise SandboxUnavailableError("refusing to run untrusted code: " + "; ".join(problems))
-    return {"net_ns": bool(caps["net_ns"]), "mount_ns": bool(caps["mount_ns"]), "drop_privileges": root}
+    return {
+        "backend": "namespaces",
+        "bwrap": None,
+        "net_ns": bool(caps["net_ns"]),
+        "mount_ns": bool(caps["mount_ns"]),
+        "pid_ns": bool(caps.get("pid_ns")) and bool(caps["mount_ns"]) and root,
+        "seccomp": bool(caps.get("seccomp")),
+        "drop_privileges": root,
+    }
 
 
-def hidden_paths(config: SandboxConfig, python: str) -> list[str]:
-    """Paths covered inside the sandbox; never one holding the interpreter."""
-    paths = list(DEFAULT_HIDDEN) + [str(p) for p in config.hide_paths]
+def hidden_paths(config: SandboxConfig, python: str, *more_interpreters: str) -> list[str]:
+    """Paths covered inside the sandbox (with $HOME); never one holding an interpreter it runs."""
+    paths = list(DEFAULT_HIDDEN) + [os.path.expanduser("~")] + [str(p) for p in config.hide_paths]
     if config.hide_repo:
         paths.append(REPO_ROOT)
-    py_real = os.path.realpath(python)
+    keep = [os.path.realpath(p) for p in (python, *more_interpreters) if p]
     out = []
     for p in paths:
         real = os.path.realpath(p)
-        if real == "/" or os.path.commonpath([real, py_real]) == real:
+        if real == "/" or real in out or any(os.path.commonpath([real, k]) == real for k in keep):
             continue
         out.append(real)
     return out
@@ -277,6 +331,8 @@ def run_program(
     for name in files:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"sandbox file names must be plain names, got {name!r}")
+    # bubblewrap's supervisor is a Python program inside the sandbox.
+    supervisor = find_python(config, need_world_executable=plan["drop_privileges"]) if plan["backend"] == "bwrap" else None
     control = tempfile.mkdtemp(prefix="scalerl-sandbox-")
     try:
         os.chmod(control, 0o700)
@@ -307,7 +363,8 @@ def run_program(
             "tmpfs_bytes": limits.tmpfs_bytes,
             "uid_base": config.uid_base,
             "readonly_empty": list(READONLY_EMPTY_DIRS),
-            "hide_paths": hidden_paths(config, argv[0]),
+            "hide_paths": hidden_paths(config, argv[0], supervisor or "") + [os.path.realpath(control)],
+            "supervisor_python": supervisor,
             **plan,
         }
         with open(os.path.join(control, "spec.json"), "w") as f:
@@ -395,10 +452,11 @@ def _kill_group(pgid: int) -> None:
 
 
 def _read_capped(path: str, cap: int) -> tuple[str, bool]:
-    """Up to `cap` bytes of a file, decoded; and whether the cap was reached."""
+    """Up to `cap` bytes of a file, decoded; and whether it holds more than `cap` (the program's
+    RLIMIT_FSIZE is cap + 1, so exactly `cap` bytes is a complete output)."""
     try:
         with open(path, "rb") as f:
             data = f.read(cap + 1)
     except OSError:
         return "", False
-    return data[:cap].decode("utf-8", errors="replace"), len(data) >= cap
+    return data[:cap].decode("utf-8", errors="replace"), len(data) > cap

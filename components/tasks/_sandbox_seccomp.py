@@ -1,0 +1,155 @@
+"""The sandbox's seccomp filter, built with libseccomp (``libseccomp.so.2``) through ctypes.
+
+Standard library only: the sandbox launcher loads this file by path (it runs as
+``python -I -S``, without site-packages). The filter allows every system call except the
+ones below, which fail with EPERM (clone3 with ENOSYS, so that the C library falls back to
+clone, whose flags the filter can inspect). A system call of another architecture (e.g.
+32-bit ``int 0x80`` on x86_64) kills the process (libseccomp's default for a foreign arch).
+
+Nothing an ordinary program or the grading harness needs is denied: fork / clone without
+namespace flags, threads, execve, pipes, wait, kill of its own children and prctl all work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+
+# System calls a sandboxed program never needs, by what they would give it.
+DENIED = {
+    "namespaces": ("unshare", "setns"),
+    "tracing other processes": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
+    "mounts and roots": (
+        "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig",
+        "fsmount", "fspick", "mount_setattr",
+    ),
+    "kernel keyrings": ("keyctl", "add_key", "request_key"),
+    "kernel attack surface": (
+        "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+        "open_by_handle_at", "lookup_dcookie",
+    ),
+    "system administration": (
+        "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
+        "swapon", "swapoff", "syslog", "acct", "quotactl", "quotactl_fd", "iopl", "ioperm", "vhangup",
+        "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
+        "fanotify_init", "nfsservctl", "uselib",
+    ),
+}
+# clone(2) flags that create a namespace: clone with any of them fails (clone's flags are its
+# first argument on x86_64 and aarch64).
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_MASKED_EQ = 7
+
+
+def SCMP_ACT_ERRNO(err: int) -> int:
+    return 0x00050000 | (err & 0xFFFF)
+
+
+class _ArgCmp(ctypes.Structure):
+    """struct scmp_arg_cmp."""
+
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """libseccomp, loaded once; OSError naming the package to install when it is missing."""
+    global _lib
+    if _lib is None:
+        try:
+            lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+        except OSError:  # not under its usual soname: ask the linker cache (slower: runs ldconfig)
+            try:
+                lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2", use_errno=True)
+            except OSError as err:
+                raise OSError(
+                    errno.ENOENT, f"libseccomp is not installed ({err}); install it (Debian: apt-get install libseccomp2)"
+                ) from None
+        lib.seccomp_init.restype = ctypes.c_void_p
+        lib.seccomp_init.argtypes = [ctypes.c_uint32]
+        lib.seccomp_rule_add_array.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp)
+        ]
+        lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+        lib.seccomp_load.argtypes = [ctypes.c_void_p]
+        lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.seccomp_release.argtypes = [ctypes.c_void_p]
+        _lib = lib
+    return _lib
+
+
+def _check(ret: int, what: str) -> None:
+    if ret < 0:  # libseccomp returns -errno
+        raise OSError(-ret, f"seccomp {what}: {os.strerror(-ret)}")
+
+
+def _add(lib, ctx, action: int, name: str, cmps=()) -> bool:
+    """Add one rule; False when this libseccomp / architecture does not know the call."""
+    nr = lib.seccomp_syscall_resolve_name(name.encode())
+    if nr < 0:
+        return False
+    arr = (_ArgCmp * max(1, len(cmps)))(*cmps)
+    _check(lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr), f"rule {name}")
+    return True
+
+
+def build_filter():
+    """A libseccomp filter context with the rules above (free it with `release`)."""
+    lib = library()
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError(errno.ENOMEM, "seccomp_init failed")
+    try:
+        eperm = SCMP_ACT_ERRNO(errno.EPERM)
+        for names in DENIED.values():
+            for name in names:
+                _add(lib, ctx, eperm, name)
+        _add(lib, ctx, SCMP_ACT_ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: force clone
+        for flag in CLONE_NAMESPACE_FLAGS.values():
+            _add(lib, ctx, eperm, "clone", [_ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag)])
+    except BaseException:
+        lib.seccomp_release(ctx)
+        raise
+    return ctx
+
+
+def release(ctx) -> None:
+    library().seccomp_release(ctx)
+
+
+def load() -> None:
+    """Install the filter on the calling thread (sets no-new-privileges first, as seccomp needs)."""
+    ctx = build_filter()
+    try:
+        _check(library().seccomp_load(ctx), "load")
+    finally:
+        release(ctx)
+
+
+def export_bpf_fd() -> int:
+    """A memfd holding the filter as raw BPF (bubblewrap's ``--seccomp FD``), rewound; caller closes it."""
+    ctx = build_filter()
+    fd = os.memfd_create("scalerl-seccomp")  # close-on-exec: pass it on explicitly
+    try:
+        _check(library().seccomp_export_bpf(ctx, fd), "export")
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        release(ctx)
+    return fd
