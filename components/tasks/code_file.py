@@ -12,29 +12,37 @@ Schema: one JSON object per line with
     ``"type": "stdin_stdout"`` / ``"function_call"`` are accepted as synonyms (PrimeIntellect),
     and so is the APPS / TACO layout ``{"inputs": [...], "outputs": [...], "fn_name"?}``
     (a call's expected value may be wrapped in a one-element list, as TACO does).
-  * ``test``: Python source with ``assert`` statements run after the program (MBPP style);
-    with ``entry_point`` and a ``def check(`` in it, ``check(<entry_point>)`` is called
+  * ``test``: Python source with ``assert`` statements about the program's names (MBPP
+    style); with ``entry_point`` and a ``def check(`` in it, ``check(<entry_point>)`` is called
     (HumanEval style).
 - optional ``starter_code``: shown in the prompt.
 
 The program is the last fenced code block of the completion's answer part (the text after
 the last ``</think>``), preferring ```python blocks; without a fence, the whole answer.
-stdin/stdout cases run one sandboxed process each and compare the outputs line by line with
-trailing whitespace and trailing blank lines ignored; functional cases run in one process and
-compare return values with ``==`` (expected outputs never enter the sandbox). The completion
-passes iff every case passes. See `components.tasks.sandbox` for the isolation.
+All tests of a program run in ONE sandbox run, driven by `_grade_harness` (see its docstring
+and "How programs are graded" in components/tasks/README.md): the program runs in child
+processes of the harness, whose tests, memory and report it cannot reach. stdin/stdout
+cases run one process each (with a per-case time budget) and their outputs are compared line
+by line with trailing whitespace and trailing blank lines ignored; functional cases call the
+function in one process and compare the plain return values here, type-strictly
+(`values_equal`); assert tests run in the harness against proxies of the program's names.
+Expected outputs never enter the sandbox. The completion passes iff every case passes. See
+`components.tasks.sandbox` for the isolation.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import json
+import math
 import os
 import secrets
 from pathlib import Path
 from typing import Any, Optional
 
 from components.registry import TASKS
-from components.tasks import sandbox
+from components.tasks import _grade_harness, sandbox
 from components.tasks.base import Problem, Verdict
 from components.tasks.common import SplitTask, extract_code, resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
 
@@ -45,6 +53,11 @@ STDIO_INSTRUCTION = (
 FUNCTION_INSTRUCTION = "Write a Python 3 solution that defines `{fn_name}`. Put the code in one ```python code block."
 ASSERT_INSTRUCTION = "Write a Python 3 solution. Put the code in one ```python code block."
 DEFAULT_PROMPT_TEMPLATE = "{problem}\n\n{instruction}"
+
+# Seconds added to every verification's time budget for starting the harness and the program.
+STARTUP_GRACE_S = 2.0
+DEFAULT_CASE_WORKERS = 2
+DEFAULT_MAX_TOTAL_SECONDS = 300.0
 
 
 def load_jsonl(path: str | Path) -> list[dict]:
@@ -135,36 +148,7 @@ def _join(x: Any) -> str:
 
 def outputs_match(got: str, expected: str) -> bool:
     """Line-by-line equality ignoring trailing whitespace and trailing blank lines."""
-
-    def norm(s: str) -> list[str]:
-        lines = [ln.rstrip() for ln in s.replace("\r\n", "\n").split("\n")]
-        while lines and not lines[-1]:
-            lines.pop()
-        return lines
-
-    return norm(got) == norm(expected)
-
-
-_FUNCTIONAL_HARNESS = '''
-
-# ---- test harness (appended by the grader) ----
-import json as _json, sys as _sys
-def _find(name):
-    g = globals()
-    if name in g and callable(g[name]):
-        return g[name]
-    if "Solution" in g:
-        return getattr(g["Solution"](), name)
-    raise NameError(name)
-_results = []
-for _args in {inputs!r}:
-    try:
-        _out = _find({fn_name!r})(*[_json.loads(_a) for _a in _args.split("\\n") if _a.strip()])
-        _results.append(["ok", _json.dumps(_out)])
-    except BaseException as _err:
-        _results.append(["error", type(_err).__name__])
-_sys.stdout.write("\\n{marker}" + _json.dumps(_results) + "\\n")
-'''
+    return _grade_harness.normalize_output(got) == _grade_harness.normalize_output(expected)
 
 
 class CodeFileTask(SplitTask):
@@ -175,8 +159,12 @@ class CodeFileTask(SplitTask):
         seed / eval_size / eval_fraction: the seeded split (default holds out min(500, 10%)).
         problem_key: column with the statement.
         prompt_template: user message with ``{problem}`` and ``{instruction}``.
-        cpu_seconds / wall_seconds / memory_mb / max_processes / output_kb: sandbox limits per run.
+        cpu_seconds / wall_seconds / memory_mb / max_processes / output_kb: limits of the program
+            per test case (per call for functional cases; for the whole test code of assert tests).
         max_tests: run at most this many cases per problem (None: all).
+        case_workers: stdio cases of one program run at most this many at a time.
+        max_total_seconds: cap on one verification's wall clock, whatever its number of cases
+            (see "How programs are graded" in components/tasks/README.md).
         allow_network / allow_unsafe: explicit opt-outs of the sandbox's isolation (see
             `components.tasks.sandbox`); without them, a machine that cannot isolate programs
             makes the constructor raise `SandboxUnavailableError`.
@@ -211,6 +199,8 @@ class CodeFileTask(SplitTask):
         system_prompt: Optional[str] = None,
         reward: Optional[str] = None,
         pass_threshold: float = 1.0,
+        case_workers: int = DEFAULT_CASE_WORKERS,
+        max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS,
     ):
         if not path:
             raise ValueError("code_file: give the data file, e.g. code_file.path = '/data/deepcoder.jsonl'")
@@ -225,6 +215,9 @@ class CodeFileTask(SplitTask):
         self.reward_incorrect = float(reward_incorrect)
         self.prompt_template = prompt_template
         self.max_tests = max_tests
+        check_grading_options(case_workers, max_total_seconds)
+        self.case_workers = case_workers
+        self.max_total_seconds = float(max_total_seconds)
         self.limits = sandbox.SandboxLimits(
             cpu_seconds=cpu_seconds,
             wall_seconds=wall_seconds,
@@ -278,11 +271,19 @@ class CodeFileTask(SplitTask):
         except KeyError:
             raise ValueError(f"problem {problem.id!r} does not belong to this code_file task ({self.path!r})") from None
 
+    def verification_seconds(self, problem: Problem) -> float:
+        """The longest one verification of `problem` can take (its sandbox run's wall budget):
+        a caller's own timeout (the trainer's `verifier_timeout_s`) below it fails slow but
+        correct programs with many cases."""
+        return verification_seconds(self.tests_of(problem), self.limits, self.max_tests, self.case_workers,
+                                    self.max_total_seconds)
+
     # -- grading -----------------------------------------------------------------------
     def run_tests(self, problem: Problem, code: str) -> tuple[bool, Optional[str], str]:
         """(passed, sandbox error or None, a short reason) for one program."""
         return run_program_tests(self.tests_of(problem), code, limits=self.limits, config=self.sandbox_config,
-                                 max_tests=self.max_tests)
+                                 max_tests=self.max_tests, case_workers=self.case_workers,
+                                 max_total_seconds=self.max_total_seconds)
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.reward is not None:
@@ -322,60 +323,262 @@ def grade_code_completion(task, problem: Problem, completion: str, run_tests) ->
         return task.verdict(False, error=f"{type(err).__name__}: {err}")
 
 
+_HARNESS_SOURCE: Optional[str] = None
+
+
+def harness_source() -> str:
+    """The source of `_grade_harness.py`, run as main.py in the sandbox (read once)."""
+    global _HARNESS_SOURCE
+    if _HARNESS_SOURCE is None:
+        _HARNESS_SOURCE = Path(_grade_harness.__file__).read_text(encoding="utf-8")
+    return _HARNESS_SOURCE
+
+
+def check_grading_options(case_workers: int, max_total_seconds: float) -> None:
+    """Refuse bad grading options before any program runs."""
+    if isinstance(case_workers, bool) or not isinstance(case_workers, int) or case_workers < 1:
+        raise ValueError(f"code grading: case_workers must be an int >= 1, got {case_workers!r}")
+    if not (isinstance(max_total_seconds, (int, float)) and math.isfinite(max_total_seconds) and max_total_seconds > 0):
+        raise ValueError(f"code grading: max_total_seconds must be a finite number > 0, got {max_total_seconds!r}")
+
+
+def grading_limits(kind: str, num_cases: int, limits: "sandbox.SandboxLimits", case_workers: int,
+                   max_total_seconds: float) -> "sandbox.SandboxLimits":
+    """The limits of the one sandbox run that grades a program (see the README's time budget).
+
+    Each case keeps `limits` (wall and CPU per case, memory, output, processes per program); the
+    run as a whole gets STARTUP_GRACE_S plus one case budget per round of `case_workers` stdio
+    cases (per call plus one for the import, for functional cases), capped at `max_total_seconds`.
+    """
+    if kind == "stdio":
+        rounds = -(-num_cases // case_workers)
+        programs = case_workers
+    elif kind == "functional":
+        rounds, programs = num_cases + 1, 1
+    else:
+        rounds, programs = 1, 1
+    total = STARTUP_GRACE_S + limits.wall_seconds * rounds
+    total = min(total, max(float(max_total_seconds), STARTUP_GRACE_S + limits.wall_seconds))
+    return dataclasses.replace(
+        limits,
+        wall_seconds=total,
+        cpu_seconds=total,  # the harness's own limit; each program gets `limits.cpu_seconds` per case
+        max_processes=1 + programs * limits.max_processes,
+        max_open_files=limits.max_open_files + 8 * programs,  # the harness's pipes; each program gets its own
+        output_bytes=max(limits.output_bytes, 1024 * num_cases + 65536),  # the harness's report
+    )
+
+
+def verification_seconds(tests: dict, limits: "sandbox.SandboxLimits", max_tests: Optional[int] = None,
+                         case_workers: int = DEFAULT_CASE_WORKERS,
+                         max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS) -> float:
+    """Wall-clock budget of the sandbox run that grades a program against `tests`."""
+    n = len(tests["cases"][:max_tests] if max_tests else tests["cases"]) if tests["kind"] != "assert" else 0
+    return grading_limits(tests["kind"], n, limits, case_workers, max_total_seconds).wall_seconds
+
+
 def run_program_tests(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", config: "sandbox.SandboxConfig",
-                      max_tests: Optional[int] = None) -> tuple[bool, Optional[str], str]:
-    """(passed, sandbox error or None, a short reason) for one program against parsed tests (`parse_tests`)."""
-    run = lambda src, stdin="": sandbox.run_python(src, stdin, limits=limits, config=config)
-    if tests["kind"] == "assert":
-        code_all = code + "\n\n" + tests["code"] + "\n"
-        ep = tests.get("entry_point")
-        if ep and "def check(" in tests["code"]:
-            code_all += f"\ncheck({ep})\n"
-        res = run(code_all)
-        return res.ok, res.error, res.describe()
-    cases = tests["cases"][:max_tests] if max_tests else tests["cases"]
-    if tests["kind"] == "stdio":
-        for j, (inp, expected) in enumerate(cases):
-            res = run(code, inp)
-            if not res.ok:
-                return False, res.error, f"case {j}: {res.describe()}"
-            if not outputs_match(res.stdout, expected):
-                return False, None, f"case {j}: wrong output"
-        return True, None, "ok"
-    marker = f"@@scalerl-results-{secrets.token_hex(8)}@@"
-    harness = _FUNCTIONAL_HARNESS.format(inputs=[i for i, _ in cases], fn_name=tests["fn_name"], marker=marker)
-    res = run(code + harness)
-    if not res.ok:
-        return False, res.error, res.describe()
-    if marker not in res.stdout:
-        return False, None, "no results (the program exited early)"
-    try:
-        results = json.loads(res.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
-    except (ValueError, IndexError):
-        return False, None, "unreadable results"
-    for j, ((status, got), (_, expected)) in enumerate(zip(results, cases)):
-        if status != "ok" or not _json_equal(got, expected):
-            return False, None, f"case {j}: " + ("raised " + got if status != "ok" else "wrong return value")
-    return len(results) == len(cases), None, "ok"
+                      max_tests: Optional[int] = None, case_workers: int = DEFAULT_CASE_WORKERS,
+                      max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS) -> tuple[bool, Optional[str], str]:
+    """(passed, sandbox error or None, a short reason) for one program against parsed tests (`parse_tests`).
+
+    One sandbox run: the harness (`_grade_harness`) runs the program in child processes it
+    cannot reach; expected stdio outputs and functional return values are compared here.
+    """
+    report = grade_program(tests, code, limits=limits, config=config, max_tests=max_tests,
+                           case_workers=case_workers, max_total_seconds=max_total_seconds)
+    return report["passed"], report["error"], report["reason"]
 
 
-def _json_equal(got_json: str, expected: str) -> bool:
+def grade_program(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", config: "sandbox.SandboxConfig",
+                  max_tests: Optional[int] = None, case_workers: int = DEFAULT_CASE_WORKERS,
+                  max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS) -> dict:
+    """`run_program_tests` with details: {"passed", "error", "reason", "cases_started", "sandbox"}."""
+    plan = plan_grading(tests, code, limits=limits, max_tests=max_tests, case_workers=case_workers,
+                        max_total_seconds=max_total_seconds)
+    if plan.get("refused"):
+        return _report(False, None, plan["refused"], 0, None)
+    res = sandbox.run_python(harness_source(), plan["stdin"], limits=plan["limits"], config=config, files=plan["files"])
+    return judge_grading(plan, res)
+
+
+def plan_grading(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", max_tests: Optional[int] = None,
+                 case_workers: int = DEFAULT_CASE_WORKERS, max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS) -> dict:
+    """The one sandbox run that grades `code`: its stdin (the harness's spec), files and limits,
+    plus what `judge_grading` needs (nonce, expected digests / values; these stay on the host).
+    ``refused`` is set instead when the tests themselves cannot run (a functional input that is not JSON)."""
+    check_grading_options(case_workers, max_total_seconds)
+    kind = tests["kind"]
+    cases = (tests["cases"][:max_tests] if max_tests else tests["cases"]) if kind != "assert" else []
+    nonce, salt, mac_key = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(32)
+    header = {"kind": kind, "nonce": nonce, "salt": salt, "mac_key": mac_key, "n": len(cases), "workers": case_workers,
+              "case_wall": limits.wall_seconds, "case_cpu": limits.cpu_seconds, "output_cap": limits.output_bytes,
+              "open_files": limits.max_open_files}
+    lines, expected = [], []
+    if kind == "assert":
+        header.update(test_code=tests["code"], entry_point=tests.get("entry_point"))
+    elif kind == "stdio":
+        for inp, out in cases:
+            expected.append(_grade_harness.output_digest(salt, out))
+            lines.append({"input": inp, "digest": expected[-1]})
+    else:
+        header["fn_name"] = tests["fn_name"]
+        expected = [out for _, out in cases]
+        for j, (inp, _) in enumerate(cases):
+            try:
+                args = [json.loads(a) for a in inp.split("\n") if a.strip()]
+            except ValueError:
+                return {"refused": f"case {j}: its input is not one JSON value per line"}
+            lines.append({"args": [_grade_harness.encode(a) for a in args]})
+    return {
+        "kind": kind, "nonce": nonce, "mac_key": mac_key, "expected": expected,
+        "stdin": "".join(json.dumps(x) + "\n" for x in [header] + lines),
+        "files": {_grade_harness.PROGRAM_FILE: code},
+        "limits": grading_limits(kind, len(cases), limits, case_workers, max_total_seconds),
+    }
+
+
+def judge_grading(plan: dict, res: "sandbox.SandboxResult") -> dict:
+    """The verdict from the harness's report in `res.stdout` (only its nonce-marked lines count)."""
+    found, tampered = _read_report(res.stdout, plan["nonce"], plan["mac_key"])
+    started = next((m["started"] for m in found if "started" in m), None)
+    if res.error:
+        return _report(False, res.error, res.describe(), started, res)
+    tampered = tampered or _tampered(found)
+    if tampered:
+        return _report(False, None, f"the harness's report was tampered with ({tampered})", started, res)
+    if not res.ok:  # the harness was killed or stopped (by the program, or for time): no pass
+        return _report(False, None, f"the harness did not finish: {_harness_trouble(res)}", started, res)
+    kind, expected = plan["kind"], plan["expected"]
+    if kind == "assert":
+        verdict = next((m for m in found if "verdict" in m), None)
+        if verdict is None or not any("done" in m for m in found):
+            return _report(False, None, f"no verdict from the tests ({_harness_trouble(res)})", started, res)
+        return _report(verdict["verdict"] == "pass", None, verdict.get("why", "ok"), started, res)
+    results = {m["case"]: m for m in found if isinstance(m.get("case"), int)}
+    for j, want in enumerate(expected):
+        r = results.get(j)
+        if r is None:
+            why = "not run: the verification's time budget ran out" if res.timed_out else _harness_trouble(res)
+            return _report(False, None, f"case {j}: {why}", started, res)
+        if not r.get("ok"):
+            return _report(False, None, f"case {j}: {r.get('why')}", started, res)
+        if kind == "stdio" and r.get("digest") != want:
+            return _report(False, None, f"case {j}: wrong output", started, res)
+        if kind == "functional" and not _json_equal(r.get("value"), want):
+            return _report(False, None, f"case {j}: wrong return value", started, res)
+    if not any("done" in m for m in found):
+        return _report(False, None, f"the harness did not finish ({_harness_trouble(res)})", started, res)
+    return _report(True, None, "ok", started, res)
+
+
+def _tampered(found: list[dict]) -> Optional[str]:
+    """Why the report cannot be the harness's own (it writes each case and the verdict once, and
+    nothing after "done"), or None."""
+    seen = set()
+    for i, msg in enumerate(found):
+        key = ("case", msg["case"]) if "case" in msg else ("verdict",) if "verdict" in msg else None
+        if key is not None:
+            if key in seen:
+                return f"{key[0]} reported twice"
+            seen.add(key)
+        if "done" in msg and i != len(found) - 1:
+            return "lines after the end"
+    return None
+
+
+def _report(passed: bool, error: Optional[str], reason: str, started: Optional[int], res) -> dict:
+    return {"passed": passed, "error": error, "reason": reason, "cases_started": started, "sandbox": res}
+
+
+def _read_report(stdout: str, nonce: str, mac_key: str) -> tuple[list[dict], Optional[str]]:
+    """The harness's messages (JSON objects on lines that start with the run's nonce), and why
+    the report is not the harness's own if it is not: a line whose chained MAC is wrong."""
+    found, previous = [], ""
+    for line in stdout.splitlines():
+        if not line.startswith(nonce + " "):
+            continue
+        mac, _, body = line[len(nonce) + 1:].partition(" ")
+        if not hmac.compare_digest(mac, _grade_harness.report_mac(mac_key, previous, body)):
+            return found, "a line the harness did not write, or one missing before it"
+        previous = mac
+        try:
+            msg = json.loads(body)
+        except ValueError:
+            return found, "an unreadable line"
+        if isinstance(msg, dict):
+            found.append(msg)
+    return found, None
+
+
+def _harness_trouble(res) -> str:
+    """Why the harness stopped early, in a few words (it was killed, or it crashed)."""
+    tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
+    return res.describe() + (f"; {tail[0][:200]}" if tail and res.describe() == "ok" else "")
+
+
+def _json_equal(got_encoded: Any, expected: str) -> bool:
+    """Does a program's return value (as `_grade_harness.encode` tagged it) equal the expected JSON?
+
+    Type-strict (`values_equal`); an expected value that is not JSON is compared as a string.
+    APPS / TACO wrap a call's expected value in a one-element list: that list or its element match.
+    """
     try:
-        got = json.loads(got_json)
-    except ValueError:
+        got = _grade_harness.decode(got_encoded)
+    except (ValueError, TypeError):
         return False
     try:
         exp = json.loads(expected)
     except ValueError:
         exp = expected
-    if isinstance(exp, list) and len(exp) == 1 and not isinstance(got, list):
-        exp = exp[0]  # APPS / TACO wrap a call's expected return value in a list
-    if isinstance(got, float) or isinstance(exp, float):
-        try:
-            return abs(float(got) - float(exp)) <= 1e-6 * max(1.0, abs(float(exp)))
-        except (TypeError, ValueError):
+    if values_equal(got, exp):
+        return True
+    return type(exp) is list and len(exp) == 1 and values_equal(got, exp[0])
+
+
+FLOAT_TOLERANCE = 1e-6
+
+
+def values_equal(got: Any, exp: Any) -> bool:
+    """Type-strict equality of a returned value with an expected JSON value.
+
+    - None, bool, str: the same type and value (True is not 1, "1" is not 1);
+    - int: an int (not a bool, not a float) of the same value;
+    - float: an int or float within FLOAT_TOLERANCE relative to max(1, |expected|) (NaN equals NaN);
+    - list: a list or tuple of the same length, element by element (JSON has no tuples);
+    - dict: a dict with the same keys (a non-string key matches its JSON spelling, as json.dumps
+      writes int keys as strings) and equal values;
+    - anything else (sets, bytes, complex: JSON cannot express them) is never equal.
+    """
+    if exp is None:
+        return got is None
+    if type(exp) in (bool, str):
+        return type(got) is type(exp) and got == exp
+    if type(exp) is int:
+        return type(got) is int and got == exp
+    if type(exp) is float:
+        if type(got) not in (int, float):
             return False
-    return got == exp
+        if math.isnan(exp) or (type(got) is float and math.isnan(got)):
+            return type(got) is float and math.isnan(got) and math.isnan(exp)
+        return abs(got - exp) <= FLOAT_TOLERANCE * max(1.0, abs(exp))
+    if type(exp) is list:
+        return type(got) in (list, tuple) and len(got) == len(exp) and all(map(values_equal, got, exp))
+    if type(exp) is dict:
+        if type(got) is not dict or len(got) != len(exp):
+            return False
+        keyed = {_json_key(k): v for k, v in got.items()}
+        return len(keyed) == len(exp) and all(k in exp and values_equal(v, exp[k]) for k, v in keyed.items())
+    return False
+
+
+def _json_key(k: Any) -> Optional[str]:
+    """How json.dumps writes a dict key (None for keys it cannot write)."""
+    if type(k) is str:
+        return k
+    if k is None or type(k) in (bool, int, float):
+        return json.dumps(k)
+    return None
 
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a

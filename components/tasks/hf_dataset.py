@@ -348,6 +348,14 @@ class HFDatasetTask(SplitTask):
         return f"\\boxed{{{self.row_of(problem).get('answer')}}}"
 
     # -- grading ---------------------------------------------------------------------------
+    def verification_seconds(self, problem: Problem):
+        """The sandbox run's wall budget for a problem graded by its `tests` (else None)."""
+        if self.grading != "tests":
+            return None
+        from components.tasks.code_file import verification_seconds
+
+        return verification_seconds(self.tests_of(problem), self.limits, self.max_tests)
+
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.grading == "reward":
             from components.rewards import reward_verdict
@@ -411,4 +419,5 @@ def _short_label(path: str, data_files: DataFiles, name: Optional[str]) -> str:
 
 # Registered without rebinding the class name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("hf_dataset")` honours gin bindings.
-TASKS.register("hf_dataset")(HFDatasetTask)
+TASKS.register("hf_dataset", ranges={"eval_size": ">= 0", "eval_fraction": "[0, 1)", "max_answer_chars": ">= 1",
+                                     "cpu_seconds": "> 0", "wall_seconds": "> 0", "memory_mb": ">= 1", "max_tests": ">= 1"})(HFDatasetTask)

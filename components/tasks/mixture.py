@@ -139,6 +139,12 @@ class MixtureTask(Task):
             return self.verdict(False, error=str(err))
         return task.verify(inner, completion)
 
+    def verification_seconds(self, problem: Problem):
+        """The member's grading budget for its problem (None where the member declares none)."""
+        _, task, inner = self.member_of(problem)
+        budget = getattr(task, "verification_seconds", None)
+        return None if budget is None else budget(inner)
+
     def solution_text(self, problem: Problem) -> str:
         """The member's gold completion (for SFT warm starts); TypeError if that member has none."""
         spec, task, inner = self.member_of(problem)

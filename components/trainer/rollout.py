@@ -85,13 +85,35 @@ class _VerifierThread:
 _verifier: Optional[_VerifierThread] = None
 
 
+# Added to a task's own grading budget (`verification_seconds`) before the trainer gives up on a
+# verification: the sandbox's start-up and the harness's report, beyond the run's own wall clock.
+VERIFY_BUDGET_MARGIN_S = 5.0
+
+
+def verification_timeout(task, problem, timeout_s: float) -> float:
+    """How long to wait for one verification: `timeout_s` (`train.verifier_timeout_s`), or longer
+    where the task grades in a sandbox run whose own wall budget is longer (a program with many
+    test cases: `CodeFileTask.verification_seconds`), so a correct program is never failed by
+    the trainer's clock while its sandbox still has time."""
+    budget = getattr(task, "verification_seconds", None)
+    if budget is None:
+        return timeout_s
+    try:
+        seconds = budget(problem)
+    except Exception:  # a verification budget must never break grading; verify reports errors
+        return timeout_s
+    return timeout_s if seconds is None else max(timeout_s, float(seconds) + VERIFY_BUDGET_MARGIN_S)
+
+
 def safe_verify(task, problem, text: str, timeout_s: float):
     """task.verify that never raises or hangs: on error or timeout the sample fails (reward_incorrect).
 
     Returns (Verdict, error-or-None). A hung verifier is left running in its daemon thread.
+    The wait is `verification_timeout(task, problem, timeout_s)`.
     """
     from components.tasks.base import Verdict
 
+    timeout_s = verification_timeout(task, problem, timeout_s)
     global _verifier
     if _verifier is None:
         _verifier = _VerifierThread()

@@ -1,0 +1,368 @@
+"""The code grader cannot be gamed: each hostile program here got +1 from the grader of commit
+40061fd (tests appended to the program in one file, `==` comparisons) and must get -1 now;
+correct programs still pass, whatever their number of test cases, in one sandbox run.
+
+Every test runs real sandboxed programs, so like tests/test_sandbox.py they need root (CI and
+the development machine run as root).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+
+import pytest
+
+from _helpers_sandbox import run_batch
+from _helpers_sandbox import sandbox_processes as bwrap_leftovers
+from components.tasks import code_file, sandbox
+from components.tasks.code_file import grade_program, parse_tests, run_program_tests, values_equal
+from components.tasks.sandbox import SandboxConfig, SandboxLimits
+
+# A uid range of our own (away from test_sandbox's and the default), so leftovers are ours.
+UID_BASE = 1_700_000_000 + (os.getpid() % 100) * 2**22
+LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_bytes=256 * 2**20, max_processes=8, output_bytes=64 * 1024)
+CONFIG = SandboxConfig(uid_base=UID_BASE)
+SHORT = dataclasses.replace(LIMITS, wall_seconds=1)  # for programs that hang whatever the limit
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox isolates programs only when run as root")
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of live processes whose real uid is in our sandbox range."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            except (OSError, StopIteration, ValueError):
+                continue
+            if UID_BASE <= uid < UID_BASE + 2**22:
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """Counts sandbox runs; routes control dirs to a private dir and checks nothing is left behind."""
+    control = tmp_path / "control"
+    control.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(control))
+    calls = []
+    real = sandbox.run_python
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "run_python", counting)
+    yield calls
+    assert list(control.iterdir()) == [], "sandbox control dirs were left behind"
+    assert sandbox_processes() == [], "sandbox processes were left running"
+
+
+def grade(row: dict, code: str, limits: SandboxLimits = LIMITS, **kwargs) -> tuple[bool, str]:
+    passed, error, reason = run_program_tests(parse_tests(row, "test row"), code, limits=limits, config=CONFIG, **kwargs)
+    assert error is None, error  # a failing program, never a sandbox failure
+    return passed, reason
+
+
+# f(x) = x ** x: no hostile program below computes it.
+ASSERT_ROW = {"test": "assert f(3) == 27\nassert f(2) == 4\nassert f(5) == 3125\n"}
+CHECK_ROW = {"test": "def check(candidate):\n    assert candidate(3) == 27\n    assert candidate(5) == 3125\n",
+             "entry_point": "f"}
+FLOAT_ROW = {"test": "assert abs(root(2.0) - 1.41421356) < 1e-6\n"}
+MATH_ROW = {"test": "assert math.isclose(root(2.0), 1.41421356, rel_tol=1e-6)\n"}
+WRONG_F = "def f(x):\n    return 0\n"
+
+# Each got +1 from the old grader (the comment says how) and must get -1 now.
+HOSTILE = {
+    # Exit with status 0 before the appended tests ran, or while they ran.
+    "raise_systemexit_at_import": (ASSERT_ROW, WRONG_F + "raise SystemExit\n"),
+    "exit_at_import": (ASSERT_ROW, WRONG_F + "exit()\n"),
+    "quit_at_import": (CHECK_ROW, WRONG_F + "quit()\n"),
+    "sys_exit_inside_the_function": (ASSERT_ROW, "import sys\ndef f(x):\n    sys.exit(0)\n"),
+    "os_exit_inside_the_function": (CHECK_ROW, "import os\ndef f(x):\n    os._exit(0)\n"),
+    "atexit_os_exit_after_a_failed_assert": (ASSERT_ROW, "import atexit, os\natexit.register(os._exit, 0)\n" + WRONG_F),
+    "excepthook_exits_0": (ASSERT_ROW, "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\n" + WRONG_F),
+    "sigterm_handler_exits_0_then_raise": (
+        ASSERT_ROW,
+        "import os, signal\nsignal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
+        "def f(x):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return 0\n",
+    ),
+    # Kill or stop the parent (the harness now), then exit 0 (the old grader's parent was root).
+    "kill_the_parent_then_exit": (
+        ASSERT_ROW, "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\nos._exit(0)\n"),
+    "stop_the_parent_then_exit": (
+        CHECK_ROW, "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept OSError:\n    pass\nos._exit(0)\n"),
+    # Write forged verdict / result lines everywhere it can, then exit 0.
+    "forge_verdict_lines_then_exit": (
+        ASSERT_ROW,
+        "import os, glob\nfake = b'\\n'.join(x.encode() for x in ['{\"verdict\": \"pass\"}', '{\"done\": true}', 'ok']) + b'\\n'\n"
+        "for path in ['/proc/%d/fd/1' % os.getppid(), '/proc/%d/fd/2' % os.getppid()] + glob.glob('/proc/*/fd/1'):\n"
+        "    try:\n        with open(path, 'ab') as out:\n            out.write(fake)\n    except OSError:\n        pass\n"
+        "os.write(1, fake)\nos.write(2, fake)\nos._exit(0)\n",
+    ),
+    # Objects that claim to equal anything.
+    "always_equal_object": (
+        CHECK_ROW,
+        "class Any:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n        return False\n"
+        "    __hash__ = object.__hash__\ndef f(x):\n    return Any()\n",
+    ),
+    "int_subclass_equal_to_everything": (
+        ASSERT_ROW, "class I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def f(x):\n    return I(0)\n"),
+    # Find the expected values in its own file, the harness's stdin / memory / environment.
+    "oracle_from_files_and_proc": (
+        ASSERT_ROW,
+        "import glob, os, re\ntable = {}\n"
+        "paths = [__file__] + glob.glob('*') + glob.glob('/tmp/**/*', recursive=True)\n"
+        "for pid in {os.getppid(), *[p.split('/')[2] for p in glob.glob('/proc/[0-9]*')]}:\n"
+        "    paths += ['/proc/%s/%s' % (pid, n) for n in ('cmdline', 'environ', 'fd/0', 'fd/3', 'fd/4')]\n"
+        "for path in paths:\n"  # non-blocking: a pipe with nothing in it must not hang the search
+        "    try:\n        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)\n"
+        "        text = os.read(fd, 1 << 20).decode('utf-8', 'replace')\n        os.close(fd)\n"
+        "    except OSError:\n        continue\n"
+        "    for x, y in re.findall(r'(?:f|candidate)\\((\\d+)\\) == (\\d+)', text):\n        table[int(x)] = int(y)\n"
+        "def f(x):\n    return table.get(x, 0)\n",
+    ),
+    # Change what the test's own names mean.
+    "defines_its_own_abs": (FLOAT_ROW, "def abs(x):\n    return 0\ndef root(x):\n    return 0.0\n"),
+    "patches_builtins_abs": (FLOAT_ROW, "import builtins\nbuiltins.abs = lambda x: 0\ndef root(x):\n    return 0.0\n"),
+    "fake_math_module": (
+        MATH_ROW, "class FakeMath:\n    def isclose(self, *a, **k):\n        return True\nmath = FakeMath()\n"
+        "def root(x):\n    return 0.0\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_assert_programs_get_minus_one(name, runs):
+    row, code = HOSTILE[name]
+    passed, reason = grade(row, code, limits=SHORT if name == "stop_the_parent_then_exit" else LIMITS)
+    assert not passed, f"{name} passed ({reason})"
+    assert len(runs) == 1
+
+
+FUNCTIONAL_ROW = {"tests": [{"input": "3", "output": "1", "testtype": "functional"},
+                            {"input": "4", "output": "2.0", "testtype": "functional"}], "fn_name": "solve"}
+# solve(3) must be the int 1 and solve(4) the float 2.0; the old grader compared with `==` after
+# JSON (True == 1, 1.0 == 1) and float(got) (float("2.0") == 2.0).
+FUNCTIONAL_HOSTILE = {
+    "bool_for_int": "def solve(x):\n    return True if x == 3 else 2.0\n",
+    "float_for_int": "def solve(x):\n    return 1.0 if x == 3 else 2.0\n",
+    "str_for_float": "def solve(x):\n    return 1 if x == 3 else '2.0'\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_HOSTILE))
+def test_functional_return_values_are_compared_type_strictly(name, runs):
+    passed, reason = grade(FUNCTIONAL_ROW, FUNCTIONAL_HOSTILE[name])
+    assert not passed and "wrong return value" in reason, reason
+
+
+def test_values_equal_rules():
+    assert values_equal(1, 1) and not values_equal(True, 1) and not values_equal(1.0, 1) and not values_equal("1", 1)
+    assert values_equal(2, 2.0) and values_equal(2.0000001, 2.0) and not values_equal(2.1, 2.0)
+    assert values_equal(False, False) and not values_equal(0, False) and values_equal(None, None) and not values_equal(0, None)
+    assert values_equal((1, [2, "a"]), [1, [2, "a"]]) and not values_equal([1, True], [1, 1]) and not values_equal([1], [1, 2])
+    assert values_equal({1: [1.5]}, {"1": [1.5]}) and not values_equal({1: 1, "1": 1}, {"1": 1}) and not values_equal({2}, [2])
+
+
+# A correct program of every kind passes; the assert one also guards a `__main__` block that
+# reads stdin (the old grader ran it, hit EOF and failed the program).
+CORRECT = {
+    "assert": (ASSERT_ROW, "def f(x):\n    return x ** x\nif __name__ == '__main__':\n    print(f(int(input())))\n"),
+    "check_candidate": (CHECK_ROW, "def f(x):\n    return x ** x\n"),
+    "assert_with_objects": (
+        {"test": "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and s.pop() == 2\nassert s.items == [1]\n"
+                 "nums = [3, 1, 2]\nsort_in_place(nums)\nassert nums == [1, 2, 3]\nassert list(evens(5)) == [0, 2, 4]\n"},
+        "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n    def __len__(self):\n        return len(self.items)\n"
+        "def sort_in_place(a):\n    a.sort()\n"
+        "def evens(n):\n    for i in range(0, n, 2):\n        yield i\n",
+    ),
+    "functional_solution_method": (
+        {"tests": json.dumps([{"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional"},
+                              {"input": "[3,3]\n6", "output": "[0, 1]", "testtype": "functional"}]),
+         "metadata": {"func_name": "twoSum"}},
+        "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n",
+    ),
+    "functional_plain_function": (FUNCTIONAL_ROW, "def solve(x):\n    return 1 if x == 3 else 2.0\n"),
+    "stdio": ({"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "40 2\n", "output": "42\n"},
+                         {"input": "5 5\n", "output": "10"}]},
+              "a, b = map(int, input().split())\nprint(a + b)\n"),
+}
+
+
+def test_correct_programs_of_every_kind_pass_in_one_sandbox_run(runs):
+    """One loop (each kind its own message): the old grader failed the `__main__` program and ran
+    one sandbox per stdio case; the other kinds are regression checks of the proxies (objects,
+    in-place changes, generators) and of `Solution` methods."""
+    failed = {}
+    for name, (row, code) in CORRECT.items():
+        before = len(runs)
+        passed, reason = grade(row, code)
+        if not passed or len(runs) != before + 1:
+            failed[name] = (reason, len(runs) - before)
+    assert failed == {}
+
+
+def test_a_correct_stdio_program_with_200_cases_passes(runs):
+    """Each case has its own time budget; the old grader ran 200 sandboxes one after another."""
+    row = {"tests": [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(200)]}
+    passed, reason = grade(row, "print(2 * int(input()))\n")
+    assert passed, reason
+    assert len(runs) == 1
+
+
+def test_the_trainer_waits_for_the_grading_budget_not_only_its_own_timeout(tmp_path):
+    """`safe_verify` (the trainer's verifier call) waits max(verifier_timeout_s, the task's
+    per-problem budget + margin): a code problem with 200 cases gets more than the default 10 s,
+    a task without a budget exactly the timeout; a verification slower than the timeout but
+    within its task's budget is not failed by the trainer's clock (it was before)."""
+    import time
+
+    from components.tasks.base import Verdict
+    from components.trainer import rollout
+
+    path = tmp_path / "code.jsonl"
+    rows = [{"problem": "double", "tests": [{"input": f"{i}\n", "output": f"{2 * i}\n"} for i in range(n)]}
+            for n in (200, 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = code_file.CodeFileTask(str(path), eval_fraction=0.5, seed=0, wall_seconds=2.0)
+    problems = task.train_problems() + task.eval_problems()
+    budgets = sorted(rollout.verification_timeout(task, p, 10.0) for p in problems)
+    assert budgets[0] == 10.0 and budgets[1] > 10.0 + 2.0 * 200 / code_file.DEFAULT_CASE_WORKERS / 2, budgets
+
+    class Slow:
+        reward_incorrect = -1.0
+
+        def verification_seconds(self, problem):
+            return 1.0
+
+        def verify(self, problem, text):
+            time.sleep(0.8)
+            return Verdict(passed=True, reward=1.0)
+
+    verdict, err = rollout.safe_verify(Slow(), None, "x", 0.3)
+    assert verdict.passed and err is None, (verdict, err)
+    assert rollout.verification_timeout(object(), None, 0.3) == 0.3
+
+
+def test_no_case_starts_after_a_timeout(runs):
+    """A program that hangs: only the first round of cases starts (case_workers at a time), in one run."""
+    row = {"tests": [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(30)]}
+    hang = "import time\ntime.sleep(60)\n"
+    for workers in (1, 2):
+        report = grade_program(parse_tests(row, "row"), hang, limits=SHORT, config=CONFIG, case_workers=workers)
+        assert not report["passed"] and report["reason"] == "case 0: wall-clock timeout", report["reason"]
+        assert report["cases_started"] == workers
+    # A wrong answer stops it too (the harness knows a salted digest of each expected output).
+    report = grade_program(parse_tests(row, "row"), "print(-1)\n", limits=LIMITS, config=CONFIG, case_workers=1)
+    assert not report["passed"] and report["cases_started"] == 1 and report["reason"] == "case 0: wrong output"
+    assert len(runs) == 3
+
+
+def test_only_a_complete_report_of_a_cleanly_exited_harness_passes():
+    """The host's side (no sandbox): each report line carries a MAC chained over the ones before
+    it, keyed by a secret only the harness got; a forged, dropped or repeated line, or a harness
+    that did not exit 0, fails the program even when every value in the report is right."""
+    from components.tasks import _grade_harness
+
+    plan = code_file.plan_grading(parse_tests(FUNCTIONAL_ROW, "row"), "unused", limits=LIMITS)
+    nonce, key = plan["nonce"], plan["mac_key"]
+
+    def report(bodies, mac_key=key):
+        lines, previous = [], ""
+        for body in bodies:
+            previous = _grade_harness.report_mac(mac_key, previous, body)
+            lines.append(f"{nonce} {previous} {body}")
+        return "\n".join(lines) + "\n"
+
+    def verdict(stdout, exit_code=0, signal=None):
+        res = sandbox.SandboxResult(stdout, "", exit_code, signal, False, False, False, 0.1, 0.1)
+        return code_file.judge_grading(plan, res)["passed"]
+
+    case0, case1, done = '{"case":0,"ok":true,"value":1}', '{"case":1,"ok":true,"value":2.0}', '{"done":true}'
+    assert verdict(report([case0, case1, done]))
+    assert not verdict(report([case0, case1, done], mac_key="0" * 64))  # no key: forged
+    assert not verdict(report([case0, case1, done]).replace('"value":2.0', '"value":2.5'))  # changed
+    assert not verdict("\n".join(report([case0, case1, done]).splitlines()[1:]))  # a line dropped
+    assert not verdict(report([case0, case1, case1, done]))  # a case twice
+    assert not verdict(report([case0, done, case1]))  # a line after the end
+    assert not verdict(report([case0, case1, done]), exit_code=None, signal=9)  # the harness was killed
+
+
+def test_time_budget_scales_with_cases_within_the_cap():
+    limits = SandboxLimits(cpu_seconds=1, wall_seconds=2)
+    budget = code_file.grading_limits("stdio", 200, limits, case_workers=2, max_total_seconds=300)
+    assert budget.wall_seconds == code_file.STARTUP_GRACE_S + 2 * 100
+    assert code_file.grading_limits("stdio", 10_000, limits, 2, 300).wall_seconds == 300
+    assert code_file.grading_limits("assert", 0, limits, 2, 300).wall_seconds == code_file.STARTUP_GRACE_S + 2
+    with pytest.raises(ValueError, match="case_workers must be an int >= 1, got 0"):
+        code_file.check_grading_options(0, 300)
+    with pytest.raises(ValueError, match="max_total_seconds must be a finite number > 0, got inf"):
+        code_file.check_grading_options(2, float("inf"))
+
+
+# Reach the harness's stdin / stdout files through another process of the run's uid that holds
+# them through /proc/1 (bubblewrap's own init kept the run's stdin, stdout and stderr open and was
+# dumpable; the sandbox now makes its undumpable supervisor PID 1 instead).
+THROUGH_BWRAP_INIT = {
+    # Find the spec (salt and digests) and try outputs until one matches the expected digest.
+    "reads_the_spec_and_guesses_the_digest": (
+        {"tests": [{"input": "7\n", "output": "YES\n"}, {"input": "8\n", "output": "NO\n"}]},
+        "import glob, hashlib, json, os, stat\ninp = input()\nanswer = 'MAYBE'\n"
+        "for path in glob.glob('/proc/[0-9]*/fd/0'):\n"
+        "    try:\n        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)\n"
+        "        if not stat.S_ISREG(os.fstat(fd).st_mode):\n            os.close(fd)\n            continue\n"
+        "        text = os.read(fd, 1 << 20).decode('utf-8', 'replace')\n        os.close(fd)\n"
+        "    except OSError:\n        continue\n"
+        "    specs = []\n    for line in text.splitlines():\n"
+        "        try:\n            specs.append(json.loads(line))\n        except ValueError:\n            pass\n"
+        "    salt = next((s['salt'] for s in specs if isinstance(s, dict) and 'salt' in s), None)\n"
+        "    for s in specs:\n        if salt and isinstance(s, dict) and s.get('input', '').strip() == inp.strip():\n"
+        "            for guess in ('YES', 'NO'):\n"
+        "                if hashlib.sha256((salt + '\\0' + guess).encode()).hexdigest() == s['digest']:\n"
+        "                    answer = guess\n"
+        "print(answer)\n",
+    ),
+    # Read the nonce from the harness's report, append forged results, kill the harness.
+    "forges_the_rest_of_the_report_and_kills_the_harness": (
+        FUNCTIONAL_ROW,
+        "import glob, os, signal, stat, time\n"
+        "def solve(x):\n    if x == 3:\n        return 1\n"
+        "    for path in glob.glob('/proc/[0-9]*/fd/1'):\n"
+        "        try:\n            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK)\n"
+        "            if stat.S_ISREG(os.fstat(fd).st_mode):\n"
+        "                first = os.read(fd, 1 << 16).decode().split(' ')[0]\n"
+        "                forged = first + ' {\"case\": 1, \"ok\": true, \"value\": 2.0}\\n' + first + ' {\"done\": true}\\n'\n"
+        "                os.write(fd, forged.encode())\n"
+        "            os.close(fd)\n"
+        "        except OSError:\n            pass\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(60)\n",
+    ),
+}
+
+
+def test_every_program_gets_its_verdict_under_bubblewrap_as_an_unprivileged_user(runs):
+    """The bubblewrap backend (how a job that is not root grades): every hostile program above,
+    and two that try to reach the harness's files through /proc/1, get -1; the correct ones +1.
+    One batch, each program judged on its own."""
+    programs = {**HOSTILE, **{f"functional_{k}": (FUNCTIONAL_ROW, c) for k, c in FUNCTIONAL_HOSTILE.items()},
+                **THROUGH_BWRAP_INIT}
+    programs.update({f"correct_{k}": v for k, v in CORRECT.items()})
+    names = sorted(programs)
+    plans = [code_file.plan_grading(parse_tests(programs[n][0], n), programs[n][1],
+                                    limits=SHORT if n == "stop_the_parent_then_exit" else LIMITS) for n in names]
+    jobs = [{"code": code_file.harness_source(), "stdin": p["stdin"], "files": p["files"],
+             "limits": dataclasses.asdict(p["limits"])} for p in plans]
+    results = [code_file.judge_grading(p, res) for p, (res, _) in zip(plans, run_batch("bwrap", jobs, threads=4))]
+    wrong = {n: (r["passed"], r["error"], r["reason"]) for n, r in zip(names, results)
+             if r["error"] is not None or r["passed"] != n.startswith("correct_")}
+    assert wrong == {}
+    assert bwrap_leftovers() == []
