@@ -54,19 +54,19 @@ def group_std(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return _group_mean(centred * centred, idx, num_groups).sqrt()  # [B]
 
 
-@ADVANTAGE_NORMS.register("none")
+@ADVANTAGE_NORMS.register("none", ranges={"eps": "> 0"})
 def none(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     """Group-centred only: r - mean(r of the prompt) (Dr. GRPO)."""
     return group_centered(rewards, group_ids)  # [B]
 
 
-@ADVANTAGE_NORMS.register("prompt")
+@ADVANTAGE_NORMS.register("prompt", ranges={"eps": "> 0"})  # eps = 0: 0 / 0 on a zero-variance group
 def prompt(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     """Group-centred, divided by the prompt's reward std + eps (GRPO)."""
     return group_centered(rewards, group_ids) / (group_std(rewards, group_ids) + eps)  # [B]
 
 
-@ADVANTAGE_NORMS.register("batch")
+@ADVANTAGE_NORMS.register("batch", ranges={"eps": "> 0"})
 def batch(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     """Group-centred, divided by the std of all centred advantages in the batch + eps (ScaleRL)."""
     centred = group_centered(rewards, group_ids)  # [B]

@@ -304,9 +304,9 @@ class DynamicSampling(ZeroVarianceFilter):
 # Registered without rebinding the module names, so `isinstance(x, UniformSampler)` holds for
 # objects built through the registry's gin-configurable wrappers.
 CURRICULA.register("uniform")(UniformSampler)
-CURRICULA.register("no_positive_resampling")(NoPositiveResampling)
+CURRICULA.register("no_positive_resampling", ranges={"threshold": "(0, 1]", "history": ">= 1"})(NoPositiveResampling)
 CURRICULA.register("zero_variance_filter")(ZeroVarianceFilter)
-CURRICULA.register("dynamic_sampling")(DynamicSampling)
+CURRICULA.register("dynamic_sampling", ranges={"max_rounds": ">= 0"})(DynamicSampling)
 
 
 @dataclass

@@ -66,7 +66,7 @@ class _LengthControl:
         return reward
 
 
-@LENGTH_CONTROLS.register("interruption")
+@LENGTH_CONTROLS.register("interruption", ranges={"thinking_min": ">= 0", "thinking_max": ">= 0", "answer_budget": ">= 1"})
 class ForcedInterruption(_LengthControl):
     """Forced interruption: at a random point in [thinking_min, thinking_max] append `phrase`, then allow `answer_budget`."""
 
@@ -149,7 +149,7 @@ class ForcedInterruption(_LengthControl):
         )
 
 
-@LENGTH_CONTROLS.register("length_penalty")
+@LENGTH_CONTROLS.register("length_penalty", ranges={"l_max": ">= 2", "l_cache": ">= 1"})
 class LengthPenalty(_LengthControl):
     """DAPO-style overlong penalty clip((L_max − |y|)/L_cache − 1, −1, 0), added to correct traces only."""
 
@@ -173,7 +173,7 @@ class LengthPenalty(_LengthControl):
         return f"length_penalty(l_max={self.l_max}, l_cache={self.l_cache})"
 
 
-@LENGTH_CONTROLS.register("truncate")
+@LENGTH_CONTROLS.register("truncate", ranges={"max_tokens": ">= 1"})
 class Truncate(_LengthControl):
     """Plain truncation at the generation cap (`max_tokens`, or the run's when None); rewards unchanged."""
 

@@ -74,7 +74,7 @@ def _ppo_clip_active(ratio: Tensor, adv: Tensor, low: float, high: float) -> Ten
 
 # ---------------------------------------------------------------------------------------
 # GRPO (DeepSeekMath; ScaleRL Eq. 7 without KL): symmetric token-level clip
-@LOSSES.register("grpo")
+@LOSSES.register("grpo", ranges={"eps": "[0, 1)"})  # the low clip 1 - eps must stay > 0
 def grpo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps: float = 0.2) -> Tensor:
     """GRPO clipped surrogate, symmetric clip [1-eps, 1+eps], no KL term."""
     logp, gen_logp = _sanitize(logp, gen_logp, mask)
@@ -90,7 +90,7 @@ def _grpo_clipped(logp, gen_logp, advantages, mask, *, eps=0.2):
 
 # ---------------------------------------------------------------------------------------
 # DAPO: asymmetric "clip-higher" [1-eps_low, 1+eps_high]
-@LOSSES.register("dapo")
+@LOSSES.register("dapo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"})
 def dapo(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28
 ) -> Tensor:
@@ -108,7 +108,7 @@ def _dapo_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2
 
 # ---------------------------------------------------------------------------------------
 # CISPO (MiniMax-M1), ScaleRL Eq. 4 form: sg(min(rho, eps_max)) * A * log pi
-@LOSSES.register("cispo")
+@LOSSES.register("cispo", ranges={"eps_max": "> 0"})  # a cap <= 0 flips or zeroes the gradient
 def cispo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_max: float = 4.0) -> Tensor:
     """CISPO: truncated IS weight sg(min(rho, eps_max)) times A times log-prob (absolute cap, ScaleRL Eq. 4)."""
     logp, gen_logp = _sanitize(logp, gen_logp, mask)
@@ -131,7 +131,7 @@ def _sequence_ratio(logp: Tensor, gen_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(log_ratio.sum(dim=1) / lengths)  # [B]
 
 
-@LOSSES.register("gspo")
+@LOSSES.register("gspo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"})
 def gspo(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-3, eps_high: float = 5e-3
 ) -> Tensor:
@@ -151,7 +151,7 @@ def _gspo_clipped(logp, gen_logp, advantages, mask, *, eps_low=3e-3, eps_high=5e
 
 # ---------------------------------------------------------------------------------------
 # Extras beyond the paper's four
-@LOSSES.register("ppo_dual_clip")
+@LOSSES.register("ppo_dual_clip", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0", "dual_clip": "> 1"})
 def ppo_dual_clip(
     logp: Tensor,
     gen_logp: Tensor,
@@ -180,7 +180,7 @@ def _dual_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2
     return (_ppo_clip_active(ratio, adv, 1.0 - eps_low, 1.0 + eps_high) | ((adv < 0) & (ratio > dual_clip))) & mask
 
 
-@LOSSES.register("icepop")
+@LOSSES.register("icepop", ranges={"low": ">= 0", "high": "> 0"})
 def icepop(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, low: float = 0.5, high: float = 2.0
 ) -> Tensor:

@@ -4,6 +4,10 @@
 small randomly initialised Llama to `path` with `save_pretrained`, so every engine and the
 trainer load it exactly as they would load a real checkpoint: `load_tokenizer(path)`,
 `load_causal_lm(path)`.
+
+A run's `model.path` must hold a checkpoint; a NEW randomly initialised model is built only when
+asked for explicitly with ``model.new_model = True`` (`ensure_new_model`), so a mistyped path is
+an error, never a silently random model.
 """
 
 from __future__ import annotations
@@ -100,13 +104,62 @@ def build_tiny_policy(
     return path
 
 
+# Written into a directory `ensure_new_model` built: a later run with model.new_model = True reuses
+# it. The other names are what the tiny and warm-start builders write themselves.
+NEW_MODEL_MARKER = "scalerl_new_model.json"
+_BUILT_MARKERS = (NEW_MODEL_MARKER, "scalerl_tiny.json", "warm_start.json")
+
+
+def ensure_new_model(path: str | os.PathLike, *, builder=None, build_kwargs: Optional[dict] = None) -> Path:
+    """The model `model.new_model = True` asks for: built at `path` by `builder(path, **build_kwargs)`
+    (default `build_tiny_policy`) if nothing is there yet, else the model an earlier such build left.
+
+    The build goes to a temporary directory renamed into place (a concurrent run's build wins).
+    A directory at `path` that no builder made (a real checkpoint, or anything else) is refused:
+    the setting asks for a new model, and training that directory instead would be a silent swap.
+    """
+    p = Path(path)
+    wanted = json.loads(json.dumps(dict(build_kwargs or {}), default=str))  # as the marker records them
+    if p.exists():
+        if (p / NEW_MODEL_MARKER).is_file():
+            built = json.loads((p / NEW_MODEL_MARKER).read_text()).get("build_kwargs")
+            if built != wanted:
+                raise FileExistsError(
+                    f"the new model at {str(p)!r} was built with model.build_kwargs = {built}, but this run asks for "
+                    f"{wanted}; point model.path at a directory that does not exist yet to build that one"
+                )
+            return p
+        if any((p / m).is_file() for m in _BUILT_MARKERS):
+            return p
+        raise FileExistsError(
+            f"model.new_model = True asks for a NEW model at {str(p)!r}, but that path already holds something no "
+            "model builder made. To train the checkpoint there, set model.new_model = False; for a new model, "
+            "point model.path at a directory that does not exist yet."
+        )
+    if builder is None:
+        builder = build_tiny_policy
+    tmp = p.with_name(f".{p.name}.building-{os.getpid()}")
+    builder(tmp, **dict(build_kwargs or {}))
+    (tmp / NEW_MODEL_MARKER).write_text(json.dumps(
+        {"builder": f"{getattr(builder, '__module__', '?')}.{getattr(builder, '__qualname__', builder)}",
+         "build_kwargs": wanted}))
+    try:
+        os.rename(tmp, p)
+    except OSError:  # built concurrently by another run: keep theirs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return p
+
+
 def check_model_path(path: str | os.PathLike) -> Path:
     """Fail early and clearly when a model path is not a local checkpoint directory."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(
             f"model path {str(path)!r} is not a directory. Pass a local checkpoint saved with "
-            "save_pretrained (nothing is downloaded at run time)."
+            "save_pretrained (nothing is downloaded at run time); to train a NEW randomly initialised "
+            "model there instead, set model.new_model = True."
         )
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model path {str(path)!r} has no config.json; is it a transformers checkpoint?")

@@ -52,13 +52,13 @@ class OffPolicyScheme:
         return self.k if not self.streaming else 1
 
 
-@OFF_POLICY.register("ppo_off_policy")
+@OFF_POLICY.register("ppo_off_policy", ranges={"k": ">= 1"})
 def ppo_off_policy(k: int = 1) -> OffPolicyScheme:
     """PPO-off-policy-k: generate k x batch with frozen weights, then k learner steps, then sync (k=1: synchronous)."""
     return OffPolicyScheme(name="ppo_off_policy", k=int(k), streaming=False, inflight_batches=1)
 
 
-@OFF_POLICY.register("pipeline_rl")
+@OFF_POLICY.register("pipeline_rl", ranges={"k": ">= 1", "inflight_batches": ">= 1"})
 def pipeline_rl(k: int = 8, inflight_batches: Optional[int] = None) -> OffPolicyScheme:
     """PipelineRL-k: streaming generation, in-flight weight updates, never train on a token > k versions old.
 

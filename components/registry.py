@@ -14,6 +14,18 @@ its keyword arguments are bindable from a gin file as ``my_loss.eps = 0.1`` (or,
 families register the same name, ``losses.my_loss.eps = 0.1``). Configs select
 components by name strings, so a sweep is a list of strings.
 
+Numeric hyper-parameters are checked before a run starts (`Registry.check_params`, called by
+the trainer's config validation with the values the run will use: defaults, gin bindings,
+explicit keywords). Every parameter whose annotation or default is a number must be a finite
+number (an ``int`` one an integer); a range declared at registration narrows it further::
+
+    @LOSSES.register("my_loss", ranges={"eps": "(0, 1)", "beta": ">= 0"})
+
+A range is ``"> x"``, ``">= x"``, ``"< x"``, ``"<= x"`` or an interval ``"[a, b)"`` (brackets
+closed, parentheses open); a closed infinite bound (``"[0, inf]"``) lets that infinity through.
+A bad value is refused with the component, the parameter, the value and the range:
+``cispo.eps_max = -1.0 is out of range: must be > 0``.
+
 A component defined in a user's own module is picked up as soon as that module is
 imported, e.g. by an ``import my_module`` line at the top of a gin file.
 
@@ -27,9 +39,12 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
+import numbers
+import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import gin
 
@@ -38,6 +53,11 @@ __all__ = [
     "UnknownComponentError",
     "DuplicateComponentError",
     "ParamSpec",
+    "Range",
+    "ParamRangeError",
+    "parse_range",
+    "check_numeric",
+    "configurable_params",
     "LOSSES",
     "AGGREGATIONS",
     "ADVANTAGE_NORMS",
@@ -67,6 +87,10 @@ class DuplicateComponentError(ValueError):
     """A second, different component was registered under a name already taken."""
 
 
+class ParamRangeError(ValueError):
+    """A numeric hyper-parameter is not a finite number, or is outside its declared range."""
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One configurable parameter of a registered component."""
@@ -74,13 +98,164 @@ class ParamSpec:
     name: str
     default: Any  # inspect.Parameter.empty when required
     kind: str  # "keyword-only" or "positional-or-keyword"
+    annotation: Any = inspect.Parameter.empty  # as written in the signature (a type or a string)
 
     @property
     def required(self) -> bool:
         return self.default is inspect.Parameter.empty
 
+    @property
+    def numeric(self) -> Optional[str]:
+        """"int", "float" or None (not a number), from the annotation, else from the default's type."""
+        return numeric_kind(self.annotation, self.default)
 
-def _configurable_params(obj: Callable) -> list[ParamSpec]:
+
+# -- numeric ranges -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    """An allowed interval for a number: bounds `lo` / `hi` (None: unbounded), each closed or open.
+
+    Infinite values are outside every range unless a bound is a CLOSED infinity (``[0, inf]``).
+    """
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_closed: bool = True
+    hi_closed: bool = True
+
+    def contains(self, x: float) -> bool:
+        if math.isnan(x):
+            return False
+        if math.isinf(x) and not (x == self.lo and self.lo_closed or x == self.hi and self.hi_closed):
+            return False
+        if self.lo is not None and (x < self.lo or (x == self.lo and not self.lo_closed)):
+            return False
+        if self.hi is not None and (x > self.hi or (x == self.hi and not self.hi_closed)):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        """"> 0", "<= 1", "in [0, 1)", or "any finite number"."""
+        if self.lo is not None and self.hi is not None:
+            return f"in {'[' if self.lo_closed else '('}{_num(self.lo)}, {_num(self.hi)}{']' if self.hi_closed else ')'}"
+        if self.lo is not None:
+            return f"{'>=' if self.lo_closed else '>'} {_num(self.lo)}"
+        if self.hi is not None:
+            return f"{'<=' if self.hi_closed else '<'} {_num(self.hi)}"
+        return "any finite number"
+
+
+_NUMBER = r"([-+]?(?:inf|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?))"
+_COMPARISON = re.compile(rf"^\s*(>=|<=|>|<)\s*{_NUMBER}\s*$", re.IGNORECASE)
+_INTERVAL = re.compile(rf"^\s*([\[(])\s*{_NUMBER}\s*,\s*{_NUMBER}\s*([\])])\s*$", re.IGNORECASE)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def parse_range(spec: "str | Range") -> Range:
+    """A `Range` from its text: "> 0", ">= 1", "< 1", "<= 1", "[0, 1)", "(0, 1]", "[a, b]", "(a, b)"."""
+    if isinstance(spec, Range):
+        return spec
+    text = str(spec)
+    m = _COMPARISON.match(text)
+    if m:
+        op, x = m.group(1), float(m.group(2))
+        return Range(lo=x, lo_closed=op == ">=") if op.startswith(">") else Range(hi=x, hi_closed=op == "<=")
+    m = _INTERVAL.match(text)
+    if m:
+        lo, hi = float(m.group(2)), float(m.group(3))
+        if lo > hi:
+            raise ValueError(f"range {text!r}: the lower bound {_num(lo)} is above the upper bound {_num(hi)}")
+        return Range(lo=lo, hi=hi, lo_closed=m.group(1) == "[", hi_closed=m.group(4) == "]")
+    raise ValueError(
+        f"cannot read the range {text!r}; write one of '> x', '>= x', '< x', '<= x' or an interval "
+        "'[a, b]', '[a, b)', '(a, b]', '(a, b)' (e.g. '> 0', '[0, 1)')"
+    )
+
+
+_NON_NUMERIC_WORDS = {"Optional", "Union", "None", "NoneType", "typing", "numbers"}
+
+
+def numeric_kind(annotation: Any, default: Any = inspect.Parameter.empty) -> Optional[str]:
+    """"int", "float" or None: what a parameter's annotation (type or string) says it holds.
+
+    Optional[...] and unions of int and float count; anything else (str, bool, a tensor, a
+    union with str) is not numeric. Without an annotation the default's type decides.
+    """
+    if annotation is inspect.Parameter.empty or annotation is None:
+        if isinstance(default, bool):
+            return None
+        if isinstance(default, float):
+            return "float"
+        if isinstance(default, int):
+            return "int"
+        return None
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    words = set(re.findall(r"[A-Za-z_]+", text)) - _NON_NUMERIC_WORDS
+    if words == {"int"}:
+        return "int"
+    if words and words <= {"int", "float", "Real"}:
+        return "float"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_gin_reference(value: Any) -> bool:
+    return type(value).__name__ in ("ConfigurableReference", "MacroReference")
+
+
+def _allowed(kind: Optional[str], rng: Optional[Range], finite: bool) -> str:
+    """The allowed values in words: "> 0", "an integer >= 1", "finite and in (0, 1]", "a finite number"."""
+    if rng is None:
+        return "an integer" if kind == "int" else "a finite number"
+    if kind == "int":
+        return f"an integer {rng}"
+    infinity_ok = any(b is not None and math.isinf(b) and closed for b, closed in ((rng.lo, rng.lo_closed), (rng.hi, rng.hi_closed)))
+    return f"finite and {rng}" if finite and not infinity_ok else str(rng)
+
+
+def range_problem(label: str, value: Any, kind: Optional[str], rng: Optional[Range]) -> Optional[str]:
+    """Why `label = value` is refused ("cispo.eps_max = -1.0 is out of range: must be > 0"), or None.
+
+    `kind` ("int", "float" or None) comes from the signature, `rng` (None: any finite number)
+    from the declared range. None values and unresolved gin references are not checked.
+    """
+    if value is None or _is_gin_reference(value):
+        return None
+    if not _is_number(value):
+        return f"{label} = {value!r} is not a number: must be {_allowed(kind, rng, False)}"
+    x = float(value)
+    ok = (rng.contains(x) if rng is not None else math.isfinite(x)) and (kind != "int" or x.is_integer())
+    if ok:
+        return None
+    return f"{label} = {value!r} is out of range: must be {_allowed(kind, rng, not math.isfinite(x))}"
+
+
+def check_numeric(owner: str, params: Sequence[ParamSpec], values: Mapping[str, Any],
+                  ranges: Optional[Mapping[str, Any]] = None) -> None:
+    """Raise `ParamRangeError` listing every numeric parameter of `owner` whose value is refused.
+
+    Checked: each parameter in `params` that is numeric (`ParamSpec.numeric`) or has a declared
+    range in `ranges`, with its value from `values` (parameters absent from `values` are skipped).
+    """
+    ranges = {k: parse_range(v) for k, v in (ranges or {}).items()}
+    problems = []
+    for p in params:
+        if p.name not in values or (p.numeric is None and p.name not in ranges):
+            continue
+        problem = range_problem(f"{owner}.{p.name}", values[p.name], p.numeric, ranges.get(p.name))
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise ParamRangeError("; ".join(problems))
+
+
+def configurable_params(obj: Callable) -> list[ParamSpec]:
     """Parameters with defaults (the hyper-parameters) of a function or a class's __init__."""
     target = obj.__init__ if inspect.isclass(obj) else obj
     try:
@@ -96,7 +271,7 @@ def _configurable_params(obj: Callable) -> list[ParamSpec]:
         if p.default is p.empty and p.kind != p.KEYWORD_ONLY:
             continue  # a positional input (a tensor), not a hyper-parameter
         kind = "keyword-only" if p.kind == p.KEYWORD_ONLY else "positional-or-keyword"
-        specs.append(ParamSpec(p.name, p.default, kind))
+        specs.append(ParamSpec(p.name, p.default, kind, p.annotation))
     return specs
 
 
@@ -117,29 +292,38 @@ class Registry:
         self.autoload = autoload
         self._entries: dict[str, Callable] = {}
         self._originals: dict[str, Callable] = {}
+        self._ranges: dict[str, dict[str, Range]] = {}
         self._lock = threading.Lock()
 
     # -- registration -------------------------------------------------------------
-    def register(self, name: str, *, gin_configurable: bool = True) -> Callable[[Callable], Callable]:
+    def register(self, name: str, *, gin_configurable: bool = True,
+                 ranges: Optional[Mapping[str, "str | Range"]] = None) -> Callable[[Callable], Callable]:
         """Decorator: register a function or class under `name`.
 
         The returned object is the gin-configurable wrapper (what `get` returns), so the
         decorated name in its module also honours gin bindings.
+
+        `ranges` declares the allowed values of numeric parameters, {param: "> 0" | "[0, 1)" | ...}
+        (`parse_range`); every numeric parameter must be finite whether declared or not
+        (`check_params`). A range naming no parameter of the component is refused here.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.family} registry: a component name must be a non-empty string, got {name!r}")
 
         def decorator(obj: Callable) -> Callable:
+            parsed = _parse_ranges(f"{self.family} {name!r}", obj, ranges)
             with self._lock:
                 previous = self._originals.get(name)
                 if previous is not None:
                     if previous is obj:
+                        self._ranges[name] = parsed or self._ranges.get(name, {})
                         return self._entries[name]
                     if _same_definition(previous, obj) and not inspect.isclass(obj):
                         # The same function redefined (importlib.reload, a notebook cell):
                         # the gin wrapper dispatches through _originals, so updating the
                         # entry makes every existing reference run the new body.
                         self._originals[name] = obj
+                        self._ranges[name] = parsed
                         return self._entries[name]
                     raise DuplicateComponentError(
                         f"{self.family} {name!r} is already registered by "
@@ -150,9 +334,16 @@ class Registry:
                 wrapped = _gin_register(target, name, self.gin_module) if gin_configurable else target
                 self._entries[name] = wrapped
                 self._originals[name] = obj
+                self._ranges[name] = parsed
             return wrapped
 
         return decorator
+
+    def declare_ranges(self, name: str, ranges: Mapping[str, "str | Range"]) -> None:
+        """Add ranges to an entry already registered (e.g. a class from another package)."""
+        parsed = _parse_ranges(f"{self.family} {name!r}", self.original(name), ranges)
+        with self._lock:
+            self._ranges[name] = {**self._ranges.get(name, {}), **parsed}
 
     def _dispatcher(self, name: str, fn: Callable) -> Callable:
         """A function with `fn`'s signature that calls the entry's current definition."""
@@ -206,7 +397,36 @@ class Registry:
 
     def params(self, name: str) -> list[ParamSpec]:
         """Configurable keyword parameters of an entry, with their defaults."""
-        return _configurable_params(self.original(name))
+        return configurable_params(self.original(name))
+
+    def param_ranges(self, name: str) -> dict[str, Range]:
+        """The ranges declared for an entry's parameters, {param: Range}."""
+        self.get(name)
+        return dict(self._ranges.get(name, {}))
+
+    def bound_values(self, name: str) -> dict[str, Any]:
+        """The entry's parameters as a call with no keywords gets them: defaults, then gin bindings.
+
+        Gin macros are resolved; a reference to another configurable (``@fn()``) is left
+        unevaluated (evaluating it could build a model), and is not range-checked.
+        """
+        values = {p.name: p.default for p in self.params(name) if not p.required}
+        try:
+            bound = gin.get_bindings(f"{self.gin_module}.{name}", resolve_references=False)
+        except (ValueError, KeyError):  # registered without gin, or gin knows no such selector
+            bound = {}
+        values.update({k: _resolve_gin_macro(v) for k, v in bound.items()})
+        return values
+
+    def check_params(self, name: str, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+        """Refuse (`ParamRangeError`) numeric parameters of entry `name` that are not finite or out of range.
+
+        The values checked are those a run calls the entry with: defaults, gin bindings, then
+        `overrides` (explicit keywords, e.g. ``train.task_kwargs``). Returns them.
+        """
+        values = {**self.bound_values(name), **dict(overrides or {})}
+        check_numeric(name, self.params(name), values, self._ranges.get(name))
+        return values
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """{name: {"params": {param: default-or-"<required>"}, "doc": first doc line, "where": module}}."""
@@ -219,6 +439,7 @@ class Registry:
             doc = inspect.getdoc(obj) or ""
             out[name] = {
                 "params": params,
+                "ranges": {k: str(r) for k, r in self._ranges.get(name, {}).items()},
                 "doc": doc.strip().splitlines()[0] if doc.strip() else "",
                 "where": f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', name)}",
             }
@@ -230,6 +451,7 @@ class Registry:
             self.get(name)
             del self._entries[name]
             del self._originals[name]
+            self._ranges.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         if name not in self._entries:
@@ -245,6 +467,37 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.family!r}: {', '.join(self.names())})"
+
+
+def _parse_ranges(label: str, obj: Callable, ranges: Optional[Mapping[str, Any]]) -> dict[str, Range]:
+    """{param: Range} from a declaration; a parameter the component does not have is an error."""
+    if not ranges:
+        return {}
+    names = [p.name for p in configurable_params(obj)]
+    unknown = [k for k in ranges if k not in names]
+    if unknown:
+        raise ValueError(f"{label}: ranges name {', '.join(map(repr, unknown))}, not parameters of "
+                         f"{_where(obj)} (its parameters: {', '.join(names) or 'none'})")
+    out = {}
+    for param, spec in ranges.items():
+        try:
+            out[param] = parse_range(spec)
+        except ValueError as err:
+            raise ValueError(f"{label}: parameter {param!r}: {err}") from None
+    return out
+
+
+def _resolve_gin_macro(value: Any) -> Any:
+    """A gin value with macros (``%NAME``) replaced by their values; other references are kept."""
+    seen = 0
+    while _is_gin_reference(value) and getattr(getattr(value, "configurable", None), "name", None) == "macro" and seen < 32:
+        macro = value.scoped_selector.rsplit("/", 1)[0]  # "NAME/gin.macro" -> "NAME"
+        try:
+            value = gin.query_parameter(f"{macro}/gin.macro.value")
+        except (ValueError, KeyError):
+            return value
+        seen += 1
+    return value
 
 
 def _where(obj: Callable) -> str:

@@ -454,7 +454,8 @@ def _model_config() -> tuple[dict, str]:
         kwargs = _bound("warm_start", "model_kwargs", None) or {}
         return tiny_policy_config(**dict(kwargs)), "the warm-start builder's tiny policy (shapes from warm_start.model_kwargs; nothing built)"
     builder = _bound("model", "builder", None)
-    if isinstance(path, str) and _bound("model", "build_if_missing", False) and builder is None:
+    new_model = _bound("model", "new_model", False) or _bound("model", "build_if_missing", False)  # the latter: deprecated name
+    if isinstance(path, str) and new_model and builder is None:
         kwargs = _bound("model", "build_kwargs", None) or {}
         return tiny_policy_config(**dict(kwargs)), f"build_tiny_policy(**model.build_kwargs) (model.path {path} not built; nothing built)"
     where = str(path) if isinstance(path, str) else f"@{path.configurable.name}()"

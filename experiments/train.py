@@ -16,7 +16,15 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.runlog import RunInfo
+from components.trainer.runlog import (
+    EXIT_BAD_INPUT,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_FAILURE_UNRECORDED,
+    RunInfo,
+    failure_in_run_dir,
+)
+from components.trainer.runlog import record_failure as _record_in_run_dir
 
 __all__ = ["run_training", "prepare", "add_arguments", "main"]
 
@@ -233,10 +241,7 @@ def run_training(
         cfg, files, sys_path = prepare(config_files, bindings)
     except Exception as err:
         if run_dir is not None and record_invalid:  # a sweep's run: record why it never started
-            run_path.mkdir(parents=True, exist_ok=True)
-            ri = RunInfo(run_path)
-            ri.start(run_info, {"device": "unknown", "count": 0}, resumed=False)
-            _record_failure(ri, run_path, err)
+            _record_never_started(run_path, run_info, err)
         raise
     return _supervise_local(cfg, files, sys_path, bindings, run_path, run_info, progress)
 
@@ -279,14 +284,14 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
             RunInfo(run_path).finish("interrupted", error="stopped by Ctrl-C (KeyboardInterrupt); resumes from its last checkpoint")
             raise
         except BaseException as err:  # noqa: BLE001 - record every failure
-            _record_failure(RunInfo(run_path), run_path, err)
+            _record_failure(run_path, err)
             return "failed"
         info = RunInfo(run_path)  # learner-0 may have written it
         if code == 0:
             info.finish("done")
             return "done"
         if info.status == "running":
-            _record_failure(info, run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
+            _record_failure(run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
         log.error("run %s failed: %s (traceback in %s)", run_path, info.data.get("error"), run_path / "error.txt")
         return "failed"
     finally:
@@ -311,10 +316,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
         cfg, files, sys_path = prepare(config_files, bindings)
     except Exception as err:
         if penv.rank == 0:  # record why the run never started, and release the other tasks
-            run_path.mkdir(parents=True, exist_ok=True)
-            ri = RunInfo(run_path)
-            ri.start(run_info, {"device": "unknown", "count": 0}, resumed=False)
-            _record_failure(ri, run_path, err)
+            _record_never_started(run_path, run_info, err)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(f"failed: {type(err).__name__}: {err}")
         raise
@@ -346,7 +348,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
             RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
             raise
         except BaseException as err:  # noqa: BLE001
-            _record_failure(RunInfo(run_path), run_path, err)
+            _record_failure(run_path, err)
             if isinstance(err, KeyboardInterrupt):
                 raise
             log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
@@ -379,9 +381,12 @@ def _bind_gpus_early(config_files, bindings, penv) -> None:
 
     from components.trainer.config import train_config
 
-    _parse_gin(config_files, bindings)
     try:
-        cfg = train_config(model_path="<resolved later>")
+        try:
+            _parse_gin(config_files, bindings)
+            cfg = train_config(model_path="<resolved later>")
+        except Exception:  # a bad config: `prepare` raises it again, where rank 0 records it in run.json
+            return
         if on_gpu(cfg):
             _bind_gpus(layout_of(cfg), penv)
     finally:
@@ -421,14 +426,28 @@ def _lock_run_dir(run_path: Path):
     return f
 
 
-def _record_failure(info, run_path: Path, err: BaseException) -> None:
-    (run_path / "error.txt").write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
-    info.finish("failed", error=f"{type(err).__name__}: {err}")
+def _record_failure(run_path: Path, err: BaseException) -> bool:
+    """run.json failed with `err`, error.txt its traceback; never raises (runlog.record_failure:
+    a run directory that cannot be written gets the error on stderr and a fallback file).
+    True when run.json says failed."""
+    return _record_in_run_dir(Path(run_path), f"{type(err).__name__}: {err}",
+                              "".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
-def record_failure(run_path: Path, err: BaseException) -> None:
-    """run.json failed with the error, error.txt with its traceback (learner rank 0's end of a failed run)."""
-    _record_failure(RunInfo(Path(run_path)), Path(run_path), err)
+def _record_never_started(run_path: Path, run_info: Optional[dict], err: BaseException) -> None:
+    """A sweep's run refused before it started: run.json failed with why (never raises)."""
+    try:
+        run_path.mkdir(parents=True, exist_ok=True)
+        RunInfo(run_path).start(run_info, {"device": "unknown", "count": 0}, resumed=False)
+    except Exception:  # noqa: BLE001 - an unwritable run directory: record_failure falls back
+        pass
+    _record_failure(run_path, err)
+
+
+def record_failure(run_path: Path, err: BaseException) -> bool:
+    """run.json failed with the error, error.txt with its traceback (learner rank 0's end of a
+    failed run). Never raises; False when the run directory could not record it."""
+    return _record_failure(Path(run_path), err)
 
 
 # ---------------------------------------------------------------------------------------
@@ -497,8 +516,12 @@ def main(args: argparse.Namespace) -> int:
         )
     except Exception as err:  # bad input: a clear one-line error, no traceback wall
         print(f"scalerl train: error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(f"run {status}: {run_dir}", flush=True)
+    if status == "failed" and not failure_in_run_dir(run_dir):  # the error is on stderr and in a fallback file
+        print(f"scalerl train: run.json in {run_dir} could not be marked failed; see the error above "
+              f"(exit code {EXIT_FAILURE_UNRECORDED})", file=sys.stderr)
+        return EXIT_FAILURE_UNRECORDED
     if status == "done" and not args.no_report:
         # start / end pass rate, the fitted sigmoid law and a figure of pass rate vs compute
         from experiments.report import finish_report
@@ -507,4 +530,4 @@ def main(args: argparse.Namespace) -> int:
             finish_report(run_dir)
         except Exception as err:  # the run itself is done and logged; say why there is no report
             print(f"scalerl train: no end-of-run report: {type(err).__name__}: {err}", file=sys.stderr)
-    return 0 if status == "done" else 1
+    return EXIT_DONE if status == "done" else EXIT_FAILED

@@ -208,9 +208,9 @@ def test_plan_reads_only_config_json_and_says_when_it_cannot(tmp_path, capsys, c
     assert rc == 0, err
     assert "warm-start builder's tiny policy" in out and "vocab 104" in out and "CPU run" in out
     assert not cache.exists()  # nothing was built
-    # a missing path with build_if_missing: the tiny builder's keywords
+    # a missing path with model.new_model = True: the tiny builder's keywords
     missing = tmp_path / "not_built"
-    rc, out, _ = _plan(["experiments/configs/tiny_cpu.gin", "--gin", f'model.path = "{missing}"'], capsys)
+    rc, out, _ = _plan(["experiments/configs/tiny_cpu.gin", "--gin", f'model.path = "{missing}"', "--gin", "model.new_model = True"], capsys)
     assert rc == 0 and "build_tiny_policy" in out and not missing.exists()
     # a path with no config.json and nothing to derive it from: exit 2, a clear message
     rc, out, err = _plan(["experiments/configs/scalerl.gin", "--gin", f'model.path = "{missing}"'], capsys)

@@ -56,6 +56,7 @@ RELEASE_AFTER_S = 5
 
 # Keep the real trainer's runs short on a 2-core machine.
 TINY = [
+    "model.new_model = True",  # model_dir starts missing: a new tiny model is built there
     "train.total_steps = 2",
     "train.eval_every = 1",
     "train.eval_prompts = 16",
@@ -66,7 +67,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    # built once by the first job that needs it (model.build_if_missing in tiny_cpu.gin)
+    # built once by the first job that needs it (model.new_model = True in TINY)
     return tmp_path_factory.mktemp("slurm_model") / "tiny"
 
 

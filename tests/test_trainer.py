@@ -182,11 +182,11 @@ def test_unknown_component_names(tmp_path, model_path, override, match):
     "override, match",
     [
         (dict(train__micro_batch_size="64"), r"micro_batch_size \(64\) is larger than the step batch"),
-        (dict(train__generations_per_prompt="1", train__micro_batch_size="1"), "generations_per_prompt must be >= 2"),
-        (dict(train__prompts_per_step="0"), "prompts_per_step must be >= 1"),
-        (dict(train__temperature="0.0"), "temperature must be > 0"),
+        (dict(train__generations_per_prompt="1", train__micro_batch_size="1"), "train.generations_per_prompt = 1 is out of range: must be an integer >= 2"),
+        (dict(train__prompts_per_step="0"), "train.prompts_per_step = 0 is out of range: must be an integer >= 1"),
+        (dict(train__temperature="0.0"), "train.temperature = 0.0 is out of range: must be > 0"),
         (dict(train__adam_betas="(0.9, 1.5)"), "adam_betas"),
-        (dict(pipeline_rl__k="0", train__off_policy='"pipeline_rl"'), "k must be an integer >= 1"),
+        (dict(pipeline_rl__k="0", train__off_policy='"pipeline_rl"'), "pipeline_rl.k = 0 is out of range: must be an integer >= 1"),
         (dict(train__curriculum='["uniform", "no_positive_resampling"]'), "two prompt samplers"),
     ],
 )

@@ -97,6 +97,6 @@ def test_tiny_cpu_builds_its_model_locally(tmp_path):
     from experiments.train import prepare
 
     model_dir = tmp_path / "models" / "tiny_cpu"
-    cfg, _, _ = prepare([str(CONFIGS / "tiny_cpu.gin")], [f'model.path = "{model_dir}"'])
+    cfg, _, _ = prepare([str(CONFIGS / "tiny_cpu.gin")], [f'model.path = "{model_dir}"', "model.new_model = True"])
     assert Path(cfg.model_path) == model_dir and (model_dir / "config.json").is_file()
     assert cfg.engine == "torch" and cfg.device == "cpu"

@@ -138,7 +138,7 @@ class _Row:
         return True
 
 
-@ENGINES.register("torch")
+@ENGINES.register("torch", ranges={"max_batch_size": ">= 1", "max_cache_tokens": ">= 1"})
 class TorchEngine(Engine):
     """transformers causal LM + KV cache + continuous batching (see module docstring).
 

@@ -237,7 +237,8 @@ def vllm_llm_kwargs(
     return kwargs
 
 
-@ENGINES.register("vllm")
+@ENGINES.register("vllm", ranges={"tensor_parallel_size": ">= 1", "gpu_memory_utilization": "(0, 1]", "max_model_len": ">= 1",
+                                 "max_num_seqs": ">= 1", "kv_cache_space_gib": ">= 1", "max_batch_size": ">= 1"})
 class VllmEngine(Engine):
     """vLLM in-process engine with in-flight weight reloads (see module docstring).
 

@@ -51,6 +51,15 @@ for _mod in _BUILTIN_TASK_MODULES:
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 
+# The code task's numeric settings (a sandbox limit of 0 fails every program: every reward -1).
+# Declared for the parameters its signature has, so the grader can gain or drop knobs freely.
+CODE_FILE_RANGES = {"eval_size": ">= 0", "eval_fraction": "[0, 1)", "cpu_seconds": "> 0", "wall_seconds": "> 0",
+                    "memory_mb": ">= 1", "max_processes": ">= 1", "output_kb": ">= 1", "max_tests": ">= 1",
+                    "case_workers": ">= 1", "max_total_seconds": "> 0"}
+if "components.tasks.code_file" not in IMPORT_ERRORS:
+    _code_file_params = {p.name for p in TASKS.params("code_file")}
+    TASKS.declare_ranges("code_file", {k: v for k, v in CODE_FILE_RANGES.items() if k in _code_file_params})
+
 
 def make_task(spec, **kwargs) -> Task:
     """Build a task from a spec: a registered name (``"arithmetic"``), ``"reasoning_gym:<dataset>"``,

@@ -206,4 +206,4 @@ class ArithmeticTask(SplitTask):
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("arithmetic")` honours gin bindings.
-TASKS.register("arithmetic")(ArithmeticTask)
+TASKS.register("arithmetic", ranges={"num_train": ">= 0", "num_eval": ">= 0", "num_operands": ">= 2"})(ArithmeticTask)

@@ -269,4 +269,4 @@ def _plain_answer(text: str) -> str:
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("math_file")` honours gin bindings.
-TASKS.register("math_file")(MathFileTask)
+TASKS.register("math_file", ranges={"eval_size": ">= 0", "eval_fraction": "[0, 1)", "max_answer_chars": ">= 1"})(MathFileTask)

@@ -163,4 +163,4 @@ class ReasoningGymTask(SplitTask):
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("reasoning_gym")` honours gin bindings.
-TASKS.register("reasoning_gym")(ReasoningGymTask)
+TASKS.register("reasoning_gym", ranges={"num_train": ">= 1", "num_eval": ">= 0", "threshold": "[0, 1]"})(ReasoningGymTask)

@@ -2,17 +2,28 @@
 
 Everything is a plain value (component NAMES, not objects) so a sweep is a list of strings
 and the whole config pickles into a spawned generator process.
+
+Numeric settings are checked before anything is built or computed (`validate`): every
+``train.*`` number against `TRAIN_RANGES` (finite, and e.g. ``lr > 0``), and every numeric
+hyper-parameter of every component the run uses with the values it will be called with
+(defaults, gin bindings, ``train.task_kwargs``) against the range declared at registration
+(`components.registry`). A refused value names itself: ``cispo.eps_max = -1.0 is out of
+range: must be > 0``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
-__all__ = ["TrainConfig", "train_config", "model_config", "ConfigError"]
+__all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
+           "check_train_values", "check_components"]
+
+log = logging.getLogger("scalerl.config")
 
 
 class ConfigError(ValueError):
@@ -107,33 +118,33 @@ class TrainConfig:
 @gin.configurable("model")
 def model_config(
     path: str = gin.REQUIRED,
-    build_if_missing: bool = False,
+    new_model: bool = False,
     builder: Optional[Any] = None,
     build_kwargs: Optional[dict] = None,
+    build_if_missing: bool = False,
 ) -> str:
     """`model.path`: a local checkpoint directory (save_pretrained); nothing is downloaded.
 
-    With `build_if_missing = True` a missing path is created locally by `builder(path,
-    **build_kwargs)` (default: `components.models.build_tiny_policy`, a tiny random Llama and
-    a char tokenizer), written to a temporary directory and renamed into place atomically.
-    A gin recipe can point `model.builder` at any configurable (e.g. a warm-start builder).
-    Returns the absolute path.
+    A path with no checkpoint is an error (`components.models.check_model_path`), unless
+    `model.new_model = True` asks for a NEW, randomly initialised model: it is then built at
+    the path by `builder(path, **build_kwargs)` (default: `components.models.build_tiny_policy`,
+    a tiny random Llama and a char tokenizer) the first time, and reused by later runs
+    (`components.models.ensure_new_model`). A gin recipe can point `model.builder` at any
+    configurable. `build_if_missing` is the deprecated name of `new_model`, kept so saved
+    configs still parse (it warns). Returns the absolute path.
     """
-    import os
     from pathlib import Path
 
-    p = Path(str(path)).expanduser().absolute()
-    if build_if_missing and not (p / "config.json").is_file():
-        if builder is None:
-            from components.models import build_tiny_policy as builder
-        tmp = p.with_name(f".{p.name}.building-{os.getpid()}")
-        builder(tmp, **dict(build_kwargs or {}))
-        try:
-            os.rename(tmp, p)
-        except OSError:  # built concurrently by another run: keep theirs
-            import shutil
+    from components.models import ensure_new_model
 
-            shutil.rmtree(tmp, ignore_errors=True)
+    p = Path(str(path)).expanduser().absolute()
+    if build_if_missing and not new_model:
+        log.warning("model.build_if_missing is deprecated: write model.new_model = True (a missing model.path is built "
+                    "only when a new model is asked for explicitly)")
+        if not (p / "config.json").is_file():
+            ensure_new_model(p, builder=builder, build_kwargs=build_kwargs)
+    elif new_model:
+        ensure_new_model(p, builder=builder, build_kwargs=build_kwargs)
     return str(p)
 
 
@@ -200,16 +211,22 @@ def train_config(
     queue_timeout_s: float = 600.0,
     model_path: Optional[str] = None,
 ) -> TrainConfig:
-    """The run's selections (component names) and hyper-parameters. `model.path` gives the model."""
-    if model_path is None:
-        model_path = model_config()
+    """The run's selections (component names) and hyper-parameters. `model.path` gives the model.
+
+    When `model_path` is not given, the whole config is validated (`validate`) BEFORE
+    `model.path` is resolved, since resolving it may build a model (a warm start, a new model).
+    """
+    check_train_values({k: v for k, v in locals().items() if k in _TRAIN_PARAM_NAMES})  # before int() / float()
+    resolve_model = model_path is None
+    if resolve_model:
+        model_path = UNRESOLVED_MODEL_PATH
     if isinstance(curriculum, str):
         curriculum = (curriculum,)
     task_kwargs = dict(task_kwargs or {})
     data_path = data_config()
     if data_path is not None:
         task_kwargs.setdefault("path", data_path)
-    return TrainConfig(
+    cfg = TrainConfig(
         model_path=str(model_path),
         task=task,
         task_kwargs=task_kwargs,
@@ -264,27 +281,148 @@ def train_config(
         verifier_timeout_s=float(verifier_timeout_s),
         queue_timeout_s=float(queue_timeout_s),
     )
+    if resolve_model:
+        validate(cfg)
+        cfg = cfg.replace(model_path=model_config())
+    return cfg
+
+
+UNRESOLVED_MODEL_PATH = "<model.path not resolved yet>"
+
+# The allowed values of the numeric train.* settings (components.registry.parse_range). Every
+# numeric setting must also be a finite number, an int one an integer.
+TRAIN_RANGES = {
+    "prompts_per_step": ">= 1",
+    "generations_per_prompt": ">= 2",  # group-relative advantages need a group
+    "max_tokens": ">= 1",
+    "temperature": "> 0",
+    "top_p": "(0, 1]",
+    "micro_batch_size": ">= 1",
+    "max_tokens_per_micro_batch": ">= 1",
+    "logprob_chunk_size": ">= 1",
+    "lr": "> 0",
+    "warmup_steps": ">= 0",
+    "adam_eps": "> 0",
+    "weight_decay": ">= 0",
+    "total_steps": ">= 1",
+    "compute_budget_hours": "> 0",
+    "eval_every": ">= 1",
+    "eval_k": ">= 1",
+    "eval_prompts": ">= 1",
+    "eval_temperature": "> 0",
+    "checkpoint_every": ">= 1",
+    "keep_checkpoints": ">= 1",
+    "downstream_every": ">= 0",  # 0: never
+    "downstream_k": ">= 1",
+    "samples_every": ">= 0",  # 0: never
+    "samples_per_log": ">= 0",
+    "num_generators": ">= 1",
+    "learner_ranks": ">= 1",
+    "heartbeat_s": "> 0",
+    "heartbeat_timeout_s": "> 0",
+    "weight_sync_bucket_mb": "> 0",
+    "verifier_timeout_s": "> 0",  # 0: every verification times out, every reward is the incorrect one
+    "queue_timeout_s": "> 0",
+}
+
+
+def _train_params():
+    """The train.* settings as registry ParamSpecs (name, default, annotation) from train_config's signature."""
+    from components.registry import configurable_params
+
+    return configurable_params(train_config)
+
+
+_TRAIN_PARAM_NAMES = frozenset(
+    name for name in TrainConfig.__dataclass_fields__ if name != "model_path"
+)
+
+
+def check_train_values(values: Mapping[str, Any]) -> None:
+    """Refuse train.* numbers that are not finite or outside `TRAIN_RANGES` (ConfigError naming each)."""
+    from components.registry import ParamRangeError, check_numeric
+
+    try:
+        check_numeric("train", _train_params(), values, TRAIN_RANGES)
+    except ParamRangeError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _task_components(task: Any, task_kwargs: Mapping[str, Any], seed: int) -> list[tuple[str, dict]]:
+    """(registered task name, its explicit keywords) for each task a task spec builds (a mixture: every member)."""
+    from components.tasks import REASONING_GYM_PREFIX
+
+    def one(spec: str, kwargs: Mapping[str, Any]) -> tuple[str, dict]:
+        kw = {**dict(kwargs), "seed": seed}
+        if spec.startswith(REASONING_GYM_PREFIX):
+            return "reasoning_gym", kw
+        return spec, kw
+
+    if isinstance(task, Mapping):
+        members = [one(s, (task_kwargs or {}).get(s) or {}) for s in task if isinstance(s, str)]
+        return [("mixture", {"seed": seed})] + members
+    return [one(task, task_kwargs)] if isinstance(task, str) and task else []
+
+
+def _reward_order_problem(task: str, values: Mapping[str, Any]) -> list[str]:
+    """A task whose correct verdict is not rewarded above the incorrect one trains towards wrong answers."""
+    good, bad = values.get("reward_correct"), values.get("reward_incorrect")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (good, bad))
+    if numbers and not good > bad:
+        return [f"{task}.reward_correct = {good!r} must be above {task}.reward_incorrect = {bad!r} "
+                "(advantages would push the policy towards wrong answers, or be all zero)"]
+    return []
+
+
+def check_components(cfg: "TrainConfig") -> None:
+    """Refuse numeric hyper-parameters of the run's components that are not finite or out of their range.
+
+    Every component the run uses (the task's plain-function reward too) is checked with the
+    values it will be called with: its defaults, the gin bindings (``cispo.eps_max = ...``)
+    and, for the task, ``train.task_kwargs``.
+    Unknown names are left to the name checks (`experiments.train.validate_components`).
+    """
+    from components.registry import (
+        ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, REWARDS,
+        TASKS, ParamRangeError,
+    )
+
+    used = [(LOSSES, cfg.loss, None), (AGGREGATIONS, cfg.aggregation, None), (ADVANTAGE_NORMS, cfg.advantage_norm, None),
+            (OFF_POLICY, cfg.off_policy, None), (PRECISIONS, cfg.precision, None)]
+    used += [(CURRICULA, name, None) for name in cfg.curriculum]
+    used += [(ENGINES, name, None) for name in dict.fromkeys([cfg.engine, cfg.eval_engine or cfg.engine])]
+    if cfg.length_control:
+        used.append((LENGTH_CONTROLS, cfg.length_control, None))
+    used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
+    problems = []
+    while used:
+        registry, name, overrides = used.pop(0)
+        if not isinstance(name, str) or name not in registry:
+            continue
+        try:
+            values = registry.check_params(name, overrides)
+        except ParamRangeError as err:
+            problems.append(str(err))
+            continue
+        if registry is TASKS:
+            problems += _reward_order_problem(name, values)
+            used.append((REWARDS, values.get("reward"), None))  # a plain-function reward the task grades with
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if cfg.length_control and cfg.length_control in LENGTH_CONTROLS:
+        try:  # its constructor checks the parameters together (thinking_min <= thinking_max, ...)
+            LENGTH_CONTROLS.get(cfg.length_control)()
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"length control {cfg.length_control!r}: {err}") from None
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Fail early and clearly on inconsistent settings (component names are checked elsewhere)."""
-    positive = {
-        "prompts_per_step": cfg.prompts_per_step,
-        "generations_per_prompt": cfg.generations_per_prompt,
-        "max_tokens": cfg.max_tokens,
-        "micro_batch_size": cfg.micro_batch_size,
-        "total_steps": cfg.total_steps,
-        "eval_every": cfg.eval_every,
-        "eval_k": cfg.eval_k,
-        "checkpoint_every": cfg.checkpoint_every,
-        "num_generators": cfg.num_generators,
-        "learner_ranks": cfg.learner_ranks,
-        "keep_checkpoints": cfg.keep_checkpoints,
-        "logprob_chunk_size": cfg.logprob_chunk_size,
-    }
-    for name, value in positive.items():
-        if int(value) < 1:
-            raise ConfigError(f"train.{name} must be >= 1, got {value!r}")
+    """Fail early and clearly on out-of-range or inconsistent settings (component names are checked elsewhere).
+
+    Checks every numeric train.* setting (`TRAIN_RANGES`), the settings that must agree with
+    each other, and the numeric hyper-parameters of the run's components (`check_components`).
+    """
+    check_train_values({name: getattr(cfg, name) for name in _TRAIN_PARAM_NAMES})
     if cfg.emulate_learner_ranks not in (1, 2):
         raise ConfigError(
             f"train.emulate_learner_ranks must be 1 (off) or 2, got {cfg.emulate_learner_ranks!r}: two ranks reduce "
@@ -296,57 +434,29 @@ def validate(cfg: TrainConfig) -> None:
             f"train.emulate_learner_ranks = {cfg.emulate_learner_ranks} makes ONE learner rank compute as "
             f"{cfg.emulate_learner_ranks} ranks; got train.learner_ranks = {cfg.learner_ranks} (set it to 1)"
         )
-    if cfg.generations_per_prompt < 2:
-        raise ConfigError(
-            f"train.generations_per_prompt must be >= 2 (group-relative advantages need a group), got {cfg.generations_per_prompt}"
-        )
     if cfg.micro_batch_size > cfg.batch_sequences:
         raise ConfigError(
             f"train.micro_batch_size ({cfg.micro_batch_size}) is larger than the step batch "
             f"prompts_per_step x generations_per_prompt = {cfg.prompts_per_step} x {cfg.generations_per_prompt} = {cfg.batch_sequences}"
         )
-    if cfg.max_tokens_per_micro_batch is not None and int(cfg.max_tokens_per_micro_batch) < 1:
-        raise ConfigError(f"train.max_tokens_per_micro_batch must be >= 1 or None, got {cfg.max_tokens_per_micro_batch!r}")
-    if not 0 < cfg.heartbeat_s < cfg.heartbeat_timeout_s:
+    if not cfg.heartbeat_s < cfg.heartbeat_timeout_s:
         raise ConfigError(
             f"need 0 < train.heartbeat_s < train.heartbeat_timeout_s, got {cfg.heartbeat_s!r} and {cfg.heartbeat_timeout_s!r}"
         )
-    if cfg.weight_sync_bucket_mb <= 0:
-        raise ConfigError(f"train.weight_sync_bucket_mb must be > 0, got {cfg.weight_sync_bucket_mb!r}")
     if cfg.weight_sync_backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl; got {cfg.weight_sync_backend!r}")
-    if cfg.temperature <= 0:
-        raise ConfigError(f"train.temperature must be > 0 for RL sampling, got {cfg.temperature!r}")
-    if not 0 < cfg.top_p <= 1:
-        raise ConfigError(f"train.top_p must be in (0, 1], got {cfg.top_p!r}")
-    if cfg.lr <= 0 or cfg.adam_eps <= 0 or cfg.weight_decay < 0 or cfg.warmup_steps < 0:
-        raise ConfigError(
-            f"optimizer settings out of range: lr={cfg.lr}, adam_eps={cfg.adam_eps}, "
-            f"weight_decay={cfg.weight_decay}, warmup_steps={cfg.warmup_steps}"
-        )
     if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {cfg.adam_betas!r}")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.eval_prompts is not None and int(cfg.eval_prompts) < 1:
-        raise ConfigError(f"train.eval_prompts must be >= 1 or None, got {cfg.eval_prompts!r}")
-    if cfg.compute_budget_hours is not None and cfg.compute_budget_hours <= 0:
-        raise ConfigError(f"train.compute_budget_hours must be > 0, got {cfg.compute_budget_hours!r}")
-    if cfg.downstream_every < 0 or cfg.downstream_k < 1:
-        raise ConfigError(
-            f"need train.downstream_every >= 0 (0: never) and train.downstream_k >= 1, got {cfg.downstream_every!r} and {cfg.downstream_k!r}"
-        )
     if cfg.downstream_every > 0 and not cfg.downstream_benchmarks:
         raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
-    if cfg.samples_every < 0 or cfg.samples_per_log < 0:
-        raise ConfigError(
-            f"need train.samples_every >= 0 (0: never) and train.samples_per_log >= 0, got {cfg.samples_every!r} and {cfg.samples_per_log!r}"
-        )
     from components.trainer.tracking import check_trackers
 
     try:
         check_trackers(cfg.trackers)  # unknown name: lists the valid ones; package missing: names the pip extra
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    check_components(cfg)
