@@ -31,9 +31,12 @@ Each run gets a stable name from its factor value and seed (`cispo-s0`) and land
 `<runs>/<sweep>/<run>/`. A sweep is submitted as ONE submitit job array. Re-running a
 sweep skips runs whose run.json says done, leaves runs whose job is still queued or
 running alone, resubmits the rest (the trainer resumes from the run's last checkpoint)
-and resubmits failed runs only with `--retry-failed`. A run that hits its Slurm time
-limit or is preempted is checkpointed by submitit (`RunJob` is `Checkpointable`) and
-requeued; it resumes from the last checkpoint in its run directory.
+and resubmits failed runs only with `--retry-failed`. Whether a job is still queued or
+running is the scheduler's word (squeue, sacct), not run.json's: a run whose job ended
+before it recorded an end (scancel, node failure, ...) is interrupted and resumed
+(`reconcile`). A run that hits its Slurm time limit or is preempted is checkpointed by
+submitit (`RunJob` is `Checkpointable`) and requeued; it resumes from the last checkpoint in
+its run directory.
 
 Everything is validated before anything is submitted: unknown factors (gin configurables
 and their parameters), values a component registry does not know, missing recipe files,
@@ -50,6 +53,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -660,33 +664,203 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def read_run_info(run_dir: Path) -> dict:
+    """run.json as the trainer reads it (`RunInfo`: with a failure it could only record outside a
+    run directory it could not write); {} when there is none or it cannot be read."""
+    from components.trainer.runlog import RunInfo
+
+    try:
+        data = RunInfo(Path(run_dir)).data
+    except (OSError, ValueError):
+        return read_json(Path(run_dir) / "run.json") or {}
+    return data if isinstance(data, dict) else {}
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Anything a trainer saved (hidden entries, e.g. the .tmp of an unfinished save, do not count)."""
     ck = Path(run_dir) / "checkpoints"
     return ck.is_dir() and any(not p.name.startswith(".") for p in ck.iterdir())
 
 
-def active_slurm_jobs(job_ids: Iterable[str]) -> dict[str, str]:
-    """{job id: state} for the given ids that squeue still lists (pending, running, ...)."""
-    ids = sorted({j for j in job_ids if j})
-    if not ids or shutil.which("squeue") is None:
-        return {}
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)],
-                         capture_output=True, text=True, timeout=60)
+# Slurm job states (squeue / sacct `State`), grouped by what they mean for a run. A run whose job
+# is in SLURM_ENDED but whose run.json never recorded an end (done, failed or interrupted) was
+# killed before it could write: scancel, a node failure, the out-of-memory killer, ...
+SLURM_QUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED",
+                          "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+SLURM_RUNNING = frozenset({"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"})
+SLURM_GONE = "GONE"  # squeue does not list the job and sacct has no record of it (or no accounting): it ended
+SLURM_ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                         "BOOT_FAIL", "DEADLINE", SLURM_GONE})
+
+
+def _query(cmd: Sequence[str]) -> subprocess.CompletedProcess | None:
+    """Run a Slurm client command; None when it is not installed or does not answer."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def array_task_ids(spec: str) -> set[str]:
+    """Task ids of an array range as Slurm prints it: "1-3,7", "0-9:2%4" -> {"1", "2", "3", "7"}, ..."""
+    tasks: set[str] = set()
+    for part in spec.split("%")[0].split(","):
+        rng, _, step = part.partition(":")
+        lo, _, hi = rng.partition("-")
+        if lo.isdigit() and (hi or lo).isdigit():
+            tasks.update(str(t) for t in range(int(lo), int(hi or lo) + 1, int(step) if step.isdigit() else 1))
+    return tasks
+
+
+def parse_squeue(text: str, ids: Iterable[str]) -> dict[str, str]:
+    """{job id: state} from `squeue -h -r -o %i|%T` lines, for the ids asked about."""
+    wanted, states = set(ids), {}
+    for line in text.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job in wanted and state:
+            states[job] = state.split()[0]
+    return states
+
+
+def parse_sacct(text: str, ids: Iterable[str]) -> dict[str, str]:
+    """{job id: state} from `sacct -n -P -X -o JobID,State` lines ("CANCELLED by 0" -> CANCELLED).
+
+    An array task that never started has no line of its own: sacct shows it in a range line
+    ("12_[1-3%1]") or, for an array cancelled before any task started, in the array's own
+    line ("12"). A task's own line wins over a range line, which wins over the array's line."""
+    exact: dict[str, str] = {}
+    ranged: dict[str, str] = {}
+    whole: dict[str, str] = {}
+    for line in text.splitlines():
+        job, _, state = line.strip().partition("|")
+        if not job or not state.strip():
+            continue
+        state = state.split()[0]
+        exact[job] = state
+        head, _, spec = job.partition("_")
+        if spec.startswith("[") and spec.endswith("]"):
+            for t in array_task_ids(spec[1:-1]):
+                ranged[f"{head}_{t}"] = state
+        elif not spec:
+            whole[job] = state
     states = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            states[parts[0]] = parts[1]
+    for j in ids:
+        state = exact.get(j) or ranged.get(j) or ("_" in j and whole.get(j.split("_")[0])) or ""
+        if state:
+            states[j] = state
+    return states
+
+
+def slurm_job_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """{job id: Slurm state} of the given jobs (array tasks as "<array>_<task>").
+
+    squeue (`-t all`: also jobs that ended in the last MinJobAge seconds) first, then sacct for
+    the rest, asked about each task and its array (a task that never started is only in its
+    array's record). A job neither lists while squeue answered is SLURM_GONE: it is not queued
+    or running any more (this is the answer when accounting is off). Ids are left out when
+    squeue does not answer (no Slurm here, controller down): then nothing is known about them.
+    """
+    ids = sorted({str(j) for j in job_ids if j})
+    if not ids:
+        return {}
+    states: dict[str, str] = {}
+    sq = _query(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(ids)])
+    # squeue refuses a list in which it knows no job ("Invalid job id specified"): that is an answer
+    answered = sq is not None and (sq.returncode == 0 or "invalid job id" in sq.stderr.lower())
+    if answered:
+        states.update(parse_squeue(sq.stdout, ids))
+    missing = [j for j in ids if j not in states]
+    if missing:
+        ask = sorted(set(missing) | {j.split("_")[0] for j in missing if "_" in j})
+        sa = _query(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ask)])
+        if sa is not None and sa.returncode == 0:
+            states.update(parse_sacct(sa.stdout, missing))
+    if answered:
+        for j in ids:
+            states.setdefault(j, SLURM_GONE)
     return states
 
 
 def _pid_alive(pid: Any) -> bool:
     try:
+        if int(pid) <= 0:  # 0 and -1 would signal a whole group: not a recorded process
+            return False
         os.kill(int(pid), 0)
+        return True
+    except PermissionError:  # exists, owned by another user
         return True
     except (OSError, ValueError, TypeError):
         return False
+
+
+def lock_held(path: Path) -> bool | None:
+    """Whether some process holds a flock on `path` (the trainer's <run>/.lock), read from
+    /proc/locks without taking the lock (taking it, even briefly, could make a trainer that
+    starts at that moment fail with RunDirBusyError). None when it cannot be told (no such
+    file, not Linux). Matched on the inode number alone: a clash can only say "held"."""
+    try:
+        ino = os.stat(path).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" in fields and any(f.count(":") == 2 and f.rsplit(":", 1)[1] == str(ino) for f in fields):
+            return True
+    return False
+
+
+def local_alive(run_dir: Path, info: dict, job: dict) -> bool | None:
+    """Whether a process on this machine is training the run (not for Slurm jobs: ask the scheduler).
+
+    True: the trainer's run-directory lock is held, or a pid the run recorded (the local
+    executor's job in slurm.json, a `pid` in run.json) is alive. False: none of that, and there
+    was something to check on this machine. None: it cannot be told here (the run was on
+    another host, or it recorded neither a lock nor a pid)."""
+    if job and job.get("executor", "slurm") == "slurm":
+        return None
+    host = info.get("host") or job.get("host")
+    if host and host != socket.gethostname():
+        return None
+    if not host and job.get("executor") != "local":
+        return None  # nothing says the run was on this machine
+    held = lock_held(Path(run_dir) / ".lock")
+    pids = [p for p in (info.get("pid"), job.get("pid") if job.get("executor") == "local" else None) if p]
+    if held or any(_pid_alive(p) for p in pids):
+        return True
+    return False if held is not None or pids else None
+
+
+RECORDED_END = ("done", "failed", "interrupted")
+
+
+def reconcile(status: str | None, job: dict, slurm_state: str = "", alive: bool | None = None) -> tuple[str, str]:
+    """(state, reason) of a run from its run.json `status`, its job record (slurm.json), its job's
+    Slurm state ("" when unknown) and `local_alive`.
+
+    A live Slurm job wins (a requeued run is queued again, whatever run.json says). An end the
+    run recorded (done, failed, interrupted) stands. A run that recorded no end (run.json says
+    running, or there is none) whose Slurm job ended, or whose local process is gone, is
+    `interrupted`, resumable like a preempted run, with the reason (the job's Slurm state)."""
+    job_id = str(job.get("job_id") or "")
+    if status == "done":
+        return "done", ""
+    if slurm_state in SLURM_QUEUED:
+        return "queued", ""
+    if slurm_state in SLURM_RUNNING:
+        return "running", ""
+    if status in RECORDED_END:
+        return status, ""
+    if status in (None, "running") and slurm_state in SLURM_ENDED:
+        what = ("is no longer known to Slurm (not in squeue, no accounting record)" if slurm_state == SLURM_GONE
+                else f"ended {slurm_state}")
+        return "interrupted", f"Slurm job {job_id} {what} before the run {'started' if status is None else 'recorded its end'}"
+    if status in (None, "running") and alive is False:
+        return "interrupted", ("no process on this machine is training it (its run-directory lock is free, no pid it "
+                               f"recorded is alive) and it {'never started' if status is None else 'recorded no end'}")
+    return status or ("queued" if job else "unknown"), ""
 
 
 @dataclass
@@ -698,33 +872,37 @@ class Planned:
 
 
 def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> list[Planned]:
-    """Decide for every run: submit, resume, retry, or skip (and why)."""
+    """Decide for every run: submit, resume, retry, or skip (and why).
+
+    A run is active while its Slurm job is queued or running (or, locally, while its process
+    lives); a run whose job ended before it recorded an end is resumed (`reconcile`)."""
     root = Path(root)
-    infos = {r.name: (read_json(root / r.sweep / r.name / "run.json") or {}) for r in runs}
     jobs = {r.name: (read_json(root / r.sweep / r.name / SLURM_FILE) or {}) for r in runs}
-    slurm_ids = [j.get("job_id") for j in jobs.values() if j.get("executor") == "slurm"]
-    active = active_slurm_jobs(slurm_ids)
+    sched = slurm_job_states([j.get("job_id") for j in jobs.values() if j.get("executor") == "slurm"])
+    # run.json is read after the scheduler: a job that ends in between has written its end by then
+    infos = {r.name: read_run_info(root / r.sweep / r.name) for r in runs}
     out = []
     for r in runs:
         run_dir = root / r.sweep / r.name
-        status = infos[r.name].get("status")
-        job = jobs[r.name]
-        job_active = (job.get("executor") == "slurm" and job.get("job_id") in active) or (
-            job.get("executor") == "local" and _pid_alive(job.get("pid")))
+        info, job = infos[r.name], jobs[r.name]
+        status = info.get("status")
+        slurm_state = sched.get(str(job.get("job_id")), "") if job.get("executor") == "slurm" else ""
+        alive = local_alive(run_dir, info, job)
+        state, why = reconcile(status, job, slurm_state, alive)
+        from_ck = " from its checkpoint" if has_checkpoint(run_dir) else ""
         if status == "done":
             out.append(Planned(r, run_dir, "skip-done", "run.json says done"))
-        elif job_active:
-            state = active.get(job.get("job_id"), "running")
-            out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {state}"))
+        elif slurm_state in SLURM_QUEUED | SLURM_RUNNING or alive:
+            out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {slurm_state or 'running'}"))
         elif status == "interrupted" or (status in ("failed", "running") and was_interrupted(run_dir)):
-            out.append(Planned(r, run_dir, "resume", "interrupted (preempted or timed out) and not requeued; resumes"
-                               + (" from its checkpoint" if has_checkpoint(run_dir) else "")))
+            out.append(Planned(r, run_dir, "resume", "interrupted (preempted or timed out) and not requeued; resumes" + from_ck))
+        elif state == "interrupted":
+            out.append(Planned(r, run_dir, "resume", f"interrupted: {why}; resumes" + from_ck))
         elif status == "failed" and not retry_failed:
-            err = infos[r.name].get("error", "")
+            err = info.get("error", "")
             out.append(Planned(r, run_dir, "skip-failed", f"failed: {str(err)[:120]} (use --retry-failed)"))
         elif status == "failed":
-            out.append(Planned(r, run_dir, "retry", "failed before; retrying"
-                               + (" from its checkpoint" if has_checkpoint(run_dir) else "")))
+            out.append(Planned(r, run_dir, "retry", "failed before; retrying" + from_ck))
         elif has_checkpoint(run_dir):
             out.append(Planned(r, run_dir, "resume", f"status {status or 'unknown'}; resumes from its checkpoint"))
         else:
@@ -987,6 +1165,7 @@ def _job_record(job: submitit.Job, opts: LaunchOptions, folder: Path) -> dict:
                    tasks_per_node=opts.tasks_per_node)
     elif opts.executor == "local":
         rec["pid"] = getattr(getattr(job, "_process", None), "pid", None) or str(job.job_id)
+        rec["host"] = socket.gethostname()  # the pid means something only on this machine (`local_alive`)
     return rec
 
 

@@ -1,18 +1,27 @@
 """`scalerl status runs/<sweep>`: one table row per run of a sweep.
 
-Columns: run, state (run.json status), Slurm (the state of the run's last job, from
-`squeue` while it is live, else `sacct`, through the job id `scalerl sweep` records
-in the run's slurm.json), step, epoch and compute_hours (last line of metrics.jsonl), the
-run's CPU contention (`contention_run`: the share of the run's CPUs that other work used since
-the start, from /proc/stat; above 10% the row is marked and a warning names the run, since its compute axis
-is stretched), the last held-out pass rate (eval.jsonl) and the fitted asymptote A and
-exponent B of the sigmoid law once the run has enough evaluation points, fitted by the
-paper's protocol for the run's sweep (`analysis.protocol.fit_with_protocol`: the whole run
-for a forward ablation from the end of its first epoch, the first half for leave-one-out...
-from the paper's start).
+Columns: run, state (run.json status, reconciled with the scheduler: see below), Slurm (the
+state of the run's last job, from `squeue` while it is live or just ended, else `sacct`,
+through the job id `scalerl sweep` records in the run's slurm.json), step, epoch and
+compute_hours (last line of metrics.jsonl), the run's CPU contention (`contention_run`: the
+share of the run's CPUs that other work used since the start, from /proc/stat; above 10% the
+row is marked and a warning names the run, since its compute axis is stretched), the last
+held-out pass rate (eval.jsonl) and the fitted asymptote A and exponent B of the sigmoid law
+once the run has enough evaluation points, fitted by the paper's protocol for the run's sweep
+(`analysis.protocol.fit_with_protocol`: the whole run for a forward ablation from the end of
+its first epoch, the first half for leave-one-out... from the paper's start).
 
 PATH may be one run directory, a sweep directory (its runs are the subdirectories) or a
 runs root (every sweep below it).
+
+The state is not only what run.json says (`experiments.launch.reconcile`): a run whose Slurm job
+is queued or running is `queued` / `running`; a run that recorded no end (run.json `running`, or
+no run.json) whose job ended (CANCELLED, FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED,
+BOOT_FAIL, DEADLINE, COMPLETED, or GONE: known neither to squeue nor to sacct) is `interrupted`,
+the scheduler's state given as the reason; so is a local run whose process is gone (its
+run-directory lock free, its recorded pid dead). `scalerl sweep` resumes interrupted runs.
+run.json is read as the trainer reads it (`RunInfo`: a failure it could only record outside an
+unwritable run directory counts).
 """
 
 from __future__ import annotations
@@ -20,16 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from experiments.launch import SLURM_FILE, read_json
+from experiments.launch import SLURM_FILE, local_alive, read_json, read_run_info, reconcile, slurm_job_states
 
-LIVE_QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED"}
-LIVE_RUNNING = {"RUNNING", "COMPLETING"}
 MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are shown
 
 
@@ -37,7 +42,7 @@ MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are sho
 class RunStatus:
     run: str
     path: str
-    state: str  # run.json status: running | done | failed | queued (no run.json yet) | unknown
+    state: str  # running | done | failed | interrupted | queued (no run.json yet) | unknown (see `reconcile`)
     slurm: str  # last job's Slurm state, "" when not on Slurm / unknown
     job_id: str
     step: int | None
@@ -51,6 +56,7 @@ class RunStatus:
     epoch: float | None = None
     contention: float | None = None  # contention_run of the last metrics line
     contended: bool = False  # contention above analysis.protocol.CONTENTION_LIMIT
+    reason: str = ""  # why the state is not run.json's (e.g. the Slurm job ended CANCELLED), or run.json's error
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -95,33 +101,8 @@ def find_runs(path: Path) -> list[Path]:
 
 
 def slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """{job id: Slurm state}: squeue for live jobs, then sacct (accounting) for finished ones."""
-    ids = sorted({str(j) for j in job_ids if j})
-    states: dict[str, str] = {}
-    if not ids:
-        return states
-    if shutil.which("squeue"):
-        try:
-            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(ids)],
-                                 capture_output=True, text=True, timeout=60)
-            for line in out.stdout.splitlines():
-                parts = line.strip().split("|")
-                if len(parts) == 2 and parts[0] in ids:
-                    states[parts[0]] = parts[1]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    missing = [j for j in ids if j not in states]
-    if missing and shutil.which("sacct"):
-        try:
-            out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing)],
-                                 capture_output=True, text=True, timeout=60)
-            for line in out.stdout.splitlines():
-                parts = line.strip().split("|")
-                if len(parts) >= 2 and parts[0] in missing:
-                    states[parts[0]] = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return states
+    """{job id: Slurm state}: squeue, then sacct (accounting) for jobs squeue no longer lists."""
+    return slurm_job_states(job_ids)
 
 
 def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS, *, metrics: Sequence[dict] = (),
@@ -158,24 +139,22 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
     run_dirs = find_runs(path)
     jobs = {d: (read_json(d / SLURM_FILE) or {}) for d in run_dirs}
     slurm_ids = [j.get("job_id") for j in jobs.values() if j.get("executor", "slurm") == "slurm" and j.get("job_id")]
-    states = slurm_states(slurm_ids) if with_slurm else {}
+    states = slurm_states(slurm_ids) if with_slurm else {}  # before run.json: a job ending now has written its end
     root = Path(path)
     out = []
     from analysis.protocol import is_contended
 
     for d in run_dirs:
-        info = read_json(d / "run.json") or {}
+        info = read_run_info(d)
         metrics = read_jsonl(d / "metrics.jsonl")
         last = metrics[-1] if metrics else {}
         evals = [e for e in read_jsonl(d / "eval.jsonl") if "benchmark" not in e]  # held-out only (no downstream)
         job = jobs[d]
         job_id = str(job.get("job_id", "") or "")
-        state = info.get("status") or ("queued" if job else "unknown")
-        slurm_state = states.get(job_id, "")
-        if slurm_state in LIVE_QUEUED and state != "done":
-            state = "queued"  # e.g. requeued after a preemption or a time limit
-        elif slurm_state in LIVE_RUNNING and state != "done":
-            state = "running"
+        slurm_state = states.get(job_id, "") if job.get("executor", "slurm") == "slurm" else ""
+        state, reason = reconcile(info.get("status"), job, slurm_state, local_alive(d, info, job))
+        if state == "interrupted" and not reason:
+            reason = str(info.get("error", "") or "")
         sweep = info.get("sweep") or (d.parent.name if d != root else None)
         A, B, note = fit_ab(evals, min_points, metrics=metrics, sweep=sweep) if evals else (None, None, "no evals")
         contention = _number(last.get("contention_run"))
@@ -188,6 +167,7 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
             pass_rate=(evals[-1].get("pass_rate") if evals else None), eval_points=len(evals),
             A=A, B=B, fit_note=note, error=str(info.get("error", "") or ""),
             epoch=_number(last.get("epoch")), contention=contention, contended=is_contended(contention),
+            reason=reason,
         ))
     return out
 
@@ -222,7 +202,8 @@ def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
         table.add_column(col, **kw)
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
-        note = r.error.splitlines()[0][:40] if r.state == "failed" and r.error else r.fit_note[:40]
+        note = (r.error.splitlines()[0][:40] if r.state == "failed" and r.error
+                else r.reason.splitlines()[0][:40] if r.state == "interrupted" and r.reason else r.fit_note[:40])
         cont = "-" if r.contention is None else (f"[red]{r.contention:.0%} ![/red]" if r.contended
                                                   else f"{r.contention:.0%}")
         table.add_row(r.run, f"[{style}]{r.state}[/{style}]" if style else r.state, r.slurm or "-",
@@ -232,6 +213,9 @@ def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
     for r in rows:
         if r.state == "failed" and r.error:
             console.print(f"[red]{r.run}[/red]: {r.error.splitlines()[0]}", overflow="fold")
+        elif r.state == "interrupted" and r.reason:
+            console.print(f"[magenta]{r.run}[/magenta] interrupted: {r.reason.splitlines()[0]}; resumable (a re-run "
+                          "of its sweep, or `scalerl train ... --run-dir`)", overflow="fold", highlight=False)
     contended = [r for r in rows if r.contended]
     if contended:
         from analysis.protocol import CONTENTION_LIMIT

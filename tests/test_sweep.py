@@ -267,7 +267,7 @@ def test_plan_skips_done_resumes_checkpointed_and_retries_failed_only_when_asked
     _mkrun(tmp_path, "p", "c-s0", "failed")
     _mkrun(tmp_path, "p", "d-s0", "running", slurm={"executor": "slurm", "job_id": "77_3"})
     _mkrun(tmp_path, "p", "e-s0", "running", slurm={"executor": "slurm", "job_id": "77_4"})
-    monkeypatch.setattr(L, "active_slurm_jobs", lambda ids: {"77_3": "RUNNING"} if "77_3" in ids else {})
+    monkeypatch.setattr(L, "slurm_job_states", lambda ids: {"77_3": "RUNNING"} if "77_3" in ids else {})
     actions = {p.run.name: p.action for p in L.plan(runs, tmp_path)}
     assert actions == {"a-s0": "skip-done", "b-s0": "resume", "c-s0": "skip-failed", "d-s0": "skip-active",
                        "e-s0": "submit", "f-s0": "submit"}
