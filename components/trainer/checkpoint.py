@@ -15,7 +15,22 @@ never read:
         hf/config.json             the learner model's config (untied for bf16_fp32_head),
         hf/generation_config.json  generation config and tokenizer files: a checkpoint is
         hf/tokenizer*.json ...     self-contained for `scalerl export`
-        checkpoint.json            written last: step, world size, format, torch version
+        checkpoint.json            written last: step, world size, format, torch version,
+                                   the manifest (every file's size; crc32 of all but the
+                                   tensor data) and the records the run's logs held
+
+Intact: a published checkpoint can still be damaged later (a disk error, a truncated copy, a
+hand edit). `verify_checkpoint` checks it against the manifest in checkpoint.json: every file
+exists with its recorded size, and every file except the DCP tensor data (`dcp/*.distcp`)
+has its recorded crc32. The tensor data gets sizes only: hashing it would read the whole
+model and optimizer state once more at every save (DCP stores no checksums of its own), so a
+same-size overwrite inside a shard is not detected; a truncated or missing shard is. Checking
+costs one stat per file and reading the small files (trainer state, RNG, HF config,
+tokenizer, DCP metadata). `select_resume_checkpoint` resumes from the newest checkpoint that
+passes, warns naming each newer one that does not, and moves those aside
+(`step_XXXXXXXX.corrupt`, never read or pruned); when no checkpoint passes it raises naming
+every one with its problem. A checkpoint saved before manifests existed is checked for its
+trainer state and DCP metadata only.
 
 Model and optimizer state come from `torch.distributed.checkpoint.state_dict.get_state_dict`,
 so their keys are the model's FQNs (the HF parameter names; optimizer state as
@@ -32,11 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import warnings
+import zlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
@@ -53,9 +70,13 @@ __all__ = [
     "checkpoint_steps",
     "read_checkpoint_info",
     "remove_stale_tmp",
+    "verify_checkpoint",
+    "newest_intact_checkpoint",
+    "select_resume_checkpoint",
     "rng_state",
     "set_rng_state",
     "CheckpointError",
+    "NoIntactCheckpointError",
     "FORMAT",
 ]
 
@@ -66,6 +87,10 @@ HF_DIR = "hf"
 RANKS_DIR = "ranks"
 TRAINER_FILE = "trainer.pt"
 BARRIER_TIMEOUT_S = 600.0
+CORRUPT_SUFFIX = ".corrupt"  # a damaged checkpoint moved aside on resume (step_XXXXXXXX.corrupt)
+_CRC_CHUNK = 8 << 20
+
+log = logging.getLogger(__name__)
 
 _DIR_NAME = re.compile(r"^step_(\d{8})$")
 _TMP_NAME = re.compile(r"^\.step_(\d{8})\.(tmp|old)$")
@@ -73,6 +98,10 @@ _TMP_NAME = re.compile(r"^\.step_(\d{8})\.(tmp|old)$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or does not fit the model it is loaded into."""
+
+
+class NoIntactCheckpointError(CheckpointError):
+    """A run has checkpoints but every one of them is damaged (each is named in the message)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,10 +165,115 @@ def read_checkpoint_info(path: Path) -> dict:
         raise CheckpointError(f"no checkpoint directory at {path}")
     if not info_path.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {INFO_FILE}); it was never published")
-    info = json.loads(info_path.read_text())
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(f"{info_path} cannot be read: {type(err).__name__}: {err}") from err
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{info_path} is not a JSON object")
     if info.get("format") != FORMAT:
         raise CheckpointError(f"{path}: unknown checkpoint format {info.get('format')!r}; this code reads {FORMAT!r}")
     return info
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CRC_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _is_tensor_data(rel: str) -> bool:
+    """DCP shard files: sizes only in the manifest (hashing them would re-read the whole state)."""
+    return rel.startswith(f"{DCP_DIR}/") and rel.endswith(".distcp")
+
+
+def build_manifest(root: Path) -> dict:
+    """{relative path: {"size", "crc32" (not for DCP tensor data)}} of every file under `root`
+    except checkpoint.json (which holds the manifest)."""
+    root = Path(root)
+    files = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not p.is_file() or rel == INFO_FILE:
+            continue
+        entry = {"size": p.stat().st_size}
+        if not _is_tensor_data(rel):
+            entry["crc32"] = _crc32(p)
+        files[rel] = entry
+    return files
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """checkpoint.json of `path` once every file of its manifest is there, of its size and crc32.
+
+    CheckpointError names the first bad file and what is wrong with it. Cheap: a stat per file
+    and a read of the small files (the DCP tensor data is checked by size only).
+    """
+    path = Path(path)
+    info = read_checkpoint_info(path)
+    files = info.get("files")
+    if files is None:  # saved before manifests: what every load needs must at least be there
+        files = {TRAINER_FILE: {}, f"{DCP_DIR}/.metadata": {}}
+    for rel, entry in files.items():
+        f = path / rel
+        try:
+            size = f.stat().st_size
+        except OSError as err:
+            raise CheckpointError(f"{f}: {type(err).__name__}: {err}") from err
+        if "size" in entry and size != int(entry["size"]):
+            raise CheckpointError(f"{f}: {size} bytes, but {INFO_FILE} recorded {entry['size']} (truncated or overwritten)")
+        if "crc32" in entry:
+            try:
+                crc = _crc32(f)
+            except OSError as err:
+                raise CheckpointError(f"{f}: {type(err).__name__}: {err}") from err
+            if crc != int(entry["crc32"]):
+                raise CheckpointError(f"{f}: crc32 {crc:08x}, but {INFO_FILE} recorded {int(entry['crc32']):08x} (corrupt)")
+    return info
+
+
+def newest_intact_checkpoint(ckpt_dir: Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    """(newest checkpoint that passes `verify_checkpoint`, [(path, problem)] of every newer one).
+
+    (None, []) when `ckpt_dir` holds no complete checkpoint; CheckpointError naming every
+    checkpoint and its problem when it holds some but none is intact. Reads only.
+    """
+    bad: list[tuple[Path, str]] = []
+    for _step, path in reversed(_all_checkpoints(ckpt_dir)):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            bad.append((path, str(err)))
+            continue
+        return path, bad
+    if bad:
+        listing = "; ".join(f"{p.name}: {why}" for p, why in bad)
+        raise NoIntactCheckpointError(f"no intact checkpoint to resume from in {ckpt_dir}: {listing}")
+    return None, []
+
+
+def select_resume_checkpoint(ckpt_dir: Path) -> Optional[Path]:
+    """The checkpoint a run resumes from: the newest intact one (None: start from scratch).
+
+    Each newer, damaged checkpoint is named in a warning and moved aside to
+    step_XXXXXXXX.corrupt, so that pruning never keeps it in place of a good one and the
+    next resume does not read it again. Only the rank that owns the run directory calls it.
+    """
+    path, bad = newest_intact_checkpoint(ckpt_dir)
+    for corrupt, why in bad:
+        aside = corrupt.with_name(corrupt.name + CORRUPT_SUFFIX)
+        n = 1
+        while aside.exists():
+            aside, n = corrupt.with_name(f"{corrupt.name}{CORRUPT_SUFFIX}{n}"), n + 1
+        try:
+            os.replace(corrupt, aside)
+            where = f"moved aside to {aside}"
+        except OSError as err:
+            where = f"could not be moved aside ({type(err).__name__}: {err})"
+        log.warning("checkpoint %s is corrupt (%s); resuming from %s instead; it was %s", corrupt, why, path.name, where)
+    return path
 
 
 def remove_stale_tmp(ckpt_dir: Path) -> list[Path]:
@@ -271,6 +405,7 @@ def save_checkpoint(
     rank_state: Optional[dict] = None,
     keep: int = 2,
     tokenizer=None,
+    logs: Optional[dict] = None,
     group=None,
     timeout_s: float = BARRIER_TIMEOUT_S,
 ) -> Path:
@@ -281,7 +416,10 @@ def save_checkpoint(
     (picklable, e.g. {"rng": rng_state()}). Rank 0's `trainer_state` (curriculum, counters,
     pending rollouts, compute: a picklable dict) and `scheduler_state` are stored; other ranks'
     are ignored. `tokenizer` (rank 0) is stored beside the HF config. `keep` > 0 keeps only
-    the newest `keep` checkpoints. Every wait is bounded by `timeout_s`.
+    the newest `keep` checkpoints. Every wait is bounded by `timeout_s`. `logs` (rank 0:
+    {file name: {"records", "last_step"}} of the run's logs, already fsynced) goes into
+    checkpoint.json, so a resume can tell whether a log lost records the checkpoint counts on.
+    checkpoint.json, written last, also holds the manifest `verify_checkpoint` checks.
     """
     if model is None:
         raise TypeError("save_checkpoint needs model= (and optimizer=)")
@@ -328,6 +466,8 @@ def save_checkpoint(
             "optimizer": opt_kind,
             "has_tokenizer": tokenizer is not None,
             "torch": torch.__version__,
+            "logs": logs,
+            "files": build_manifest(tmp),
         }
         with open(tmp / INFO_FILE, "w") as f:
             json.dump(info, f, indent=1)
@@ -350,6 +490,14 @@ def _describe(err: BaseException) -> str:
             parts.append(f"rank {r}: {type(exc).__name__}: {exc}")
         return "; ".join(parts)
     return f"{type(err).__name__}: {err}"
+
+
+def _load_torch(path: Path) -> Any:
+    """torch.load of one of the checkpoint's pickles; CheckpointError naming the file if it cannot be read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - zip, unpickling and I/O errors alike: name the file
+        raise CheckpointError(f"{path} cannot be read: {type(err).__name__}: {err}") from err
 
 
 def _optimizer_kind(optimizer) -> str:
@@ -392,7 +540,7 @@ def load_checkpoint(
     path = Path(path)
     if model is None:
         raise TypeError(f"load_checkpoint({path}) needs model= (and optimizer=) for a DCP checkpoint directory")
-    info = read_checkpoint_info(path)
+    info = verify_checkpoint(path)
     saved_opt = info["optimizer"]
     if optimizer is not None and saved_opt == "none":
         raise CheckpointError(f"{path} was saved without an optimizer; pass optimizer=None to load the weights only")
@@ -414,13 +562,13 @@ def load_checkpoint(
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
-    trainer = torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=False)
+    trainer = _load_torch(path / TRAINER_FILE)
     if optimizer is not None and saved_opt == "empty":  # saved before its first step: a fresh optimizer
         optimizer.state.clear()
         for g, saved in zip(optimizer.param_groups, trainer["empty_optimizer_param_groups"]):
             g.update(saved)
     rank_file = path / RANKS_DIR / f"rank_{rank:05d}.pt"
-    rank_state = torch.load(rank_file, map_location="cpu", weights_only=False) if rank_file.is_file() else None
+    rank_state = _load_torch(rank_file) if rank_file.is_file() else None
     _barrier(group, timeout_s, f"load {path.name}")
     return {
         "step": int(info["step"]),

@@ -43,7 +43,7 @@ from components.trainer.generator import EvalOrder, WorkerSetup, make_length_con
 from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import JsonlLog, read_jsonl, repair_jsonl
+from components.trainer.runlog import JsonlLog, LogLossError, read_jsonl, repair_jsonl, resume_log
 
 log = logging.getLogger(__name__)
 
@@ -231,17 +231,14 @@ class Trainer:
                 return  # the main thread is failing the run itself
             # the main thread did not get to record the failure: it is stuck in a collective with the lost process
             print(f"[learner-0] {error}; the run fails", file=sys.stderr, flush=True)
-            try:
-                from components.trainer.runlog import RunInfo
+            from components.trainer.runlog import EXIT_FAILED, EXIT_FAILURE_UNRECORDED, record_failure
 
-                (self.run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
-                RunInfo(self.run_dir).finish("failed", error=f"{type(error).__name__}: {error}")
+            recorded = record_failure(self.run_dir, f"{type(error).__name__}: {error}")  # never raises
+            try:
+                self.hub.abort(str(error))
+                time.sleep(0.5)
             finally:
-                try:
-                    self.hub.abort(str(error))
-                    time.sleep(0.5)
-                finally:
-                    os._exit(1)
+                os._exit(EXIT_FAILED if recorded else EXIT_FAILURE_UNRECORDED)
 
         threading.Thread(target=fail_if_stuck, daemon=True, name="fail-if-stuck").start()
 
@@ -532,18 +529,26 @@ class Trainer:
     def _checkpoint(self) -> None:
         from components.trainer.checkpoint import rng_state, save_checkpoint
 
+        # every log line so far on disk (fsync) before the checkpoint that counts on them is committed
+        logs = {log_.path.name: log_.sync() for log_ in (self.metrics_log, self.eval_log)}
         if self.followers:
             self.hub.broadcast(("checkpoint", self.step), peers=self.followers)
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.learner.model, optimizer=self.learner.optimizer,
                         scheduler_state=self.learner.scheduler.state_dict(), trainer_state=self._trainer_state(),
-                        rank_state=rng_state(), keep=self.cfg.keep_checkpoints, tokenizer=self.tokenizer)
+                        rank_state=rng_state(), keep=self.cfg.keep_checkpoints, tokenizer=self.tokenizer, logs=logs)
         self.last_checkpoint_step = self.step
 
     def _resume_or_start(self) -> bool:
-        from components.trainer.checkpoint import latest_checkpoint, load_checkpoint, set_rng_state
+        from components.trainer.checkpoint import load_checkpoint, read_checkpoint_info, select_resume_checkpoint, set_rng_state
 
-        ckpt_path = latest_checkpoint(self.run_dir / "checkpoints")
+        # the newest intact checkpoint (damaged newer ones are named in a warning and moved aside)
+        ckpt_path = select_resume_checkpoint(self.run_dir / "checkpoints")
         metrics_path, eval_path = self.run_dir / "metrics.jsonl", self.run_dir / "eval.jsonl"
+        if ckpt_path is not None:  # before any loading: refuse logs that lost records the checkpoint counts on
+            info = read_checkpoint_info(ckpt_path)
+            counted = info.get("logs") or {}
+            resume_log(metrics_path, int(info["step"]), counted.get(metrics_path.name), every_step=True)
+            resume_log(eval_path, int(info["step"]), counted.get(eval_path.name))
         if self.followers:
             self.hub.broadcast(("load", None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
         self.cpu_base_s = 0.0
@@ -571,8 +576,6 @@ class Trainer:
         self.totals.update(state.get("totals", {}))
         if loaded.get("rank_state") is not None:
             set_rng_state(loaded["rank_state"])
-        repair_jsonl(metrics_path, self.step)
-        repair_jsonl(eval_path, self.step)
         self.last_checkpoint_step = self.step
         log.info("resumed %s from %s (step %d, version %d)", self.run_dir, ckpt_path.name, self.step, self.learner.version)
         return True
@@ -727,9 +730,11 @@ class Trainer:
 
     def _name_the_culprit(self, err: BaseException) -> BaseException:
         """A collective that failed because a process died: wait for the heartbeats to name it."""
+        from components.trainer.checkpoint import NoIntactCheckpointError
         from components.trainer.transport import TransportError
 
-        if isinstance(err, (TransportError, GeneratorError)) or self.hub is None:
+        # (the last two: learner-0's own refusal of a damaged run directory, no process died)
+        if isinstance(err, (TransportError, GeneratorError, LogLossError, NoIntactCheckpointError)) or self.hub is None:
             return err
         deadline = time.monotonic() + self.cfg.heartbeat_timeout_s + 5.0
         while time.monotonic() < deadline:

@@ -1,22 +1,48 @@
 """The run directory (DESIGN.md): config.gin, run.json, metrics.jsonl, eval.jsonl, checkpoints/.
 
-Logs are append-only JSON lines, flushed per line. On resume, `repair_jsonl` truncates a
-partial last line and drops records whose step is beyond the checkpoint, so the resumed
-logs continue with no gap and no duplicated step.
+Logs are append-only JSON lines, flushed per line and fsynced at every checkpoint before the
+checkpoint is committed (`JsonlLog.sync`); the checkpoint records how many records each log
+held. On resume, `resume_log` keeps the records up to the checkpoint's step and refuses a
+log that lost any of them (`LogLossError`, naming the file and the steps), so the resumed
+logs continue with no gap and no duplicated step, and a torn last line is reported, never
+dropped in silence.
+
+A failure is recorded by `record_failure`, which never raises: error.txt and run.json in the
+run directory, or, when the run directory cannot be written, a fallback file (see
+`failure_fallback_paths`); the error always goes to stderr as well in that case.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
+import logging
 import math
 import os
 import socket
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["JsonlLog", "repair_jsonl", "read_jsonl", "RunInfo", "write_json_atomic", "git_sha", "now_iso"]
+__all__ = ["JsonlLog", "repair_jsonl", "resume_log", "LogLossError", "read_jsonl", "RunInfo", "write_json_atomic",
+           "git_sha", "now_iso", "record_failure", "read_failure_fallback", "failure_fallback_paths", "failure_in_run_dir",
+           "EXIT_DONE", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILURE_UNRECORDED"]
+
+log = logging.getLogger(__name__)
+
+
+# exit codes of `scalerl train` (1 and 4 also of a stuck learner-0 that its heartbeat thread ends)
+EXIT_DONE = 0
+EXIT_FAILED = 1  # the run failed; run.json says so and error.txt has the traceback
+EXIT_BAD_INPUT = 2  # bad input, refused before the run started
+EXIT_FAILURE_UNRECORDED = 4  # the run failed and its run directory could not record it (stderr, fallback file)
+
+
+class LogLossError(RuntimeError):
+    """A run log lost records a checkpoint counts on (or ends with a torn line a record would be appended to)."""
 
 
 def now_iso() -> str:
@@ -91,20 +117,129 @@ def repair_jsonl(path: Path, max_step: Optional[int]) -> int:
     return len(kept)
 
 
+def _split_log(raw: bytes) -> tuple[list[tuple[bytes, Optional[dict]]], bytes]:
+    """([(complete line, its record or None if not a JSON object with a step)], torn last line)."""
+    lines = raw.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    out = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            rec = None
+        out.append((line, rec))
+    return out, torn
+
+
+def _ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9"."""
+    parts, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def resume_log(path: Path, step: int, expected: Optional[dict] = None, *, every_step: bool = False) -> int:
+    """Cut log `path` back to checkpoint step `step`; LogLossError if it lost records up to it.
+
+    Kept: the complete lines whose record has step <= `step`. The log is refused when it holds
+    fewer of them than `expected["records"]` (what the log held when the checkpoint was
+    committed, after an fsync), or, with `every_step` (metrics.jsonl: one record per step),
+    when a step in 1..`step` has no record; the message names the file, the missing steps and
+    a torn or unreadable line if that is where the records went. A torn last line after
+    complete records for every step the checkpoint covers was written after the checkpoint:
+    it is dropped with a warning naming it. Returns the records kept.
+    """
+    path = Path(path)
+    raw = path.read_bytes() if path.exists() else b""
+    lines, torn = _split_log(raw)
+    kept = [(line, rec) for line, rec in lines if rec is not None and rec["step"] <= step]
+    problems = []
+    if expected is not None and len(kept) < int(expected.get("records", 0)):
+        problems.append(f"it has {len(kept)} records up to step {step}, but the checkpoint was committed when it had "
+                        f"{int(expected['records'])} (the last at step {expected.get('last_step')})")
+    if every_step:
+        have = {rec["step"] for _line, rec in kept}
+        missing = [s for s in range(1, step + 1) if s not in have]
+        if missing:
+            problems.append(f"steps {_ranges(missing)} of 1-{step} have no record")
+    if problems:
+        last = max((rec["step"] for _line, rec in kept), default=None)
+        where = []
+        bad = sum(1 for _line, rec in lines if rec is None)
+        if bad:
+            where.append(f"{bad} complete line(s) are not JSON records with a step")
+        if torn:
+            where.append(f"it ends with a torn line of {len(torn)} bytes after step {last}")
+        raise LogLossError(
+            f"{path} lost records the checkpoint at step {step} counts on: {'; '.join(problems)}"
+            + (f" ({'; '.join(where)})" if where else "")
+            + ". Restore the file, or resume from an older checkpoint by moving the newer ones out of checkpoints/.")
+    if torn:
+        log.warning("%s ends with a torn line (%d bytes, written after the checkpoint at step %d): dropped",
+                    path, len(torn), step)
+    if path.exists():
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(b"".join(line + b"\n" for line, _rec in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return len(kept)
+
+
 class JsonlLog:
-    """Append-only JSON lines, one flushed line per record."""
+    """Append-only JSON lines, one flushed line per record; `sync` fsyncs them (at checkpoints)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        raw = self.path.read_bytes() if self.path.exists() else b""
+        lines, torn = _split_log(raw)
+        if torn:  # resume_log / repair_jsonl leave none; a record appended to it would be lost
+            raise LogLossError(f"{self.path} ends with a torn line ({len(torn)} bytes); repair it before appending")
+        self.records = len(lines)  # complete lines: what a checkpoint counts on
+        self.last_step = next((rec["step"] for _line, rec in reversed(lines) if rec is not None), None)
         self._f = open(self.path, "a", buffering=1)
+        if not raw:
+            _fsync_dir(self.path.parent)  # the new file's directory entry
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(_clean(record), sort_keys=False) + "\n")
         self._f.flush()
+        self.records += 1
+        if isinstance(record.get("step"), int):
+            self.last_step = record["step"]
+
+    def sync(self) -> dict:
+        """Flush and fsync every line written so far; {"records", "last_step"} for the checkpoint."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        return {"records": self.records, "last_step": self.last_step}
 
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def git_sha() -> Optional[str]:
@@ -124,6 +259,12 @@ class RunInfo:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "run.json"
         self.data: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if self.data.get("status") in (None, "running"):  # a failure the run directory could not hold
+            failed = read_failure_fallback(run_dir)
+            started = max(str(self.data.get("started") or ""), str(self.data.get("last_resumed") or ""))
+            if failed is not None and str(failed.get("finished", "")) >= started:
+                self.data.update(status="failed", error=failed.get("error"), finished=failed.get("finished"),
+                                 failure_recorded_in=failed["recorded_in"])
 
     @property
     def status(self) -> Optional[str]:
@@ -146,6 +287,12 @@ class RunInfo:
         self.data["host"] = socket.gethostname()
         self.data["status"] = "running"
         self.data.pop("error", None)
+        self.data.pop("failure_recorded_in", None)
+        for stale in failure_fallback_paths(run_dir):  # an earlier attempt's failure: this one is running
+            try:
+                stale.unlink(missing_ok=True)
+            except OSError:
+                pass
         self.data.setdefault("started", now_iso())
         self.data["finished"] = None
         if resumed:
@@ -154,6 +301,7 @@ class RunInfo:
         self.save()
 
     def finish(self, status: str, error: Optional[str] = None, **extra) -> None:
+        self.data.pop("failure_recorded_in", None)
         self.data["status"] = status
         if error is not None:
             self.data["error"] = error
@@ -172,3 +320,76 @@ class RunInfo:
             if isinstance(on_disk, dict) and isinstance(on_disk.get("trackers"), dict):
                 self.data["trackers"] = {**dict(self.data.get("trackers") or {}), **on_disk["trackers"]}
         write_json_atomic(self.path, self.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# failures
+def failure_fallback_paths(run_dir: Path) -> list[Path]:
+    """Where `record_failure` writes when the run directory cannot be written, in order:
+    RUN_DIR.failed.json beside the run directory, then
+    $SCALERL_FAILURE_DIR (default: <tmp>/scalerl-failures)/<name>-<hash of the path>.json."""
+    run_dir = Path(run_dir).absolute()
+    digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
+    spare = Path(os.environ.get("SCALERL_FAILURE_DIR") or Path(tempfile.gettempdir()) / "scalerl-failures")
+    return [run_dir.with_name(run_dir.name + ".failed.json"), spare / f"{run_dir.name}-{digest}.json"]
+
+
+def read_failure_fallback(run_dir: Path) -> Optional[dict]:
+    """The newest failure record `record_failure` left outside `run_dir`, or None."""
+    found = []
+    for p in failure_fallback_paths(run_dir):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("run_dir") == str(Path(run_dir).absolute()):
+            found.append({**rec, "recorded_in": str(p)})
+    return max(found, key=lambda r: str(r.get("finished", ""))) if found else None
+
+
+def failure_in_run_dir(run_dir: Path) -> bool:
+    """True when run.json itself (not a fallback file) says failed."""
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text()).get("status") == "failed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def record_failure(run_dir: Path, message: str, details: Optional[str] = None, *, only_if_running: bool = False) -> bool:
+    """Mark the run failed with `message` (error.txt: `details`, e.g. the traceback, or the message).
+
+    Never raises (it runs inside failure handlers). True when run.json in the run directory says
+    failed. When the run directory cannot be written (read-only, full, gone), the original
+    error and the write error go to stderr, the failure is written to the first writable
+    `failure_fallback_paths` file (RunInfo and `scalerl train` read it), and it returns False.
+    `only_if_running`: do nothing when run.json already holds an outcome (another process
+    recorded the failure first).
+    """
+    run_dir = Path(run_dir)
+    try:
+        info = RunInfo(run_dir)
+        if only_if_running and info.status not in (None, "running"):
+            return info.status == "failed" and failure_in_run_dir(run_dir)
+        (run_dir / "error.txt").write_text((details or message).rstrip("\n") + "\n")
+        info.finish("failed", error=message)
+        return True
+    except Exception as err:  # noqa: BLE001 - a failure handler must not fail
+        write_error = f"{type(err).__name__}: {err}"
+    record = {"run_dir": str(run_dir.absolute()), "status": "failed", "error": message, "details": details,
+              "finished": now_iso(), "write_error": write_error}
+    where = None
+    for path in failure_fallback_paths(run_dir):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record)
+            where = path
+            break
+        except Exception:  # noqa: BLE001 - try the next place
+            continue
+    try:
+        print(f"scalerl: the failure could not be recorded in {run_dir} ({write_error}); "
+              f"{f'recorded in {where}' if where else 'nor in any fallback file'}. The run failed with:\n"
+              f"{(details or message).rstrip()}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - stderr closed: nothing left to tell
+        pass
+    return False
