@@ -819,7 +819,7 @@ def local_alive(run_dir: Path, info: dict, job: dict) -> bool | None:
     executor's job in slurm.json, a `pid` in run.json) is alive. False: none of that, and there
     was something to check on this machine. None: it cannot be told here (the run was on
     another host, or it recorded neither a lock nor a pid)."""
-    if job and job.get("executor", "slurm") == "slurm":
+    if job and job.get("executor", "slurm") == "slurm" and not attempt_outside_slurm(info):
         return None
     host = info.get("host") or job.get("host")
     if host and host != socket.gethostname():
@@ -831,6 +831,26 @@ def local_alive(run_dir: Path, info: dict, job: dict) -> bool | None:
     if held or any(_pid_alive(p) for p in pids):
         return True
     return False if held is not None or pids else None
+
+
+def attempt_outside_slurm(info: dict) -> bool:
+    """run.json says the run is running in a process outside Slurm (`RunInfo` records `slurm_job`
+    None there): e.g. `scalerl train ... --run-dir` after its sweep's job ended. Runs written
+    before `slurm_job` was recorded do not say."""
+    return info.get("status") == "running" and "slurm_job" in info and info["slurm_job"] is None
+
+
+def scheduler_state(info: dict, job: dict, states: dict[str, str]) -> str:
+    """The Slurm state that speaks for the run ("" when none does): that of the job in its
+    slurm.json, unless that job is no longer queued or running and the run has since been
+    restarted outside Slurm (`attempt_outside_slurm`): the old job's end says nothing about
+    that process (`local_alive` tells whether it lives, on its host)."""
+    if job.get("executor", "slurm") != "slurm":
+        return ""
+    state = states.get(str(job.get("job_id") or ""), "")
+    if state not in SLURM_QUEUED | SLURM_RUNNING and attempt_outside_slurm(info):
+        return ""
+    return state
 
 
 RECORDED_END = ("done", "failed", "interrupted")
@@ -886,7 +906,7 @@ def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> 
         run_dir = root / r.sweep / r.name
         info, job = infos[r.name], jobs[r.name]
         status = info.get("status")
-        slurm_state = sched.get(str(job.get("job_id")), "") if job.get("executor") == "slurm" else ""
+        slurm_state = scheduler_state(info, job, sched) if job.get("executor") == "slurm" else ""
         alive = local_alive(run_dir, info, job)
         state, why = reconcile(status, job, slurm_state, alive)
         from_ck = " from its checkpoint" if has_checkpoint(run_dir) else ""
@@ -1144,6 +1164,11 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
             params["slurm_account"] = opts.account
         if opts.qos:
             params["slurm_qos"] = opts.qos
+        if opts.multi_task:
+            # One task per process: when one ends badly (a worker that lost learner-0 exits 5,
+            # learner-0 exits 1 after recording a dead or stopped peer), Slurm kills the step's
+            # other tasks, stopped ones included, instead of waiting for them until the time limit.
+            params["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
         extra = dict(opts.slurm_extra)
         if opts.overcommit:
             # Slurm refuses --ntasks-per-node above the node's CPUs even with --overcommit; --ntasks is accepted

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -339,3 +340,55 @@ def test_sweep_of_two_multi_task_runs_completes(tmp_path, model_dir, capsys):
         info = json.loads((d / "run.json").read_text())
         assert info["status"] == "done" and info["hardware"]["learner_ranks"] == 2, info
         assert _steps(d / "metrics.jsonl") == [1, 2]
+
+
+def _slurm_task_pids(job_id: str) -> dict:
+    """{SLURM_PROCID: pid} of the live (not zombie) Python task processes of a Slurm job on this node."""
+    marker = f"SLURM_JOB_ID={job_id}".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in env and b"python" in cmd and ") Z " not in stat:
+            rank = next((int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"SLURM_PROCID=")), None)
+            if rank is not None:
+                found.setdefault(rank, int(proc.name))
+    return found
+
+
+def test_a_stopped_task_of_a_multi_task_run_is_killed_and_the_run_fails(tmp_path, warm_model):
+    """One run as 2 Slurm tasks (learner-0, generator-0): the generator's task is SIGSTOPped
+    mid-run. learner-0 names it and exits 1; srun's --kill-on-bad-exit then kills the stopped
+    task, so the job ends within 60 s instead of holding its node until the time limit."""
+    from experiments.cli import main
+
+    run_dir = tmp_path / "runs" / "stop" / "r0"
+    bindings = [b for b in TINY if not b.startswith(("model.new_model", "train.total_steps"))]
+    bindings += ["train.total_steps = 100000", "train.learner_ranks = 1", "train.num_generators = 1",
+                 "train.heartbeat_timeout_s = 8", f'model.path = "{warm_model}"']
+    args = ["train", "experiments/configs/tiny_cpu.gin", "--executor", "slurm", "--partition", "debug", "--time", "10",
+            "--tasks-per-node", "2", "--overcommit", "--run-dir", str(run_dir), "--no-progress"]
+    assert main(args + [a for b in bindings for a in ("--gin", b)]) == 0
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    try:
+        deadline = time.time() + 240
+        while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text().strip():
+            assert time.time() < deadline, f"the run never logged a step: {_squeue(job_id)}"
+            time.sleep(1)
+        pids = _slurm_task_pids(job_id)
+        assert set(pids) == {0, 1}, pids
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped_at = time.time()
+        while _squeue(job_id) or _slurm_task_pids(job_id):
+            assert time.time() - stopped_at < 60, f"60 s after the stop: {_squeue(job_id)!r}, {_slurm_task_pids(job_id)}"
+            time.sleep(1)
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["status"] == "failed" and "generator-0" in info.get("error", ""), info
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)

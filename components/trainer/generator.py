@@ -269,16 +269,17 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
         signal.signal(sig, signal.SIG_IGN)
     from components.trainer.accounting import proc_stats
     from components.trainer.transport import Aborted, HubLost, Peer, TransportError
+    from components.trainer.worker import exit_code_of
 
     cfg = setup.cfg
     name = f"generator-{index}"
 
     def lost(error) -> None:  # the heartbeat thread: the hub is gone while we may be stuck in a collective
-        from components.trainer.worker import record_hub_lost
+        from components.trainer.worker import exit_process, record_hub_lost
 
         print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
-        record_hub_lost(setup, error, first_peer=index == 0 and layout.learner_ranks == 1)
-        os._exit(3)
+        first = index == 0 and layout.learner_ranks == 1
+        exit_process(exit_code_of(error), lambda: record_hub_lost(setup, error, first_peer=first))
 
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
                 on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0))
@@ -287,11 +288,11 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
     except (HubLost, Aborted) as err:
         print(f"[{name}] {err}; exiting", file=sys.stderr, flush=True)
         peer.close()
-        os._exit(3)
+        os._exit(exit_code_of(err))
     except TransportError as err:
         print(f"[{name}] transport failed: {err}", file=sys.stderr, flush=True)
         peer.close()
-        os._exit(3)
+        os._exit(exit_code_of(err))
     except BaseException:  # noqa: BLE001 - report everything to the hub, then die
         try:
             tb = traceback.format_exc()

@@ -42,8 +42,10 @@ main thread is busy (a long forward pass, a torch op, time.sleep, a Python loop)
 a process that is killed (kill -9) or stopped (SIGSTOP) stops. A peer silent for `timeout_s` is
 LOST: `Hub.recv`, `Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and
 `on_lost(error)` is called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a
-peer raises `HubLost` when the hub is silent for `timeout_s` (or never answered within
-`connect_timeout_s` of the Peer's creation), and calls its `on_lost(error)` once. A peer the hub
+peer raises `HubLost` when the hub is silent for `timeout_s` (no beat and no message: a message
+from the hub proves it alive too, so a hub that dies before its first beat arrived is not
+waited on for `connect_timeout_s`), or never answered within `connect_timeout_s` of the Peer's
+creation, and calls its `on_lost(error)` once. A peer the hub
 declared lost that comes back (SIGCONT) is told so and raises `HubLost` at once.
 Heartbeats prove that a process is alive and scheduled, not that it makes progress: a main
 thread that deadlocks in Python still beats. Waits for progress are the caller's (`recv` always
@@ -671,6 +673,7 @@ class Peer:
         self._aborted: Optional[str] = None
         self._aborted_at: Optional[float] = None
         self._hub = {"name": "hub", "pid": None, "host": hub_host}
+        self._hub_heard: Optional[float] = None  # monotonic time of the last message from the hub (main thread)
         self._fired = False
         self._stop = threading.Event()
         self._closed = False
@@ -709,6 +712,7 @@ class Peer:
             left = deadline - time.monotonic()
             if self._sock.poll(int(max(0.0, min(left, _POLL_SLICE_S)) * 1000)):
                 frames = self._sock.recv_multipart(copy=False)
+                self._hub_heard = time.monotonic()  # proof of life too (its beats may not have come yet)
                 kind = frames[0].bytes
                 if kind == _MSG:
                     return decode(frames[1:])
@@ -749,7 +753,8 @@ class Peer:
     # ---------------------------------------------------------------- internals
     def _hub_who(self) -> str:
         h = self._hub
-        return f"{_who(h['name'], h['pid'], h['host'])} at tcp://{self.hub_host}:{self.port}"
+        who = _who(h["name"], h["pid"], h["host"]) if h["pid"] is not None else "(pid unknown: none of its beats arrived)"
+        return f"{who} at tcp://{self.hub_host}:{self.port}"
 
     def _set_error(self, error: TransportError) -> bool:
         with self._lock:
@@ -773,6 +778,9 @@ class Peer:
                 # scheduling (SIGSTOP, starvation) is discounted before anything is judged
                 now = time.monotonic()
                 gap, last_iter = now - last_iter, now
+                heard = self._hub_heard  # a message counts as a beat: a hub that dies before its first
+                if heard is not None and (hub_seen is None or heard > hub_seen):  # beat reached us is
+                    hub_seen = heard  # then timed out after timeout_s, not after connect_timeout_s
                 if gap > max(2 * period, 1.0):  # this thread was not scheduled: not the hub's silence
                     if hub_seen is not None:
                         hub_seen = min(now, hub_seen + gap - period)

@@ -17,11 +17,42 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
-__all__ = ["run_role", "follower_main", "hub_main", "init_learner_group", "main"]
+__all__ = ["run_role", "follower_main", "hub_main", "init_learner_group", "main", "EXIT_ABORTED", "EXIT_HUB_LOST",
+           "exit_code_of", "exit_process"]
+
+# Exit codes of a peer (every process but learner-0) that ends because of the hub; the local
+# supervisor (launcher.py) reads them: EXIT_HUB_LOST means learner-0 is dead, stopped or hung.
+EXIT_ABORTED = 3  # the hub aborted the run (it is ending it), or the transport failed
+EXIT_HUB_LOST = 5  # the hub was silent for heartbeat_timeout_s, or closed
+RECORD_LIMIT_S = 10.0  # a dying process waits this long at most for its last words to be written
+
+
+def exit_code_of(error) -> int:
+    """The exit code of a peer that ends because of transport `error` (HubLost or not)."""
+    from components.trainer.transport import HubLost
+
+    return EXIT_HUB_LOST if isinstance(error, HubLost) else EXIT_ABORTED
+
+
+def exit_process(code: int, record=None) -> None:
+    """End this process from any thread (os._exit: also while the main thread is blocked inside a
+    collective), after `record()` if that returns within RECORD_LIMIT_S (a run directory on a hung
+    file system must not keep alive a process whose hub is gone)."""
+    timer = threading.Timer(RECORD_LIMIT_S, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+    try:
+        if record is not None:
+            record()
+    except BaseException:  # noqa: BLE001 - dying anyway
+        pass
+    finally:
+        os._exit(code)
 
 
 def init_learner_group(rank: int, world_size: int, endpoints, device: str, timeout_s: float) -> None:
@@ -73,8 +104,7 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
 
     def lost(error) -> None:  # heartbeat thread: the hub is gone, maybe while we are inside a collective
         print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
-        record_hub_lost(setup, error, first_peer=index == 1)
-        os._exit(3)
+        exit_process(exit_code_of(error), lambda: record_hub_lost(setup, error, first_peer=index == 1))
 
     if setup.device == "cpu":
         from components.trainer.roles import pin_cpu
@@ -117,7 +147,7 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
     except (HubLost, Aborted, TransportError) as err:
         print(f"[{name}] {err}; exiting", file=sys.stderr, flush=True)
         peer.close()
-        os._exit(3)
+        os._exit(exit_code_of(err))
     except BaseException:  # noqa: BLE001 - report to the hub, then die
         try:
             tb = traceback.format_exc()
@@ -135,16 +165,9 @@ def record_hub_lost(setup, error, first_peer: bool) -> None:
 
     if not first_peer or isinstance(error, Aborted) or not setup.run_dir:
         return
-    try:
-        from components.trainer.runlog import RunInfo
+    from components.trainer.runlog import record_failure
 
-        info = RunInfo(Path(setup.run_dir))
-        if info.status == "running":
-            message = f"learner-0 was lost: {error}"
-            (Path(setup.run_dir) / "error.txt").write_text(message + "\n")
-            info.finish("failed", error=message)
-    except Exception:  # noqa: BLE001 - best effort from a dying process
-        pass
+    record_failure(Path(setup.run_dir), f"learner-0 was lost: {error}", only_if_running=True)  # never raises
 
 
 def hub_main(setup, endpoints, layout) -> str:
@@ -205,7 +228,11 @@ def main() -> int:
         signal.signal(sig, signal.SIG_IGN)
     if not role.is_hub:
         run_role(penv.rank, setup, penv.endpoints, layout)
-        return 0
+        # its work is done and the hub has everything: leave now, not after interpreter shutdown
+        # (a thread that never returns, e.g. a hung verifier's, would keep the process alive)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     from experiments.train import record_failure
 
     try:
