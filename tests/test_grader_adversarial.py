@@ -135,6 +135,23 @@ HOSTILE = {
     "fake_math_module": (
         MATH_ROW, "class FakeMath:\n    def isclose(self, *a, **k):\n        return True\nmath = FakeMath()\n"
         "def root(x):\n    return 0.0\n"),
+    # Got +1 from the harness of commit e02224d (review of issue 14):
+    # tests guarded by `if __name__ == "__main__":` did not run (the test namespace had another name);
+    "tests_under_a_main_guard": ({"test": "if __name__ == '__main__':\n    assert f(3) == 27\n"}, WRONG_F),
+    # a StopIteration out of a call ended the test's loop over map(f, ...) before any check;
+    "stopiteration_ends_the_tests_loop": (
+        {"test": "for got, want in zip(map(f, [3, 5]), [27, 3125]):\n    assert got == want\n"},
+        "def f(x):\n    raise StopIteration\n"),
+    # the program's exit was an Exception that a tolerant `except Exception` in the tests swallowed.
+    "exit_swallowed_by_a_tolerant_test": (
+        {"test": "def check(candidate):\n    for x, want in [(3, 27), (5, 3125)]:\n        try:\n"
+                 "            got = candidate(x)\n        except Exception:\n            continue  # may reject some inputs\n"
+                 "        assert got == want\n", "entry_point": "f"},
+        "import os\ndef f(x):\n    os._exit(0)\n"),
+    "exit_swallowed_by_a_bare_except": (
+        {"test": "for x, want in [(3, 27), (5, 3125)]:\n    try:\n        got = f(x)\n    except:\n"
+                 "        continue\n    assert got == want\n"},
+        "import os\ndef f(x):\n    os._exit(0)\n"),
 }
 
 
@@ -169,6 +186,50 @@ def test_values_equal_rules():
     assert values_equal(False, False) and not values_equal(0, False) and values_equal(None, None) and not values_equal(0, None)
     assert values_equal((1, [2, "a"]), [1, [2, "a"]]) and not values_equal([1, True], [1, 1]) and not values_equal([1], [1, 2])
     assert values_equal({1: [1.5]}, {"1": [1.5]}) and not values_equal({1: 1, "1": 1}, {"1": 1}) and not values_equal({2}, [2])
+
+
+def test_values_equal_huge_ints_and_infinities():
+    """An int too large for a float is not equal to a float (it raised OverflowError, which
+    made the verification a grading error); inf equals inf (abs(inf - inf) is NaN)."""
+    assert not values_equal(10**400, 2.5) and not values_equal(-(10**400), 1e300)
+    assert values_equal(float("inf"), float("inf")) and not values_equal(float("-inf"), float("inf"))
+    assert not values_equal(1e308, float("inf"))
+
+
+def test_check_candidate_tests_that_nothing_calls_are_refused():
+    """`def check(candidate)` without an entry_point (and no call of it) checks nothing: every
+    program passed. Refused when the task is built, naming the row; a test that calls check
+    itself needs no entry point."""
+    with pytest.raises(ValueError, match="row 7 test defines check.*no 'entry_point'"):
+        parse_tests({"test": "def check(candidate):\n    assert candidate(3) == 27\n"}, "row 7")
+    with pytest.raises(ValueError, match="no 'entry_point'"):
+        parse_tests({"tests": "def check(candidate):\n    assert candidate(3) == 27\n"}, "row 8")
+    assert parse_tests({"test": "def check(c):\n    assert c(3) == 27\ncheck(f)\n"}, "r")["kind"] == "assert"
+    assert parse_tests(CHECK_ROW, "r")["entry_point"] == "f"
+
+
+def test_the_harness_never_imports_a_module_the_program_wrote(tmp_path):
+    """Before Python 3.11, ``python -I`` keeps the script's directory (the program's writable
+    working dir) on sys.path: a program that wrote colorsys.py there and imported colorsys had
+    it imported by the harness (for the test namespace), which ran it and wrote the program's
+    verdict (+1). Run here with 3.10's -I (-E -s, no -P), outside the sandbox (no sandbox needed
+    to show what the harness imports)."""
+    import subprocess
+    import sys
+
+    evil = ("import gc, os, sys\nif sys.argv[1:2] != ['--serve']:\n    for fn in gc.get_objects():\n"
+            "        if getattr(fn, '__name__', '') == 'emit' and 'chain' in getattr(getattr(fn, '__code__', None), 'co_freevars', ()):\n"
+            "            fn({'verdict': 'pass'}); fn({'done': True}); sys.stdout.flush(); os._exit(0)\n")
+    program = f"with open('colorsys.py', 'w') as out:\n    out.write({evil!r})\nimport colorsys\n" + WRONG_F
+    plan = code_file.plan_grading(parse_tests(ASSERT_ROW, "row"), program, limits=LIMITS)
+    (tmp_path / "main.py").write_text(code_file.harness_source())
+    for name, text in plan["files"].items():
+        (tmp_path / name).write_text(text)
+    proc = subprocess.run([sys.executable, "-E", "-s", "-B", "main.py"], cwd=tmp_path, input=plan["stdin"],
+                          capture_output=True, text=True, timeout=60)
+    res = sandbox.SandboxResult(proc.stdout, proc.stderr, proc.returncode, None, False, False, False, 0.1, 0.1)
+    report = code_file.judge_grading(plan, res)
+    assert not report["passed"] and report["reason"].startswith("AssertionError"), report["reason"]
 
 
 # A correct program of every kind passes; the assert one also guards a `__main__` block that

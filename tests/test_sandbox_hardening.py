@@ -351,6 +351,26 @@ def test_output_exactly_at_the_cap_is_allowed_one_more_byte_is_not(backend):
 
 
 # -- backends -----------------------------------------------------------------------------------
+def test_other_runs_control_dirs_are_hidden(monkeypatch):
+    """The program must not see the temp dir that holds every run's control dir: a queued run's
+    dir holds its harness spec (test code, MAC key) and program, which a program of the same
+    user (bubblewrap, with TMPDIR outside /tmp, as on many clusters) could read or rewrite.
+    Only the run's own dir was covered; the spec now covers the temp dir itself."""
+    seen = []
+    launch = sandbox._launch
+
+    def spy(control, *args):
+        with open(os.path.join(control, "spec.json")) as f:
+            seen.append(json.load(f)["hide_paths"])
+        return launch(control, *args)
+
+    monkeypatch.setattr(sandbox, "_launch", spy)
+    res = sandbox.run_python("print('ok')", limits=sandbox.SandboxLimits(**QUICK),
+                             config=SandboxConfig(uid_base=UID_BASE, backend="namespaces"))
+    assert res.ok and res.stdout == "ok\n", res.describe()
+    assert os.path.realpath(tempfile.gettempdir()) in seen[0], seen
+
+
 def test_backend_choice_and_bad_backend():
     """Root picks the namespaces backend, a user that is not root bubblewrap (or a refusal
     naming it when it does not work); an unknown backend is refused with the valid ones."""

@@ -403,8 +403,13 @@ class RemoteError(Exception):
     """The program raised an exception that is not a built-in one (its nearest built-in base, if any, is in the message)."""
 
 
-class ProgramGone(Exception):
-    """The program's process exited, hung past the deadline, or broke the protocol."""
+class ProgramGone(BaseException):
+    """The program's process exited, hung past the deadline, or broke the protocol.
+
+    A BaseException, not an Exception: test code that tolerates the program's own errors
+    (``try: candidate(x) except Exception: ...``) must not swallow the program's disappearance
+    (a program that kills its server would otherwise skip every check inside such a ``try``).
+    """
 
 
 class Server:
@@ -438,7 +443,14 @@ class Server:
         self.seq += 1
         data = (dumps({"seq": self.seq, "op": op, **fields}) + "\n").encode()
         self._send(data)
-        return self.reply(self.seq)
+        try:
+            return self.reply(self.seq)
+        except StopIteration as err:
+            if op == "next":
+                raise
+            # As PEP 479 does for generators: a StopIteration out of a call would end the test's
+            # loop over map(candidate, ...) early, so that no check runs.
+            raise RuntimeError(f"the program raised StopIteration outside of next(): {err}"[:300]) from None
 
     def _fail(self, why: str):
         self.dead = why
@@ -663,7 +675,9 @@ def test_namespace(server: Server) -> dict:
     """
     import importlib
 
-    ns = {"__name__": "__grader_tests__", "__builtins__": builtins}
+    # "__main__", as when the tests were appended to the program: a test guarded by
+    # ``if __name__ == "__main__":`` runs (else nothing is checked and every program passes).
+    ns = {"__name__": "__main__", "__builtins__": builtins}
     for name, info in server.names.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or hasattr(builtins, name):
             continue
@@ -702,6 +716,8 @@ def run_assert(header: dict, emit) -> None:
                 if candidate is None:
                     raise NameError(f"the program does not define {entry!r}")
                 ns["check"](candidate)
+        if server.dead:  # the program went away in a call the tests' bare `except:` swallowed
+            raise ProgramGone(server.dead)
     except BaseException as err:  # noqa: BLE001 - any failure of the tests fails the program
         emit({"verdict": "fail", "why": f"{type(err).__name__}: {err}"[:300]})
         return
@@ -915,7 +931,19 @@ def _answer(req, mod, objects, resolve, handle, seq) -> dict:
     return reply
 
 
+def drop_own_dir_from_path() -> None:
+    """Remove this file's directory (the program's writable working dir) from sys.path.
+
+    ``python -I`` keeps the script's directory on sys.path before Python 3.11 (3.11 adds -P to
+    -I): a module the program writes there (``colorsys.py``) would be imported by the harness
+    when the tests or `test_namespace` import that name, and run inside the harness.
+    """
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
+
+
 def main(argv) -> int:
+    drop_own_dir_from_path()
     if len(argv) == 4 and argv[1] == SERVE_FLAG:
         serve(int(argv[2]), int(argv[3]))
     return harness(sys.stdin, sys.stdout)

@@ -32,6 +32,7 @@ Expected outputs never enter the sandbox. The completion passes iff every case p
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hmac
 import json
@@ -86,13 +87,13 @@ def load_jsonl(path: str | Path) -> list[dict]:
 def parse_tests(row: dict, where: str) -> dict:
     """Normalise a row's tests to {"kind": "stdio"|"functional"|"assert", ...}."""
     if isinstance(row.get("test"), str) and row["test"].strip():
-        return {"kind": "assert", "code": row["test"], "entry_point": row.get("entry_point")}
+        return _assert_tests(row["test"], row.get("entry_point"), where)
     tests = row.get("tests")
     if isinstance(tests, str):
         try:
             tests = json.loads(tests)
         except json.JSONDecodeError:
-            return {"kind": "assert", "code": tests, "entry_point": row.get("entry_point")}
+            return _assert_tests(tests, row.get("entry_point"), where)
     if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
         try:
             tests = _from_apps(tests, row)
@@ -125,6 +126,25 @@ def parse_tests(row: dict, where: str) -> dict:
             raise ValueError(f"code_file: {where} has functional tests but no 'fn_name' (or metadata.func_name)")
         return {"kind": "functional", "fn_name": fn_name, "cases": [(i, o) for i, o, _ in cases]}
     raise ValueError(f"code_file: {where} mixes test types {sorted(kinds)}; use 'stdin' or 'functional'")
+
+
+def _assert_tests(code: str, entry_point: Any, where: str) -> dict:
+    """Assert-style tests; refused when they define ``check(candidate)`` but nothing calls it
+    (no ``entry_point`` and no ``check(...)`` in the code): they would check nothing, and
+    every program would pass."""
+    if not entry_point:
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            tree = None  # fails every program at grading time, with the error
+        if tree is not None:
+            defines = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "check" for n in tree.body)
+            called = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "check"
+                         for n in ast.walk(tree))
+            if defines and not called:
+                raise ValueError(f"code_file: {where} test defines check(candidate) but gives no 'entry_point' "
+                                 "(and never calls check): it would check nothing")
+    return {"kind": "assert", "code": code, "entry_point": entry_point}
 
 
 def _from_apps(tests: dict, row: dict) -> list[dict]:
@@ -544,7 +564,8 @@ def values_equal(got: Any, exp: Any) -> bool:
 
     - None, bool, str: the same type and value (True is not 1, "1" is not 1);
     - int: an int (not a bool, not a float) of the same value;
-    - float: an int or float within FLOAT_TOLERANCE relative to max(1, |expected|) (NaN equals NaN);
+    - float: an int or float within FLOAT_TOLERANCE relative to max(1, |expected|) (NaN equals NaN,
+      an infinity only itself);
     - list: a list or tuple of the same length, element by element (JSON has no tuples);
     - dict: a dict with the same keys (a non-string key matches its JSON spelling, as json.dumps
       writes int keys as strings) and equal values;
@@ -561,7 +582,12 @@ def values_equal(got: Any, exp: Any) -> bool:
             return False
         if math.isnan(exp) or (type(got) is float and math.isnan(got)):
             return type(got) is float and math.isnan(got) and math.isnan(exp)
-        return abs(got - exp) <= FLOAT_TOLERANCE * max(1.0, abs(exp))
+        if math.isinf(exp):  # the tolerance below would be infinite: any float would do
+            return got == exp
+        try:  # an int too large for a float is no float's neighbour
+            return abs(got - exp) <= FLOAT_TOLERANCE * max(1.0, abs(exp))
+        except OverflowError:
+            return False
     if type(exp) is list:
         return type(got) in (list, tuple) and len(got) == len(exp) and all(map(values_equal, got, exp))
     if type(exp) is dict:

@@ -285,6 +285,19 @@ def hidden_paths(config: SandboxConfig, python: str, *more_interpreters: str) ->
     return out
 
 
+def control_hidden(control: str, *interpreters: Optional[str]) -> list[str]:
+    """What to cover so the program sees no control dir: the temp dir holding every run's
+    control dir (other runs' too: queued ones hold their spec and program there, and under
+    bubblewrap the program's user may read and write them), unless it holds an interpreter
+    (then this run's dir only). Under /tmp this is moot (the sandbox's /tmp is a fresh tmpfs)."""
+    real = os.path.realpath(control)
+    parent = os.path.dirname(real)
+    keep = [os.path.realpath(p) for p in interpreters if p]
+    if parent == "/" or any(os.path.commonpath([parent, k]) == parent for k in keep):
+        return [real]
+    return [parent]
+
+
 def check_available(config: SandboxConfig = SandboxConfig()) -> None:
     """Fail early (SandboxUnavailableError) unless a trivial program runs correctly in the sandbox."""
     plan = isolation_plan(config)  # raises where a required isolation is missing
@@ -363,7 +376,7 @@ def run_program(
             "tmpfs_bytes": limits.tmpfs_bytes,
             "uid_base": config.uid_base,
             "readonly_empty": list(READONLY_EMPTY_DIRS),
-            "hide_paths": hidden_paths(config, argv[0], supervisor or "") + [os.path.realpath(control)],
+            "hide_paths": hidden_paths(config, argv[0], supervisor or "") + control_hidden(control, argv[0], supervisor),
             "supervisor_python": supervisor,
             **plan,
         }
