@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from experiments.launch import SLURM_FILE, local_alive, read_json, read_run_info, reconcile, slurm_job_states
+from experiments.launch import (SLURM_FILE, local_alive, read_json, read_run_info, reconcile, scheduler_state,
+                                slurm_job_states)
 
 MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are shown
 
@@ -151,7 +152,7 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
         evals = [e for e in read_jsonl(d / "eval.jsonl") if "benchmark" not in e]  # held-out only (no downstream)
         job = jobs[d]
         job_id = str(job.get("job_id", "") or "")
-        slurm_state = states.get(job_id, "") if job.get("executor", "slurm") == "slurm" else ""
+        slurm_state = scheduler_state(info, job, states)
         state, reason = reconcile(info.get("status"), job, slurm_state, local_alive(d, info, job))
         if state == "interrupted" and not reason:
             reason = str(info.get("error", "") or "")

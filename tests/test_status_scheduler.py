@@ -241,6 +241,30 @@ def test_a_local_run_whose_process_is_gone_is_interrupted(tmp_path):
     assert S.collect(tmp_path / "sw" / "locked", with_slurm=False)[0].state == "interrupted"
 
 
+def test_a_run_restarted_outside_slurm_after_its_job_ended_is_not_that_job(tmp_path, fake_slurm, monkeypatch):
+    """`scalerl train ... --run-dir` after the sweep's job was cancelled (what status suggests for an
+    interrupted run): run.json records that this attempt runs outside Slurm, so the old job's
+    CANCELLED says nothing about it: running (not resubmitted) while it holds the run's lock,
+    interrupted once the lock is free."""
+    from components.trainer.runlog import RunInfo
+
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(var, raising=False)
+    d = _run_dir(tmp_path, "manual", None, "77_0")
+    RunInfo(d).start({}, {"device": "cpu", "count": 1}, resumed=True)  # what the restarted trainer writes
+    (d / ".lock").touch()
+    fake_slurm({"77_0": "CANCELLED by 0"})
+    holder = _hold_lock(d / ".lock")
+    try:
+        assert _states(tmp_path)["manual"].state == "running"
+        assert _actions(tmp_path, ["manual"])["manual"].action == "skip-active"
+    finally:
+        holder.kill()
+        holder.wait()
+    row = _states(tmp_path)["manual"]
+    assert row.state == "interrupted" and "no process on this machine is training it" in row.reason
+
+
 # -------------------------------------------------------------------------- on the real Slurm
 def _cluster_problem() -> str | None:
     if shutil.which("sbatch") is None:

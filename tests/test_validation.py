@@ -105,6 +105,9 @@ def test_nan_is_refused_in_gin_and_in_a_config(param):
          r"reasoning_gym\.threshold = 2\.0 is out of range: must be in \[0, 1\]"),
         ("math_verify.max_answer_chars = 1e999", dict(task="math_file", task_kwargs={"path": "x.jsonl", "reward": "math_verify"}),
          r"math_verify\.max_answer_chars = inf is out of range: must be an integer"),
+        # a mixture's weights are numbers too (refused by the task's constructor only after a warm start)
+        ("", dict(task={"arithmetic": float("inf"), "reasoning_gym:spell_backward": 0.5}),
+         r"weight of 'arithmetic' must be a positive number, got inf"),
         # each value is finite, but together they reward wrong answers
         ("arithmetic.reward_correct = -1.0\narithmetic.reward_incorrect = 1.0", dict(task="arithmetic"),
          r"arithmetic\.reward_correct = -1\.0 must be above arithmetic\.reward_incorrect = 1\.0"),
@@ -114,6 +117,13 @@ def test_component_parameters_of_the_run_are_checked(gin_text, fields, message):
     gin.parse_config(gin_text)
     with pytest.raises(ConfigError, match=message):
         validate(TrainConfig(model_path="m", **fields))
+
+
+def test_greedy_held_out_evaluation_is_still_a_valid_setting():
+    # both engines sample greedily at temperature <= 0; only the training temperature must be > 0
+    validate(TrainConfig(model_path="m", eval_temperature=0.0))
+    with pytest.raises(ConfigError, match=r"train\.eval_temperature = -1\.0 is out of range: must be >= 0"):
+        validate(TrainConfig(model_path="m", eval_temperature=-1.0))
 
 
 def _user_loss_name() -> str:

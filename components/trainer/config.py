@@ -309,7 +309,7 @@ TRAIN_RANGES = {
     "eval_every": ">= 1",
     "eval_k": ">= 1",
     "eval_prompts": ">= 1",
-    "eval_temperature": "> 0",
+    "eval_temperature": ">= 0",  # 0: greedy held-out evaluation (both engines sample greedily at T <= 0)
     "checkpoint_every": ">= 1",
     "keep_checkpoints": ">= 1",
     "downstream_every": ">= 0",  # 0: never
@@ -374,6 +374,20 @@ def _reward_order_problem(task: str, values: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _mixture_weight_problem(task: Any) -> list[str]:
+    """A mixture's weights are numbers too: each must be finite and > 0 (checked here, not only when the
+    task is built, which comes after model.path is resolved, i.e. after a warm start trained)."""
+    if not isinstance(task, Mapping):
+        return []
+    from components.tasks.mixture import mixture_weights
+
+    try:
+        mixture_weights(task)
+    except ValueError as err:
+        return [f"train.task: {err} (must be finite and > 0)"]
+    return []
+
+
 def check_components(cfg: "TrainConfig") -> None:
     """Refuse numeric hyper-parameters of the run's components that are not finite or out of their range.
 
@@ -394,7 +408,7 @@ def check_components(cfg: "TrainConfig") -> None:
     if cfg.length_control:
         used.append((LENGTH_CONTROLS, cfg.length_control, None))
     used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
-    problems = []
+    problems = _mixture_weight_problem(cfg.task)
     while used:
         registry, name, overrides = used.pop(0)
         if not isinstance(name, str) or name not in registry:

@@ -251,6 +251,15 @@ def git_sha() -> Optional[str]:
         return None
 
 
+def slurm_job_id() -> Optional[str]:
+    """The Slurm job this process runs in, spelled as `scalerl sweep` records it in slurm.json
+    ("<array job>_<task>" for an array task, else the job id); None outside Slurm."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 class RunInfo:
     """run.json, kept true: running | done | failed (+ error)."""
 
@@ -285,6 +294,7 @@ class RunInfo:
         self.data["git_sha"] = git_sha()
         self.data["hardware"] = hardware
         self.data["host"] = socket.gethostname()
+        self.data["slurm_job"] = slurm_job_id()  # None: this attempt runs outside Slurm (scalerl status)
         self.data["status"] = "running"
         self.data.pop("error", None)
         self.data.pop("failure_recorded_in", None)
