@@ -52,8 +52,8 @@ def resolve_checkpoint(run_or_checkpoint: str | os.PathLike, step: Optional[int]
     """The checkpoint directory to export.
 
     `run_or_checkpoint` is a run directory (its `checkpoints/`), a checkpoints directory, or
-    one checkpoint directory (`.../step_XXXXXXXX`). Without `step` the newest complete
-    checkpoint is taken. Raises ExportError naming the available steps when `step` is absent.
+    one checkpoint directory (`.../step_XXXXXXXX`). Without `step` the newest intact checkpoint
+    (`verify_checkpoint`; a damaged newer one is named in a warning) is taken. Raises ExportError naming the available steps when `step` is absent.
     """
     path = Path(run_or_checkpoint)
     if not path.is_dir():
@@ -70,8 +70,16 @@ def resolve_checkpoint(run_or_checkpoint: str | os.PathLike, step: Optional[int]
         hint = (f"; it holds only legacy single-file checkpoints ({', '.join(legacy)}), which are not self-contained"
                 if legacy else "; a run writes one every train.checkpoint_every steps and at its end")
         raise ExportError(f"{path} has no complete checkpoint (looked in {ckpt_dir}){hint}")
-    if step is None:
-        return steps[max(steps)]
+    if step is None:  # the newest that passes its manifest check; a damaged newer one is named
+        from components.trainer.checkpoint import CheckpointError, newest_intact_checkpoint
+
+        try:
+            newest, bad = newest_intact_checkpoint(ckpt_dir)
+        except CheckpointError as err:
+            raise ExportError(str(err)) from None
+        for corrupt, why in bad:
+            warnings.warn(f"skipping damaged checkpoint {corrupt}: {why}", stacklevel=2)
+        return newest if newest is not None else steps[max(steps)]
     if int(step) not in steps:
         raise ExportError(f"no checkpoint for step {step} in {ckpt_dir}; available steps: {', '.join(map(str, steps))}")
     return steps[int(step)]

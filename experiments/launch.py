@@ -962,7 +962,7 @@ class RunJob(submitit.helpers.Checkpointable):
         train = _resolve_target(self.target)
         status = train(list(config_files), list(bindings), run_dir, run_info=dict(run_info))
         if status != "done":
-            info = read_json(Path(run_dir) / "run.json") or {}
+            info = read_run_info(Path(run_dir))  # run.json, or the failure recorded beside it
             raise RunFailed(f"run {run_info.get('name')} ended with status {status!r}: "
                             f"{info.get('error', 'no error recorded in run.json')}")
         return status
@@ -1296,7 +1296,7 @@ def _outcome(p: Planned, job: Any) -> tuple[str, str]:
         job_result(job)
         return "done", ""
     except Exception as err:  # FailedJobError / UncompletedJobError / RunFailed (debug)
-        recorded = (read_json(p.run_dir / "run.json") or {}).get("error")
+        recorded = read_run_info(p.run_dir).get("error")
         if recorded:
             return "failed", str(recorded).splitlines()[0][:500]
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]

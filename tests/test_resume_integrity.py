@@ -136,6 +136,29 @@ def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
     assert "no intact checkpoint" in msg and "truncated" in msg and "crc32" in msg, msg
     assert str(ckpts / "step_00000004" / "trainer.pt") in msg and str(ckpts / "step_00000002" / "ranks" / "rank_00000.pt") in msg
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002", "step_00000004"]  # nothing moved when none is intact
+    from experiments.export import ExportError, resolve_checkpoint
+
+    with pytest.raises(ExportError, match="no intact checkpoint"):
+        resolve_checkpoint(tmp_path / "run")
+
+
+def test_export_takes_the_newest_intact_checkpoint(tiny_gin, tmp_path):
+    """`scalerl export RUN_DIR` skips a damaged newest checkpoint (named in a warning) and exports
+    the newest intact one; it read the damaged one before."""
+    from components.models import load_causal_lm, load_tokenizer
+    from components.trainer.checkpoint import save_checkpoint
+    from components.trainer.learner import make_optimizer
+    from experiments.export import resolve_checkpoint
+
+    model = load_causal_lm(tiny_gin[1])
+    opt, sched = make_optimizer(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, warmup_steps=1)
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (2, 4):
+        save_checkpoint(ckpts, step, model=model, optimizer=opt, scheduler_state=sched.state_dict(),
+                        trainer_state={"step": step}, rank_state={"rng": 1}, keep=5, tokenizer=load_tokenizer(tiny_gin[1]))
+    _truncate(ckpts / "step_00000004" / "trainer.pt")
+    with pytest.warns(UserWarning, match="step_00000004"):
+        assert resolve_checkpoint(tmp_path / "run") == ckpts / "step_00000002"
 
 
 @pytest.mark.slow
