@@ -300,6 +300,28 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
+# The values `warm_start.*` may take (the same forms as a registered component's `ranges=`).
+WARM_START_RANGES = {
+    "sft_steps": ">= 0",
+    "sft_batch_size": ">= 1",
+    "sft_lr": "> 0",
+    "label_noise": "[0, 1]",
+    "label_smoothing": "[0, 1)",
+    "eval_temperature": ">= 0",
+    "eval_max_tokens": ">= 1",
+    "num_threads": ">= 1",
+}
+
+
+def check_warm_start_values(values: dict) -> None:
+    """Refuse warm_start.* numbers that are not finite or outside `WARM_START_RANGES`, before any
+    build (`ParamRangeError` naming each, e.g. ``warm_start.sft_lr = inf is out of range``)."""
+    from components.registry import check_numeric, configurable_params
+
+    values = {k: v for k, v in values.items() if v is not None}  # num_threads=None: leave torch's setting
+    check_numeric("warm_start", configurable_params(ensure_warm_policy), values, WARM_START_RANGES)
+
+
 @gin.configurable("warm_start")
 def ensure_warm_policy(
     cache_dir: Optional[str | os.PathLike] = None,
@@ -337,6 +359,10 @@ def ensure_warm_policy(
     num_threads: torch threads during the build (None: leave as is).
     rebuild: ignore an existing cache entry and build again.
     """
+    check_warm_start_values(dict(sft_steps=sft_steps, sft_batch_size=sft_batch_size, sft_lr=sft_lr,
+                                 label_noise=label_noise, label_smoothing=label_smoothing, seed=seed,
+                                 eval_temperature=eval_temperature, eval_max_tokens=eval_max_tokens,
+                                 num_threads=num_threads))
     settings = {
         "task": task,
         "task_kwargs": dict(task_kwargs or {}),

@@ -187,6 +187,22 @@ def test_mistyped_model_path_is_an_error_not_a_random_model(tmp_path):
     assert not typo.exists()
 
 
+@pytest.mark.parametrize("binding, message", [
+    ("warm_start.sft_lr = 1e999", "warm_start.sft_lr = inf is out of range: must be finite and > 0"),
+    ("warm_start.label_noise = 1.5", "warm_start.label_noise = 1.5 is out of range: must be in [0, 1]"),
+    ("warm_start.sft_batch_size = 0", "warm_start.sft_batch_size = 0 is out of range: must be an integer >= 1"),
+])
+def test_warm_start_settings_are_refused_before_the_build(tmp_path, binding, message):
+    """The tiny recipe's model comes from `warm_start` (not a registered component): its numbers
+    are checked too, before anything is built (the cache dir stays empty)."""
+    from experiments.train import prepare
+
+    cache = tmp_path / "warm"
+    with pytest.raises(ParamRangeError, match=re.escape(message)):
+        prepare([str(REPO / "experiments/configs/tiny_cpu.gin")], [binding, f'warm_start.cache_dir = "{cache}"'])
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 def test_new_model_setting_builds_then_reuses_and_never_replaces_a_checkpoint(tmp_path, caplog):
     kwargs = dict(hidden_size=16, num_layers=1, num_heads=2, max_position_embeddings=32)
     path = tmp_path / "new"
