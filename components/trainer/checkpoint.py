@@ -63,6 +63,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from components.trainer.runlog import fsync_path as _fsync_path
+
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
@@ -327,17 +329,6 @@ def _barrier(group, timeout_s: float, what: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # small durable files
-def _fsync_path(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _save_torch(path: Path, obj: Any) -> None:

@@ -209,7 +209,7 @@ class JsonlLog:
         self.last_step = next((rec["step"] for _line, rec in reversed(lines) if rec is not None), None)
         self._f = open(self.path, "a", buffering=1)
         if not raw:
-            _fsync_dir(self.path.parent)  # the new file's directory entry
+            fsync_path(self.path.parent)  # the new file's directory entry
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(_clean(record), sort_keys=False) + "\n")
@@ -229,7 +229,8 @@ class JsonlLog:
             self._f.close()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by path (best effort: an error is ignored)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
