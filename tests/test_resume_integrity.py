@@ -114,7 +114,8 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(finished_run, t
     assert run_json(run)["status"] == "done"
 
 
-def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
+def _two_checkpoints(tiny_gin, tmp_path: Path):
+    """(model, optimizer, checkpoints dir) with checkpoints of steps 2 and 4 of the tiny policy."""
     from components.models import load_causal_lm, load_tokenizer
     from components.trainer.checkpoint import save_checkpoint
     from components.trainer.learner import make_optimizer
@@ -125,6 +126,11 @@ def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
     for step in (2, 4):
         save_checkpoint(ckpts, step, model=model, optimizer=opt, scheduler_state=sched.state_dict(),
                         trainer_state={"step": step}, rank_state={"rng": 1}, keep=5, tokenizer=load_tokenizer(tiny_gin[1]))
+    return model, opt, ckpts
+
+
+def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
+    model, opt, ckpts = _two_checkpoints(tiny_gin, tmp_path)
     _truncate(ckpts / "step_00000004" / "trainer.pt")
     _garble(ckpts / "step_00000002" / "ranks" / "rank_00000.pt")  # same size: caught by its crc32
     with pytest.raises(CheckpointError) as caught:
@@ -145,17 +151,9 @@ def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
 def test_export_takes_the_newest_intact_checkpoint(tiny_gin, tmp_path):
     """`scalerl export RUN_DIR` skips a damaged newest checkpoint (named in a warning) and exports
     the newest intact one; it read the damaged one before."""
-    from components.models import load_causal_lm, load_tokenizer
-    from components.trainer.checkpoint import save_checkpoint
-    from components.trainer.learner import make_optimizer
     from experiments.export import resolve_checkpoint
 
-    model = load_causal_lm(tiny_gin[1])
-    opt, sched = make_optimizer(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, warmup_steps=1)
-    ckpts = tmp_path / "run" / "checkpoints"
-    for step in (2, 4):
-        save_checkpoint(ckpts, step, model=model, optimizer=opt, scheduler_state=sched.state_dict(),
-                        trainer_state={"step": step}, rank_state={"rng": 1}, keep=5, tokenizer=load_tokenizer(tiny_gin[1]))
+    _, _, ckpts = _two_checkpoints(tiny_gin, tmp_path)
     _truncate(ckpts / "step_00000004" / "trainer.pt")
     with pytest.warns(UserWarning, match="step_00000004"):
         assert resolve_checkpoint(tmp_path / "run") == ckpts / "step_00000002"
