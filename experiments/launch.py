@@ -64,6 +64,8 @@ from typing import Any, Iterable, Sequence
 
 import submitit
 
+from components.quiet import quiet_gin
+
 EXPERIMENTS_DIR = Path(__file__).resolve().parent
 CONFIGS_DIR = EXPERIMENTS_DIR / "configs"
 SWEEPS_DIR = EXPERIMENTS_DIR / "sweeps"
@@ -575,11 +577,7 @@ def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None
             _SEARCH_PATHS_ADDED.add(d)
         if d not in sys.path:
             sys.path.append(d)
-    import logging
-
-    # gin logs "Path not found" at ERROR for every search path it tries before the right one
-    previous_disable = logging.root.manager.disable
-    logging.disable(logging.ERROR)
+    quiet_gin()
     try:
         for files in dict.fromkeys(r.config_files for r in runs):
             gin.clear_config()
@@ -598,7 +596,6 @@ def validate_runs(runs: Sequence[RunSpec], target: str = DEFAULT_TARGET) -> None
             _check_train_config(r)
     finally:
         gin.clear_config()
-        logging.disable(previous_disable)
 
 
 def _check_train_config(run: RunSpec) -> None:
@@ -1090,6 +1087,7 @@ def run_resources(runs: Sequence[RunSpec], opts: LaunchOptions | None = None) ->
     from experiments.train import engine_gpus
 
     _load_trainer_configurables(DEFAULT_TARGET)
+    quiet_gin()
     out = {}
     try:
         for r in runs:

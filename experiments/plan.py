@@ -564,16 +564,10 @@ def plan_config(
         raise PlanError(f"--prompt-tokens must be >= 1, got {prompt_tokens!r}")
     if gpu_memory_gb is not None and not float(gpu_memory_gb) > 0:
         raise PlanError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb!r}")
-    import logging
-
-    previous = logging.root.manager.disable
-    logging.disable(logging.ERROR)  # gin logs "Path not found" for every search path it tries
     try:
         files, _ = _parse_gin(config_files, bindings)
     except (FileNotFoundError, ValueError, KeyError, ImportError, SyntaxError) as err:
         raise PlanError(f"the gin config does not parse: {type(err).__name__}: {err}") from None
-    finally:
-        logging.disable(previous)
     config, source = _model_config()
     shape = ModelShape.from_config(config)
     try:
@@ -767,11 +761,8 @@ def sweep_memory(runs, gpu_memory_gb: Optional[float] = None, *, prompt_tokens: 
     be read before submission). Leaves gin's config cleared.
     """
     import gin
-    import logging
 
     out = {}
-    previous = logging.root.manager.disable
-    logging.disable(logging.ERROR)  # gin logs every search path it tries
     try:
         for run in runs:
             try:
@@ -782,7 +773,6 @@ def sweep_memory(runs, gpu_memory_gb: Optional[float] = None, *, prompt_tokens: 
             out[run.name] = (p.fits if p.checked or p.problems else None, p.summary())
     finally:
         gin.clear_config()
-        logging.disable(previous)
     return out
 
 

@@ -38,6 +38,7 @@ def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
     """Import paths + built-in components, then parse the gin files and bindings."""
     import gin
 
+    from components.quiet import quiet_gin
     from components.registry import load_builtin_components
 
     files = []
@@ -56,6 +57,7 @@ def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
     failures = load_builtin_components()
     for mod, err in failures.items():
         log.debug("built-in component module %s not loaded: %s", mod, err)
+    quiet_gin()
     gin.clear_config()
     for d in sys_path:  # `include 'base.gin'` resolves next to the including file
         if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs

@@ -47,3 +47,48 @@ def test_loading_the_tiny_model_prints_nothing_while_bars_and_errors_would_show(
     assert "Loading weights" in control
     assert out.returncode == 1
     assert "Traceback (most recent call last):" in control and "FileNotFoundError: model path" in control
+
+
+GIN_INCLUDE = """
+    import logging, sys
+    logging.basicConfig()
+    from experiments.train import _parse_gin
+    import gin
+    _parse_gin([{child!r}], [])
+    assert gin.query_parameter("train.seed") == 7  # the include was read
+    print({mark!r}, file=sys.stderr, flush=True)
+    logging.error("an unrelated error %s", "still prints")
+    import gin.resource_reader
+    gin.resource_reader.system_path_file_exists("no_such_package_dir/x.gin")  # gin's own probe, direct
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([{child!r}], [], finalize_config=False)  # gin alone
+"""
+
+
+def test_gin_search_path_probes_are_silent_and_other_errors_are_not(tmp_path):
+    """`include 'base.gin'` through the project's parser prints nothing; gin's own probe of a
+    missing package path is dropped wherever it happens once quiet_gin() ran, and an unrelated
+    root-logger error still prints. The control: without the project's filter (a fresh process
+    that parses with gin alone) the probe lines do appear."""
+    (tmp_path / "cfgs").mkdir()
+    (tmp_path / "cfgs" / "base.gin").write_text("train.seed = 7\n")
+    child = tmp_path / "cfgs" / "child.gin"
+    child.write_text("include 'base.gin'\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = textwrap.dedent(GIN_INCLUDE.format(child=str(child), mark=MARK))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    quiet, after = out.stderr.split(MARK + "\n", 1)
+    assert quiet == ""
+    assert "an unrelated error still prints" in after
+    assert "Path not found" not in after
+    control = textwrap.dedent(f"""
+        import logging, gin
+        logging.basicConfig()
+        gin.add_config_file_search_path({str(tmp_path)!r})
+        gin.add_config_file_search_path({str(tmp_path / 'cfgs')!r})
+        gin.parse_config_files_and_bindings([{str(child)!r}], [], finalize_config=False, skip_unknown=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", control], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Path not found: " in out.stderr

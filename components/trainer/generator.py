@@ -79,12 +79,14 @@ def apply_gin(setup: WorkerSetup) -> None:
     """Re-create the parent's gin state in this process (imports user modules named in the files)."""
     import gin
 
+    from components.quiet import quiet_gin
     from components.registry import load_builtin_components
 
     for p in reversed(setup.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
     load_builtin_components()
+    quiet_gin()
     gin.clear_config()
     for p in setup.sys_path:
         gin.add_config_file_search_path(p)
