@@ -1,4 +1,4 @@
-"""Weight sync seconds against model size on CPU (gloo): broadcast vs. the old torch.save-over-a-queue path.
+"""Weight sync seconds against model size: gloo broadcast, ipc shared buffers, and the old torch.save-over-a-queue path.
 
 The benchmark process is learner rank 0; it spawns G generator processes, each holding a
 TorchEngine of the same architecture. Models are built locally from LlamaConfig / Qwen2Config
@@ -10,12 +10,16 @@ the learner's `WeightSender.send` seconds. Medians over `--repeats`.
 - `broadcast`: this repo's path (components/trainer/weight_sync.py): announce a WeightUpdate,
   `push_weights` (iter_full_parameters -> WeightSender.send, bucketed gloo broadcast),
   generators `engine.receive_weights(receiver, update)` (copied into parameters in place).
+- `--backends ipc`: the same update through shared buffers (components/trainer/weight_sync.py
+  "ipc": CPU shared memory, or CUDA IPC with `--device cuda`, where every process shares the GPU).
 - `queue` (the path it replaces): torch.save of the state dict to bytes, one multiprocessing
   queue put per generator, torch.load + `engine.update_weights` in the generator. Run only up
   to `--queue-max-params` (it holds several full copies at once).
 
     python benchmarks/weight_sync.py                                   # defaults below
     python benchmarks/weight_sync.py --sizes 10M,50M --generators 1 --repeats 3
+    python benchmarks/weight_sync.py --backends gloo,ipc --sizes 50M,260M --precisions bf16 --generators 1
+    python benchmarks/weight_sync.py --device cuda --backends ipc --sizes 500M,1.5B --precisions bf16 --generators 1
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def generator_main(index: int, group, ctrl_q, done_q, device: str = "cpu") -> No
         from components.models import make_char_tokenizer
         from components.trainer.weight_sync import WeightReceiver
 
-        receiver = WeightReceiver(group, 1 + index)
+        receiver = WeightReceiver(group, 1 + index, device=device)
         receiver.connect()  # the learner connects at startup too: both sides join the group together
         tokenizer = make_char_tokenizer()
         engine = None
@@ -139,15 +143,15 @@ def run(args) -> list[dict]:
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     rows = []
-    for G in args.generators:
-        group = WeightGroup.local(G, timeout_s=TIMEOUT_S, bucket_mb=args.bucket_mb)
+    for backend, G in [(b, g) for b in args.backends for g in args.generators]:
+        group = WeightGroup.local(G, timeout_s=TIMEOUT_S, bucket_mb=args.bucket_mb, backend=backend)
         ctrl = [ctx.Queue() for _ in range(G)]
         done_q = ctx.Queue()
         procs = [ctx.Process(target=generator_main, args=(i, group, ctrl[i], done_q, args.device), daemon=True)
                  for i in range(G)]
         for p in procs:
             p.start()
-        sender = WeightSender(group)
+        sender = WeightSender(group, device=args.device if backend == "ipc" else None)
         sender.connect()
         try:
             for size in args.sizes:
@@ -159,18 +163,20 @@ def run(args) -> list[dict]:
                     _wait_all(done_q, G, "built")
                     plan = WeightUpdate.plan(0, generator_state_meta(model, precision), args.bucket_mb)
                     e2e, send = [], []
-                    for r in range(args.repeats):
+                    for r in range(args.warmup + args.repeats):
                         update = plan.with_version(r + 1)
                         t0 = time.time()
                         for q in ctrl:
                             q.put(("update", update))
                         stats = push_weights(model, precision, update, sender)
-                        e2e.append(max(_wait_all(done_q, G, "done")) - t0)
-                        send.append(stats.seconds)
-                    row = dict(size=size, params=n_params, precision=precision, generators=G, bytes=plan.total_bytes,
+                        seconds = max(_wait_all(done_q, G, "done")) - t0
+                        if r >= args.warmup:
+                            e2e.append(seconds)
+                            send.append(stats.seconds)
+                    row = dict(backend=backend, size=size, params=n_params, precision=precision, generators=G, bytes=plan.total_bytes,
                                buckets=len(plan.buckets), broadcast_s=statistics.median(e2e),
                                send_s=statistics.median(send), queue_s=None)
-                    if n_params <= args.queue_max_params:
+                    if n_params <= args.queue_max_params and backend == args.backends[0]:
                         dtype = get_precision(precision).param_dtype
                         old = []
                         for r in range(args.repeats):
@@ -201,12 +207,12 @@ def _fmt_row(r: dict) -> str:
     gbps = r["bytes"] / r["broadcast_s"] / 1e9
     queue = f"{r['queue_s']:.3f}" if r["queue_s"] is not None else "-"
     ratio = f"{r['queue_s'] / r['broadcast_s']:.2f}" if r["queue_s"] is not None else "-"
-    return (f"| {r['size']} | {r['params'] / 1e6:.1f} | {r['precision']} | {r['generators']} | {r['bytes'] / 2**20:.0f} | "
+    return (f"| {r['backend']} | {r['size']} | {r['params'] / 1e6:.1f} | {r['precision']} | {r['generators']} | {r['bytes'] / 2**20:.0f} | "
             f"{r['buckets']} | {r['broadcast_s']:.3f} | {r['send_s']:.3f} | {gbps:.2f} | {queue} | {ratio} |")
 
 
-HEADER = ("| model shape | params (M) | precision | generators | MiB sent | buckets | broadcast e2e s (median) | "
-          "learner send s | GB/s | queue e2e s (old path) | queue / broadcast |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = ("| backend | model shape | params (M) | precision | generators | MiB sent | buckets | sync e2e s (median) | "
+          "learner send s | GB/s | queue e2e s (old path) | queue / sync |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def main(argv=None) -> int:
@@ -215,8 +221,11 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated precision policies")
     ap.add_argument("--generators", default="1,2", help="comma-separated generator counts")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=0, help="untimed updates before the timed ones (ipc's first update "
+                                                          "moves the buffers into shared memory)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: learner and generators on the visible GPU(s); "
-                                                     "the group is gloo (staged through host memory)")
+                                                     "gloo is staged through host memory, ipc uses CUDA IPC")
+    ap.add_argument("--backends", default="gloo", help="comma-separated weight group backends: gloo, ipc")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="train.weight_sync_bucket_mb")
     ap.add_argument("--queue-max-params", type=float, default=2e8, help="run the old queue path up to this many parameters")
     args = ap.parse_args(argv)
@@ -226,10 +235,13 @@ def main(argv=None) -> int:
         ap.error(f"unknown size(s) {bad}; valid: {list(SIZES)}")
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.generators = [int(g) for g in args.generators.split(",") if g]
-    if args.repeats < 1 or any(g < 1 for g in args.generators):
-        ap.error("--repeats and every --generators value must be >= 1")
+    args.backends = [b for b in args.backends.split(",") if b]
+    if not args.backends or any(b not in ("gloo", "ipc") for b in args.backends):
+        ap.error(f"--backends must name gloo and/or ipc, got {args.backends}")
+    if args.repeats < 1 or args.warmup < 0 or any(g < 1 for g in args.generators):
+        ap.error("--repeats and every --generators value must be >= 1, --warmup >= 0")
     print(f"# weight sync, {_dt.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}, bucket {args.bucket_mb} MiB, median of {args.repeats}")
+          f"{os.getloadavg()[0]:.1f}, bucket {args.bucket_mb} MiB, median of {args.repeats} after {args.warmup} warm-up")
     print(HEADER, flush=True)
     run(args)
     print(f"# load average at the end: {os.getloadavg()[0]:.1f}")

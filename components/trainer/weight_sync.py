@@ -16,6 +16,17 @@ torch.distributed world inside a generator), so it is built statelessly:
   ``update_weights`` / ``finish_weight_update``); a torch-engine generator reads the same packed
   wire format. UNTESTED: no GPU was available when this was written. NCCL has no timeout:
   a dead peer is caught by the run's heartbeats, not here.
+- ``ipc`` (one node; on GPU the learner and its generators SHARE the GPU, where NCCL refuses two
+  ranks): no collective at all. Learner rank 0 packs each bucket into one of two buffers it
+  owns and publishes a handle to it in the TCPStore; each generator opens the handle, copies
+  the bucket into its model and acknowledges; a buffer is refilled only once every generator
+  has acknowledged it (so packing bucket b+1 overlaps the generators' copy of bucket b). GPU
+  buffers are shared by CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``, the
+  mechanism of vLLM's IPC engine; the receiver must be on the same physical GPU, checked by
+  UUID), CPU buffers through torch's shared-memory manager (its ``file_system`` strategy, so
+  no file is left behind by a killed process). Every wait has the group's timeout and names
+  the generator that did not acknowledge. The CUDA half is UNTESTED here (no GPU); the
+  protocol is the same and is tested on CPU.
 
 One update, step by step (the control message travels on the run's transport, not here)::
 
@@ -34,7 +45,7 @@ missing ranks.
 
 On CPU a vLLM generator also goes through vLLM's weight-transfer API: this module registers a
 gloo engine (``VLLM_GLOO_BACKEND``) in vLLM's ``WeightTransferEngineFactory`` that speaks the
-gloo protocol above and loads each bucket with the model's ``load_weights`` inside vLLM's
+gloo (or ipc) protocol above and loads each bucket with the model's ``load_weights`` inside vLLM's
 layerwise reload (``start_weight_update`` ... ``finish_weight_update``).
 """
 
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import pickle
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,7 +82,7 @@ __all__ = [
     "vllm_packed_chunks",
 ]
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "ipc")
 VLLM_GLOO_BACKEND = "scalerl_gloo"  # the name of this module's engine in vLLM's WeightTransferEngineFactory
 _STORE_PREFIX = "scalerl_weights"
 _NCCL_NUM_BUFFERS = 2  # vLLM's packed broadcast: both sides must agree
@@ -92,8 +104,8 @@ class WeightGroup:
         master_addr: host of learner rank 0, which hosts the TCPStore (reachable from every generator).
         master_port: the TCPStore's port.
         num_generators: G; the group has 1 + G ranks, generator i is rank 1 + i.
-        backend: "gloo" (CPU) or "nccl" (GPU, vLLM's PyNccl).
-        timeout_s: rendezvous and per-collective timeout (gloo).
+        backend: "gloo" (CPU), "nccl" (GPU, vLLM's PyNccl) or "ipc" (one node, shared memory / CUDA IPC).
+        timeout_s: rendezvous and per-collective timeout (gloo, ipc).
         bucket_mb: size of the broadcast buffers (nccl: both sides must agree, so it is fixed here).
     """
 
@@ -382,8 +394,8 @@ def _timeout(group: WeightGroup) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(group.timeout_s))
 
 
-def _join_gloo(group: WeightGroup, rank: int):
-    """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
+def _join_store(group: WeightGroup, rank: int):
+    """The group's TCPStore (rank 0 hosts it), with this rank marked as joined."""
     import torch.distributed as dist
 
     is_master = rank == 0
@@ -396,23 +408,100 @@ def _join_gloo(group: WeightGroup, rank: int):
             f"(learner rank 0 hosts it) within {group.timeout_s:g} s: {err}"
         ) from err
     store.set(f"{_STORE_PREFIX}/joined/{rank}", "1")
+    return store
+
+
+def _missing_ranks(store, keys: dict) -> list[int]:
+    """The ranks whose store key (keys: {rank: key}) is not set; stops at the first store error."""
+    missing = []
+    for r, key in keys.items():
+        try:
+            if not store.check([key]):
+                missing.append(r)
+        except Exception:  # noqa: BLE001
+            break
+    return missing
+
+
+def _generators(ranks: Sequence[int]) -> str:
+    return ", ".join(f"generator {r - 1} (rank {r})" for r in ranks) or "unknown"
+
+
+def _join_gloo(group: WeightGroup, rank: int):
+    """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
+    import torch.distributed as dist
+
+    is_master = rank == 0
+    store = _join_store(group, rank)
     try:
         pg = dist.ProcessGroupGloo(dist.PrefixStore(_STORE_PREFIX, store), rank, group.world_size, _timeout(group))
     except Exception as err:  # noqa: BLE001
         missing = []
         if is_master:
-            for r in range(group.world_size):
-                try:
-                    if not store.check([f"{_STORE_PREFIX}/joined/{r}"]):
-                        missing.append(r)
-                except Exception:  # noqa: BLE001
-                    break
-        names = ", ".join(f"generator {r - 1} (rank {r})" for r in missing) or "unknown"
+            missing = _missing_ranks(store, {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(group.world_size)})
+        names = _generators(missing)
         raise WeightSyncError(
             f"weight group rank {rank}: rendezvous of {group.world_size} ranks at {group.endpoint} failed within "
             f"{group.timeout_s:g} s (missing: {names}): {err}"
         ) from err
     return store, pg
+
+
+# ----------------------------------------------------------------------------- ipc: handles to shared buffers
+def _ipc_key(round_: int, bucket: int, what: str, rank: int) -> str:
+    """Store key of one round's bucket: the handle for (`what`="h") or the ack of (`what`="ack") generator rank."""
+    return f"{_STORE_PREFIX}/ipc/{round_}/{bucket}/{what}/{rank}"
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _share(flat: torch.Tensor) -> bytes:
+    """A handle (bytes) that another process on this node opens with `_open`; one handle per opener.
+
+    CUDA: reduce_tensor's CUDA IPC arguments plus the GPU's UUID. CPU: the tensor pickled by
+    torch's ForkingPickler under the ``file_system`` sharing strategy (the storage moves into
+    torch's shared-memory manager on first use; each handle holds one reference, which `_open`
+    releases, so every opener needs its own handle).
+    """
+    if flat.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return pickle.dumps(("cuda", _gpu_uuid(flat.device), tuple(reduce_tensor(flat)[1])))
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp
+
+    previous = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")  # the fd strategy hands fds to children only
+    try:
+        buf = io.BytesIO()
+        ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
+    finally:
+        tmp.set_sharing_strategy(previous)
+    return pickle.dumps(("cpu", None, buf.getvalue()))
+
+
+def _open(handle: bytes, device: torch.device) -> torch.Tensor:
+    """The sender's buffer (no copy) from a `_share` handle; raises WeightSyncError if it is on another GPU."""
+    kind, uuid, payload = pickle.loads(handle)
+    if kind == "cpu":
+        return pickle.loads(payload)
+    if device.type != "cuda":
+        raise WeightSyncError("weight group ipc: the learner shares a CUDA buffer but this generator is on the CPU")
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _gpu_uuid(torch.device("cuda", index)) != uuid:
+        raise WeightSyncError(
+            f"weight group ipc: the learner's buffer is on GPU {uuid} and this generator on "
+            f"{_gpu_uuid(torch.device('cuda', index))}; ipc needs them on the same GPU (use nccl across GPUs)"
+        )
+    args = list(payload)
+    args[6] = index  # reduce_tensor's device index is the sender's numbering; the GPU is the same (UUID)
+    return rebuild_cuda_tensor(*args)
 
 
 class WeightSender:
@@ -428,18 +517,22 @@ class WeightSender:
         self._store = None
         self._pg = None
         self._nccl = None  # (vLLM trainer engine, round source)
-        self._buffers: list[Optional[torch.Tensor]] = [None, None]  # two reusable uint8 CPU buffers (gloo)
+        self._buffers: list[Optional[torch.Tensor]] = [None, None]  # two reusable uint8 buffers (gloo: CPU; ipc: shared)
         self._broken: Optional[str] = None
+        self._ipc_ready = False
+        self._round = 0  # ipc: updates sent so far (the generators count the same)
 
     @property
     def connected(self) -> bool:
-        return self._pg is not None or self._nccl is not None
+        return self._pg is not None or self._nccl is not None or self._ipc_ready
 
     def connect(self) -> None:
         if self.connected:
             return
         if self.group.backend == "gloo":
             self._store, self._pg = _join_gloo(self.group, 0)
+        elif self.group.backend == "ipc":
+            self._store = self._join_ipc()
         else:
             self._nccl = _nccl_trainer_engine(self.group)
 
@@ -453,6 +546,8 @@ class WeightSender:
         try:
             if self.group.backend == "gloo":
                 self._send_gloo(update, _checked(update, named_tensors, clock))
+            elif self.group.backend == "ipc":
+                self._send_ipc(update, _checked(update, named_tensors, clock))
             else:
                 self._send_nccl(update, named_tensors, clock)
         except BaseException as err:
@@ -466,12 +561,70 @@ class WeightSender:
             source_seconds=clock[0],
         )
 
-    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+    def _buffer(self, slot: int, nbytes: int, device: Optional[torch.device] = None) -> torch.Tensor:
         buf = self._buffers[slot]
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(nbytes, dtype=torch.uint8)
+        if buf is None or buf.numel() < nbytes or (device is not None and buf.device != device):
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._buffers[slot] = buf
         return buf
+
+    def _join_ipc(self):
+        """Host the store and wait until every generator has joined (a missing one is named)."""
+        store = _join_store(self.group, 0)
+        keys = {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(1, self.group.world_size)}
+        try:
+            store.wait(list(keys.values()), _timeout(self.group))
+        except Exception as err:  # noqa: BLE001
+            raise WeightSyncError(
+                f"weight group at {self.group.endpoint}: {_generators(_missing_ranks(store, keys))} did not join "
+                f"within {self.group.timeout_s:g} s: {err}"
+            ) from err
+        self._ipc_ready = True
+        return store
+
+    def _send_ipc(self, update: WeightUpdate, pairs: Iterator[tuple[ParamSpec, torch.Tensor]]) -> None:
+        """Pack bucket b into buffer b % 2, publish one handle per generator, and refill a buffer only
+        once every generator has acknowledged the bucket in it."""
+        self._round += 1
+        rnd, n, gens = self._round, len(update.buckets), range(1, self.group.world_size)
+        unacked: list[int] = []
+        for b, (start, stop) in enumerate(update.buckets):
+            specs = update.params[start:stop]
+            dtype = specs[0].torch_dtype
+            numel = sum(s.numel for s in specs)
+            if len(unacked) == 2:  # both buffers in use: wait for the older bucket
+                self._wait_acks(update, rnd, unacked.pop(0), n)
+            flat = None
+            offset = 0
+            for _ in specs:
+                spec, tensor = next(pairs)
+                if flat is None:  # the bucket's buffer lives where the tensors are (CUDA IPC or CPU shared memory)
+                    device = self.device if self.device is not None else tensor.device
+                    flat = self._buffer(b % 2, numel * dtype.itemsize, device)[: numel * dtype.itemsize].view(dtype)  # [numel]
+                flat[offset : offset + spec.numel].copy_(tensor.reshape(-1))
+                offset += spec.numel
+            if flat.is_cuda:
+                torch.cuda.current_stream(flat.device).synchronize()  # the bytes are there before anyone opens them
+            for r in gens:
+                self._store.set(_ipc_key(rnd, b, "h", r), _share(flat))
+            unacked.append(b)
+        for b in unacked:
+            self._wait_acks(update, rnd, b, n)
+        for _ in pairs:  # checks that nothing is left over
+            pass
+
+    def _wait_acks(self, update: WeightUpdate, rnd: int, b: int, n: int) -> None:
+        keys = {r: _ipc_key(rnd, b, "ack", r) for r in range(1, self.group.world_size)}
+        try:
+            self._store.wait(list(keys.values()), _timeout(self.group))
+        except Exception as err:  # noqa: BLE001
+            raise WeightSyncError(
+                f"weight update v{update.version}: {_generators(_missing_ranks(self._store, keys))} did not take bucket "
+                f"{b + 1}/{n} from learner rank 0's shared buffer within {self.group.timeout_s:g} s (it died or hung): {err}"
+            ) from err
+        for r in keys:
+            self._store.delete_key(_ipc_key(rnd, b, "h", r))
+            self._store.delete_key(keys[r])
 
     def _send_gloo(self, update: WeightUpdate, pairs: Iterator[tuple[ParamSpec, torch.Tensor]]) -> None:
         pending = None  # (work, bucket index) of the broadcast on the wire
@@ -522,7 +675,11 @@ class WeightSender:
         if self._nccl is not None:
             self._nccl[0].shutdown()
         self._pg = self._store = self._nccl = None
+        self._ipc_ready = False
+        cuda = any(b is not None and b.is_cuda for b in self._buffers)
         self._buffers = [None, None]
+        if cuda:
+            torch.cuda.ipc_collect()  # frees the shared blocks the generators have released
 
 
 class WeightReceiver:
@@ -542,16 +699,19 @@ class WeightReceiver:
         self._pg = None
         self._comm = None  # vLLM PyNcclCommunicator (nccl)
         self._broken: Optional[str] = None
+        self._round = 0  # ipc: updates received so far (the sender counts the same)
 
     @property
     def connected(self) -> bool:
-        return self._pg is not None or self._comm is not None
+        return self._pg is not None or self._comm is not None or (self.group.backend == "ipc" and self._store is not None)
 
     def connect(self) -> None:
         if self.connected:
             return
         if self.group.backend == "gloo":
             self._store, self._pg = _join_gloo(self.group, self.rank)
+        elif self.group.backend == "ipc":
+            self._store = _join_store(self.group, self.rank)
         else:
             from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
 
@@ -570,6 +730,8 @@ class WeightReceiver:
         self.connect()
         if self.group.backend == "gloo":
             yield from self._receive_gloo(update)
+        elif self.group.backend == "ipc":
+            yield from self._receive_ipc(update)
         else:
             yield from self._receive_nccl(update)
 
@@ -603,6 +765,38 @@ class WeightReceiver:
                 offset += spec.numel
             yield out
 
+    def _receive_ipc(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Each bucket as views of learner rank 0's shared buffer; acknowledged once the consumer asks
+        for the next one (so copy out of the views before that: the buffer is refilled after the ack)."""
+        self._round += 1
+        n = len(update.buckets)
+        for b, (start, stop) in enumerate(update.buckets):
+            specs = update.params[start:stop]
+            try:
+                flat = _open(self._store.get(_ipc_key(self._round, b, "h", self.rank)), self.device)  # [numel]
+            except WeightSyncError:
+                raise
+            except Exception as err:  # noqa: BLE001
+                self._broken = f"{type(err).__name__}: {err}"
+                raise WeightSyncError(
+                    f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
+                    f"{self.group.endpoint}) while waiting for bucket {b + 1}/{n} ({specs[0].name} ...): it died, or shared "
+                    f"nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
+                ) from err
+            if flat.dtype != specs[0].torch_dtype or flat.numel() != sum(s.numel for s in specs):
+                self._broken = "bucket layout mismatch"
+                raise WeightSyncError(f"weight update v{update.version}: bucket {b + 1}/{n} arrived as {flat.numel()} "
+                                      f"{flat.dtype}, the announcement says {sum(s.numel for s in specs)} {specs[0].torch_dtype}")
+            out, offset = [], 0
+            for spec in specs:
+                out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
+                offset += spec.numel
+            yield out
+            if flat.is_cuda:
+                torch.cuda.synchronize(flat.device)  # the consumer's (non-blocking) copies are done
+            del out, flat
+            self._store.set(_ipc_key(self._round, b, "ack", self.rank), "1")
+
     def _receive_nccl(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """vLLM's packed wire format (vllm.distributed.weight_transfer.packed_tensor): uint8 chunks."""
         from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
@@ -617,8 +811,8 @@ class WeightReceiver:
                                 [s.torch_dtype for s in chunk], sizes)
 
     def vllm_init_info(self) -> dict:
-        """`LLM.init_weight_transfer_engine` init_info for this receiver (gloo: our engine; nccl: vLLM's)."""
-        if self.group.backend == "gloo":
+        """`LLM.init_weight_transfer_engine` init_info for this receiver (gloo, ipc: our engine; nccl: vLLM's)."""
+        if self.group.backend != "nccl":
             return {"group": asdict(self.group), "rank": self.rank}
         return {
             "master_address": self.group.master_addr,
@@ -632,7 +826,7 @@ class WeightReceiver:
 
     def vllm_update_info(self, update: WeightUpdate) -> dict:
         """`LLM.update_weights` update_info for `update` on this receiver's backend."""
-        return update.to_dict() if self.group.backend == "gloo" else update.vllm_nccl_update_info()
+        return update.to_dict() if self.group.backend != "nccl" else update.vllm_nccl_update_info()
 
     def close(self) -> None:
         if self._comm is not None:
@@ -717,7 +911,7 @@ _VLLM_GLOO_CLASS = None
 def register_vllm_gloo_engine() -> type:
     """Register (once per process) the gloo engine in vLLM's WeightTransferEngineFactory; returns its class.
 
-    It speaks this module's gloo protocol: `init_transfer_engine` joins the weight group as the
+    It speaks this module's gloo and ipc protocols: `init_transfer_engine` joins the weight group as the
     receiver's rank, `update_weights` receives bucket by bucket into `model.load_weights`, inside
     vLLM's layerwise reload (`start_weight_update` / `finish_weight_update`, checkpoint format).
     """
@@ -762,7 +956,7 @@ def _make_vllm_gloo_engine_class() -> type:
             self.receiver: Optional[WeightReceiver] = None
 
         def init_transfer_engine(self, init_info) -> None:
-            self.receiver = WeightReceiver(WeightGroup(**init_info.group), init_info.rank)
+            self.receiver = WeightReceiver(WeightGroup(**init_info.group), init_info.rank, device=str(self.device))
             self.receiver.connect()
 
         def start_weight_update(self) -> None:
@@ -786,8 +980,12 @@ def _make_vllm_gloo_engine_class() -> type:
             if self.receiver is None:
                 raise RuntimeError("scalerl gloo weight transfer: init_weight_transfer_engine() was not called")
             update = WeightUpdate.from_dict(asdict(update_info))
+            shared = self.receiver.group.backend == "ipc"
             for bucket in self.receiver.receive_buckets(update):
-                if self.device.type != "cpu":
+                if shared:  # views of the learner's buffer, refilled after this bucket; vLLM's layerwise
+                    # reload keeps the tensors of a fused layer (qkv, gate_up) until all its parts came
+                    bucket = [(name, t.to(self.device, copy=True)) for name, t in bucket]
+                elif self.device.type != "cpu":
                     bucket = [(name, t.to(self.device)) for name, t in bucket]
                 self.model.load_weights(bucket)
 
