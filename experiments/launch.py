@@ -911,10 +911,11 @@ def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> 
             out.append(Planned(r, run_dir, "skip-done", "run.json says done"))
         elif slurm_state in SLURM_QUEUED | SLURM_RUNNING or alive:
             out.append(Planned(r, run_dir, "skip-active", f"job {job.get('job_id')} is {slurm_state or 'running'}"))
+        elif state == "interrupted" and why:  # the scheduler's word first: a scancel'd job may have
+            # been signalled like a preempted one (RunJob.checkpoint ran) before it was killed
+            out.append(Planned(r, run_dir, "resume", f"interrupted: {why}; resumes" + from_ck))
         elif status == "interrupted" or (status in ("failed", "running") and was_interrupted(run_dir)):
             out.append(Planned(r, run_dir, "resume", "interrupted (preempted or timed out) and not requeued; resumes" + from_ck))
-        elif state == "interrupted":
-            out.append(Planned(r, run_dir, "resume", f"interrupted: {why}; resumes" + from_ck))
         elif status == "failed" and not retry_failed:
             err = info.get("error", "")
             out.append(Planned(r, run_dir, "skip-failed", f"failed: {str(err)[:120]} (use --retry-failed)"))

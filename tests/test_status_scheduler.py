@@ -133,6 +133,18 @@ def test_a_job_that_ended_without_the_run_writing_is_interrupted_and_resumed(tmp
     assert p.action == "resume" and state in p.reason, p
 
 
+def test_a_cancelled_job_that_was_signalled_like_a_preempted_one_is_reported_as_cancelled(tmp_path, fake_slurm):
+    """scancel can reach the job's checkpoint handler before the kill (attempts.jsonl then ends with
+    `interrupted`, as after a preemption): the plan still gives the scheduler's reason (seen once in CI)."""
+    fake_slurm({"500_0": "CANCELLED by 0"}, aged={"500_0"})
+    d = _run_dir(tmp_path, "r", "running", "500_0")
+    (d / L.ATTEMPTS_FILE).write_text(json.dumps({"event": "start", "job_id": "500_0"}) + "\n"
+                                     + json.dumps({"event": "interrupted", "job_id": "500_0"}) + "\n")
+    assert L.was_interrupted(d)
+    (p,) = L.plan(_specs(["r"]), tmp_path)
+    assert p.action == "resume" and "Slurm job 500_0 ended CANCELLED" in p.reason, p
+
+
 def test_mixed_sweep_live_jobs_stay_live_recorded_ends_stand_ended_jobs_are_interrupted(tmp_path, fake_slurm, capsys):
     """What `scalerl status` prints for a sweep after `scancel` of part of its array (squeue still
     lists the cancelled jobs: they ended less than MinJobAge ago)."""

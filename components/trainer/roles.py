@@ -293,7 +293,8 @@ def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_no
         return list(range(start, start + mine))
     if mine > gpus_on_node:
         raise RuntimeError(f"{layout.role(rank).name} needs {mine} GPUs (tensor parallelism) but its node has {gpus_on_node}")
-    log.warning("the %d processes on this node need %d GPUs but %d are visible: they share GPUs",
+    log.warning("the %d processes on this node need %d GPUs but %d are visible: they share GPUs (NCCL refuses two "
+                "ranks on one GPU: for the weight sync set train.weight_sync_backend = \"ipc\" (CUDA IPC) or \"gloo\")",
                 len(ranks), sum(need), gpus_on_node)
     first = start % gpus_on_node
     if first + mine > gpus_on_node:
