@@ -325,7 +325,12 @@ def vllm_check(model_dir: str, out_dir: str) -> dict:
         after = eng.llm.collective_rpc(_read_vllm_params)[0]
         status, role, payload = result_q.get(timeout=QUEUE_TIMEOUT_S)
         assert status == "ok", payload
-        learner.join(timeout=60)
+        # waitpid, not join(): under ipc the learner started torch's shm manager, which inherited
+        # the process's sentinel pipe and outlives it while this process maps its memory, so join()
+        # would wait out its timeout although the learner has exited
+        deadline = time.monotonic() + 60
+        while learner.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         master = torch.load(Path(out_dir) / f"learner_{precision}_v1.pt")
         sent = {n: t.to(getattr(torch, _wire(n, precision))) for n, t in master.items()}
         cmp_after = _compare_vllm(after, sent)
