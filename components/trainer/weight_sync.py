@@ -753,17 +753,17 @@ class WeightReceiver:
             try:
                 self._pg.broadcast(flat, 0).wait()
             except Exception as err:  # noqa: BLE001
-                self._broken = f"{type(err).__name__}: {err}"
-                raise WeightSyncError(
-                    f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
-                    f"{self.group.endpoint}) while receiving bucket {b + 1}/{n} ({specs[0].name} ...): it died, or sent "
-                    f"nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
-                ) from err
-            out, offset = [], 0
-            for spec in specs:
-                out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
-                offset += spec.numel
-            yield out
+                raise self._lost_sender(update, b, specs, "receiving", "sent", err) from err
+            yield _views(flat, specs)
+
+    def _lost_sender(self, update: WeightUpdate, b: int, specs, doing: str, did: str, err: BaseException) -> WeightSyncError:
+        """Mark this receiver broken; the error naming learner rank 0 and the bucket it was `doing`."""
+        self._broken = f"{type(err).__name__}: {err}"
+        return WeightSyncError(
+            f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
+            f"{self.group.endpoint}) while {doing} bucket {b + 1}/{len(update.buckets)} ({specs[0].name} ...): it died, or "
+            f"{did} nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
+        )
 
     def _receive_ipc(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Each bucket as views of learner rank 0's shared buffer; acknowledged once the consumer asks
@@ -777,20 +777,12 @@ class WeightReceiver:
             except WeightSyncError:
                 raise
             except Exception as err:  # noqa: BLE001
-                self._broken = f"{type(err).__name__}: {err}"
-                raise WeightSyncError(
-                    f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
-                    f"{self.group.endpoint}) while waiting for bucket {b + 1}/{n} ({specs[0].name} ...): it died, or shared "
-                    f"nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
-                ) from err
+                raise self._lost_sender(update, b, specs, "waiting for", "shared", err) from err
             if flat.dtype != specs[0].torch_dtype or flat.numel() != sum(s.numel for s in specs):
                 self._broken = "bucket layout mismatch"
                 raise WeightSyncError(f"weight update v{update.version}: bucket {b + 1}/{n} arrived as {flat.numel()} "
                                       f"{flat.dtype}, the announcement says {sum(s.numel for s in specs)} {specs[0].torch_dtype}")
-            out, offset = [], 0
-            for spec in specs:
-                out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
-                offset += spec.numel
+            out = _views(flat, specs)
             yield out
             if flat.is_cuda:
                 torch.cuda.synchronize(flat.device)  # the consumer's (non-blocking) copies are done
@@ -832,6 +824,15 @@ class WeightReceiver:
         if self._comm is not None:
             self._comm.destroy()
         self._pg = self._store = self._comm = None
+
+
+def _views(flat: torch.Tensor, specs: Sequence[ParamSpec]) -> list[tuple[str, torch.Tensor]]:
+    """(name, view) per spec of one bucket's flat buffer [numel], in order."""
+    out, offset = [], 0
+    for spec in specs:
+        out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
+        offset += spec.numel
+    return out
 
 
 def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[tuple[int, int]]:
