@@ -746,7 +746,6 @@ class WeightReceiver:
             pass
 
     def _receive_gloo(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        n = len(update.buckets)
         for b, (start, stop) in enumerate(update.buckets):
             specs = update.params[start:stop]
             flat = torch.empty(sum(s.numel for s in specs), dtype=specs[0].torch_dtype)  # [numel]
