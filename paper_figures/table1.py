@@ -38,8 +38,9 @@ def table(data: RunData, opts: Options) -> pd.DataFrame:
             res = row["fit"]
             factor = g["factor"].iloc[0]
             rows.append({
-                "experiment": f"ScaleRL-{factor}={label}" if isinstance(factor, str) else f"ScaleRL-{label}",
+                "experiment": f"ScaleRL-{label}",  # the paper's naming: ScaleRL-32k, ScaleRL-bs512
                 "sweep": sweep,
+                "factor": factor if isinstance(factor, str) else None,
                 "C_mid": None if res is None else res.C_mid,
                 "B": None if res is None else res.B,
                 "A": None if res is None else res.A,

@@ -79,7 +79,8 @@ def test_table1_has_the_math_and_code_rows(root, tmp_path):
 
     df = table1.table(RunData(root), OPTS)
     assert df["experiment"].str.startswith("ScaleRL-mixture").sum() == 2
-    assert df["experiment"].str.startswith("ScaleRL-train.prompts_per_step").sum() == 2
+    assert (df["factor"] == "train.prompts_per_step").sum() == 2
+    assert not df["experiment"].str.contains("train.prompts_per_step").any()  # rows named as the paper names them
     only_mixture = tmp_path / "only"
     write_mixture_run(only_mixture, "math_code", scale=1e-4, **RUN)
     assert list(table1.table(RunData(only_mixture), OPTS)["experiment"]) == ["ScaleRL-mixture (math)",
