@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -281,6 +282,11 @@ def test_peak_verdict():
     assert _judge_peak(cfg([0.50, 0.52, 0.51]), m)[0] == "inconclusive"
     assert _judge_peak(cfg([0.50, 0.53, 0.58]), m)[0] == "disagree"
     assert _judge_peak(cfg([0.50, 0.53, math.nan]), m)[0] == "not run"
+
+
+def test_every_sweep_spec_has_the_papers_finding():
+    specs = {p.stem for p in (Path(__file__).resolve().parents[1] / "experiments" / "sweeps").glob("*.gin")}
+    assert specs and set(FINDINGS) == specs, sorted(specs ^ set(FINDINGS))
 
 
 def test_every_finding_names_configs_its_sweep_runs():
