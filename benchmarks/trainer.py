@@ -5,8 +5,8 @@ One run measures, on the SAME tiny model (the main job's warm-started policy), t
 
 - `ours ppo_off_policy(1)`  this trainer, synchronous on-policy (generate, then train, then sync)
 - `ours pipeline_rl(8)`     this trainer, the ScaleRL scheme (streaming generator, in-flight weights)
-- `TRL GRPOTrainer`         trl's GRPOTrainer, use_vllm=False, loss_type="cispo", beta=0 (the
-                            setup of ENVIRONMENT.md), same lr / temperature / batch
+- `TRL GRPOTrainer`         trl's GRPOTrainer, use_vllm=False, loss_type="cispo", beta=0, on
+                            CPU (use_cpu=True), same lr / temperature / batch
 
 Each variant runs in its own process; the driver samples the resident memory (RSS) of that
 process and all its children every 50 ms and reports the peak of the sum. Seconds per step

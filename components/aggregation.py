@@ -14,7 +14,7 @@ and the groups. That is what makes micro-batching exact: compute the weights onc
 WHOLE step batch (`token_weights`), then each micro-batch's loss is
 `weighted_sum(per_token_loss_mb, weights_mb)`, and the sum of micro-batch gradients equals
 the whole-batch gradient. (Normalising by micro-batch counts instead is the bug verl,
-prime-rl and open-instruct each shipped: ANCHORS.md §3.)
+prime-rl and open-instruct each shipped: verl #5625, prime-rl #583, open-instruct #1161.)
 """
 
 from __future__ import annotations

