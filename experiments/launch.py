@@ -19,8 +19,9 @@ factor that moves several bindings together)::
 
 and `sweep.factor = "recipe"` with `sweep.values = ["scalerl.gin", "minimax.gin", ...]`
 swaps the recipe itself. Optional keys: `overrides` / `tiny_overrides` (bindings added to
-every run; a run's bindings are, in order, overrides, the factor's, tiny_overrides, the
-seed), `tiny_variants`, `description`. `base` and `tiny_base` may list several files
+every run; a run's bindings are, in order, overrides, the factor's, at tiny scale the
+tiny compute budget (`TINY_SCALE_BINDINGS`) and tiny_overrides, the seed), `tiny_variants`,
+`description`. `base` and `tiny_base` may list several files
 (e.g. a recipe and an overlay from experiments/sweeps/overlays/).
 
 The spec is NOT parsed into gin's global config (a run's own gin config is): it is read
@@ -422,6 +423,17 @@ def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+# Every run at `--scale tiny` gets the same training compute budget, as every forward
+# ablation of the paper gets 3.5-4k GPU-hours (PAPER.md, "Compute unit"): 0.075 compute-hours
+# is 135 s of training clock for the tiny run's 2 processes. tiny_cpu.gin's 500 steps take
+# about 100 s of it, so the budget stops only the runs whose steps cost more (larger batches,
+# PPO-off-policy, PipelineRL with k = 1, math + code), at the compute of the others, and keeps
+# every tiny run (start-up and evaluation included) within 3 minutes on 2 cores. It comes
+# before the spec's tiny_overrides, so a spec may change it.
+TINY_COMPUTE_BUDGET_HOURS = 0.075
+TINY_SCALE_BINDINGS = (f"train.compute_budget_hours = {TINY_COMPUTE_BUDGET_HOURS}",)
+
+
 def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
     """The runs of a sweep at `scale` ("paper" or "tiny"), in spec order, seeds innermost."""
     if scale not in ("paper", "tiny"):
@@ -430,7 +442,7 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
     tiny = scale == "tiny"
     # binding order (later wins): overrides, the factor's bindings, tiny_overrides (they map
     # sizes onto the CPU, also a recipe's), the seed
-    tiny_overrides = tuple(spec.tiny_overrides) if tiny else ()
+    tiny_overrides = (TINY_SCALE_BINDINGS + tuple(spec.tiny_overrides)) if tiny else ()
     # (value name, value recorded in run.json, config files, factor bindings)
     cells: list[tuple[str, Any, tuple, tuple]] = []
     base = tuple(resolve_config(f, spec_dir) for f in (spec.tiny_base if tiny else spec.base))

@@ -50,6 +50,7 @@ COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
 REPORT_FILE = "REPORT.md"
 REASONS_FILE = "reasons.yaml"
 CONTENDED_DIR = ".contended"
+OVER_BUDGET_DIR = ".over_budget"
 FIGURES_DIR = "figures"
 TABLES_DIR = "report"
 
@@ -131,9 +132,45 @@ def run_contention(run_dir: Path) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def _set_aside(run_dir: Path, work_root: Path, sweep: str, run: str) -> Path:
-    """Move a contended run to WORK/<sweep>/.contended/<run>-<k>/ (kept as evidence, not analysed)."""
-    dest_dir = work_root / sweep / CONTENDED_DIR
+_BUDGET_KEY = "train.compute_budget_hours"
+
+
+def _budget_of(bindings: Sequence[str]) -> float | None:
+    """The compute budget a list of gin bindings sets (the last binding wins), or None."""
+    budget = None
+    for b in bindings:
+        key, _, value = b.partition("=")
+        if key.strip() == _BUDGET_KEY:
+            try:
+                budget = float(value.strip())
+            except ValueError:
+                budget = None  # `None` or an expression: no number to compare against
+    return budget
+
+
+def over_budget(run_dir: Path, budget: float | None) -> str | None:
+    """Why a done run must be trained again under the compute budget `budget`, or None.
+
+    A run that ran with the same budget is kept (it stops at the first step past it). A run
+    that ran without it (or with a larger one) is kept only if its training compute stayed
+    within `budget`: then the budget would not have stopped it, and its logs are what a
+    re-run would give. Otherwise its curve runs past the compute every other run gets."""
+    if budget is None:
+        return None
+    cfg = Path(run_dir) / "config.gin"
+    lines = cfg.read_text().splitlines() if cfg.is_file() else []
+    if _budget_of([ln for ln in lines if ln.strip().startswith(_BUDGET_KEY)]) == budget:
+        return None
+    used = _last_metrics(run_dir).get("compute_hours")
+    if not isinstance(used, (int, float)) or not math.isfinite(used) or used <= budget:
+        return None
+    return f"trained {used:.4f} compute-hours without the budget of {budget:g}: re-run under it"
+
+
+def _set_aside(run_dir: Path, work_root: Path, sweep: str, run: str, folder: str = CONTENDED_DIR) -> Path:
+    """Move a run to WORK/<sweep>/<folder>/<run>-<k>/ (kept as evidence, not analysed): a
+    contended run (.contended) or one trained past the compute budget (.over_budget)."""
+    dest_dir = work_root / sweep / folder
     dest_dir.mkdir(parents=True, exist_ok=True)
     k = len(list(dest_dir.glob(f"{run}-*"))) + 1
     dest = dest_dir / f"{run}-{k}"
@@ -163,6 +200,17 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
             here, collected = work / r.sweep / r.name, out / r.sweep / r.name
             where = here if _status(here) == "done" else collected if _status(collected) == "done" else None
             if where is None:
+                continue
+            why = over_budget(where, _budget_of(r.bindings))
+            if why is not None:
+                set_aside.append(f"{r.name} (over budget)")
+                if act:
+                    if where == collected and here.exists():
+                        _set_aside(here, work, r.sweep, r.name, OVER_BUDGET_DIR)
+                    _set_aside(where, work, r.sweep, r.name, OVER_BUDGET_DIR)
+                    if collected.exists():
+                        shutil.rmtree(collected)
+                forced[r.name] = why
                 continue
             cont = run_contention(where)
             if cont is None or cont <= CONTENTION_LIMIT or args.allow_contention:
@@ -198,7 +246,7 @@ def _print_plans(plans: Sequence[SweepPlan], args: argparse.Namespace, console) 
     for sp in plans:
         launch.print_plan(sp.spec, sp.planned, Path(args.runs), args.scale, console)
     t = Table(title=f"scalerl reproduce --scale {args.scale}: {len(plans)} sweeps, seeds 0..{args.seeds - 1}")
-    for col in ("sweep", "configs", "seeds", "runs", "to run", "skipped", "contended (re-run)"):
+    for col in ("sweep", "configs", "seeds", "runs", "to run", "skipped", "set aside and re-run"):
         t.add_column(col)
     total = todo = 0
     for sp in plans:
@@ -407,6 +455,71 @@ def _md_escape(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+RUN_TIME_LIMIT_S = 180.0  # issue 12: each tiny run finishes within 3 minutes on 2 cores
+_RESUMED_GAP_S = 60.0  # start-to-finish beyond the run's own time by more than this: it waited (a resume)
+
+
+def run_times(out: Path) -> list[dict]:
+    """Per collected run: how long it ran and whether the compute budget stopped it.
+
+    own_s = training clock + evaluation time + start-up (the last metrics line; they add up over
+    resumes, the time between an interruption and its resume is not in them); span_s = run.json's
+    start to finish, which adds process launch and the final export (7-11 s in the tiny study)
+    and, for a run interrupted and resumed, the time in between (`resumed`: span beyond own by
+    more than a minute). `budget`: train.compute_budget_hours in its config.gin (None: ran
+    without one); `stopped_on_budget`: it ended before train.total_steps."""
+    from experiments.launch import read_json
+
+    rows = []
+    for info_path in sorted(Path(out).glob("*/*/run.json")):
+        run_dir = info_path.parent
+        info, last = read_json(info_path) or {}, _last_metrics(run_dir)
+        if info.get("status") != "done" or not last:
+            continue
+        own = sum(float(last.get(k) or 0.0) for k in ("wall_s", "eval_wall_s", "startup_s"))
+        try:
+            span = (_dt.datetime.fromisoformat(info["finished"]) - _dt.datetime.fromisoformat(info["started"])).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            span = float("nan")
+        cfg = (run_dir / "config.gin").read_text().splitlines() if (run_dir / "config.gin").is_file() else []
+        budget = _budget_of([ln for ln in cfg if ln.strip().startswith(_BUDGET_KEY)])
+        total = [ln.partition("=")[2].strip() for ln in cfg if ln.strip().startswith("train.total_steps")]
+        stopped = budget is not None and bool(total) and total[-1].isdigit() and int(last.get("step", 0)) < int(total[-1])
+        rows.append({"run": f"{run_dir.parent.name}/{run_dir.name}", "own_s": own, "span_s": span,
+                     "resumed": math.isfinite(span) and span - own > _RESUMED_GAP_S, "budget": budget,
+                     "stopped_on_budget": stopped, "steps": int(last.get("step", 0)),
+                     "compute_hours": last.get("compute_hours")})
+    return rows
+
+
+def _run_time_text(rows: list[dict]) -> str:
+    import statistics
+
+    if not rows:
+        return "no finished runs"
+    own = [r["own_s"] for r in rows]
+    straight = [r["span_s"] for r in rows if not r["resumed"] and math.isfinite(r["span_s"])]
+    over = [r for r in rows if (r["span_s"] if not r["resumed"] else r["own_s"]) > RUN_TIME_LIMIT_S]
+    budgets = {r["budget"] for r in rows if r["budget"] is not None}
+    stopped = [r for r in rows if r["stopped_on_budget"]]
+    without = [r for r in rows if r["budget"] is None]
+    txt = (f"{len(stopped)} run(s) stopped on the budget before their last step"
+           + (f" ({', '.join(sorted({r['run'].split('/')[0] for r in stopped}))})" if stopped else "")
+           + f"; {len(rows) - len(without)} ran under a budget ({', '.join(f'{b:g}' for b in sorted(budgets)) or '-'} "
+           f"compute-hours) and {len(without)} ran before it existed and stayed within it. Time a run took: its own "
+           f"time (training + evaluation + start-up) median {statistics.median(own):.0f} s, max {max(own):.0f} s")
+    if straight:
+        txt += (f"; start to finish for the {len(straight)} runs never interrupted, median "
+                f"{statistics.median(straight):.0f} s, max {max(straight):.0f} s")
+    resumed = [r["run"] for r in rows if r["resumed"]]
+    if resumed:
+        txt += (f" ({len(resumed)} resumed after an interruption: their start to finish includes the wait, their own "
+                "time is counted)")
+    txt += (f". Over {RUN_TIME_LIMIT_S:.0f} s: " + (", ".join(f"{r['run']} ({r['span_s'] if not r['resumed'] else r['own_s']:.0f} s)"
+                                                     for r in over) if over else "none") + ".")
+    return txt
+
+
 def report_tables(out: Path) -> tuple[dict, Any]:
     """(summaries by sweep, prediction table) of the collected results: the numbers of the report,
     computed as `scalerl fit OUT` / `scalerl fit OUT --fraction 0.5` compute them."""
@@ -506,6 +619,11 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "from /proc/stat) had "
       "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
       "left are listed below, marked in the tables and drawn faded in the figures.")
+    w("- **Compute budget and run time**: at tiny scale every run gets the same training compute budget, "
+      "`train.compute_budget_hours` (experiments/launch.py `TINY_SCALE_BINDINGS`), as every forward ablation of the "
+      "paper gets 3.5-4k GPU-h: runs whose steps cost more (larger batches, PPO-off-policy, PipelineRL-1, math + code) "
+      "stop at the compute of the others instead of running 500 steps. A run trained without it past it is re-run "
+      "under it. " + _run_time_text(run_times(out)))
     thin = collected.thin if collected is not None else _thinned_every(out)
     if thin > 1:
         w(f"- **Collected logs**: metrics.jsonl keeps every {thin}-th step line (plus the line where "

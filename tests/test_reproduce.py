@@ -234,7 +234,7 @@ def test_report_counts_runs_that_are_missing_as_not_run(tmp_path):
 
 def test_contended_collected_run_is_planned_again_and_set_aside(tmp_path):
     res = tmp_path / "results"
-    kw = dict(B=1.8, C_mid=0.26, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision")
+    kw = dict(B=1.8, C_mid=0.01, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision")
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)
     write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", contention=0.01, **kw)
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1)
@@ -253,6 +253,37 @@ def test_contended_collected_run_is_planned_again_and_set_aside(tmp_path):
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)  # contended again
     (sp,) = R.plan_study(capped, act=False)
     assert sp.kept_contended and {p.run.name: p.action for p in sp.planned}["bf16-s0"] == "skip-done"
+
+
+def test_done_run_trained_past_the_tiny_budget_without_it_is_set_aside_and_run_again(tmp_path):
+    """A run collected before the tiny scale's compute budget existed is re-run only when its
+    training compute went past the budget; one that stayed within it, or ran under it, is kept."""
+    res = tmp_path / "results"
+    budget = launch.TINY_COMPUTE_BUDGET_HOURS
+    kw = dict(B=1.8, C_mid=0.02, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision")
+    write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", final_compute=2 * budget, **kw)
+    write_run(res, "fp32_head", "bf16-s1", A=0.52, value="bf16", seed=1, final_compute=0.9 * budget, **kw)
+    write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", final_compute=1.01 * budget, **kw)
+    cfg = res / "fp32_head" / "bf16_fp32_head-s0" / "config.gin"  # this one ran under the budget: one step past it
+    cfg.write_text(cfg.read_text() + f"train.compute_budget_hours = {budget}\n")
+    write_run(res, "fp32_head", "bf16_fp32_head-s1", A=0.61, value="bf16_fp32_head", seed=1,
+              final_compute=1.5 * budget, **kw)
+    cfg = res / "fp32_head" / "bf16_fp32_head-s1" / "config.gin"  # ... and this one with a larger budget
+    cfg.write_text(cfg.read_text() + "train.compute_budget_hours = None\ntrain.compute_budget_hours = 0.5\n")
+    ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=2)
+    dry = {p.run.name: p for p in R.plan_study(ns, act=False)[0].planned}
+    assert {n: p.action for n, p in dry.items()} == {
+        "bf16-s0": "rerun", "bf16-s1": "skip-done", "bf16_fp32_head-s0": "skip-done", "bf16_fp32_head-s1": "rerun"}
+    assert f"without the budget of {budget:g}" in dry["bf16-s0"].reason and "0.1500" in dry["bf16-s0"].reason
+    assert (res / "fp32_head" / "bf16-s0" / "run.json").is_file()  # a dry run moves nothing
+    (sp,) = R.plan_study(ns, act=True)
+    assert sorted(sp.set_aside) == ["bf16-s0 (over budget)", "bf16_fp32_head-s1 (over budget)"]
+    assert not (res / "fp32_head" / "bf16-s0").exists() and (res / "fp32_head" / "bf16-s1").is_dir()
+    assert (tmp_path / "runs" / "fp32_head" / ".over_budget" / "bf16-s0-1" / "run.json").is_file()
+    # at paper scale (no budget binding) nothing is over budget
+    assert R.over_budget(res / "fp32_head" / "bf16-s1", None) is None
+    assert R._budget_of(["train.lr = 1", "train.compute_budget_hours = 0.075"]) == 0.075
+    assert R._budget_of(["train.compute_budget_hours = 0.075", "train.compute_budget_hours = None"]) is None
 
 
 def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_what_is_left(tmp_path, capsys):

@@ -119,8 +119,30 @@ def test_binding_order_and_tiny_mapping():
     tiny = L.expand(spec, "tiny")
     assert [r.name for r in paper] == ["k4-s3", "k4-s4", "k8-s3", "k8-s4"]
     assert paper[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 4", "train.seed = 3")
-    assert tiny[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 1", "train.total_steps = 2", "train.seed = 3")
+    assert tiny[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 1", "train.compute_budget_hours = 0.075",
+                                "train.total_steps = 2", "train.seed = 3")
     assert tiny[3].value == 2 and paper[3].value == 8
+
+
+def test_every_tiny_run_has_the_tiny_compute_budget_and_a_spec_may_change_it():
+    """The tiny scale gives every run one training compute budget (the paper's equal budget per
+    forward ablation); the paper scale adds none; a spec's tiny_overrides come after it."""
+    spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
+                             'sweep.values = ["dapo"]\n', default_name="b")
+    (tiny,) = L.expand(spec, "tiny")
+    (paper,) = L.expand(spec, "paper")
+    assert L.TINY_SCALE_BINDINGS == ("train.compute_budget_hours = 0.075",)
+    assert "train.compute_budget_hours = 0.075" in tiny.bindings
+    assert not any("compute_budget_hours" in b for b in paper.bindings)
+    spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["dapo"]\n'
+                             'sweep.tiny_overrides = ["train.compute_budget_hours = 0.2"]\n', default_name="b")
+    (tiny,) = L.expand(spec, "tiny")
+    budget = [b for b in tiny.bindings if b.startswith("train.compute_budget_hours")]
+    assert budget == ["train.compute_budget_hours = 0.075", "train.compute_budget_hours = 0.2"]  # the last wins
+    # every shipped sweep at tiny scale carries it
+    for spec_path in sorted(Path(L.__file__).parent.joinpath("sweeps").glob("*.gin")):
+        for run in L.expand(L.load_spec(spec_path), "tiny"):
+            assert "train.compute_budget_hours = 0.075" in run.bindings, (spec_path.name, run.name)
 
 
 @pytest.mark.parametrize("value,name", [("cispo", "cispo"), (0.28, "0.28"), (True, "on"), ("a b/c", "a_b_c"),
@@ -142,7 +164,8 @@ def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
     assert run.name == "myrecipe-s0" and run.value == "myrecipe"
     assert [Path(f).name for f in run.config_files] == ["tiny_cpu.gin"]
     assert run.bindings == ('train.loss = "dapo"', "dapo.eps_high = 0.26",
-                            'train.curriculum = ["uniform", "zero_variance_filter"]', "train.total_steps = 2",
+                            'train.curriculum = ["uniform", "zero_variance_filter"]',
+                            "train.compute_budget_hours = 0.075", "train.total_steps = 2",
                             "train.seed = 0")
     (paper,) = L.expand(L.load_spec(spec), "paper")
     assert [Path(f).name for f in paper.config_files] == ["myrecipe.gin"]
