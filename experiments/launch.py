@@ -870,7 +870,9 @@ def reconcile(status: str | None, job: dict, slurm_state: str = "", alive: bool 
     Slurm state ("" when unknown) and `local_alive`.
 
     A live Slurm job wins (a requeued run is queued again, whatever run.json says). An end the
-    run recorded (done, failed, interrupted) stands. A run that recorded no end (run.json says
+    run recorded (done, failed, interrupted) stands, except `failed` in a job that was CANCELLED
+    (scancel kills the run's processes together, and the survivor records the others' death as a
+    failure): that run is `interrupted`. A run that recorded no end (run.json says
     running, or there is none) whose Slurm job ended, or whose local process is gone, is
     `interrupted`, resumable like a preempted run, with the reason (the job's Slurm state)."""
     job_id = str(job.get("job_id") or "")
@@ -880,6 +882,11 @@ def reconcile(status: str | None, job: dict, slurm_state: str = "", alive: bool 
         return "queued", ""
     if slurm_state in SLURM_RUNNING:
         return "running", ""
+    if status == "failed" and slurm_state == "CANCELLED":
+        # scancel signals every process of the job at once: learner rank 0 sees its peers go and
+        # records `failed` before it is killed too. A cancelled run is stopped, not broken.
+        return "interrupted", (f"Slurm job {job_id} was cancelled while the run trained (run.json says failed: "
+                               "its processes were killed together)")
     if status in RECORDED_END:
         return status, ""
     if status in (None, "running") and slurm_state in SLURM_ENDED:

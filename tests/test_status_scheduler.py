@@ -145,6 +145,27 @@ def test_a_cancelled_job_that_was_signalled_like_a_preempted_one_is_reported_as_
     assert p.action == "resume" and "Slurm job 500_0 ended CANCELLED" in p.reason, p
 
 
+@pytest.mark.parametrize("state,shown", [("CANCELLED", "CANCELLED by 0"), ("FAILED", "FAILED"),
+                                         ("COMPLETED", "COMPLETED"), ("TIMEOUT", "TIMEOUT")])
+def test_a_run_that_recorded_failed_in_a_cancelled_job_is_interrupted_and_resumed(tmp_path, fake_slurm, state, shown):
+    """scancel kills a run's processes together; learner rank 0 may live long enough to record the
+    others' death as `failed`. Its job's state says CANCELLED: the run was stopped, not broken, so a
+    re-run resumes it without --retry-failed. A failure in a job that ended any other way stands."""
+    fake_slurm({"500_0": shown}, aged={"500_0"})
+    _run_dir(tmp_path, "r", "failed", "500_0", error="PeerLost: generator 0 (pid 4242) exited: was killed by SIGKILL")
+    (row,) = S.collect(tmp_path / "sw")
+    (p,) = L.plan(_specs(["r"]), tmp_path)
+    if state == "CANCELLED":
+        assert (row.state, row.slurm) == ("interrupted", "CANCELLED"), row
+        assert "Slurm job 500_0 was cancelled while the run trained" in row.reason
+        assert p.action == "resume" and "cancelled" in p.reason, p
+    else:
+        assert (row.state, row.slurm) == ("failed", state), row
+        assert p.action == "skip-failed" and "PeerLost" in p.reason, p
+        (p,) = L.plan(_specs(["r"]), tmp_path, retry_failed=True)
+        assert p.action == "retry"
+
+
 def test_mixed_sweep_live_jobs_stay_live_recorded_ends_stand_ended_jobs_are_interrupted(tmp_path, fake_slurm, capsys):
     """What `scalerl status` prints for a sweep after `scancel` of part of its array (squeue still
     lists the cancelled jobs: they ended less than MinJobAge ago)."""
