@@ -425,11 +425,12 @@ def _json_value(value: Any) -> Any:
 
 # Every run at `--scale tiny` gets the same training compute budget, as every forward
 # ablation of the paper gets 3.5-4k GPU-hours (PAPER.md, "Compute unit"): 0.075 compute-hours
-# is 135 s of training clock for the tiny run's 2 processes. tiny_cpu.gin's 500 steps take
-# about 100 s of it, so the budget stops only the runs whose steps cost more (larger batches,
-# PPO-off-policy, PipelineRL with k = 1, math + code), at the compute of the others, and keeps
-# every tiny run (start-up and evaluation included) within 3 minutes on 2 cores. It comes
-# before the spec's tiny_overrides, so a spec may change it.
+# is 135 s of training clock for the tiny run's 2 processes. On the 2-core machine the study
+# ran on, tiny_cpu.gin's 500 steps take 100-130 s of it, so the budget stops only the runs whose
+# steps cost more (larger batches, PPO-off-policy, PipelineRL with k = 1, math + code), at the
+# compute of the others, and keeps every tiny run (start-up and evaluation included) within 3
+# minutes. On a slower machine it stops every run at the same compute, earlier than 500 steps.
+# It comes before the spec's tiny_overrides, so a spec may change it.
 TINY_COMPUTE_BUDGET_HOURS = 0.075
 TINY_SCALE_BINDINGS = (f"train.compute_budget_hours = {TINY_COMPUTE_BUDGET_HOURS}",)
 

@@ -14,6 +14,9 @@
 2. A done run whose CPU contention (`contention_run`, the last metrics line) exceeded 10% is
    set aside into RUNS/<sweep>/.contended/<run>-<k>/ and run again (at most `--max-reruns`
    times; `--allow-contention` keeps it). Its compute axis was stretched by a neighbour.
+   Likewise a done run that trained past the tiny scale's compute budget without it (collected
+   before the budget existed) is set aside into RUNS/<sweep>/.over_budget/ and run again under
+   it (`over_budget`); one that stayed within the budget is kept.
 3. Every wait has a deadline (`--wait-hours`); past it the command stops and names the runs
    still going (their jobs keep running; run the command again to pick them up).
 4. Collect: config.gin, run.json, metrics.jsonl, eval.jsonl of every run (no checkpoints, no
