@@ -39,6 +39,8 @@ def fake_run(config_files: Sequence[str], bindings: Sequence[str] = (), run_dir:
               value=info.get("value"), recipe=info.get("recipe", "scalerl"), seed=int(info.get("seed", 0)),
               steps=40, eval_every=2, device="cpu", count=2, noise=0.004, contention=0.3 if contended else 0.01,
               run_info={"starts": old.get("starts", 0) + 1, "bindings": list(bindings)})
+    with open(run_dir / "config.gin", "a") as f:  # as the trainer's operative config, the run's bindings
+        f.write("".join(f"{b}\n" for b in bindings))
     (run_dir / "checkpoints" / "step_000040.pt").write_bytes(b"\0" * 1024)
     (run_dir / "final").mkdir(exist_ok=True)
     (run_dir / "final" / "model.safetensors").write_bytes(b"\0" * 1024)

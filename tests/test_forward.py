@@ -245,8 +245,10 @@ def test_chunked_head_matches_unchunked_values_and_gradients(chunk, temperature)
     grads = torch.autograd.grad((logp * upstream).sum(), [hidden, weight, bias])
     assert logp.dtype == torch.float32 and not entropy.requires_grad
     assert (logp - ref_logp).abs().max() < 1e-6
-    # entropy: a float32 sum over V terms, so reduction order moves it by a few ulps (|H| ~ 4 here)
-    assert ((entropy - ref_entropy).abs() / ref_entropy.abs().clamp_min(1.0)).max() < 1e-6
+    # entropy: a float32 sum over V = 300 terms, so reduction order moves it by some ulps (|H| ~ 4
+    # here; seen: 1.04e-6 relative, ~7 ulps, in one CI run). A sequential float32 sum may err by up
+    # to V·eps ≈ 1.8e-5 relative; 4e-6 (~30 ulps) still fails any real error (>= 1e-4).
+    assert ((entropy - ref_entropy).abs() / ref_entropy.abs().clamp_min(1.0)).max() < 4e-6
     # gradients: float32 sums over N tokens (weight, bias) or V entries (hidden) whose order the
     # chunking changes: equal to 1e-6 absolute + 1e-6 relative
     for got, want in zip(grads, ref_grads):
