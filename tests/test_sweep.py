@@ -528,27 +528,3 @@ def test_tiny_scalerl_seeds_are_tiny_cpu_itself():
             scope, sel, p, _ = L.parse_binding(b)
             base, got = L.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
             assert base is None or base == got, f"{run.name}: {sel}.{p} = {got!r}, tiny_cpu.gin binds {base!r}"
-
-
-def test_tiny_math_only_reference_is_the_mixtures_own_arithmetic():
-    """math_code's math-only run is the reference for the mixture's arithmetic curve (Fig 11), so
-    it trains and evaluates the arithmetic the mixture's warm start learned. tiny_cpu.gin's
-    three-operand arithmetic, bound there before, started at a held-out pass rate of 0.01."""
-    import gin
-
-    import components.trainer.config  # noqa: F401 - registers `train`
-
-    (run,) = [r for r in L.expand(L.load_spec("math_code"), "tiny") if r.name == "math-s0"]
-    gin.clear_config()
-    gin.add_config_file_search_path(str(Path(run.config_files[0]).parent))  # tiny_mixture.gin includes tiny_cpu.gin
-    try:
-        gin.parse_config_files_and_bindings([str(f) for f in run.config_files], list(run.bindings),
-                                            skip_unknown=True)
-        mixture = gin.query_parameter("MIXTURE_KWARGS/macro.value")
-        assert gin.query_parameter("train.task") == "arithmetic"
-        kwargs = gin.query_parameter("train.task_kwargs")
-        assert isinstance(kwargs, dict) and kwargs == dict(mixture["arithmetic"]), kwargs
-        assert str(gin.query_parameter("warm_start.task")) == "%MIXTURE"  # the warm start learned the mixture
-        assert str(gin.query_parameter("warm_start.task_kwargs")) == "%MIXTURE_KWARGS"
-    finally:
-        gin.clear_config()
