@@ -151,6 +151,12 @@ def _budget_of(bindings: Sequence[str]) -> float | None:
     return budget
 
 
+def _logged_budget(run_dir: Path) -> float | None:
+    """The compute budget a run ran under: its config.gin's binding (None: it had none)."""
+    cfg = Path(run_dir) / "config.gin"
+    return _budget_of(cfg.read_text().splitlines()) if cfg.is_file() else None
+
+
 def over_budget(run_dir: Path, budget: float | None) -> str | None:
     """Why a done run must be trained again under the compute budget `budget`, or None.
 
@@ -160,9 +166,7 @@ def over_budget(run_dir: Path, budget: float | None) -> str | None:
     re-run would give. Otherwise its curve runs past the compute every other run gets."""
     if budget is None:
         return None
-    cfg = Path(run_dir) / "config.gin"
-    lines = cfg.read_text().splitlines() if cfg.is_file() else []
-    if _budget_of([ln for ln in lines if ln.strip().startswith(_BUDGET_KEY)]) == budget:
+    if _logged_budget(run_dir) == budget:
         return None
     used = _last_metrics(run_dir).get("compute_hours")
     if not isinstance(used, (int, float)) or not math.isfinite(used) or used <= budget:
@@ -485,7 +489,7 @@ def run_times(out: Path) -> list[dict]:
         except (KeyError, TypeError, ValueError):
             span = float("nan")
         cfg = (run_dir / "config.gin").read_text().splitlines() if (run_dir / "config.gin").is_file() else []
-        budget = _budget_of([ln for ln in cfg if ln.strip().startswith(_BUDGET_KEY)])
+        budget = _logged_budget(run_dir)
         total = [ln.partition("=")[2].strip() for ln in cfg if ln.strip().startswith("train.total_steps")]
         stopped = budget is not None and bool(total) and total[-1].isdigit() and int(last.get("step", 0)) < int(total[-1])
         rows.append({"run": f"{run_dir.parent.name}/{run_dir.name}", "own_s": own, "span_s": span,
