@@ -191,3 +191,24 @@ def load_causal_lm(path: str | os.PathLike, dtype=None, attn_implementation: Opt
         str(check_model_path(path)), dtype=dtype or torch.float32, local_files_only=True, **extra
     )
     return model
+
+
+def empty_causal_lm(path: str | os.PathLike, dtype=None, attn_implementation: Optional[str] = None):
+    """The model at `path` as an empty skeleton on the meta device: its config is read, its weights are not.
+
+    Learner ranks >= 1 build this (no host or device memory for the weights); after
+    `fully_shard` each allocates only its own shards and receives them from learner rank 0,
+    the one process that reads the checkpoint (`Learner`, `load_from_rank0`). An 8B model on
+    8 ranks of a node then needs one full fp32 copy in host memory at start, not eight.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from components.quiet import quiet_libraries
+
+    quiet_libraries()
+    config = AutoConfig.from_pretrained(str(check_model_path(path)), local_files_only=True)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32, **extra)
+    return model

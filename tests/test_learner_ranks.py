@@ -286,3 +286,111 @@ def test_trainer_with_two_learner_ranks_matches_one_and_resumes_at_another_rank_
         assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
         assert run_json(run)["resumes"] == 1
         _assert_close(_final(one), _final(run), f"{run.name} (resumed at another learner_ranks)")
+
+
+# ---------------------------------------------------------------------------------------
+# learner ranks >= 1 start from an empty (meta-device) model and receive rank 0's weights
+def _meta_rank_main(rank: int, world: int, init_file: str, model_path: str, precision: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from components.models import empty_causal_lm, load_causal_lm, load_tokenizer
+    from components.precision import heads_are_tied
+    from components.registry import load_builtin_components
+    from components.trainer.learner import Learner, plan_step
+
+    torch.set_num_threads(1)
+    load_builtin_components()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        tok = load_tokenizer(model_path)
+        cfg = config(model_path, "grpo", "token_mean", "batch", precision=precision)
+        if rank == 0:
+            model = load_causal_lm(model_path)
+            with torch.no_grad():  # weights no checkpoint file holds, so rank 1 can only have them from rank 0
+                for p in model.parameters():
+                    p.add_(0.125)
+            started_empty = False
+        else:
+            model = empty_causal_lm(model_path)
+            started_empty = all(t.is_meta for t in [*model.parameters(), *model.buffers()])
+        learner = Learner(model, cfg, tok.pad_token_id, torch.device("cpu"))
+        local = {name: p.to_local().detach().clone() for name, p in learner.model.named_parameters()}
+        full = {name: p.full_tensor().detach().clone() for name, p in learner.model.named_parameters()}
+        buffers = {name: b.detach().clone() for name, b in learner.model.named_buffers()}
+        rollouts = make_rollouts(tok)
+        plan = plan_step(rollouts, [True] * len(rollouts), cfg, tok.pad_token_id, world)
+        learner.accumulate(plan.shards[rank])
+        grads = {name: p.grad.full_tensor().detach().clone() for name, p in learner.model.named_parameters()}
+        with open(f"{out}.{rank}", "wb") as f:
+            pickle.dump(dict(started_empty=started_empty, tied=heads_are_tied(learner.model), local=local, full=full, buffers=buffers,
+                             grads=grads, grad_norm=learner.grad_norm()), f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tied_model_path(tmp_path_factory):
+    from components.models import build_tiny_policy
+
+    path = tmp_path_factory.mktemp("tied_model") / "tiny_policy"
+    build_tiny_policy(path, hidden_size=32, num_layers=1, num_heads=2, max_position_embeddings=128, seed=0,
+                      tie_word_embeddings=True)
+    return str(path)
+
+
+@pytest.mark.parametrize("precision, tied", [("fp32", False), ("fp32", True), ("bf16_fp32_head", True)])
+def test_rank_one_starts_empty_and_receives_rank_zeros_weights_and_buffers(tmp_path, model_path, tied_model_path,
+                                                                           precision, tied):
+    """Rank 1 builds the model on the meta device (no weights read, none in memory); after the
+    Learner shards it, its shards, its non-persistent buffers (rotary inv_freq) and the gradient
+    of a step are rank 0's, and the gathered weights are rank 0's model (shifted by 0.125, so
+    they cannot come from the checkpoint). With tied embeddings the head stays tied under fp32
+    and is untied on both ranks under bf16_fp32_head."""
+    import torch.multiprocessing as mp
+
+    from components.models import load_causal_lm
+    from components.precision import heads_are_tied, untie_lm_head
+
+    model_path = tied_model_path if tied else model_path
+    out = tmp_path / "meta"
+    mp.start_processes(_meta_rank_main, args=(2, str(tmp_path / "init"), model_path, precision, str(out)),
+                       nprocs=2, start_method="spawn")
+    r0 = pickle.loads(Path(f"{out}.0").read_bytes())
+    r1 = pickle.loads(Path(f"{out}.1").read_bytes())
+    assert r1["started_empty"] and not r0["started_empty"]
+
+    reference = load_causal_lm(model_path)
+    assert heads_are_tied(reference) == tied
+    if precision == "bf16_fp32_head":
+        assert untie_lm_head(reference)
+    assert r1["tied"] == r0["tied"] == (tied and precision == "fp32")
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.125)
+    want = dict(reference.named_parameters())
+    assert set(r1["full"]) == set(want)
+    for name, w in want.items():
+        for r in (r0, r1):
+            assert torch.equal(r["full"][name], w), name
+        # each rank holds its own dim-0 chunk: together they are the tensor
+        n0 = r0["local"][name].shape[0]
+        assert torch.equal(torch.cat([r0["local"][name], r1["local"][name]])[: w.shape[0]], w), name
+        assert n0 >= r1["local"][name].shape[0]
+    ref_buffers = dict(reference.named_buffers())
+    assert set(r1["buffers"]) == set(ref_buffers) and any("inv_freq" in n for n in ref_buffers)
+    for name, b in ref_buffers.items():
+        assert torch.equal(r1["buffers"][name], b) and torch.equal(r0["buffers"][name], b), name
+    for name in want:
+        assert torch.equal(r0["grads"][name], r1["grads"][name]), name
+        assert torch.isfinite(r1["grads"][name]).all() and r1["grads"][name].abs().sum() > 0, name
+    assert r0["grad_norm"] == r1["grad_norm"]
+
+
+def test_a_model_without_weights_is_refused_on_rank_zero_and_without_ranks(model_path):
+    from components.models import empty_causal_lm, load_tokenizer
+    from components.trainer.learner import Learner
+
+    tok = load_tokenizer(model_path)
+    with pytest.raises(ValueError, match=r"learner rank 0 of 1 got a model on the meta device"):
+        Learner(empty_causal_lm(model_path), config(model_path, "grpo", "token_mean", "batch"),
+                tok.pad_token_id, torch.device("cpu"))

@@ -47,6 +47,7 @@ __all__ = [
     "make_optimizer",
     "count_parameters",
     "shard_model",
+    "load_from_rank0",
 ]
 
 
@@ -132,6 +133,25 @@ def shard_model(model: torch.nn.Module, precision: str, mesh=None) -> torch.nn.M
         fully_shard(norm, mesh=mesh, mp_policy=block_mp)
     fully_shard(model, mesh=mesh, mp_policy=root_mp)
     return model
+
+
+def load_from_rank0(model: torch.nn.Module, full_state: dict) -> None:
+    """Give every learner rank learner rank 0's weights: each rank keeps only its own shards.
+
+    `full_state` is rank 0's full (unsharded) state dict, `{}` on the other ranks, whose
+    sharded `model` may be uninitialised (`to_empty` after a meta-device build). Parameters
+    and persistent buffers go one tensor at a time through torch.distributed.checkpoint's
+    `set_model_state_dict(broadcast_from_rank0=True)`; the non-persistent buffers no state
+    dict carries (the rotary `inv_freq`) are broadcast after them, in module order.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state, options=options)
+    with torch.no_grad():
+        for _, buffer in model.named_buffers():
+            dist.broadcast(buffer, src=0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,6 +311,12 @@ class Learner:
         self.policy = get_precision(cfg.precision, device=self.device)  # real or emulated bf16 on this device
         self.ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.rank = dist.get_rank() if self.ranks > 1 else 0
+        on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+        if on_meta and (self.ranks == 1 or self.rank == 0):
+            raise ValueError(
+                f"learner rank {self.rank} of {self.ranks} got a model on the meta device (no weights): only "
+                "learner ranks >= 1 of a sharded learner may start empty; rank 0 loads the checkpoint and sends them theirs"
+            )
         # master weights: float32 whatever the policy; the fp32 head needs its own matrix
         if self.policy.fp32_head:
             untie_lm_head(model)
@@ -301,9 +327,17 @@ class Learner:
             _enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
         if self.ranks > 1:
-            # fully_shard moves each block to the device as it shards it: the full model never sits on one GPU
+            full = model.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
+            # fully_shard keeps 1/T of each tensor per rank: the full model never sits on one GPU
             shard_model(model, self.policy)
-        model.to(device=self.device)
+            if on_meta:
+                model.to_empty(device=self.device)  # this rank's shards only, filled next
+            else:
+                model.to(device=self.device)
+            load_from_rank0(model, full)
+            del full
+        else:
+            model.to(device=self.device)
         self.model = model
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
