@@ -339,7 +339,6 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     if not role.is_hub:
         run_role(penv.rank, setup, penv.endpoints, layout)
         return "done"
-    import gin
 
     lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
     setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
@@ -355,7 +354,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
                 raise
             log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
             return "failed"
-        (run_path / "config.gin").write_text(gin.operative_config_str())
+        # config.gin now holds the operative config: learner-0's Trainer wrote it (its own + the generators')
         RunInfo(run_path).finish(status)
         return status
     finally:

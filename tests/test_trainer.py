@@ -34,7 +34,7 @@ METRIC_FIELDS = {
     "epoch", "cpu_hours", "contention", "contention_run", "procs", "eval_wall_s", "startup_s",
 }
 EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task", "eval_wall_s", "eval_compute_hours",
-               "entropy"}
+               "entropy", "drain_s", "eval_training_groups"}
 RUN_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "started", "finished"}
 
 
@@ -248,7 +248,9 @@ def test_run_directory_contract(tmp_path, model_path):
     gin_file = write_gin(tmp_path / "run.gin", model_path, train__total_steps="4", train__eval_every="2")
     run_dir = tmp_path / "sweepname" / "runname"
     info_in = {"name": "runname", "sweep": "sweepname", "factor": "loss", "value": "cispo", "recipe": "tiny", "seed": 0}
-    assert run_training([gin_file], ["train.lr = 2e-3"], str(run_dir), run_info=info_in, progress=False) == "done"
+    # torch.max_cache_tokens is read by the generator's engine only, never by learner-0
+    assert run_training([gin_file], ["train.lr = 2e-3", "torch.max_cache_tokens = 4096"], str(run_dir),
+                        run_info=info_in, progress=False) == "done"
 
     info = run_json(run_dir)
     assert RUN_FIELDS <= set(info)
@@ -261,6 +263,8 @@ def test_run_directory_contract(tmp_path, model_path):
 
     config = (run_dir / "config.gin").read_text()
     assert "train.lr = 0.002" in config and "model.path" in config  # the operative config
+    assert "torch.max_cache_tokens = 4096" in config  # with the sections only a generator read
+    assert "torch.max_batch_size = " in config  # (the engine's defaults too, as gin lists them)
     gin.clear_config()
     gin.parse_config(config)  # and it parses back
     gin.clear_config()
@@ -445,3 +449,85 @@ def test_trackers_mirror_the_trainers_logs_end_to_end(tmp_path, model_path):
     samples = read_jsonl(run_dir / "samples.jsonl")
     assert sorted({s["step"] for s in samples}) == [2, 4] and all("completion" in s and "reward" in s for s in samples)
     assert run_json(run_dir)["status"] == "done"
+
+
+def test_operative_configs_of_learner_and_generators_merge_into_one_that_parses():
+    """config.gin of a run: learner-0's operative config plus the sections only generators read."""
+    from components.trainer.runlog import merge_operative_configs
+
+    with gin.unlock_config():
+        gin.clear_config()
+
+    def operative(bindings: str, call) -> str:
+        gin.clear_config()
+        gin.parse_config(bindings)
+        call()
+        text = gin.operative_config_str()
+        gin.clear_config()
+        return text
+
+    @gin.configurable("merge_learner_part")
+    def learner_part(lr=1.0, steps=2):
+        return lr, steps
+
+    @gin.configurable("merge_engine_part")
+    def engine_part(cache=8, batch=4):
+        return cache, batch
+
+    both = "SIZE = 3\nmerge_learner_part.lr = 0.5\nmerge_engine_part.cache = %SIZE\n"
+    learner = operative(both, learner_part)
+    generator = operative(both, lambda: (learner_part(), engine_part()))
+    assert "merge_engine_part" not in learner and "merge_engine_part.cache = %SIZE" in generator
+
+    merged = merge_operative_configs(learner, [generator, generator])
+    assert merge_operative_configs(learner, []) == learner  # one process: gin's own text, unchanged
+    assert merged.count("# Parameters for merge_learner_part:") == 1 and merged.count("# Macros:") == 1
+    assert merged.index("# Macros:") < merged.index("merge_engine_part") < merged.index("merge_learner_part")
+    gin.parse_config(merged)  # it parses back, with the generator-only binding
+    assert gin.query_parameter("merge_engine_part.cache") is not None
+    assert merge_operative_configs(learner, [generator]) == merge_operative_configs(generator, [learner])
+    gin.clear_config()
+
+
+def test_drain_training_decodes_the_sequences_in_flight_to_their_end():
+    """The generator's answer to the hub's "drain": every in-flight group finished and handed on, the
+    engine time billed to the generator's busy clock, nothing left unfinished."""
+    from components.trainer.generator import drain_training
+
+    class Engine:  # finishes group g at decode step g + 1
+        def __init__(self, groups: int):
+            self.left = list(range(groups))
+            self.steps = 0
+
+        def has_unfinished(self):
+            return bool(self.left)
+
+        def step(self):
+            self.steps += 1
+            done = [g for g in self.left if g + 1 == self.steps]
+            self.left = [g for g in self.left if g + 1 != self.steps]
+            return done
+
+    engine, handed, busy = Engine(3), [], [0.0]
+    assert drain_training(engine, handed.append, busy) == 3
+    assert handed == [0, 1, 2] and not engine.has_unfinished() and engine.steps == 3 and busy[0] > 0.0
+    assert drain_training(Engine(0), handed.append, busy) == 0 and handed == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_pipeline_rl_evaluations_hold_no_training_decoding(tmp_path, model_path):
+    """pipeline_rl(4) with two generators: the in-flight training sequences are decoded on the
+    training clock before each evaluation, so no training group finishes on the evaluation's time."""
+    from experiments.train import run_training
+
+    gin_file = write_gin(
+        tmp_path / "pipe.gin", model_path, train__off_policy='"pipeline_rl"', pipeline_rl__k="4",
+        train__num_generators="2", train__max_tokens="24", train__total_steps="6", train__eval_every="2",
+        train__checkpoint_every="6",
+    )
+    assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
+    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4, 6]
+    assert [e["eval_training_groups"] for e in evals] == [0, 0, 0, 0]
+    assert all(e["eval_wall_s"] > 0 and e["drain_s"] >= 0 for e in evals)
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]

@@ -1,11 +1,11 @@
 """Generator process: owns one engine and the task's verifier; talks to learner rank 0 (the hub).
 
 Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
-- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("eval", EvalOrder),
+- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("drain",), ("eval", EvalOrder),
   ("downstream", step), ("stop",)
 - generator -> hub: ("ready", index, info), ("rollout", Rollout, proc_stats),
-  ("eval_done", index, record, proc_stats), ("downstream_done", index, records, proc_stats),
-  ("error", index, traceback)
+  ("drained", index, proc_stats), ("eval_done", index, record, proc_stats),
+  ("downstream_done", index, records, proc_stats), ("error", index, traceback)
 
 Weights do not travel on the transport: a ("weights", update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
@@ -17,7 +17,9 @@ Finished groups are scored on a scorer thread (`safe_verify`: a verifier that ra
 marks that sample failed and is counted), so a slow verifier never delays a weight update.
 An evaluation (EvalOrder) runs on this generator's engine at the weights it holds (the hub
 pushes the version to evaluate first and sends no new weights until every generator answered):
-its requests join the engine's batch under their own group ids.
+its requests join the engine's batch under their own group ids. Before it, the hub has every
+generator drain its in-flight training sequences on the training clock ("drain"), so the
+evaluation's time, which is not billed as training, holds no training decoding.
 """
 
 from __future__ import annotations
@@ -206,16 +208,38 @@ class _Scorer:
             self.outbox.put(rollout)
 
 
+def drain_training(engine, on_training_group, busy: list) -> int:
+    """Decode the training sequences in flight to their end (the hub's "drain", before an evaluation).
+
+    Their decoding is training work: the hub's training clock runs until every generator has
+    drained, and only then pauses for the evaluation, so no training token is decoded on the
+    evaluation's time. Finished groups go to `on_training_group` as in the main loop; `busy[0]`
+    accumulates the engine time. Returns the number of training groups finished.
+    """
+    finished_groups = 0
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        finished = engine.step()
+        busy[0] += time.perf_counter() - t0
+        for group in finished:
+            on_training_group(group)
+            finished_groups += 1
+    return finished_groups
+
+
 class _EvalView:
     """The generator's engine seen by `evaluate`: only the evaluation's groups come out of it.
 
-    Evaluation requests join the engine's batch under group ids ("eval", i); training groups
-    that finish meanwhile go to `on_training_group` (they keep their own version labels).
+    Evaluation requests join the engine's batch under group ids ("eval", i). The hub drains the
+    training sequences first (`drain_training`), so none should be in flight; a training group
+    that finishes meanwhile all the same goes to `on_training_group` and is counted
+    (`training_groups`, logged as the evaluation's `eval_training_groups`).
     """
 
     def __init__(self, engine, on_training_group):
         self.engine = engine
         self.on_training_group = on_training_group
+        self.training_groups = 0
 
     def generate(self, requests, params):
         from components.engines.base import CompletedGroup
@@ -232,6 +256,7 @@ class _EvalView:
                 req = originals.pop(group.request.group_id, None)
                 if req is None:
                     self.on_training_group(group)
+                    self.training_groups += 1
                     continue
                 for c in group.completions:
                     c.group_id = req.group_id
@@ -242,8 +267,9 @@ def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on
     from components.trainer.evaluation import evaluate
 
     problems = [p for _, p in order.problems]
+    view = _EvalView(engine, on_training_group)
     record = evaluate(
-        _EvalView(engine, on_training_group),
+        view,
         task,
         problems,
         tokenizer,
@@ -258,6 +284,7 @@ def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on
     )
     record["version"] = order.version
     record["indices"] = [i for i, _ in order.problems]
+    record["eval_training_groups"] = view.training_groups
     return record
 
 
@@ -346,7 +373,11 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
         peer.send(("rollout", rollout, proc_stats()))
         outstanding[0] -= 1
 
-    peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats()}))
+    import gin
+
+    # the bindings this process read (the engine's are read nowhere else): learner-0 merges them into config.gin
+    peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats(),
+                                "operative_config": gin.operative_config_str()}))
     while True:
         if scorer.error is not None:
             raise RuntimeError(f"scoring failed:\n{scorer.error}")
@@ -383,6 +414,9 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                     problems[int(order_id)] = problem
                 requests = build_requests(work, tokenizer, length_control, cfg)
                 engine.add_requests(requests, dataclasses.replace(base_params, seed=int(work.seed)))
+            elif kind == "drain":  # an evaluation comes next: finish the training sequences in flight first
+                drain_training(engine, to_scorer, busy)
+                peer.send(("drained", index, proc_stats()))
             elif kind == "eval":
                 record = _run_eval(msg[1], engine, task, tokenizer, length_control, cfg, to_scorer)
                 peer.send(("eval_done", index, record, proc_stats()))

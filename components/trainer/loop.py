@@ -43,7 +43,8 @@ from components.trainer.generator import EvalOrder, WorkerSetup, make_length_con
 from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import JsonlLog, LogLossError, read_jsonl, repair_jsonl, resume_log
+from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
+                                      resume_log, write_operative_config)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
         "eval_verifier_errors": sum(int(r.get("eval_verifier_errors", 0)) for r in records),
         "eval_sampled_tokens": sum(int(r.get("eval_sampled_tokens", 0)) for r in records),
         "time_eval": max(float(r.get("time_eval", 0.0)) for r in records),
+        "eval_training_groups": sum(int(r.get("eval_training_groups", 0)) for r in records),
     }
     per_task: dict = {}
     for r in records:
@@ -154,6 +156,8 @@ class Trainer:
         self.step_parts: dict[int, dict] = {}
         self.eval_done: dict[int, dict] = {}
         self.ready: set = set()
+        self.drained: set = set()  # generators that finished their in-flight training sequences
+        self.peer_configs: dict[str, str] = {}  # generator -> its operative gin config (sent when ready)
         self.procs: dict = {}  # process name -> latest proc_stats()
         self._procs_at_step: dict = {}
         self._procs_at_start: dict = {}
@@ -258,6 +262,9 @@ class Trainer:
         elif kind == "step_done":
             self.procs[peer] = msg[3]
             self.step_parts[int(msg[1])] = msg[2]
+        elif kind == "drained":
+            self.procs[peer] = msg[2]
+            self.drained.add(peer)
         elif kind == "eval_done":
             self.procs[peer] = msg[3]
             self.eval_done[int(msg[1])] = msg[2]
@@ -268,6 +275,8 @@ class Trainer:
             self.ready.add(peer)
             if isinstance(msg[2], dict) and "proc" in msg[2]:
                 self.procs[peer] = msg[2]["proc"]
+            if isinstance(msg[2], dict) and msg[2].get("operative_config"):
+                self.peer_configs[peer] = msg[2]["operative_config"]
         elif kind == "error":
             raise GeneratorError(f"{peer} failed:\n{msg[2]}")
         else:
@@ -352,11 +361,29 @@ class Trainer:
         self._procs_at_step = now
         return fields
 
+    def _drain(self) -> float:
+        """Every generator decodes its in-flight training sequences to their end, ON the training clock
+        (they are training work): an evaluation after it holds no training decoding on its own time.
+        Returns the seconds it took."""
+        t0 = time.time()
+        self.drained = set()
+        for name in self.generators:
+            self.hub.send(name, ("drain",))
+        deadline = time.monotonic() + self.cfg.queue_timeout_s
+        while len(self.drained) < len(self.generators):
+            if time.monotonic() > deadline:
+                late = sorted(set(self.generators) - self.drained)
+                raise GeneratorError(f"{', '.join(late)} did not finish their in-flight sequences within "
+                                     f"train.queue_timeout_s={self.cfg.queue_timeout_s}s before an evaluation")
+            self._pump(1.0)
+        return time.time() - t0
+
     def _evaluate(self) -> None:
         """Held-out mean@k on the generators at the learner's current version (pinned), off the training clock."""
         cfg = self.cfg
         if self.pushed_version != self.learner.version:
             self._push_weights()
+        drain_s = self._drain()
         self.clock.pause()
         t0 = time.time()
         seed = eval_seed(cfg.seed, self.step)
@@ -386,6 +413,7 @@ class Trainer:
         line = {
             "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
             "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
+            "drain_s": drain_s,
             "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0),
             "cpu_hours": self._cpu_hours(), **record,
         }
@@ -401,6 +429,7 @@ class Trainer:
         cfg = self.cfg
         if self.pushed_version != self.learner.version:
             self._push_weights()
+        self._drain()
         self.clock.pause()
         t0 = time.time()
         self.downstream_done = None
@@ -714,6 +743,7 @@ class Trainer:
             from experiments.export import write_final_policy
 
             write_final_policy(self.run_dir)
+            write_operative_config(self.run_dir, self.operative_config())
             self._status = "done"
             return "done"
         except (SystemExit, KeyboardInterrupt):
@@ -727,6 +757,12 @@ class Trainer:
             raise culprit from err
         finally:
             self._shutdown()
+
+    def operative_config(self) -> str:
+        """The run's operative gin config: this process's, plus the sections only generators read."""
+        import gin
+
+        return merge_operative_configs(gin.operative_config_str(), [self.peer_configs[p] for p in sorted(self.peer_configs)])
 
     def _name_the_culprit(self, err: BaseException) -> BaseException:
         """A collective that failed because a process died: wait for the heartbeats to name it."""
@@ -748,7 +784,7 @@ class Trainer:
 
     def _shutdown(self) -> None:
         if getattr(self, "tracker", None) is not None:
-            self.tracker.close(getattr(self, "_status", "failed"))
+            self.tracker.close(getattr(self, "_status", "failed"), operative_config=self.operative_config())
         for name in ("metrics_log", "eval_log"):
             if hasattr(self, name):
                 getattr(self, name).close()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["JsonlLog", "repair_jsonl", "resume_log", "LogLossError", "read_jsonl", "RunInfo", "write_json_atomic",
+           "merge_operative_configs", "write_operative_config",
            "git_sha", "now_iso", "record_failure", "read_failure_fallback", "failure_fallback_paths", "failure_in_run_dir",
            "EXIT_DONE", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILURE_UNRECORDED"]
 
@@ -71,6 +72,59 @@ def write_json_atomic(path: Path, data: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(_clean(data), f, indent=2, sort_keys=False)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+_SECTION = ("# Parameters for ", "# Macros:")
+
+
+def _gin_sections(text: str) -> tuple[list[str], dict[str, str]]:
+    """A gin operative config string as (import lines, {section header: section text}).
+
+    gin writes its import lines first, then one section per configurable (and one for the
+    macros), each a header line (`# Parameters for NAME:` or `# Macros:`), a rule line and the
+    bindings, separated by blank lines.
+    """
+    imports: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current: Optional[list[str]] = None
+    for line in text.splitlines():
+        if line.startswith(_SECTION):
+            current = sections.setdefault(line, [])
+            current.append(line)
+        elif current is not None:
+            current.append(line)
+        elif line.strip():
+            imports.append(line)
+    return imports, {head: "\n".join(lines).rstrip() for head, lines in sections.items()}
+
+
+def merge_operative_configs(primary: str, others: "list[str] | tuple[str, ...]") -> str:
+    """One operative config for a run of several processes: `primary` (learner rank 0's) plus
+    every section only `others` (the generators') have, e.g. the engine's bindings, which only a
+    generator reads. A section in several keeps `primary`'s (or the first other's) text. Sections
+    come in gin's order: the macros first, then the configurables by name."""
+    imports, sections = _gin_sections(primary)
+    for text in others:
+        if not text:
+            continue
+        more_imports, more = _gin_sections(text)
+        imports += [line for line in more_imports if line not in imports]
+        for head, body in more.items():
+            sections.setdefault(head, body)
+    order = sorted(sections, key=lambda head: (head != "# Macros:", head))
+    parts = (["\n".join(imports)] if imports else []) + [sections[head] for head in order]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_operative_config(run_dir: Path, text: str) -> None:
+    """config.gin of a finished run: the operative config (atomically: a kill leaves the old file)."""
+    path = Path(run_dir) / "config.gin"
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -242,10 +242,7 @@ def main() -> int:
         record_failure(Path(setup.run_dir), err)
         print(f"[learner-0] run failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1
-    import gin
-
-    (Path(setup.run_dir) / "config.gin").write_text(gin.operative_config_str())
-    return 0
+    return 0  # config.gin: the Trainer wrote the run's operative config (its own + the generators')
 
 
 if __name__ == "__main__":
