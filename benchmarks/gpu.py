@@ -95,9 +95,13 @@ def learner_bench(size: str, args) -> dict:
     from components.trainer.config import TrainConfig
     from components.trainer.learner import Learner
 
+    from components.trainer.forward import resolve_attn_implementation
+
     load_builtin_components()
     device = args.device
     model = build(size, device)
+    attn = resolve_attn_implementation(args.attn, device, torch.bfloat16 if args.precision.startswith("bf16") else None)
+    model.set_attn_implementation(attn)
     flops = FlopCounter.from_model(model)
     n_params = sum(p.numel() for p in model.parameters())
     group = 8
@@ -106,7 +110,7 @@ def learner_bench(size: str, args) -> dict:
                       prompts_per_step=args.seqs // group, generations_per_prompt=group,
                       micro_batch_size=args.mb_seqs or args.seqs,
                       max_tokens_per_micro_batch=None if args.mb_seqs else args.mb_tokens, logprob_chunk_size=1024,
-                      activation_checkpointing=args.checkpointing, attn_implementation="sdpa")
+                      activation_checkpointing=args.checkpointing, attn_implementation=attn)
     learner = Learner(model, cfg, 0, torch.device(device))
     batch = rollouts(args.seqs, group, args.prompt_len, args.completion_len, SIZES[size]["vocab_size"])
     keep = [True] * len(batch)
@@ -126,7 +130,8 @@ def learner_bench(size: str, args) -> dict:
     s = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else math.nan
     row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
-               seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing, step_s=s,
+               seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing,
+               attn=attn, step_s=s,
                tokens_per_s=tokens / s, tflops=step_flops / s / 1e12, mfu=step_flops / s / (args.peak_tflops * 1e12),
                peak_gib=peak)
     del learner, model
@@ -233,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mb-seqs", type=int, default=0,
                     help="> 0: padded micro-batches of this many sequences instead of packed rows of --mb-tokens")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--attn", default="sdpa", help="the learner's attn_implementation: sdpa, torch_varlen (torch's varlen "
+                    "flash kernel for packed rows), flash_attention_2, ...")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")

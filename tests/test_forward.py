@@ -25,7 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import components.losses  # noqa: F401  (fills LOSSES)
 from components.aggregation import token_weights, weighted_sum
-from components.engines.logprobs import build_batch, scaled_log_softmax, token_logprobs as shared_token_logprobs
+import components.trainer.forward as forward_mod
+from components.engines.logprobs import build_batch, position_ids_from_mask, scaled_log_softmax
+from components.engines.logprobs import token_logprobs as shared_token_logprobs
 from components.precision import get_precision
 from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, LOSSES
 from components.trainer.forward import (
@@ -41,6 +43,7 @@ from components.trainer.forward import (
     sequence_lengths,
     sequence_logprobs_packed,
     sequence_logprobs_padded,
+    varlen_layout,
 )
 from components.trainer.learner import token_logprobs as padded_token_logprobs
 from components.trainer.rollout import Batch
@@ -510,6 +513,95 @@ def test_resolve_attn_implementation():
     else:
         assert resolve_attn_implementation("flash_attention_2", "cuda", torch.bfloat16) == "flash_attention_2"
     assert set(ATTN_IMPLEMENTATIONS) >= {"sdpa", "eager", "flash_attention_2"}
+
+
+def test_resolve_torch_varlen_needs_cuda_and_half_precision_and_registers_it():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    with pytest.raises(ValueError, match="'torch_varlen' needs a CUDA device.*'cpu'"):
+        resolve_attn_implementation("torch_varlen", "cpu")
+    with pytest.raises(ValueError, match="'torch_varlen' computes in bf16 or fp16 only.*torch.float32"):
+        resolve_attn_implementation("torch_varlen", "cuda", torch.float32)
+    assert resolve_attn_implementation("torch_varlen", "cuda", torch.bfloat16) == "torch_varlen"
+    assert AttentionInterface._global_mapping["torch_varlen"] is forward_mod.torch_varlen_attention
+    assert "torch_varlen" in AttentionMaskInterface._global_mapping
+
+
+def test_varlen_layout_finds_the_sequences_of_packed_and_padded_rows():
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])  # [1, 9]: three packed sequences
+    keep, cu, max_len = varlen_layout(packed, None)
+    assert keep is None and cu.tolist() == [0, 3, 5, 9] and cu.dtype == torch.int32 and max_len == 4
+    two_rows = torch.tensor([[0, 1, 2, 0], [0, 1, 0, 1]])  # rows start sequences too
+    assert varlen_layout(two_rows, None)[1].tolist() == [0, 3, 4, 6, 8]
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)  # left/right padding
+    pos = position_ids_from_mask(mask.long())
+    keep, cu, max_len = varlen_layout(pos, mask)
+    assert keep.tolist() == [2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14] and cu.tolist() == [0, 3, 7, 11] and max_len == 4
+
+
+def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    """float64 causal attention within each [cu[i], cu[i+1]) span; q [n, Hq, D], k/v [n, Hkv, D]."""
+    assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
+    n, Hq, D = q.shape
+    Hkv = k.shape[1]
+    assert enable_gqa == (Hq != Hkv) and max_q == int((cu_q[1:] - cu_q[:-1]).max())
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(n, Hq, D, dtype=torch.float64)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        qs = q[a:b].double().transpose(0, 1)  # [Hq, l, D]
+        ks = k[a:b].double().transpose(0, 1).repeat_interleave(Hq // Hkv, dim=0)  # [Hq, l, D]
+        vs = v[a:b].double().transpose(0, 1).repeat_interleave(Hq // Hkv, dim=0)
+        scores = qs @ ks.transpose(1, 2) * scale  # [Hq, l, l]
+        causal = torch.ones(b - a, b - a, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out[a:b] = (scores.softmax(-1) @ vs).transpose(0, 1)
+    return out.to(q.dtype)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_torch_varlen_attention_gives_sdpas_logprobs_and_gradients(monkeypatch, arch):
+    """The model through attn_implementation "torch_varlen" (torch's kernel has no CPU version; a
+    float64 reference stands in for it, so what is tested is this repo's glue: token selection,
+    sequence boundaries, layout, GQA, scale) gives sdpa's log-probs and gradients, on a packed
+    row and on a padded micro-batch, and packed sequences do not attend to each other."""
+    forward_mod.register_torch_varlen()
+    calls = []
+
+    def kernel(*args, **kwargs):
+        assert kwargs["scale"] == pytest.approx(8 ** -0.5)  # the attention module's own scaling (head_dim 8)
+        calls.append(args[3].tolist())
+        return _reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: kernel)
+    batch = make_batch()
+    cells = completion_cells(batch)
+    results = {}
+    for attn in ("sdpa", "torch_varlen"):
+        model = tiny_model(arch, attn=attn)
+        for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
+            model.zero_grad(set_to_none=True)
+            logp, _ = sequence_logprobs_packed(model, rows, temperature=0.7, chunk_size=5, with_entropy=False)
+            (logp[cells] * torch.linspace(-1, 1, int(cells.sum()))).sum().backward()
+            results[attn, layout] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert len(calls) == 2 * 2  # two layers x (packed, padded): the kernel ran for the varlen model only
+    packed_cu = pack_batch(batch).cu_seqlens.tolist()
+    assert calls[0] == packed_cu  # the packed row's own sequence boundaries
+    for layout in ("packed", "padded"):
+        ref_logp, ref_grads = results["sdpa", layout]
+        logp, grads = results["torch_varlen", layout]
+        assert (logp[cells] - ref_logp[cells]).abs().max() < 1e-5, layout
+        for name, g in ref_grads.items():
+            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
+
+
+def test_torch_varlen_attention_refuses_dropout_and_sliding_windows():
+    q = torch.zeros(1, 4, 3, 8)
+    kv = torch.zeros(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        forward_mod.torch_varlen_attention(None, q, kv, kv, None, dropout=0.1)
+    with pytest.raises(ValueError, match="sliding window of 64"):
+        forward_mod.torch_varlen_attention(None, q, kv, kv, None, sliding_window=64)
 
 
 # ------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class TrainConfig:
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
     logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
-    attn_implementation: Optional[str] = None  # transformers attn_implementation (None: sdpa)
+    attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; forward.ATTN_IMPLEMENTATIONS)
     # -- optimizer ----------------------------------------------------------------------
     lr: float = 5e-7
     warmup_steps: int = 100

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -78,10 +79,16 @@ __all__ = [
     "enable_activation_checkpointing",
     "resolve_attn_implementation",
     "ATTN_IMPLEMENTATIONS",
+    "TORCH_VARLEN",
+    "varlen_layout",
+    "torch_varlen_attention",
+    "register_torch_varlen",
 ]
 
-# transformers attn_implementation names this trainer accepts (None means "sdpa").
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+# transformers attn_implementation names this trainer accepts (None means "sdpa"). "torch_varlen"
+# is this module's: torch's own varlen flash kernel (torch.nn.attention.varlen), no extra package.
+TORCH_VARLEN = "torch_varlen"
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", TORCH_VARLEN)
 
 # Model configs whose forward transforms the head's logits (scale / soft-cap) after lm_head: the
 # chunked head would silently skip that, so such models are refused.
@@ -647,6 +654,90 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> int:
     return blocks
 
 
+# --------------------------------------------------------------------------------------------
+# 6. torch's varlen attention (attn_implementation "torch_varlen")
+def varlen_layout(position_ids: torch.Tensor, keep_mask: Optional[torch.Tensor]) -> tuple[Optional[torch.Tensor], torch.Tensor, int]:
+    """Which tokens of a [B, L] batch go to a varlen kernel, and where its sequences start.
+
+    Args:
+        position_ids: [B, L] long. A sequence starts at the first kept token of a row and at
+            every kept token whose position id is 0 (a packed row restarts its ids per sequence).
+        keep_mask: None (every token is real: packed rows, or unpadded rows) or [B, L] bool,
+            True for real tokens (a padded micro-batch; one sequence per row).
+
+    Returns:
+        keep: None (all B x L tokens) or [n] long, the flat indices of the kept tokens in [B x L];
+        cu_seqlens: [S + 1] int32 on the ids' device, the cumulative lengths of the S sequences;
+        max_len: the longest sequence (int).
+    """
+    B, L = position_ids.shape
+    rows = torch.arange(B, device=position_ids.device).repeat_interleave(L)  # [B x L]
+    pos = position_ids.reshape(-1)  # [B x L]
+    keep = None
+    if keep_mask is not None:
+        keep = keep_mask.reshape(-1).bool().nonzero().view(-1)  # [n]
+        rows, pos = rows[keep], pos[keep]  # [n], [n]
+    n = rows.numel()
+    new_row = torch.ones_like(rows, dtype=torch.bool)  # [n]: the first kept token of its row
+    new_row[1:] = rows[1:] != rows[:-1]
+    starts = (new_row | (pos == 0)).nonzero().view(-1)  # [S]
+    cu = torch.cat([starts, torch.tensor([n], device=starts.device)]).to(torch.int32)  # [S + 1]
+    max_len = int((cu[1:] - cu[:-1]).max()) if n else 0
+    return keep, cu, max_len
+
+
+def _varlen_kernel():
+    """torch's varlen attention (flash on CUDA; it has no CPU kernel). Tests substitute a reference."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn
+
+
+def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: Optional[float] = None,
+                           sliding_window: Optional[int] = None, **kwargs):
+    """A transformers attention function over torch's varlen kernel: causal attention within each
+    sequence of a packed row, with no [N, N] mask and no padding computed.
+
+    query [B, Hq, L, D], key and value [B, Hkv, L, D] (transformers' layout); attention_mask None
+    or the [B, L] padding mask (`flash_attention_mask`, registered with it); `position_ids`
+    [B, L] in kwargs (the decoder passes them on). Returns ([B, L, Hq, D], None); padded
+    positions come out 0.
+    """
+    if dropout:
+        raise ValueError(f"attn_implementation {TORCH_VARLEN!r} has no attention dropout (got {dropout}); the learner trains without it")
+    if sliding_window is not None:
+        raise ValueError(f"attn_implementation {TORCH_VARLEN!r} computes full causal attention; this model uses a "
+                         f"sliding window of {sliding_window}: use 'sdpa' or a flash_attention_N")
+    B, Hq, L, D = query.shape
+    Hkv = key.shape[1]
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(L, device=query.device).expand(B, L)
+    keep_mask = None if attention_mask is None else attention_mask[:, -L:].bool()  # [B, L]
+    keep, cu, max_len = varlen_layout(position_ids.reshape(B, L), keep_mask)
+
+    def tokens(x, heads):  # [B, H, L, D] -> [n, H, D]
+        flat = x.transpose(1, 2).reshape(B * L, heads, D)
+        return flat if keep is None else flat[keep]
+
+    out = _varlen_kernel()(tokens(query, Hq), tokens(key, Hkv), tokens(value, Hkv), cu, cu, max_len, max_len,
+                           scale=scaling, window_size=(-1, 0), enable_gqa=Hq != Hkv)  # [n, Hq, D]
+    if keep is not None:
+        full = out.new_zeros(B * L, Hq, D)
+        out = full.index_copy(0, keep, out)  # [B x L, Hq, D]
+    return out.reshape(B, L, Hq, D), None
+
+
+def register_torch_varlen() -> None:
+    """Make "torch_varlen" an attn_implementation transformers knows (idempotent): the attention
+    function above, and flash attention's mask function (None, or the 2D padding mask)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
+    AttentionMaskInterface.register(TORCH_VARLEN, flash_attention_mask)
+
+
 def _flash_available(version: int) -> bool:
     utils = importlib.import_module("transformers.utils")
     check = getattr(utils, f"is_flash_attn_{version}_available", None)
@@ -659,13 +750,15 @@ def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[tor
     None -> "sdpa" (every device). "eager" works everywhere. "flash_attention_N" needs a CUDA
     device, the flash-attn package of that version installed, and (when `dtype`, the decoder
     blocks' compute dtype, is given) bf16 or fp16; it runs packed rows through the varlen kernel.
+    "torch_varlen" has the same needs except the package: it is torch's own varlen flash kernel
+    (`torch.nn.attention.varlen`), registered with transformers here.
     Raises ValueError naming the bad value and the valid choices.
     """
     if name is None:
         return "sdpa"
     if not isinstance(name, str) or name not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"train.attn_implementation = {name!r} is not one of {list(ATTN_IMPLEMENTATIONS)} (or None for sdpa)")
-    if name.startswith("flash_attention_"):
+    if name.startswith("flash_attention_") or name == TORCH_VARLEN:
         if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(
                 f"train.attn_implementation = {name!r} computes in bf16 or fp16 only, the decoder blocks compute in "
@@ -677,6 +770,12 @@ def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[tor
                 f"train.attn_implementation = {name!r} needs a CUDA device, the learner runs on {str(dev)!r}; "
                 f"use one of ['sdpa', 'eager'] (or None) there"
             )
+        if name == TORCH_VARLEN:
+            if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+                raise ValueError(f"train.attn_implementation = {name!r} needs torch >= 2.10 (torch.nn.attention.varlen); "
+                                 f"this torch is {torch.__version__}: use 'sdpa'")
+            register_torch_varlen()
+            return name
         version = int(name.rsplit("_", 1)[1])
         if not _flash_available(version):
             pkg = {2: "flash-attn", 3: "flash-attn-3 (flash_attn_interface)", 4: "flash-attn-4 (flash_attn.cute)"}[version]
