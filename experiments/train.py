@@ -396,7 +396,7 @@ def _bind_gpus_early(config_files, bindings, penv) -> None:
 
 def _bind_gpus(layout, penv) -> None:
     """Restrict this task to its own GPU(s) of the node before CUDA starts (Slurm shows every task all of them)."""
-    from components.trainer.roles import assign_gpus
+    from components.trainer.roles import GPUS_SHARED_ENV, assign_gpus, gpus_shared
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip() != ""]
     if not visible:
@@ -408,6 +408,7 @@ def _bind_gpus(layout, penv) -> None:
     node_ranks = list(range(first, min(first + per_node, penv.world_size)))
     mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] for i in mine)
+    os.environ[GPUS_SHARED_ENV] = "1" if gpus_shared(layout, per_node, len(visible)) else "0"
 
 
 class RunDirBusyError(RuntimeError):

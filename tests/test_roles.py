@@ -74,6 +74,23 @@ def test_assign_gpus_exclusive_shared_and_errors():
         R.assign_gpus(lay, 3, [0, 1], gpus_on_node=8)
 
 
+def test_gpus_shared_is_one_answer_for_the_whole_run(tmp_path, monkeypatch):
+    lay = R.Layout(learner_ranks=2, num_generators=2, gpus_per_generator=2)  # needs 1 + 1 + 2 + 2 GPUs
+    assert not R.gpus_shared(lay, ranks_per_node=4, gpus_on_node=6)
+    assert R.gpus_shared(lay, ranks_per_node=4, gpus_on_node=5)
+    assert not R.gpus_shared(lay, ranks_per_node=2, gpus_on_node=4)  # node 0: 1 + 1, node 1: 2 + 2
+    assert R.gpus_shared(lay, ranks_per_node=2, gpus_on_node=3)  # node 1 needs 4
+    assert R.gpus_shared(R.Layout(1, 1), ranks_per_node=2, gpus_on_node=1)  # a learner and a generator on one GPU
+    # every process the local launcher starts gets the run's answer with its GPUs
+    from components.trainer.launcher import child_env
+
+    endpoints = R.Endpoints("127.0.0.1", 40000)
+    for visible, shared in (("0", "1"), ("0,1", "0")):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        envs = [child_env(r, R.Layout(1, 1), endpoints, tmp_path / "setup.pkl", on_gpu=True) for r in range(2)]
+        assert [e[R.GPUS_SHARED_ENV] for e in envs] == [shared, shared]
+
+
 def test_a_local_run_pins_each_process_to_its_own_cpu_when_there_are_enough():
     import os
 

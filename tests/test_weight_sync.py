@@ -412,6 +412,16 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert weight_sync_backend("auto", "cuda:0") == "gloo"  # the nccl path is vLLM's engine: gloo without it
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.delenv("SCALERL_GPUS_SHARED", raising=False)
+    assert weight_sync_backend("auto", "cuda:0") == "nccl"
+    # processes that share a GPU: NCCL refuses two ranks on one GPU
+    assert weight_sync_backend("auto", "cuda:0", gpus_shared=True) == "gloo"
+    monkeypatch.setenv("SCALERL_GPUS_SHARED", "1")  # as the launcher or the Slurm task sets it
+    assert weight_sync_backend("auto", "cuda:0") == "gloo" and weight_sync_backend("ipc", "cuda:0") == "ipc"
+    with pytest.raises(ValueError, match="'nccl' but this run's processes share GPUs.*'ipc'.*'gloo'"):
+        weight_sync_backend("nccl", "cuda:0")
+    assert weight_sync_backend("auto", "cpu") == "gloo"
+    monkeypatch.setenv("SCALERL_GPUS_SHARED", "0")
     assert weight_sync_backend("auto", "cuda:0") == "nccl"
     with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl, ipc; got 'mpi'"):
         validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))

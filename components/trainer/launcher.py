@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from components.trainer.roles import Endpoints, Layout, assign_gpus, free_port_base
+from components.trainer.roles import GPUS_SHARED_ENV, Endpoints, Layout, assign_gpus, free_port_base, gpus_shared
 
 __all__ = ["launch_local", "child_env", "AFTER_HUB_S", "HUB_LOST_S", "POLL_S"]
 
@@ -81,6 +81,7 @@ def child_env(rank: int, layout: Layout, endpoints: Endpoints, setup_path: Path,
         visible = _visible_gpus()
         mine = assign_gpus(layout, rank, list(range(layout.world_size)), len(visible))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] for i in mine)
+        env[GPUS_SHARED_ENV] = "1" if gpus_shared(layout, layout.world_size, len(visible)) else "0"
     return env
 
 

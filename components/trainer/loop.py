@@ -99,13 +99,27 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
     return out
 
 
-def weight_sync_backend(choice: str, device: str) -> str:
+def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = None) -> str:
     """`train.weight_sync_backend` resolved (the same on every member of the group): "auto" is
-    nccl on GPU when vLLM (whose weight-transfer engine the nccl path uses) is installed, else
-    gloo."""
+    nccl on GPU when vLLM (whose weight-transfer engine the nccl path uses) is installed and no
+    two processes share a GPU, else gloo. `gpus_shared` (default: SCALERL_GPUS_SHARED, set where
+    the GPUs were bound, `roles.gpus_shared`): NCCL refuses two ranks on one GPU, so "nccl"
+    there is refused with the choices that work."""
+    from components.trainer.roles import GPUS_SHARED_ENV
+
+    on_gpu = str(device).startswith("cuda")
+    if gpus_shared is None:
+        gpus_shared = os.environ.get(GPUS_SHARED_ENV) == "1"
+    if choice == "nccl" and on_gpu and gpus_shared:
+        raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
+                         "on one GPU); use 'ipc' (CUDA IPC, one node), 'gloo' or 'auto'")
     if choice != "auto":
         return choice
-    if not str(device).startswith("cuda"):
+    if not on_gpu:
+        return "gloo"
+    if gpus_shared:
+        log.warning("the run's processes share GPUs: weights go to the generators over gloo, staged through host memory "
+                    "(train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)")
         return "gloo"
     import importlib.util
 

@@ -275,6 +275,24 @@ def pin_cpu(slot: int, world_size: int, environ: Optional[dict] = None) -> Optio
     return cpu
 
 
+# "1" in every process of a run whose processes share GPUs (`gpus_shared`), set by whoever binds
+# the GPUs (the local launcher, or each Slurm task); the weight group's "auto" backend reads it.
+GPUS_SHARED_ENV = "SCALERL_GPUS_SHARED"
+
+
+def gpus_shared(layout: Layout, ranks_per_node: int, gpus_on_node: int) -> bool:
+    """True when the processes of some node need more GPUs than it has, so that `assign_gpus`
+    makes them share (e.g. a learner and a generator on one GPU). Nodes hold `ranks_per_node`
+    consecutive ranks (the last one the rest) and `gpus_on_node` GPUs each, so every process of
+    the run computes the same answer."""
+    per = max(int(ranks_per_node), 1)
+    for first in range(0, layout.world_size, per):
+        need = sum(layout.gpus_needed(layout.role(r)) for r in range(first, min(first + per, layout.world_size)))
+        if need > gpus_on_node:
+            return True
+    return False
+
+
 def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:
     """Local GPU indices of `rank` among the processes of its node (consecutive, in rank order).
 
@@ -294,8 +312,8 @@ def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_no
     if mine > gpus_on_node:
         raise RuntimeError(f"{layout.role(rank).name} needs {mine} GPUs (tensor parallelism) but its node has {gpus_on_node}")
     log.warning("the %d processes on this node need %d GPUs but %d are visible: they share GPUs (NCCL refuses two "
-                "ranks on one GPU: for the weight sync set train.weight_sync_backend = \"ipc\" (CUDA IPC) or \"gloo\")",
-                len(ranks), sum(need), gpus_on_node)
+                "ranks on one GPU, so the weight sync's \"auto\" backend is gloo; train.weight_sync_backend = \"ipc\" "
+                "passes CUDA IPC handles instead)", len(ranks), sum(need), gpus_on_node)
     first = start % gpus_on_node
     if first + mine > gpus_on_node:
         first = 0
