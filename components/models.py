@@ -211,4 +211,4 @@ def empty_causal_lm(path: str | os.PathLike, dtype=None, attn_implementation: Op
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32, **extra)
-    return model
+    return model.eval()  # as from_pretrained returns it

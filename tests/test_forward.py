@@ -595,6 +595,31 @@ def test_torch_varlen_attention_gives_sdpas_logprobs_and_gradients(monkeypatch, 
             assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
 
 
+def test_torch_varlen_attention_gives_the_kernel_one_half_dtype_under_autocast(monkeypatch):
+    """One learner rank computes under autocast over fp32 weights: the projections come out bf16, the
+    rotary embedding promotes query and key to fp32. The kernel (which autocast does not cast)
+    gets q, k, v in the autocast dtype, and the log-probs stay close to sdpa's under the same
+    autocast."""
+    forward_mod.register_torch_varlen()
+    seen = []
+
+    def kernel(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return _reference_varlen(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: kernel)
+    batch = make_batch()
+    cells = completion_cells(batch)
+    out = {}
+    for attn in ("sdpa", "torch_varlen"):
+        model = tiny_model("qwen2", attn=attn)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out[attn], _ = sequence_logprobs_packed(model, pack_batch(batch), temperature=1.0, chunk_size=5,
+                                                    with_entropy=False)
+    assert seen and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen)
+    assert (out["torch_varlen"][cells] - out["sdpa"][cells]).abs().max() < 0.05  # bf16 attention either way
+
+
 def test_torch_varlen_attention_refuses_dropout_and_sliding_windows():
     q = torch.zeros(1, 4, 3, 8)
     kv = torch.zeros(1, 2, 3, 8)

@@ -34,7 +34,7 @@ METRIC_FIELDS = {
     "epoch", "cpu_hours", "contention", "contention_run", "procs", "eval_wall_s", "startup_s",
 }
 EVAL_FIELDS = {"step", "compute_hours", "flops", "pass_rate", "k", "prompts", "per_task", "eval_wall_s", "eval_compute_hours",
-               "entropy", "drain_s", "eval_training_groups"}
+               "entropy", "drain_s", "drain_groups", "eval_training_groups"}
 RUN_FIELDS = {"name", "sweep", "factor", "value", "recipe", "seed", "git_sha", "hardware", "status", "started", "finished"}
 
 
@@ -474,17 +474,19 @@ def test_operative_configs_of_learner_and_generators_merge_into_one_that_parses(
     def engine_part(cache=8, batch=4):
         return cache, batch
 
-    both = "SIZE = 3\nmerge_learner_part.lr = 0.5\nmerge_engine_part.cache = %SIZE\n"
+    both = "SIZE = 3\nLR = 0.5\nmerge_learner_part.lr = %LR\nmerge_engine_part.cache = %SIZE\n"
     learner = operative(both, learner_part)
     generator = operative(both, lambda: (learner_part(), engine_part()))
     assert "merge_engine_part" not in learner and "merge_engine_part.cache = %SIZE" in generator
+    assert "LR = 0.5" in learner and "SIZE = 3" not in learner  # both have macros: merged one by one
 
     merged = merge_operative_configs(learner, [generator, generator])
     assert merge_operative_configs(learner, []) == learner  # one process: gin's own text, unchanged
     assert merged.count("# Parameters for merge_learner_part:") == 1 and merged.count("# Macros:") == 1
     assert merged.index("# Macros:") < merged.index("merge_engine_part") < merged.index("merge_learner_part")
-    gin.parse_config(merged)  # it parses back, with the generator-only binding
-    assert gin.query_parameter("merge_engine_part.cache") is not None
+    assert "SIZE = 3" in merged and merged.count("LR = 0.5") == 1
+    gin.parse_config(merged)  # it parses back, with the generator-only binding and its macro
+    assert engine_part() == (3, 4) and learner_part() == (0.5, 2)
     assert merge_operative_configs(learner, [generator]) == merge_operative_configs(generator, [learner])
     gin.clear_config()
 
@@ -530,4 +532,5 @@ def test_pipeline_rl_evaluations_hold_no_training_decoding(tmp_path, model_path)
     assert [e["step"] for e in evals] == [0, 2, 4, 6]
     assert [e["eval_training_groups"] for e in evals] == [0, 0, 0, 0]
     assert all(e["eval_wall_s"] > 0 and e["drain_s"] >= 0 for e in evals)
+    assert evals[0]["drain_groups"] == 0 and sum(e["drain_groups"] for e in evals[1:]) > 0  # there was work in flight
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]

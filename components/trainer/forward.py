@@ -686,6 +686,23 @@ def varlen_layout(position_ids: torch.Tensor, keep_mask: Optional[torch.Tensor])
     return keep, cu, max_len
 
 
+_LAST_LAYOUT: list = []  # [(position_ids, attention_mask, B, L), layout] of the latest forward
+
+
+def _cached_varlen_layout(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], B: int, L: int):
+    """`varlen_layout` once per forward, not once per decoder layer: every layer gets the same
+    position-id and mask tensors, and the layout costs host syncs (nonzero, max). The entry holds
+    the tensors themselves, so a hit is the very same objects, never a reused address."""
+    if _LAST_LAYOUT:
+        (ids, mask, b, l), layout = _LAST_LAYOUT[0]
+        if ids is position_ids and mask is attention_mask and (b, l) == (B, L):
+            return layout
+    keep_mask = None if attention_mask is None else attention_mask[:, -L:].bool()  # [B, L]
+    layout = varlen_layout(position_ids.expand(B, L), keep_mask)
+    _LAST_LAYOUT[:] = [((position_ids, attention_mask, B, L), layout)]
+    return layout
+
+
 def _varlen_kernel():
     """torch's varlen attention (flash on CUDA; it has no CPU kernel). Tests substitute a reference."""
     from torch.nn.attention.varlen import varlen_attn
@@ -712,12 +729,18 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
     Hkv = key.shape[1]
     position_ids = kwargs.get("position_ids")
     if position_ids is None:
-        position_ids = torch.arange(L, device=query.device).expand(B, L)
-    keep_mask = None if attention_mask is None else attention_mask[:, -L:].bool()  # [B, L]
-    keep, cu, max_len = varlen_layout(position_ids.reshape(B, L), keep_mask)
+        position_ids = torch.arange(L, device=query.device)
+    keep, cu, max_len = _cached_varlen_layout(position_ids, attention_mask, B, L)
+    # one half-precision dtype for the kernel: under autocast (one learner rank) the projections
+    # come out bf16 but the rotary embedding (fp32 cos / sin) promotes query and key to fp32
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+    else:
+        dtype = value.dtype if value.dtype in (torch.bfloat16, torch.float16) else query.dtype
 
     def tokens(x, heads):  # [B, H, L, D] -> [n, H, D]
-        flat = x.transpose(1, 2).reshape(B * L, heads, D)
+        flat = x.to(dtype).transpose(1, 2).reshape(B * L, heads, D)
         return flat if keep is None else flat[keep]
 
     out = _varlen_kernel()(tokens(query, Hq), tokens(key, Hkv), tokens(value, Hkv), cu, cu, max_len, max_len,

@@ -4,8 +4,9 @@ Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
 - hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("drain",), ("eval", EvalOrder),
   ("downstream", step), ("stop",)
 - generator -> hub: ("ready", index, info), ("rollout", Rollout, proc_stats),
-  ("drained", index, proc_stats), ("eval_done", index, record, proc_stats),
-  ("downstream_done", index, records, proc_stats), ("error", index, traceback)
+  ("drained", index, proc_stats, groups), ("eval_done", index, record, proc_stats),
+  ("downstream_done", index, records, proc_stats), ("config", index, operative config),
+  ("error", index, traceback)
 
 Weights do not travel on the transport: a ("weights", update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
@@ -415,8 +416,15 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                 requests = build_requests(work, tokenizer, length_control, cfg)
                 engine.add_requests(requests, dataclasses.replace(base_params, seed=int(work.seed)))
             elif kind == "drain":  # an evaluation comes next: finish the training sequences in flight first
-                drain_training(engine, to_scorer, busy)
-                peer.send(("drained", index, proc_stats()))
+                groups = drain_training(engine, to_scorer, busy)
+                while outstanding[0] > 0:  # ... scored and sent too: no verifier runs on the evaluation's time
+                    if scorer.error is not None:
+                        raise RuntimeError(f"scoring failed:\n{scorer.error}")
+                    try:
+                        send(scorer.outbox.get(timeout=0.05))
+                    except queue.Empty:
+                        pass
+                peer.send(("drained", index, proc_stats(), groups))
             elif kind == "eval":
                 record = _run_eval(msg[1], engine, task, tokenizer, length_control, cfg, to_scorer)
                 peer.send(("eval_done", index, record, proc_stats()))
@@ -429,6 +437,9 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                     benchmarks = load_benchmarks(cfg.downstream_benchmarks)
                 records = evaluate_downstream(_EvalView(engine, to_scorer), benchmarks, tokenizer, cfg, step=int(msg[1]),
                                               length_control=length_control)
+                # the benchmarks' bindings were first read just now: learner-0's config.gin gets them too
+                # (sent first: the hub has it once it has the results it waits for)
+                peer.send(("config", index, gin.operative_config_str()))
                 peer.send(("downstream_done", index, records, proc_stats()))
             else:
                 raise RuntimeError(f"generator-{index}: unknown message {kind!r}")

@@ -171,6 +171,7 @@ class Trainer:
         self.eval_done: dict[int, dict] = {}
         self.ready: set = set()
         self.drained: set = set()  # generators that finished their in-flight training sequences
+        self.drain_groups = 0  # training groups they finished while draining
         self.peer_configs: dict[str, str] = {}  # generator -> its operative gin config (sent when ready)
         self.procs: dict = {}  # process name -> latest proc_stats()
         self._procs_at_step: dict = {}
@@ -279,6 +280,9 @@ class Trainer:
         elif kind == "drained":
             self.procs[peer] = msg[2]
             self.drained.add(peer)
+            self.drain_groups += int(msg[3]) if len(msg) > 3 else 0
+        elif kind == "config":  # a generator's operative config after it read more bindings
+            self.peer_configs[peer] = msg[2]
         elif kind == "eval_done":
             self.procs[peer] = msg[3]
             self.eval_done[int(msg[1])] = msg[2]
@@ -375,29 +379,34 @@ class Trainer:
         self._procs_at_step = now
         return fields
 
-    def _drain(self) -> float:
-        """Every generator decodes its in-flight training sequences to their end, ON the training clock
-        (they are training work): an evaluation after it holds no training decoding on its own time.
-        Returns the seconds it took."""
+    def _drain(self) -> tuple[float, int]:
+        """Every generator decodes its in-flight training sequences to their end and sends them scored,
+        ON the training clock (they are training work): an evaluation after it holds no training
+        work on its own time. Returns the seconds it took and the groups the generators finished."""
         t0 = time.time()
         self.drained = set()
+        self.drain_groups = 0
         for name in self.generators:
             self.hub.send(name, ("drain",))
-        deadline = time.monotonic() + self.cfg.queue_timeout_s
+        progress = (len(self.rollouts), len(self.drained))
+        deadline = time.monotonic() + self.cfg.queue_timeout_s  # since the last group or answer arrived
         while len(self.drained) < len(self.generators):
             if time.monotonic() > deadline:
                 late = sorted(set(self.generators) - self.drained)
-                raise GeneratorError(f"{', '.join(late)} did not finish their in-flight sequences within "
-                                     f"train.queue_timeout_s={self.cfg.queue_timeout_s}s before an evaluation")
+                raise GeneratorError(f"{', '.join(late)}: no in-flight sequence finished within train.queue_timeout_s="
+                                     f"{self.cfg.queue_timeout_s}s while draining before an evaluation")
             self._pump(1.0)
-        return time.time() - t0
+            if (len(self.rollouts), len(self.drained)) != progress:
+                progress = (len(self.rollouts), len(self.drained))
+                deadline = time.monotonic() + self.cfg.queue_timeout_s
+        return time.time() - t0, self.drain_groups
 
     def _evaluate(self) -> None:
         """Held-out mean@k on the generators at the learner's current version (pinned), off the training clock."""
         cfg = self.cfg
         if self.pushed_version != self.learner.version:
             self._push_weights()
-        drain_s = self._drain()
+        drain_s, drain_groups = self._drain()
         self.clock.pause()
         t0 = time.time()
         seed = eval_seed(cfg.seed, self.step)
@@ -427,7 +436,7 @@ class Trainer:
         line = {
             "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
             "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
-            "drain_s": drain_s,
+            "drain_s": drain_s, "drain_groups": drain_groups,
             "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0),
             "cpu_hours": self._cpu_hours(), **record,
         }

@@ -101,6 +101,31 @@ def _gin_sections(text: str) -> tuple[list[str], dict[str, str]]:
     return imports, {head: "\n".join(lines).rstrip() for head, lines in sections.items()}
 
 
+def _macro_entries(section: str) -> tuple[list[str], dict[str, str]]:
+    """A gin "# Macros:" section as (its header lines, {macro name: its binding text}); a binding
+    goes on over the indented lines that follow it (gin breaks long values that way)."""
+    head: list[str] = []
+    entries: dict[str, list[str]] = {}
+    current: Optional[list[str]] = None
+    for line in section.splitlines():
+        if line.startswith("#") and current is None:
+            head.append(line)
+        elif line[:1].strip() and "=" in line:
+            current = entries.setdefault(line.split("=", 1)[0].strip(), [])
+            current.append(line)
+        elif current is not None and line.strip():
+            current.append(line)
+    return head, {name: "\n".join(lines) for name, lines in entries.items()}
+
+
+def _merge_macros(first: str, second: str) -> str:
+    """The union of two "# Macros:" sections by macro name (`first`'s value wins), sorted as gin sorts them."""
+    head, entries = _macro_entries(first)
+    for name, text in _macro_entries(second)[1].items():
+        entries.setdefault(name, text)
+    return "\n".join(head + [entries[name] for name in sorted(entries)])
+
+
 def merge_operative_configs(primary: str, others: "list[str] | tuple[str, ...]") -> str:
     """One operative config for a run of several processes: `primary` (learner rank 0's) plus
     every section only `others` (the generators') have, e.g. the engine's bindings, which only a
@@ -113,7 +138,10 @@ def merge_operative_configs(primary: str, others: "list[str] | tuple[str, ...]")
         more_imports, more = _gin_sections(text)
         imports += [line for line in more_imports if line not in imports]
         for head, body in more.items():
-            sections.setdefault(head, body)
+            if head == "# Macros:" and head in sections:  # one macro at a time: a generator's own macros too
+                sections[head] = _merge_macros(sections[head], body)
+            else:
+                sections.setdefault(head, body)
     order = sorted(sections, key=lambda head: (head != "# Macros:", head))
     parts = (["\n".join(imports)] if imports else []) + [sections[head] for head in order]
     return "\n\n".join(parts) + "\n"
