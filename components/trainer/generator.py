@@ -219,13 +219,19 @@ def drain_training(engine, on_training_group, busy: list) -> int:
     """
     finished_groups = 0
     while engine.has_unfinished():
-        t0 = time.perf_counter()
-        finished = engine.step()
-        busy[0] += time.perf_counter() - t0
-        for group in finished:
-            on_training_group(group)
-            finished_groups += 1
+        finished_groups += step_engine(engine, on_training_group, busy)
     return finished_groups
+
+
+def step_engine(engine, on_training_group, busy: list) -> int:
+    """One decode step of the engine: its engine time into `busy[0]`, every group it finished to
+    `on_training_group`. Returns how many groups finished."""
+    t0 = time.perf_counter()
+    finished = engine.step()
+    busy[0] += time.perf_counter() - t0
+    for group in finished:
+        on_training_group(group)
+    return len(finished)
 
 
 class _EvalView:
@@ -445,8 +451,4 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                 raise RuntimeError(f"generator-{index}: unknown message {kind!r}")
             msg = peer.recv(timeout_s=0.0)
         if engine.has_unfinished():
-            t0 = time.perf_counter()
-            finished = engine.step()
-            busy[0] += time.perf_counter() - t0
-            for group in finished:
-                to_scorer(group)
+            step_engine(engine, to_scorer, busy)
