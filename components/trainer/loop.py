@@ -44,7 +44,7 @@ from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
-                                      resume_log, write_operative_config)
+                                      resume_log, write_text_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +379,15 @@ class Trainer:
         self._procs_at_step = now
         return fields
 
+    def _pause_for_evaluation(self) -> tuple[float, int]:
+        """Before an evaluation: the learner's version to the generators, their in-flight training
+        work drained (on the training clock), then the clock paused. Returns `_drain`'s (seconds, groups)."""
+        if self.pushed_version != self.learner.version:
+            self._push_weights()
+        drained = self._drain()
+        self.clock.pause()
+        return drained
+
     def _drain(self) -> tuple[float, int]:
         """Every generator decodes its in-flight training sequences to their end and sends them scored,
         ON the training clock (they are training work): an evaluation after it holds no training
@@ -404,10 +413,7 @@ class Trainer:
     def _evaluate(self) -> None:
         """Held-out mean@k on the generators at the learner's current version (pinned), off the training clock."""
         cfg = self.cfg
-        if self.pushed_version != self.learner.version:
-            self._push_weights()
-        drain_s, drain_groups = self._drain()
-        self.clock.pause()
+        drain_s, drain_groups = self._pause_for_evaluation()
         t0 = time.time()
         seed = eval_seed(cfg.seed, self.step)
         G = len(self.generators)
@@ -450,10 +456,7 @@ class Trainer:
     def _downstream(self) -> None:
         """Downstream benchmarks (mean@k, pass@k) on generator-0 at the current version, off the training clock."""
         cfg = self.cfg
-        if self.pushed_version != self.learner.version:
-            self._push_weights()
-        self._drain()
-        self.clock.pause()
+        self._pause_for_evaluation()
         t0 = time.time()
         self.downstream_done = None
         self.hub.send(self.generators[0], ("downstream", self.step))
@@ -766,7 +769,7 @@ class Trainer:
             from experiments.export import write_final_policy
 
             write_final_policy(self.run_dir)
-            write_operative_config(self.run_dir, self.operative_config())
+            write_text_atomic(self.run_dir / "config.gin", self.operative_config())  # the run's operative config
             self._status = "done"
             return "done"
         except (SystemExit, KeyboardInterrupt):

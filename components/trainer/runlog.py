@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["JsonlLog", "repair_jsonl", "resume_log", "LogLossError", "read_jsonl", "RunInfo", "write_json_atomic",
-           "merge_operative_configs", "write_operative_config",
+           "write_text_atomic", "merge_operative_configs",
            "git_sha", "now_iso", "record_failure", "read_failure_fallback", "failure_fallback_paths", "failure_in_run_dir",
            "EXIT_DONE", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILURE_UNRECORDED"]
 
@@ -66,15 +66,19 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (fsynced; a kill leaves the old file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(_clean(data), f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
 
 
 _SECTION = ("# Parameters for ", "# Macros:")
@@ -145,17 +149,6 @@ def merge_operative_configs(primary: str, others: "list[str] | tuple[str, ...]")
     order = sorted(sections, key=lambda head: (head != "# Macros:", head))
     parts = (["\n".join(imports)] if imports else []) + [sections[head] for head in order]
     return "\n\n".join(parts) + "\n"
-
-
-def write_operative_config(run_dir: Path, text: str) -> None:
-    """config.gin of a finished run: the operative config (atomically: a kill leaves the old file)."""
-    path = Path(run_dir) / "config.gin"
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict]:
