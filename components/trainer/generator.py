@@ -361,7 +361,8 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
     length_control = make_length_control(cfg)
     # joined at the first update (a vLLM engine joins from inside its worker)
-    receiver = WeightReceiver(weight_group_of(cfg, endpoints, layout, setup.device), rank=1 + index, device=setup.device)
+    weight_group = weight_group_of(cfg, endpoints, layout, setup.device)
+    receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
     base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
     scorer = _Scorer(task, tokenizer, length_control, cfg, index)
     problems: dict[int, Any] = {}

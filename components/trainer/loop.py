@@ -130,13 +130,15 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
 
 
 def weight_group_of(cfg, endpoints, layout, device: str):
-    """The run's weight group (learner-0 + every generator); every member builds the same one."""
+    """The run's weight group (learner-0 + every generator's receiving workers: vLLM's tensor-parallel
+    workers each join it); every member builds the same one."""
     from components.trainer.weight_sync import WeightGroup
 
     host = endpoints.host if endpoints.host not in ("", "0.0.0.0") else "127.0.0.1"
     return WeightGroup(master_addr=host, master_port=endpoints.weight_port, num_generators=layout.num_generators,
                        backend=weight_sync_backend(cfg.weight_sync_backend, device),
-                       timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb)
+                       timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb,
+                       workers_per_generator=layout.gpus_per_generator)
 
 
 def _count_by_generator(rollouts: list) -> dict:

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "available_gpus",
+__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus", "available_gpus",
            "PORTS_PER_RUN"]
 
 PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
@@ -291,6 +291,33 @@ def gpus_shared(layout: Layout, ranks_per_node: int, gpus_on_node: int) -> bool:
         if need > gpus_on_node:
             return True
     return False
+
+
+def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], environ: Optional[dict] = None) -> tuple[list[str], bool]:
+    """(this Slurm task's devices, whether the run's processes share GPUs), from what Slurm shows it.
+
+    Two ways a job can hold its GPUs:
+    - per node (`scalerl`'s own jobs: `--gpus-per-node`): every task sees all of its node's GPUs and
+      takes its own by rank (`assign_gpus`); they are shared when the node has too few (`gpus_shared`);
+    - per task (`--gpus-per-task`, which implies `--gpu-bind=per_task`; SLURM_GPUS_PER_TASK is set):
+      each task sees only the GPUs bound to it, so it takes the first ones its role needs, and no
+      two processes share one. Every task has the same answer, so the weight group agrees.
+    """
+    env = os.environ if environ is None else environ
+    role = layout.role(penv.rank)
+    if env.get("SLURM_GPUS_PER_TASK"):
+        need = layout.gpus_needed(role)
+        if len(visible) < need:
+            raise RuntimeError(
+                f"{role.name} needs {need} GPU(s) (vllm.tensor_parallel_size) but Slurm bound {len(visible)} to its task "
+                f"(SLURM_GPUS_PER_TASK={env['SLURM_GPUS_PER_TASK']}, CUDA_VISIBLE_DEVICES={','.join(visible) or '(none)'}): "
+                f"submit with --gpus-per-task={need}, or with --gpus-per-node and no --gpus-per-task")
+        return list(visible[:need]), False
+    first = penv.rank - penv.local_rank
+    per_node = int(env.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(env.get("SLURM_NNODES", "1")), 1))
+    node_ranks = list(range(first, min(first + per_node, penv.world_size)))
+    mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
+    return [visible[i] for i in mine], gpus_shared(layout, per_node, len(visible))
 
 
 def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:

@@ -1,6 +1,8 @@
 """Weight sync by broadcast: learner rank 0 -> every generator (issue 10, item 4).
 
-The WEIGHT GROUP is learner rank 0 (rank 0) plus every generator i (rank 1 + i). It is never
+The WEIGHT GROUP is learner rank 0 (rank 0) plus every generator's receiving workers: generator
+i is rank 1 + i, or with vLLM tensor parallelism of W its worker w is rank 1 + i x W + w (each TP
+worker receives every full tensor; its `load_weights` keeps its shard). It is never
 the default process group (the learner ranks own theirs, and vLLM sets up its own
 torch.distributed world inside a generator), so it is built statelessly:
 
@@ -14,7 +16,9 @@ torch.distributed world inside a generator), so it is built statelessly:
   vLLM's packed broadcast with ``bucket_mb`` buffers); a vLLM generator uses vLLM's
   ``NCCLWeightTransferEngine`` (``init_weight_transfer_engine`` / ``start_weight_update`` /
   ``update_weights`` / ``finish_weight_update``); a torch-engine generator reads the same packed
-  wire format. UNTESTED: no GPU was available when this was written. NCCL has no timeout:
+  wire format. Tested on CPU with gloo in NCCL's place and no-op CUDA streams (vLLM's packing,
+  both vLLM engines and this glue run as they are; tests/test_weight_sync.py); NCCL itself has
+  not run here (no GPU). NCCL has no timeout:
   a dead peer is caught by the run's heartbeats, not here.
 - ``ipc`` (one node; on GPU the learner and its generators SHARE the GPU, where NCCL refuses two
   ranks): no collective at all. Learner rank 0 packs each bucket into one of two buffers it
@@ -37,7 +41,7 @@ One update, step by step (the control message travels on the run's transport, no
     # generator, between two decode steps, on the announcement
     engine.receive_weights(receiver, update)                # torch: in place, KV cache kept
 
-Joining: the group forms when all 1 + G ranks have called `connect()` (learner:
+Joining: the group forms when all its ranks have called `connect()` (learner:
 `WeightSender.connect`; generator: `engine.connect_weights(receiver)`). Call it on every rank at
 startup, or on none (then the first `send` / `receive_weights` joins): a rank that connects
 while the others wait for an update blocks until the group timeout, then raises naming the
@@ -79,6 +83,7 @@ __all__ = [
     "WeightSender",
     "WeightReceiver",
     "register_vllm_gloo_engine",
+    "engine_worker_rank",
     "vllm_packed_chunks",
 ]
 
@@ -103,7 +108,11 @@ class WeightGroup:
     Args:
         master_addr: host of learner rank 0, which hosts the TCPStore (reachable from every generator).
         master_port: the TCPStore's port.
-        num_generators: G; the group has 1 + G ranks, generator i is rank 1 + i.
+        num_generators: G.
+        workers_per_generator: W, the processes of one generator that receive weights: vLLM's
+            tensor-parallel workers (``vllm.tensor_parallel_size``; each receives every full tensor
+            and its ``load_weights`` keeps its shard), 1 for a torch engine. The group has
+            1 + G x W ranks; generator i's worker w is rank 1 + i x W + w (`generator_rank`).
         backend: "gloo" (CPU), "nccl" (GPU, vLLM's PyNccl) or "ipc" (one node, shared memory / CUDA IPC).
         timeout_s: rendezvous and per-collective timeout (gloo, ipc).
         bucket_mb: size of the broadcast buffers (nccl: both sides must agree, so it is fixed here).
@@ -115,12 +124,17 @@ class WeightGroup:
     backend: str = "gloo"
     timeout_s: float = 300.0
     bucket_mb: float = 64.0
+    workers_per_generator: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"weight group backend must be one of {BACKENDS}, got {self.backend!r}")
         if int(self.num_generators) < 1:
             raise ValueError(f"weight group needs num_generators >= 1, got {self.num_generators!r}")
+        if isinstance(self.workers_per_generator, bool) or not isinstance(self.workers_per_generator, int) \
+                or self.workers_per_generator < 1:
+            raise ValueError(f"weight group workers_per_generator must be an int >= 1 (vLLM's tensor_parallel_size), "
+                             f"got {self.workers_per_generator!r}")
         if not 0 < int(self.master_port) < 65536:
             raise ValueError(f"weight group master_port must be in 1..65535, got {self.master_port!r}")
         if not self.timeout_s > 0:
@@ -130,7 +144,26 @@ class WeightGroup:
 
     @property
     def world_size(self) -> int:
-        return 1 + int(self.num_generators)
+        return 1 + int(self.num_generators) * self.workers_per_generator
+
+    def generator_rank(self, generator: int, worker: int = 0) -> int:
+        """The weight-group rank of `generator`'s `worker` (its tensor-parallel rank)."""
+        if not 0 <= int(generator) < int(self.num_generators):
+            raise ValueError(f"generator index must be in 0..{int(self.num_generators) - 1}, got {generator!r}")
+        if not 0 <= int(worker) < self.workers_per_generator:
+            raise ValueError(f"a generator's worker must be in 0..{self.workers_per_generator - 1} "
+                             f"(workers_per_generator = {self.workers_per_generator}), got {worker!r}")
+        return 1 + int(generator) * self.workers_per_generator + int(worker)
+
+    def rank_name(self, rank: int) -> str:
+        """Who holds weight-group `rank`: "learner rank 0", "generator 1 (rank 2)", or with
+        tensor-parallel workers "generator 1 worker 0 (rank 3)"."""
+        if int(rank) == 0:
+            return "learner rank 0"
+        generator, worker = divmod(int(rank) - 1, self.workers_per_generator)
+        if self.workers_per_generator == 1:
+            return f"generator {generator} (rank {rank})"
+        return f"generator {generator} worker {worker} (rank {rank})"
 
     @property
     def bucket_bytes(self) -> int:
@@ -423,8 +456,8 @@ def _missing_ranks(store, keys: dict) -> list[int]:
     return missing
 
 
-def _generators(ranks: Sequence[int]) -> str:
-    return ", ".join(f"generator {r - 1} (rank {r})" for r in ranks) or "unknown"
+def _generators(group: WeightGroup, ranks: Sequence[int]) -> str:
+    return ", ".join(group.rank_name(r) for r in ranks) or "unknown"
 
 
 def _join_gloo(group: WeightGroup, rank: int):
@@ -439,7 +472,7 @@ def _join_gloo(group: WeightGroup, rank: int):
         missing = []
         if is_master:
             missing = _missing_ranks(store, {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(group.world_size)})
-        names = _generators(missing)
+        names = _generators(group, missing)
         raise WeightSyncError(
             f"weight group rank {rank}: rendezvous of {group.world_size} ranks at {group.endpoint} failed within "
             f"{group.timeout_s:g} s (missing: {names}): {err}"
@@ -556,7 +589,8 @@ class WeightSender:
         return SyncStats(
             version=update.version,
             bytes=update.total_bytes,
-            num_buckets=len(update.buckets),
+            num_buckets=len(update.buckets) if self.group.backend != "nccl"
+            else len(vllm_packed_chunks(update.params, self.group.bucket_bytes)),  # what went on the wire
             seconds=time.perf_counter() - t0,
             source_seconds=clock[0],
         )
@@ -576,7 +610,7 @@ class WeightSender:
             store.wait(list(keys.values()), _timeout(self.group))
         except Exception as err:  # noqa: BLE001
             raise WeightSyncError(
-                f"weight group at {self.group.endpoint}: {_generators(_missing_ranks(store, keys))} did not join "
+                f"weight group at {self.group.endpoint}: {_generators(self.group, _missing_ranks(store, keys))} did not join "
                 f"within {self.group.timeout_s:g} s: {err}"
             ) from err
         self._ipc_ready = True
@@ -619,7 +653,7 @@ class WeightSender:
             self._store.wait(list(keys.values()), _timeout(self.group))
         except Exception as err:  # noqa: BLE001
             raise WeightSyncError(
-                f"weight update v{update.version}: {_generators(_missing_ranks(self._store, keys))} did not take bucket "
+                f"weight update v{update.version}: {_generators(self.group, _missing_ranks(self._store, keys))} did not take bucket "
                 f"{b + 1}/{n} from learner rank 0's shared buffer within {self.group.timeout_s:g} s (it died or hung): {err}"
             ) from err
         for r in keys:
@@ -726,7 +760,8 @@ class WeightReceiver:
         Consume it to the end: the sender and the other generators are in the same broadcasts.
         """
         if self._broken:
-            raise WeightSyncError(f"weight receiver rank {self.rank} is unusable after an earlier failure: {self._broken}")
+            raise WeightSyncError(f"weight receiver of {self.group.rank_name(self.rank)} is unusable after an earlier failure: "
+                                  f"{self._broken}")
         self.connect()
         if self.group.backend == "gloo":
             yield from self._receive_gloo(update)
@@ -759,7 +794,7 @@ class WeightReceiver:
         """Mark this receiver broken; the error naming learner rank 0 and the bucket it was `doing`."""
         self._broken = f"{type(err).__name__}: {err}"
         return WeightSyncError(
-            f"weight update v{update.version}: generator rank {self.rank} lost the sender (learner rank 0 at "
+            f"weight update v{update.version}: {self.group.rank_name(self.rank)} lost the sender (learner rank 0 at "
             f"{self.group.endpoint}) while {doing} bucket {b + 1}/{len(update.buckets)} ({specs[0].name} ...): it died, or "
             f"{did} nothing within the group timeout of {self.group.timeout_s:g} s: {err}"
         )
@@ -808,7 +843,7 @@ class WeightReceiver:
         return {
             "master_address": self.group.master_addr,
             "master_port": int(self.group.master_port),
-            "rank_offset": self.rank,  # one vLLM worker per generator (TP = 1)
+            "rank_offset": self.rank,  # this generator's first rank; vLLM adds each worker's tensor-parallel rank
             "world_size": self.group.world_size,
             "packed": True,
             "packed_buffer_size_bytes": self.group.bucket_bytes,
@@ -849,7 +884,7 @@ def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[t
 
 # ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
 def _nccl_trainer_engine(group: WeightGroup):
-    """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; untested here)."""
+    """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; on CPU only with gloo in NCCL's place)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
@@ -925,6 +960,21 @@ def register_vllm_gloo_engine() -> type:
     return _VLLM_GLOO_CLASS
 
 
+def engine_worker_rank(parallel_config, group: WeightGroup) -> int:
+    """This vLLM worker's place among its generator's `group.workers_per_generator` receivers: its
+    rank within the engine, counted as vLLM's NCCL engine counts it (data-parallel index x TP x PP
+    + rank). Every tensor-parallel worker receives every full tensor; `load_weights` keeps its shard."""
+    worker = int(getattr(parallel_config, "data_parallel_index", 0) or 0) * int(parallel_config.world_size) \
+        + int(parallel_config.rank)
+    if not 0 <= worker < group.workers_per_generator:
+        raise WeightSyncError(
+            f"vLLM worker {worker} of a generator (tensor_parallel_size x pipeline_parallel_size = "
+            f"{parallel_config.world_size}) has no place in the weight group, which counts {group.workers_per_generator} "
+            f"receiving worker(s) per generator: the run's layout and vllm.tensor_parallel_size disagree"
+        )
+    return worker
+
+
 def _make_vllm_gloo_engine_class() -> type:
     from vllm.distributed.weight_transfer.base import (
         WeightTransferEngine,
@@ -956,7 +1006,9 @@ def _make_vllm_gloo_engine_class() -> type:
             self.receiver: Optional[WeightReceiver] = None
 
         def init_transfer_engine(self, init_info) -> None:
-            self.receiver = WeightReceiver(WeightGroup(**init_info.group), init_info.rank, device=str(self.device))
+            group = WeightGroup(**init_info.group)
+            rank = init_info.rank + engine_worker_rank(self.parallel_config, group)
+            self.receiver = WeightReceiver(group, rank, device=str(self.device))
             self.receiver.connect()
 
         def start_weight_update(self) -> None:
