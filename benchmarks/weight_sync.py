@@ -92,7 +92,7 @@ def generator_main(index: int, group, ctrl_q, done_q, device: str = "cpu") -> No
         from components.models import make_char_tokenizer
         from components.trainer.weight_sync import WeightReceiver
 
-        receiver = WeightReceiver(group, 1 + index, device=device)
+        receiver = WeightReceiver(group, group.generator_rank(index), device=device)
         receiver.connect()  # the learner connects at startup too: both sides join the group together
         tokenizer = make_char_tokenizer()
         engine = None

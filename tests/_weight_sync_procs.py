@@ -151,7 +151,7 @@ def torch_generator_proc(index, group, model_dir, precisions, updates_per_precis
         from components.trainer.weight_sync import WeightReceiver
 
         torch.set_num_threads(1)
-        receiver = WeightReceiver(group, 1 + index)
+        receiver = WeightReceiver(group, group.generator_rank(index))
         receiver.connect()
         prompts = [[9, 10, 11], [12, 13], [14, 15, 16, 17]]
         out = {}
@@ -215,7 +215,7 @@ def receiving_generator_proc(index, group, announce_q, result_q):
         from components.trainer.weight_sync import WeightReceiver, WeightSyncError
 
         torch.set_num_threads(1)
-        receiver = WeightReceiver(group, 1 + index)
+        receiver = WeightReceiver(group, group.generator_rank(index))
         receiver.connect()
         update = announce_q.get(timeout=QUEUE_TIMEOUT_S)
         t0 = time.perf_counter()

@@ -313,7 +313,18 @@ def _meta_rank_main(rank: int, world: int, init_file: str, model_path: str, prec
         else:
             model = empty_causal_lm(model_path)
             started_empty = all(t.is_meta for t in [*model.parameters(), *model.buffers()])
-        learner = Learner(model, cfg, tok.pad_token_id, torch.device("cpu"))
+        sent = []  # bytes of every tensor broadcast while the Learner starts (rank 0 sends)
+        broadcast = dist.broadcast
+
+        def counting_broadcast(tensor, *args, **kwargs):
+            sent.append(tensor.numel() * tensor.element_size())
+            return broadcast(tensor, *args, **kwargs)
+
+        dist.broadcast = counting_broadcast
+        try:
+            learner = Learner(model, cfg, tok.pad_token_id, torch.device("cpu"))
+        finally:
+            dist.broadcast = broadcast
         local = {name: p.to_local().detach().clone() for name, p in learner.model.named_parameters()}
         full = {name: p.full_tensor().detach().clone() for name, p in learner.model.named_parameters()}
         buffers = {name: b.detach().clone() for name, b in learner.model.named_buffers()}
@@ -323,7 +334,7 @@ def _meta_rank_main(rank: int, world: int, init_file: str, model_path: str, prec
         grads = {name: p.grad.full_tensor().detach().clone() for name, p in learner.model.named_parameters()}
         with open(f"{out}.{rank}", "wb") as f:
             pickle.dump(dict(started_empty=started_empty, tied=heads_are_tied(learner.model), local=local, full=full, buffers=buffers,
-                             grads=grads, grad_norm=learner.grad_norm()), f)
+                             grads=grads, grad_norm=learner.grad_norm(), sent_bytes=sum(sent)), f)
     finally:
         dist.destroy_process_group()
 
@@ -380,6 +391,10 @@ def test_rank_one_starts_empty_and_receives_rank_zeros_weights_and_buffers(tmp_p
     assert set(r1["buffers"]) == set(ref_buffers) and any("inv_freq" in n for n in ref_buffers)
     for name, b in ref_buffers.items():
         assert torch.equal(r1["buffers"][name], b) and torch.equal(r0["buffers"][name], b), name
+    # every weight crosses once, in fp32 (a tied head is not sent again), and every buffer once
+    unique = {id(p): p for p in want.values()}.values()
+    assert r0["sent_bytes"] == r1["sent_bytes"] == sum(4 * p.numel() for p in unique) + sum(
+        b.numel() * b.element_size() for b in ref_buffers.values())
     for name in want:
         assert torch.equal(r0["grads"][name], r1["grads"][name]), name
         assert torch.isfinite(r1["grads"][name]).all() and r1["grads"][name].abs().sum() > 0, name

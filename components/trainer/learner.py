@@ -48,6 +48,7 @@ __all__ = [
     "count_parameters",
     "shard_model",
     "load_from_rank0",
+    "tied_aliases",
 ]
 
 
@@ -147,11 +148,31 @@ def load_from_rank0(model: torch.nn.Module, full_state: dict) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_state, options=options)
+    # A tied head is the embedding under a second name: sent once, under the embedding's. Not
+    # strict, since the alias is then absent; any other missing or unexpected key is an error.
+    aliases = tied_aliases(model)
+    full_state = {name: t for name, t in full_state.items() if name not in aliases}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    result = set_model_state_dict(model, full_state, options=options)
+    wrong = sorted(set(result.missing_keys) - set(aliases)) + sorted(result.unexpected_keys)
+    if wrong:
+        raise RuntimeError(f"learner rank {dist.get_rank()}: rank 0's weights do not fit this model: missing "
+                           f"{sorted(set(result.missing_keys) - set(aliases))}, unexpected {sorted(result.unexpected_keys)}")
     with torch.no_grad():
         for _, buffer in model.named_buffers():
             dist.broadcast(buffer, src=0)
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{name: first name} of every parameter reachable under a second name (a tied LM head)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
 
 
 # ---------------------------------------------------------------------------------------
