@@ -386,6 +386,11 @@ def vllm_tensor_parallel_check(model_dir: str) -> dict:
         return list(next(iter(eng.generate([GenerationRequest(group_id=0, prompt_ids=prompt, n=1)], params))).completions[0].token_ids)
 
     before = greedy_vllm()
+    try:  # a weight group that counts one worker per generator is refused before anyone joins it
+        eng.connect_weights(WeightReceiver(WeightGroup.local(1, backend="gloo"), 1))
+        refused = None
+    except RuntimeError as err:
+        refused = str(err)
     joining = threading.Thread(target=sender.connect)
     joining.start()
     receiver = WeightReceiver(group, group.generator_rank(0))
@@ -405,7 +410,8 @@ def vllm_tensor_parallel_check(model_dir: str) -> dict:
             ids = torch.cat([ids, model(ids).logits[0, -1].argmax().view(1, 1)], dim=1)
     eng.close()
     return {"before": before, "after": after, "hf": ids[0, len(prompt):].tolist(), "engine_version": eng.version,
-            "world_size": group.world_size, "sent_bytes": sent["stats"].bytes if "stats" in sent else None}
+            "world_size": group.world_size, "sent_bytes": sent["stats"].bytes if "stats" in sent else None,
+            "refused": refused}
 
 
 # ----------------------------------------------------------------------------- the nccl path on CPU (vllm python)

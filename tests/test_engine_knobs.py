@@ -136,6 +136,8 @@ def test_vllm_kwargs_from_knobs_gpu_and_cpu(tiny):
     (dict(enable_prefix_caching=None), "enable_prefix_caching must be True or False"),
     (dict(llm_kwargs={"dtype": "float16"}), "the dtype comes from the precision policy"),
     (dict(llm_kwargs={"model": "/elsewhere"}), "model_path"),
+    (dict(llm_kwargs={"tensor_parallel_size": 2}), "vllm.tensor_parallel_size.*weight group"),
+    (dict(llm_kwargs={"pipeline_parallel_size": 2}), "tensor-parallel workers only"),
     (dict(precision="fp64"), "Unknown precision policy 'fp64'"),
 ])
 def test_vllm_bad_knobs_are_named(tiny, kw, match):

@@ -115,8 +115,26 @@ def test_slurm_tasks_take_their_gpus_per_node_or_as_slurm_bound_them_per_task():
     one_each = {"SLURM_GPUS_PER_TASK": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1"}
     pair = R.Layout(1, 1)
     assert [R.slurm_task_gpus(pair, penv(r, r, world=2), ["0"], one_each) for r in range(2)] == [(["0"], False)] * 2
-    with pytest.raises(RuntimeError, match=r"generator-1 needs 2 GPU\(s\).*bound 1.*SLURM_GPUS_PER_TASK=1.*--gpus-per-task=2"):
+    with pytest.raises(RuntimeError, match=r"generator-1 needs 2 GPU\(s\) \(vllm.tensor_parallel_size\) but Slurm bound 1 "
+                                           r"to its task \(1 per task.*--gpus-per-task=2"):
         R.slurm_task_gpus(lay, penv(3, 3), ["7"], dict(one_each, SLURM_NTASKS_PER_NODE="4"))
+    # newer Slurm reports --gpus-per-task as a TRES; a typed count
+    tres = {"SLURM_TRES_PER_TASK": "cpu=4,gres/gpu:a100=1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1"}
+    assert [R.slurm_task_gpus(pair, penv(r, r, world=2), ["3"], tres) for r in range(2)] == [(["3"], False)] * 2
+    assert R.slurm_task_gpus(pair, penv(1, 1, world=2), ["3"], {**one_each, "SLURM_GPUS_PER_TASK": "a100:1"}) == (["3"], False)
+    # bound per task in name only (--gpu-bind=none): every task sees the node, so they pick by rank
+    unbound = {"SLURM_GPUS_PER_TASK": "1", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1"}
+    assert [R.slurm_task_gpus(pair, penv(r, r, world=2), ["0", "1"], unbound) for r in range(2)] == [(["0"], False), (["1"], False)]
+
+
+def test_gpus_bound_per_task_reads_both_ways_slurm_reports_them():
+    assert R.gpus_bound_per_task({}) is None
+    assert R.gpus_bound_per_task({"SLURM_GPUS_PER_TASK": "2"}) == 2
+    assert R.gpus_bound_per_task({"SLURM_GPUS_PER_TASK": "h100:4"}) == 4
+    assert R.gpus_bound_per_task({"SLURM_GPUS_PER_TASK": "", "SLURM_TRES_PER_TASK": "gres/gpu=1"}) == 1
+    assert R.gpus_bound_per_task({"SLURM_TRES_PER_TASK": "cpu=8,gres/gpu:a100:2"}) == 2
+    assert R.gpus_bound_per_task({"SLURM_TRES_PER_TASK": "cpu=8"}) is None
+    assert R.gpus_bound_per_task({"SLURM_GPUS_PER_TASK": "lots"}) is None
 
 
 def test_a_local_run_pins_each_process_to_its_own_cpu_when_there_are_enough():

@@ -475,8 +475,11 @@ def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(tiny):
     load their shards; greedy decoding then gives the tokens of the HF model holding the sent weights
     (and not those of the checkpoint). Before the weight group counted one rank per worker, both
     workers joined as rank 1 of a 2-rank group."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("vLLM's CPU tensor parallelism needs 2 CPUs, one per worker")
     res = _run_with_vllm_python("vllm-tp2", tiny, timeout=600)
     assert res["world_size"] == 3 and res["engine_version"] == 1 and res["sent_bytes"] > 0, res
+    assert "2 vLLM workers would join the weight group, which counts 1 per generator" in (res["refused"] or ""), res
     assert res["after"] == res["hf"], res
     assert res["before"] != res["hf"], res  # the update changed what vLLM computes
 
@@ -528,5 +531,12 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     assert weight_sync_backend("auto", "cpu") == "gloo"
     monkeypatch.setenv("SCALERL_GPUS_SHARED", "0")
     assert weight_sync_backend("auto", "cuda:0") == "nccl"
+    # tensor-parallel generators: each worker on a GPU of its own, so no CUDA IPC from the learner's
+    assert weight_sync_backend("auto", "cuda:0", workers_per_generator=2) == "nccl"
+    with pytest.raises(ValueError, match="'ipc' shares the learner's GPU buffers.*2 tensor-parallel workers.*'nccl', 'gloo'"):
+        weight_sync_backend("ipc", "cuda:0", workers_per_generator=2)
+    assert weight_sync_backend("ipc", "cpu", workers_per_generator=2) == "ipc"  # shared memory reaches every CPU worker
+    with pytest.raises(ValueError, match="share GPUs.*use 'gloo' or 'auto'$"):
+        weight_sync_backend("nccl", "cuda:0", gpus_shared=True, workers_per_generator=2)
     with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl, ipc; got 'mpi'"):
         validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))

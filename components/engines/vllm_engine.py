@@ -134,6 +134,9 @@ _RESERVED_LLM_KWARGS = {
     "dtype": "the dtype comes from the precision policy (train.precision)",
     "seed": "use the engine's `seed` (set from train.seed)",
     "logprobs_mode": "gen_logp needs the engine's own logprob hook",
+    "tensor_parallel_size": "use the engine's `tensor_parallel_size` (gin: vllm.tensor_parallel_size), which the run's "
+                            "GPU layout and weight group count",
+    "pipeline_parallel_size": "the run's GPU layout and weight group count tensor-parallel workers only",
 }
 
 
@@ -498,6 +501,11 @@ class VllmEngine(Engine):
         from components.trainer.weight_sync import VLLM_GLOO_BACKEND
 
         backend = "nccl" if receiver.group.backend == "nccl" else VLLM_GLOO_BACKEND  # gloo and ipc: this repo's engine
+        workers = self.llm.llm_engine.vllm_config.parallel_config.world_size
+        if workers != receiver.group.workers_per_generator:
+            raise RuntimeError(
+                f"vllm engine: {workers} vLLM workers would join the weight group, which counts "
+                f"{receiver.group.workers_per_generator} per generator (vllm.tensor_parallel_size as the run's layout read it)")
         self.llm.collective_rpc(_attach_weight_transfer, args=(backend,))
         self.llm.init_weight_transfer_engine({"init_info": receiver.vllm_init_info()})
         self._weight_receiver = receiver

@@ -99,27 +99,34 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
     return out
 
 
-def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = None) -> str:
+def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = None, workers_per_generator: int = 1) -> str:
     """`train.weight_sync_backend` resolved (the same on every member of the group): "auto" is
     nccl on GPU when vLLM (whose weight-transfer engine the nccl path uses) is installed and no
     two processes share a GPU, else gloo. `gpus_shared` (default: SCALERL_GPUS_SHARED, set where
     the GPUs were bound, `roles.gpus_shared`): NCCL refuses two ranks on one GPU, so "nccl"
-    there is refused with the choices that work."""
+    there is refused with the choices that work. "ipc" on GPU needs every receiver on the
+    learner's GPU, so it is refused for tensor-parallel generators (`workers_per_generator` > 1:
+    each worker has its own GPU)."""
     from components.trainer.roles import GPUS_SHARED_ENV
 
     on_gpu = str(device).startswith("cuda")
     if gpus_shared is None:
         gpus_shared = os.environ.get(GPUS_SHARED_ENV) == "1"
+    tensor_parallel = int(workers_per_generator) > 1
     if choice == "nccl" and on_gpu and gpus_shared:
         raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
-                         "on one GPU); use 'ipc' (CUDA IPC, one node), 'gloo' or 'auto'")
+                         "on one GPU); use " + ("'gloo' or 'auto'" if tensor_parallel else "'ipc' (CUDA IPC, one node), 'gloo' or 'auto'"))
+    if choice == "ipc" and on_gpu and tensor_parallel:
+        raise ValueError(f"train.weight_sync_backend = 'ipc' shares the learner's GPU buffers, but each generator's "
+                         f"{int(workers_per_generator)} tensor-parallel workers (vllm.tensor_parallel_size) sit on GPUs of their "
+                         f"own; use 'nccl', 'gloo' or 'auto'")
     if choice != "auto":
         return choice
     if not on_gpu:
         return "gloo"
     if gpus_shared:
-        log.warning("the run's processes share GPUs: weights go to the generators over gloo, staged through host memory "
-                    "(train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)")
+        log.warning("the run's processes share GPUs: weights go to the generators over gloo, staged through host memory%s",
+                    "" if tensor_parallel else " (train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)")
         return "gloo"
     import importlib.util
 
@@ -136,7 +143,8 @@ def weight_group_of(cfg, endpoints, layout, device: str):
 
     host = endpoints.host if endpoints.host not in ("", "0.0.0.0") else "127.0.0.1"
     return WeightGroup(master_addr=host, master_port=endpoints.weight_port, num_generators=layout.num_generators,
-                       backend=weight_sync_backend(cfg.weight_sync_backend, device),
+                       backend=weight_sync_backend(cfg.weight_sync_backend, device,
+                                                   workers_per_generator=layout.gpus_per_generator),
                        timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb,
                        workers_per_generator=layout.gpus_per_generator)
 

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus", "available_gpus",
+__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus", "gpus_bound_per_task", "available_gpus",
            "PORTS_PER_RUN"]
 
 PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
@@ -299,18 +299,22 @@ def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], 
     Two ways a job can hold its GPUs:
     - per node (`scalerl`'s own jobs: `--gpus-per-node`): every task sees all of its node's GPUs and
       takes its own by rank (`assign_gpus`); they are shared when the node has too few (`gpus_shared`);
-    - per task (`--gpus-per-task`, which implies `--gpu-bind=per_task`; SLURM_GPUS_PER_TASK is set):
+    - per task (`--gpus-per-task` or `--tres-per-task=gres/gpu:N`, which imply `--gpu-bind=per_task`):
       each task sees only the GPUs bound to it, so it takes the first ones its role needs, and no
-      two processes share one. Every task has the same answer, so the weight group agrees.
+      two processes share one. This is trusted only when the task sees no more GPUs than were
+      bound to it (an explicit `--gpu-bind=none` shows every task the whole node: then per node).
+    Every task has the same answer, so the weight group agrees.
     """
     env = os.environ if environ is None else environ
     role = layout.role(penv.rank)
-    if env.get("SLURM_GPUS_PER_TASK"):
+    bound = gpus_bound_per_task(env)
+    if bound is not None and len(visible) <= bound:
         need = layout.gpus_needed(role)
         if len(visible) < need:
+            knob = " (vllm.tensor_parallel_size)" if not role.is_learner else ""
             raise RuntimeError(
-                f"{role.name} needs {need} GPU(s) (vllm.tensor_parallel_size) but Slurm bound {len(visible)} to its task "
-                f"(SLURM_GPUS_PER_TASK={env['SLURM_GPUS_PER_TASK']}, CUDA_VISIBLE_DEVICES={','.join(visible) or '(none)'}): "
+                f"{role.name} needs {need} GPU(s){knob} but Slurm bound {len(visible)} to its task "
+                f"({bound} per task, CUDA_VISIBLE_DEVICES={','.join(visible) or '(none)'}): "
                 f"submit with --gpus-per-task={need}, or with --gpus-per-node and no --gpus-per-task")
         return list(visible[:need]), False
     first = penv.rank - penv.local_rank
@@ -318,6 +322,18 @@ def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], 
     node_ranks = list(range(first, min(first + per_node, penv.world_size)))
     mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
     return [visible[i] for i in mine], gpus_shared(layout, per_node, len(visible))
+
+
+def gpus_bound_per_task(environ: dict) -> Optional[int]:
+    """GPUs Slurm binds to each task, or None when the job holds them per node: SLURM_GPUS_PER_TASK
+    ("2" or "a100:2"), else the gres/gpu entry of SLURM_TRES_PER_TASK ("cpu=4,gres/gpu=2",
+    "gres/gpu:a100:2"; newer Slurm reports --gpus-per-task there)."""
+    value = environ.get("SLURM_GPUS_PER_TASK") or ""
+    if not value:
+        entries = [e for e in (environ.get("SLURM_TRES_PER_TASK") or "").split(",") if e.startswith("gres/gpu")]
+        value = entries[0] if entries else ""
+    count = value.replace("=", ":").rsplit(":", 1)[-1].strip()
+    return int(count) if count.isdigit() and int(count) > 0 else None
 
 
 def assign_gpus(layout: Layout, rank: int, node_ranks: Sequence[int], gpus_on_node: int) -> list[int]:

@@ -717,7 +717,7 @@ class WeightSender:
 
 
 class WeightReceiver:
-    """A generator's end of the weight group (rank = 1 + generator index).
+    """A generator's end of the weight group (rank: `WeightGroup.generator_rank`).
 
     Torch engines receive through it directly. A vLLM engine hands its connection parameters
     (`vllm_init_info`) to vLLM, whose worker-side weight-transfer engine then owns the connection.
@@ -962,14 +962,15 @@ def register_vllm_gloo_engine() -> type:
 
 def engine_worker_rank(parallel_config, group: WeightGroup) -> int:
     """This vLLM worker's place among its generator's `group.workers_per_generator` receivers: its
-    rank within the engine, counted as vLLM's NCCL engine counts it (data-parallel index x TP x PP
-    + rank). Every tensor-parallel worker receives every full tensor; `load_weights` keeps its shard."""
+    rank within the engine, counted as vLLM's NCCL engine counts it (data-parallel index x the
+    engine's world size + rank). Every tensor-parallel worker receives every full tensor;
+    `load_weights` keeps its shard."""
     worker = int(getattr(parallel_config, "data_parallel_index", 0) or 0) * int(parallel_config.world_size) \
         + int(parallel_config.rank)
     if not 0 <= worker < group.workers_per_generator:
         raise WeightSyncError(
-            f"vLLM worker {worker} of a generator (tensor_parallel_size x pipeline_parallel_size = "
-            f"{parallel_config.world_size}) has no place in the weight group, which counts {group.workers_per_generator} "
+            f"vLLM worker {worker} of a generator (the engine's world size: {parallel_config.world_size}) has no place "
+            f"in the weight group, which counts {group.workers_per_generator} "
             f"receiving worker(s) per generator: the run's layout and vllm.tensor_parallel_size disagree"
         )
     return worker
