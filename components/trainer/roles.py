@@ -31,8 +31,8 @@ from typing import Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus", "gpus_bound_per_task", "available_gpus",
-           "PORTS_PER_RUN"]
+__all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus",
+           "gpus_bound_per_task", "available_gpus", "PORTS_PER_RUN"]
 
 PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
 
