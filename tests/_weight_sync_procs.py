@@ -463,7 +463,7 @@ def use_gloo_for_nccl() -> list:
     return joined
 
 
-class _Collecting(object):
+class _Collecting:
     """A model whose `load_weights` keeps copies of what it is given (a vLLM worker's model stand-in)."""
 
     def __init__(self):

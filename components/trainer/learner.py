@@ -154,10 +154,10 @@ def load_from_rank0(model: torch.nn.Module, full_state: dict) -> None:
     full_state = {name: t for name, t in full_state.items() if name not in aliases}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     result = set_model_state_dict(model, full_state, options=options)
-    wrong = sorted(set(result.missing_keys) - set(aliases)) + sorted(result.unexpected_keys)
-    if wrong:
+    missing = sorted(set(result.missing_keys) - set(aliases))
+    if missing or result.unexpected_keys:
         raise RuntimeError(f"learner rank {dist.get_rank()}: rank 0's weights do not fit this model: missing "
-                           f"{sorted(set(result.missing_keys) - set(aliases))}, unexpected {sorted(result.unexpected_keys)}")
+                           f"{missing}, unexpected {sorted(result.unexpected_keys)}")
     with torch.no_grad():
         for _, buffer in model.named_buffers():
             dist.broadcast(buffer, src=0)

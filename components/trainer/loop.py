@@ -113,9 +113,10 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
     if gpus_shared is None:
         gpus_shared = os.environ.get(GPUS_SHARED_ENV) == "1"
     tensor_parallel = int(workers_per_generator) > 1
+    ipc_hint = "" if tensor_parallel else "'ipc' (CUDA IPC, one node), "  # ipc needs every receiver on the learner's GPU
     if choice == "nccl" and on_gpu and gpus_shared:
         raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
-                         "on one GPU); use " + ("'gloo' or 'auto'" if tensor_parallel else "'ipc' (CUDA IPC, one node), 'gloo' or 'auto'"))
+                         f"on one GPU); use {ipc_hint}'gloo' or 'auto'")
     if choice == "ipc" and on_gpu and tensor_parallel:
         raise ValueError(f"train.weight_sync_backend = 'ipc' shares the learner's GPU buffers, but each generator's "
                          f"{int(workers_per_generator)} tensor-parallel workers (vllm.tensor_parallel_size) sit on GPUs of their "
@@ -126,7 +127,7 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
         return "gloo"
     if gpus_shared:
         log.warning("the run's processes share GPUs: weights go to the generators over gloo, staged through host memory%s",
-                    "" if tensor_parallel else " (train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)")
+                    " (train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)" if ipc_hint else "")
         return "gloo"
     import importlib.util
 
