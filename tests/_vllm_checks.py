@@ -1,16 +1,14 @@
 """vLLM engine checks, run by tests/test_engines_vllm.py with the vllm python ($SCALERL_VLLM_PYTHON).
 
-    python tests/_vllm_checks.py {fp32|bf16_fp32_head} MODEL_DIR
+    python tests/_vllm_checks.py fp32,bf16_fp32_head MODEL_DIR
 
-Asserts inside; prints one line "RESULT <json>" with the measured numbers; exit code 0 = pass.
+Each check asserts inside and reports its measured numbers (the protocol: tests/_helpers_vllm.py).
 vLLM needs the `if __name__ == "__main__":` guard and the in-process engine env vars.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -166,7 +164,9 @@ def check_bf16_fp32_head(model_dir: str) -> dict:
     return res
 
 
+CHECKS = {"fp32": check_fp32, "bf16_fp32_head": check_bf16_fp32_head}
+
 if __name__ == "__main__":
-    which, model = sys.argv[1], sys.argv[2]
-    out = {"fp32": check_fp32, "bf16_fp32_head": check_bf16_fp32_head}[which](model)
-    print("RESULT " + json.dumps(out), flush=True)
+    from _helpers_vllm import checks_main  # tests/ is this script's directory
+
+    checks_main(CHECKS)  # python tests/_vllm_checks.py fp32,bf16_fp32_head MODEL_DIR

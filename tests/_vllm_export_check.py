@@ -1,19 +1,17 @@
 """vLLM loads an exported policy: run by tests/test_export.py with the vllm python ($SCALERL_VLLM_PYTHON).
 
-    python tests/_vllm_export_check.py OUT_DIR [OUT_DIR ...]
+    python tests/_vllm_export_check.py export OUT_DIR [OUT_DIR ...]
 
 For each exported directory, a plain `vllm.LLM(model=OUT_DIR)` (fp32, in-process engine)
 scores fixed prompts (the log-prob of every prompt token after the first) and decodes a
-few greedy tokens. Prints one line "RESULT <json>" {out_dir: {"prompt_logprobs": [[...]],
-"greedy": [[...]]}}; the test compares them with transformers on the same directory.
+few greedy tokens. Reports {out_dir: {"prompt_logprobs": [[...]], "greedy": [[...]]}} (the
+protocol: tests/_helpers_vllm.py); the test compares them with transformers on the same directory.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -40,5 +38,6 @@ def check(out_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    result = {d: check(d) for d in sys.argv[1:]}
-    print("RESULT " + json.dumps(result), flush=True)
+    from _helpers_vllm import checks_main  # tests/ is this script's directory
+
+    checks_main({"export": lambda *out_dirs: {d: check(d) for d in out_dirs}})

