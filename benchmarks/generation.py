@@ -21,9 +21,10 @@ main venv, i.e. by the trainer's own stack. The random tiny model is nearly unif
 logp ~ −4.6), where the head's precision hardly matters; the table also uses a copy with the
 LM head scaled ×30 (sampled logp ~ −0.7, logits of a few units like a trained model's).
 
-Standalone modes: standalone vLLM (`LLM.generate`, the same batch) with its engine core in this
-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as this repo's engine runs it) and in its own
-process (vLLM's default), one subprocess per measurement, the two modes alternating.
+Standalone modes: standalone vLLM (`LLM.generate`, the same batch, `vllm.LLM` built with the
+engine's settings) with its engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as
+this repo's engine runs it) and in its own process (vLLM's default), one subprocess per
+measurement, the two modes alternating (and which goes first, pair by pair).
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ def vllm_worker(args) -> None:
     if args.vllm_worker == "standalone":  # vLLM alone, its engine core where the environment says
         from vllm import LLM
 
-        llm = LLM(model=args.model, dtype="float32", seed=0, max_num_seqs=256, enforce_eager=True)
+        from components.engines.vllm_engine import vllm_llm_kwargs
+
+        # the settings this repo's engine gives vllm.LLM (as in the "rate" rows)
+        llm = LLM(**vllm_llm_kwargs(args.model, precision=args.precision, device="cpu", seed=0, max_num_seqs=256))
         vllm_standalone_rate(llm, prompts[:8], args.samples, 8)  # warm-up
         runs = [vllm_standalone_rate(llm, prompts, args.samples, args.max_tokens) for _ in range(args.repeats)]
         client = type(llm.llm_engine.engine_core).__name__
@@ -280,8 +284,9 @@ def standalone_modes(py: str | None, model_path: str, prompts, args) -> None:
     if py is None:
         raise SystemExit("--standalone-modes needs the vllm python (SCALERL_VLLM_PYTHON or scripts/setup_vllm.sh)")
     medians: dict = {"in-process": [], "own process": []}
+    modes = (("own process", True), ("in-process", False))
     for i in range(args.standalone_modes):
-        for name, mp in (("own process", True), ("in-process", False)):
+        for name, mp in modes if i % 2 == 0 else modes[::-1]:  # which mode goes first alternates too
             out = run_vllm_worker(py, "standalone", model_path, prompts, args, multiprocessing=mp)
             rates = [n / t for n, t in out["runs"]]
             medians[name].append(statistics.median(rates))

@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 TAIL_LINES = 60
+PROBE_TIMEOUT_S = 120
 
 
 # ----------------------------------------------------------------------------- script side (vllm python)
@@ -37,6 +38,11 @@ def checks_main(checks: dict[str, Callable[..., dict]], argv: list[str] | None =
         raise SystemExit(f"unknown check(s) {unknown or names!r}; valid: {', '.join(checks)}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM's engine core in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import gc
+
+    import torch
+
+    set_num_threads = torch.set_num_threads  # vLLM's in-process CPU worker replaces it for good
     ok = True
     for name in [n for n in checks if n in names]:
         try:
@@ -46,6 +52,8 @@ def checks_main(checks: dict[str, Callable[..., dict]], argv: list[str] | None =
             ok = False
         else:
             print(f"RESULT {name} " + json.dumps(out, default=str), flush=True)
+        torch.set_num_threads = set_num_threads
+        gc.collect()  # engines a check dropped go before the next check starts its own
     sys.exit(0 if ok else 1)
 
 
@@ -61,7 +69,7 @@ def vllm_python(what: str) -> str:
     else:
         # find_spec, not import: importing vllm takes ~10 s; a broken install fails the checks loudly
         code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-        if subprocess.run([py, "-c", code], capture_output=True, timeout=120).returncode != 0:
+        if subprocess.run([py, "-c", code], capture_output=True, timeout=PROBE_TIMEOUT_S).returncode != 0:
             problem = f"{py} has no vllm package"
     if problem:
         if os.environ.get("CI"):
@@ -74,36 +82,51 @@ def selected_checks(request, check_of_test: dict[str, str]) -> set[str]:
     """The checks that the tests of `request`'s module selected in this session read (check_of_test:
     {test function name: check}), so a module fixture runs them all in one process and no more."""
     return {check_of_test[item.originalname] for item in request.session.items
-            if item.module is request.module and item.originalname in check_of_test}
+            if getattr(item, "module", None) is request.module and getattr(item, "originalname", None) in check_of_test}
 
 
-def run_vllm_checks(script: str, checks: Iterable[str], args: Iterable[str], *, what: str, timeout: float = 600) -> dict:
-    """Run `checks` of tests/`script` in one vllm-python process: {check: ("RESULT", json) or ("FAILED", text)}.
-    A check that printed nothing (the process died or timed out) is FAILED with the process's last output."""
-    checks = list(checks)
+def run_vllm_checks(script: str, budgets: dict[str, float], args: Iterable[str], *, what: str) -> dict:
+    """Run the checks `budgets` names (check: seconds it may take) of tests/`script` in one vllm-python
+    process, given their summed seconds: {check: ("RESULT", json) or ("FAILED", text)}. A check that
+    printed nothing, or any check of a process that timed out or crashed (exit other than 0 or 1: it
+    may have died after the last RESULT), is FAILED with the process's other output. Tests that use
+    this in a fixture need a pytest timeout above `pytest_timeout_s(budgets)`."""
+    checks = list(budgets)
+    timeout = float(sum(budgets.values()))
     py = vllm_python(what)
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [py, str(ROOT / "tests" / script), ",".join(checks), *map(str, args)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT), env=env)
-        stdout, stderr, ended = proc.stdout, proc.stderr, f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as err:  # the checks that finished still count
-        stdout, stderr, ended = _text(err.stdout), _text(err.stderr), f"timed out after {timeout:.0f} s"
+        stdout, stderr, ended, sound = proc.stdout, proc.stderr, f"exit {proc.returncode}", proc.returncode in (0, 1)
+    except subprocess.TimeoutExpired as err:  # the checks that finished still report, but fail
+        stdout, stderr, ended, sound = _text(err.stdout), _text(err.stderr), f"timed out after {timeout:.0f} s", False
     found: dict = {}
     other = []
     for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
-        if kind in ("RESULT", "FAILED"):
-            check, _, payload = rest.partition(" ")
-            found[check] = (kind, json.loads(payload))
+        check, _, payload = rest.partition(" ")
+        if kind in ("RESULT", "FAILED") and check in checks:
+            try:
+                found[check] = (kind, json.loads(payload))
+            except ValueError:  # cut short, or another process's output in the same line
+                found[check] = ("FAILED", f"unreadable {kind} line: {line[:2000]}")
         else:
             other.append(line)
     tail = "\n".join((other + stderr.splitlines())[-TAIL_LINES:])
-    out = {c: (k, p if k == "RESULT" else f"{p}\nthe process's other output ({ended}):\n{tail}") for c, (k, p) in found.items()}
+    out = {}
     for check in checks:
-        out.setdefault(check, ("FAILED", f"the vllm python process ({ended}) gave no result for {check}:\n{tail}"))
+        kind, payload = found.get(check, ("FAILED", f"the vllm python process gave no result for {check}"))
+        if kind == "RESULT" and not sound:
+            kind, payload = "FAILED", f"{check} reported a result, but the process then ended badly ({ended})"
+        out[check] = (kind, payload if kind == "RESULT" else f"{payload}\nthe process's other output ({ended}):\n{tail}")
     return out
+
+
+def pytest_timeout_s(budgets: dict[str, float]) -> float:
+    """A pytest timeout for a test whose fixture runs `budgets`: their sum, the vllm probe, some slack."""
+    return float(sum(budgets.values())) + PROBE_TIMEOUT_S + 60
 
 
 def vllm_result(found: dict, check: str) -> dict:

@@ -128,12 +128,12 @@ def check_fp32(model_dir: str) -> dict:
         assert c.finish_reason in ("interrupted", "length")
         assert c.num_tokens - it.at_token - k == 4 or c.finish_reason == "interrupted"
     res["interruption_reasons"] = [c.finish_reason for c in g.completions]
+    eng.close()  # the next check in this process starts its own engine
     return res
 
 
 def check_bf16_fp32_head(model_dir: str) -> dict:
     import tempfile
-
 
     from components.engines import GenerationRequest, SamplingParams, make_engine
     from components.models import build_tiny_policy, load_causal_lm
@@ -161,6 +161,7 @@ def check_bf16_fp32_head(model_dir: str) -> dict:
     assert eng.head_dtype() == "torch.float32"  # reload keeps the fp32 head
     comps = _all(eng.generate([GenerationRequest(group_id=0, prompt_ids=[9, 10], n=2)], params))
     assert all(set(c.versions) == {1} for c in comps)
+    eng.close()
     return res
 
 

@@ -1,10 +1,10 @@
 """Session-wide test settings.
 
 The warm-start cache (components/warm_start.py) is one empty directory per test session, as on
-a fresh machine: the first test that needs tiny_cpu.gin's warm-started policy (the main job,
-tests/test_main_job.py, in a whole-suite run) builds it there, and later ones (the Slurm jobs of
-tests/test_slurm.py) find it instead of building it again. `SCALERL_TEST_REUSE_CACHE=1` uses the
-user's own cache instead (faster on a second local run).
+a fresh machine. The main job's test (tests/test_main_job.py) builds tiny_cpu.gin's
+warm-started policy in a fresh directory of its own and copies it here, so the Slurm jobs of
+tests/test_slurm.py, which run later in a whole-suite run, find it instead of building it again.
+`SCALERL_TEST_REUSE_CACHE=1` uses the user's own cache instead (faster on a second local run).
 """
 
 from __future__ import annotations

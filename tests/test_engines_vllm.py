@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from _helpers_vllm import run_vllm_checks, selected_checks, vllm_result
+from _helpers_vllm import pytest_timeout_s, run_vllm_checks, selected_checks, vllm_result
 from components.models import build_tiny_policy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -26,15 +26,18 @@ VLLM_CHECK_OF_TEST = {
     "test_vllm_fp32_generation_logprobs_update_streaming_interruption": "fp32",
     "test_vllm_bf16_fp32_head": "bf16_fp32_head",
 }
+VLLM_BUDGET_S = {"fp32": 420, "bf16_fp32_head": 420}  # seconds each check may take (~15 here)
 
 
 @pytest.fixture(scope="module")
 def vllm_checks(request, tiny) -> dict:
     """The checks that this session's selected tests read, in one vllm-python process."""
-    return run_vllm_checks("_vllm_checks.py", selected_checks(request, VLLM_CHECK_OF_TEST), [tiny],
+    selected = selected_checks(request, VLLM_CHECK_OF_TEST)
+    return run_vllm_checks("_vllm_checks.py", {c: VLLM_BUDGET_S[c] for c in sorted(selected)}, [tiny],
                            what="the vllm engine tests")
 
 
+@pytest.mark.timeout(pytest_timeout_s(VLLM_BUDGET_S))  # whichever test comes first runs the fixture
 def test_vllm_fp32_generation_logprobs_update_streaming_interruption(vllm_checks):
     res = vllm_result(vllm_checks, "fp32")
     assert res["gap_fp32"]["logp_gap_max_abs"] < 1e-4
@@ -44,6 +47,7 @@ def test_vllm_fp32_generation_logprobs_update_streaming_interruption(vllm_checks
     assert set(res["interruption_reasons"]) <= {"interrupted", "length"}
 
 
+@pytest.mark.timeout(pytest_timeout_s(VLLM_BUDGET_S))
 def test_vllm_bf16_fp32_head(vllm_checks):
     res = vllm_result(vllm_checks, "bf16_fp32_head")
     assert res["tied_refused"] is True

@@ -240,7 +240,7 @@ def test_vllm_loads_the_exported_policy(runs, tmp_path):
 
     vllm_python("the vLLM export test")  # skips locally / fails under CI when vllm is missing, before exporting
     outs = {name: export_policy(runs[name]["run"], tmp_path / name) for name in ("tied", "untied")}
-    result = vllm_result(run_vllm_checks("_vllm_export_check.py", ["export"], outs.values(), what="the vLLM export test"),
+    result = vllm_result(run_vllm_checks("_vllm_export_check.py", {"export": 420}, outs.values(), what="the vLLM export test"),
                          "export")
     from _vllm_export_check import PROMPTS  # tests/ is on sys.path (pytest's rootdir-relative imports)
 

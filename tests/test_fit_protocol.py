@@ -20,7 +20,7 @@ from analysis.runs import fit_runs, load_runs, read_jsonl
 from analysis.scaling_law import A_MARGIN, compare, fit, sigmoid
 from analysis.study import (ConfigComparison, _judge_peak, compare_configs, judge_claim, parse_margin, seed_interval,
                             summarize)
-from analysis.synthetic import write_run, write_sweep
+from analysis.synthetic import write_run
 from paper_figures.spec import FIGURES
 
 

@@ -12,7 +12,6 @@ changes every trainable tensor.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from pathlib import Path

@@ -4,7 +4,6 @@ Done-when check on the paper's 8B shapes, and the refusal of a sweep that cannot
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

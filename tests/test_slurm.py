@@ -287,7 +287,7 @@ def _held_out(run_dir: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def warm_model() -> str:
     """tiny_cpu.gin's warm-started policy, built here before the job starts, or found in the session's
-    cache (tests/conftest.py), where the main job's test put it in a whole-suite run."""
+    cache (tests/conftest.py), where the main job's test copied it in a whole-suite run."""
     import gin
 
     from experiments.train import prepare

@@ -14,7 +14,6 @@ running keeps its run queued / running; an end the run recorded (done, failed) s
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil

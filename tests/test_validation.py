@@ -76,7 +76,7 @@ def test_wrecking_settings_are_refused_before_the_model_is_resolved(tmp_path, ov
 
 @pytest.mark.parametrize("param", ["lr", "temperature", "verifier_timeout_s"])
 def test_nan_is_refused_in_gin_and_in_a_config(param):
-    gin.parse_config(f"model.path = @validation_spy_model()\ntrain.task = 'arithmetic'")
+    gin.parse_config("model.path = @validation_spy_model()\ntrain.task = 'arithmetic'")
     gin.bind_parameter(f"train.{param}", float("nan"))
     message = rf"train\.{param} = nan is out of range: must be finite and > 0"
     with pytest.raises(ConfigError, match=message):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers_vllm import run_vllm_checks, selected_checks, vllm_result
+from _helpers_vllm import pytest_timeout_s, run_vllm_checks, selected_checks, vllm_result
 from _weight_sync_procs import QUEUE_TIMEOUT_S, failing_sender_proc, fsdp_learner_proc, learner_model, learner_proc
 from _weight_sync_procs import receiving_generator_proc
 from _weight_sync_procs import torch_generator_proc, wire_dtype_name
@@ -426,6 +426,8 @@ VLLM_CHECK_OF_TEST = {
     "test_a_tensor_parallel_vllm_generator_receives_on_both_workers": "vllm-tp2",
     "test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl": "nccl-standin",
 }
+VLLM_BUDGET_S = {"vllm": 600, "vllm-tp2": 600, "nccl-standin": 300}  # seconds each check may take (~50, ~30, ~10 here)
+VLLM_TIMEOUT_S = pytest_timeout_s(VLLM_BUDGET_S)  # whichever test comes first runs the fixture
 
 
 @pytest.fixture(scope="module")
@@ -436,10 +438,11 @@ def vllm_checks(request, tiny, tmp_path_factory) -> dict:
         selected.discard("vllm-tp2")  # its test skips itself
     if not selected:
         return {}
-    return run_vllm_checks("_weight_sync_procs.py", selected, [tiny, tmp_path_factory.mktemp("vllm_checks")],
-                           what="the vllm weight-sync checks")
+    return run_vllm_checks("_weight_sync_procs.py", {c: VLLM_BUDGET_S[c] for c in sorted(selected)},
+                           [tiny, tmp_path_factory.mktemp("vllm_checks")], what="the vllm weight-sync checks")
 
 
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(vllm_checks):
@@ -455,6 +458,7 @@ def test_vllm_engine_receives_bit_equal_weights_through_vllm_api(vllm_checks):
     assert res["bf16_fp32_head"]["head_dtype"] == res["ipc/bf16_fp32_head"]["head_dtype"] == "torch.float32"
 
 
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(vllm_checks):
@@ -471,6 +475,7 @@ def test_a_tensor_parallel_vllm_generator_receives_on_both_workers(vllm_checks):
     assert res["before"] != res["hf"], res  # the update changed what vLLM computes
 
 
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
 @pytest.mark.vllm
 def test_the_nccl_path_runs_end_to_end_with_gloo_in_place_of_nccl(vllm_checks, tiny):
     """The nccl backend as a GPU run uses it, with only NCCL and CUDA streams replaced (by gloo and
