@@ -11,7 +11,8 @@ process), in the order of its CHECKS, each called with ARG...; each check assert
 prints "RESULT <check> <json>" or "FAILED <check> <json traceback>", and the next one still runs.
 Exit code 0 = all passed. Tests call `run_vllm_checks` and read one check with `vllm_result`.
 
-The script side needs nothing but the standard library (the vllm venv has no pytest).
+The script side needs no pytest (the vllm venv has none); between two checks it gives torch back
+its `set_num_threads`, which vLLM's in-process CPU worker replaces for good.
 """
 
 from __future__ import annotations
