@@ -79,11 +79,13 @@ def vllm_python(what: str) -> str:
     return py
 
 
-def selected_checks(request, check_of_test: dict[str, str]) -> set[str]:
+def selected_checks(request, check_of_test: dict[str, str], budgets: dict[str, float]) -> dict[str, float]:
     """The checks that the tests of `request`'s module selected in this session read (check_of_test:
-    {test function name: check}), so a module fixture runs them all in one process and no more."""
-    return {check_of_test[item.originalname] for item in request.session.items
-            if getattr(item, "module", None) is request.module and getattr(item, "originalname", None) in check_of_test}
+    {test function name: check}), with their `budgets`, so a module fixture runs them all in one
+    process and no more."""
+    wanted = {check_of_test[item.originalname] for item in request.session.items
+              if getattr(item, "module", None) is request.module and getattr(item, "originalname", None) in check_of_test}
+    return {check: seconds for check, seconds in budgets.items() if check in wanted}
 
 
 def run_vllm_checks(script: str, budgets: dict[str, float], args: Iterable[str], *, what: str) -> dict:

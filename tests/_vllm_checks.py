@@ -3,15 +3,10 @@
     python tests/_vllm_checks.py fp32,bf16_fp32_head MODEL_DIR
 
 Each check asserts inside and reports its measured numbers (the protocol: tests/_helpers_vllm.py).
-vLLM needs the `if __name__ == "__main__":` guard and the in-process engine env vars.
+vLLM needs the `if __name__ == "__main__":` guard; `checks_main` sets the in-process engine env vars.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _recompute(model, comps, temperature):

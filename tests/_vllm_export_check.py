@@ -11,10 +11,6 @@ protocol: tests/_helpers_vllm.py); the test compares them with transformers on t
 from __future__ import annotations
 
 import gc
-import os
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 PROMPTS = [[9, 10, 11, 12, 13, 14], [20, 31, 42, 15, 9]]  # token ids of the tiny char tokenizer
 GREEDY_TOKENS = 6

@@ -8,11 +8,6 @@ configured with (the protocol: tests/_helpers_vllm.py).
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
 BINDINGS = [
     "vllm.tensor_parallel_size = 1",
     "vllm.max_num_seqs = 3",

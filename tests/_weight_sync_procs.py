@@ -373,11 +373,18 @@ def vllm_tensor_parallel_check(model_dir: str) -> dict:
 
     cpus = sorted(os.sched_getaffinity(0))
     assert len(cpus) >= 2, f"vLLM's CPU tensor parallelism needs 2 CPUs, this process may use {cpus}"
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"  # one core per worker
     group = WeightGroup.local(1, timeout_s=120.0, backend="gloo", workers_per_generator=2)
     sender = WeightSender(group)
     prompt, params = [9, 10, 11], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(), seed=1)
-    eng = make_engine("vllm", model_dir, precision="fp32", seed=0, max_batch_size=8, tensor_parallel_size=2)
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"  # one core per worker, read as the workers start
+    try:
+        eng = make_engine("vllm", model_dir, precision="fp32", seed=0, max_batch_size=8, tensor_parallel_size=2)
+    finally:  # engines that later checks in this process start keep their own binding
+        if bind is None:
+            del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
 
     def greedy_vllm() -> list:
         return list(next(iter(eng.generate([GenerationRequest(group_id=0, prompt_ids=prompt, n=1)], params))).completions[0].token_ids)
@@ -603,22 +610,10 @@ def nccl_standin_check(model_dir: str) -> dict:
     return res
 
 
-def _tensor_parallel_in_its_own_binding(model_dir: str) -> dict:
-    """vllm_tensor_parallel_check with its one-core-per-worker binding undone afterwards."""
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    try:
-        return vllm_tensor_parallel_check(model_dir)
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
-
-
 # the checks, in the order one process runs them: nccl-standin patches vLLM and torch.cuda for good
 CHECKS = {
-    "vllm": lambda model_dir, out_dir: vllm_check(model_dir, out_dir),
-    "vllm-tp2": lambda model_dir, out_dir: _tensor_parallel_in_its_own_binding(model_dir),
+    "vllm": vllm_check,
+    "vllm-tp2": lambda model_dir, out_dir: vllm_tensor_parallel_check(model_dir),
     "nccl-standin": lambda model_dir, out_dir: nccl_standin_check(model_dir),
 }
 

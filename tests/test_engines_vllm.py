@@ -32,9 +32,8 @@ VLLM_BUDGET_S = {"fp32": 420, "bf16_fp32_head": 420}  # seconds each check may t
 @pytest.fixture(scope="module")
 def vllm_checks(request, tiny) -> dict:
     """The checks that this session's selected tests read, in one vllm-python process."""
-    selected = selected_checks(request, VLLM_CHECK_OF_TEST)
-    return run_vllm_checks("_vllm_checks.py", {c: VLLM_BUDGET_S[c] for c in sorted(selected)}, [tiny],
-                           what="the vllm engine tests")
+    selected = selected_checks(request, VLLM_CHECK_OF_TEST, VLLM_BUDGET_S)
+    return run_vllm_checks("_vllm_checks.py", selected, [tiny], what="the vllm engine tests")
 
 
 @pytest.mark.timeout(pytest_timeout_s(VLLM_BUDGET_S))  # whichever test comes first runs the fixture
