@@ -43,6 +43,8 @@ SIZES = {  # Qwen2.5 shapes (config.json of the released models), random weights
                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
     "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "20M": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,  # a CPU-sized model
+                intermediate_size=768, vocab_size=32000, tie_word_embeddings=True),
     "smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
 }
@@ -110,7 +112,7 @@ def learner_bench(size: str, args) -> dict:
                       prompts_per_step=args.seqs // group, generations_per_prompt=group,
                       micro_batch_size=args.mb_seqs or args.seqs,
                       max_tokens_per_micro_batch=None if args.mb_seqs else args.mb_tokens, logprob_chunk_size=1024,
-                      activation_checkpointing=args.checkpointing, attn_implementation=attn)
+                      activation_checkpointing=args.checkpointing, attn_implementation=attn, compile=args.compile)
     learner = Learner(model, cfg, 0, torch.device(device))
     batch = rollouts(args.seqs, group, args.prompt_len, args.completion_len, SIZES[size]["vocab_size"])
     keep = [True] * len(batch)
@@ -131,7 +133,7 @@ def learner_bench(size: str, args) -> dict:
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else math.nan
     row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
                seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing,
-               attn=attn, step_s=s,
+               attn=attn, compile=args.compile, step_s=s,
                tokens_per_s=tokens / s, tflops=step_flops / s / 1e12, mfu=step_flops / s / (args.peak_tflops * 1e12),
                peak_gib=peak)
     del learner, model
@@ -238,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mb-seqs", type=int, default=0,
                     help="> 0: padded micro-batches of this many sequences instead of packed rows of --mb-tokens")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="train.compile: torch.compile the decoder blocks and the "
+                    "head's chunk math (the warm-up steps include the compile)")
     ap.add_argument("--attn", default="sdpa", help="the learner's attn_implementation: sdpa, torch_varlen (torch's varlen "
                     "flash kernel for packed rows), flash_attention_2, ...")
     ap.add_argument("--warmup", type=int, default=2)

@@ -54,6 +54,8 @@ class TrainConfig:
     micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
+    compile: bool = False  # torch.compile each decoder block and the log-prob head's per-chunk math (learner only)
+    compile_backend: str = "inductor"  # the torch.compile backend of train.compile ("aot_eager": no code generation)
     logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
     attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; forward.ATTN_IMPLEMENTATIONS)
     # -- optimizer ----------------------------------------------------------------------
@@ -177,6 +179,8 @@ def train_config(
     micro_batch_size: int = 64,
     max_tokens_per_micro_batch: Optional[int] = None,
     activation_checkpointing: bool = False,
+    compile: bool = False,
+    compile_backend: str = "inductor",
     logprob_chunk_size: int = 1024,
     attn_implementation: Optional[str] = None,
     lr: float = 5e-7,
@@ -218,6 +222,8 @@ def train_config(
     `model.path` is resolved, since resolving it may build a model (a warm start, a new model).
     """
     check_train_values({k: v for k, v in locals().items() if k in _TRAIN_PARAM_NAMES})  # before int() / float()
+    if not isinstance(compile, bool):
+        raise ConfigError(f"train.compile must be True or False, got {compile!r}")
     resolve_model = model_path is None
     if resolve_model:
         model_path = UNRESOLVED_MODEL_PATH
@@ -248,6 +254,8 @@ def train_config(
         micro_batch_size=int(micro_batch_size),
         max_tokens_per_micro_batch=None if max_tokens_per_micro_batch is None else int(max_tokens_per_micro_batch),
         activation_checkpointing=bool(activation_checkpointing),
+        compile=bool(compile),
+        compile_backend=str(compile_backend),
         logprob_chunk_size=int(logprob_chunk_size),
         attn_implementation=attn_implementation,
         lr=float(lr),
@@ -431,6 +439,25 @@ def check_components(cfg: "TrainConfig") -> None:
             raise ConfigError(f"length control {cfg.length_control!r}: {err}") from None
 
 
+def _check_compile_precision(cfg: TrainConfig) -> None:
+    """train.compile with a bf16 policy that is surely emulated (precision.emulate = "on", or "auto"
+    with train.device = "cpu"): refused here, before anything runs. With train.device = "auto" the
+    learner decides on its own device (a GPU node may run what a login node validates)."""
+    import torch
+
+    from components.precision import PRECISIONS, emulation_mode
+
+    if not isinstance(cfg.precision, str) or cfg.precision not in PRECISIONS:
+        return  # the name check reports it
+    mode = emulation_mode()
+    nominal = PRECISIONS.get(cfg.precision)()
+    if nominal.param_dtype != torch.float32 and (mode == "on" or (mode == "auto" and cfg.device == "cpu")):
+        raise ConfigError(
+            f"train.compile = True needs real arithmetic, but train.precision = {cfg.precision!r} is emulated here "
+            f"(precision.emulate = {mode!r}, train.device = {cfg.device!r}); use train.compile = False, "
+            "train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Fail early and clearly on out-of-range or inconsistent settings (component names are checked elsewhere).
 
@@ -458,6 +485,15 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"need 0 < train.heartbeat_s < train.heartbeat_timeout_s, got {cfg.heartbeat_s!r} and {cfg.heartbeat_timeout_s!r}"
         )
+    if cfg.compile:
+        _check_compile_precision(cfg)
+    if cfg.compile_backend != "inductor":
+        import torch._dynamo
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if cfg.compile_backend not in backends:
+            raise ConfigError(f"train.compile_backend = {cfg.compile_backend!r} is not a torch.compile backend; "
+                              f"valid: {backends}")
     if cfg.weight_sync_backend not in ("auto", "gloo", "nccl", "ipc"):
         raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl, ipc; got {cfg.weight_sync_backend!r}")
     if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):

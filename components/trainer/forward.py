@@ -44,6 +44,10 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
   leaves parameter names unchanged (torch's `checkpoint_wrapper` would insert
   `_checkpoint_wrapped_module.` into every state-dict key of the blocks).
 - `resolve_attn_implementation(name, device)` picks transformers' `attn_implementation`.
+- `train.compile`: the chunked head's per-chunk math (`chunk_logprob_stats`, `chunk_logit_grad`)
+  runs through `torch.compile` when a `compile_backend` is given (the matmuls stay outside);
+  the learner compiles the decoder blocks (`components.trainer.learner.compile_blocks`), and
+  `torch_varlen_attention` is excluded from compilation (it runs eagerly inside a block).
 
 FSDP2 note: the head weight is read AFTER the model's forward. With `fully_shard` per block +
 root (the design), the head belongs to the root group, which FSDP2 does not reshard after
@@ -322,6 +326,55 @@ def _effective_temperature(temperature, like: torch.Tensor):
     return float(temperature) if temperature > 0 else 1.0
 
 
+def chunk_logprob_stats(logits: torch.Tensor, targets: torch.Tensor, temperature, with_entropy: bool):
+    """One chunk's log-prob of each target and entropy, from its logits.
+
+    logits [n, V] (any float dtype), targets [n] long, temperature a float or [n] (<= 0 counts
+    as 1). Returns logp [n] float32 and entropy [n] float32 (zeros when not `with_entropy`).
+    """
+    lp = scaled_log_softmax(logits, temperature)  # [n, V] float32
+    logp = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n]
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    p_lp = lp.exp().mul_(lp)  # [n, V]: p log p
+    del lp
+    return logp, -p_lp.sum(-1)  # [n], [n]
+
+
+def chunk_logit_grad(logits: torch.Tensor, targets: torch.Tensor, grad_logp: torch.Tensor, temperature) -> torch.Tensor:
+    """The gradient of sum(grad_logp * logp) w.r.t. one chunk's logits, in the logits' dtype.
+
+    logits [n, V], targets [n] long, grad_logp [n] (d loss / d logp), temperature as in
+    `chunk_logprob_stats`. d logp[target] / d scaled = onehot(target) - softmax, and
+    d scaled / d logits = 1 / T. Returns [n, V].
+    """
+    go = grad_logp.float().unsqueeze(-1)  # [n, 1]
+    g = scaled_log_softmax(logits, temperature)  # [n, V] float32 log-probs
+    g.exp_().mul_(-go)  # [n, V]: -p * go
+    g.scatter_add_(-1, targets.unsqueeze(-1), go)  # [n, V]: (onehot - p) * go
+    t = _effective_temperature(temperature, g)
+    if torch.is_tensor(t) or t != 1.0:
+        g.div_(t)
+    return g.to(logits.dtype)  # [n, V]
+
+
+_COMPILED: dict = {}
+
+
+def _chunk_math(fn, backend: Optional[str]):
+    """`fn` itself (backend None), or `torch.compile(fn, backend=backend)` (`train.compile`): with
+    inductor the log-softmax, gather, entropy and softmax-gradient passes over a [chunk, V] tensor
+    become a few fused kernels. The head's matmuls stay outside, in the caller. One compiled
+    function per (fn, backend) per process, with dynamic shapes from the start: the last chunk of
+    a micro-batch is shorter (one of a single token compiles once more: sizes 0 and 1 are always
+    specialised)."""
+    if backend is None:
+        return fn
+    if (fn, backend) not in _COMPILED:
+        _COMPILED[fn, backend] = torch.compile(fn, backend=backend, dynamic=True)
+    return _COMPILED[fn, backend]
+
+
 class _ChunkedHeadLogprob(torch.autograd.Function):
     """logp[n] = scaled_log_softmax(F.linear(hidden[n].to(W.dtype), W, b), T)[target[n]], chunk by chunk.
 
@@ -330,26 +383,27 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, compile_backend=None):
         N = hidden.shape[0]
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)  # [N]
         entropy = torch.empty(N, dtype=torch.float32, device=hidden.device) if with_entropy else None  # [N]
         logits_dtype = weight.dtype
+        stats = _chunk_math(chunk_logprob_stats, compile_backend)
         with torch.no_grad(), _no_autocast(hidden.device.type):
             for s in range(0, N, chunk_size):
                 e = min(s + chunk_size, N)
                 logits = F.linear(hidden[s:e].to(weight.dtype), weight, bias)  # [n, V] in the head's dtype
                 logits_dtype = logits.dtype  # the caller's torch-function mode may compute the head in bf16
-                lp = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32
+                lp, ent = stats(logits, targets[s:e], _temperature_rows(temperature, s, e), with_entropy)  # [n], [n]
                 del logits
-                logp[s:e] = lp.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)  # [n]
+                logp[s:e] = lp
                 if with_entropy:
-                    entropy[s:e] = -(lp.exp() * lp).sum(-1)  # [n]
-                del lp
+                    entropy[s:e] = ent
         ctx.save_for_backward(hidden, weight, bias, targets, temperature if torch.is_tensor(temperature) else None)
         ctx.temperature = None if torch.is_tensor(temperature) else temperature
         ctx.chunk_size = chunk_size
         ctx.logits_dtype = logits_dtype
+        ctx.compile_backend = compile_backend
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
             return logp, entropy
@@ -372,22 +426,14 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         # the head's gradient is accumulated over chunks in float32, cast to its dtype at the end
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None  # [V]
+        logit_grad = _chunk_math(chunk_logit_grad, ctx.compile_backend)
         with torch.no_grad(), _no_autocast(hidden.device.type):
             for s in range(0, N, ctx.chunk_size):
                 e = min(s + ctx.chunk_size, N)
-                go = grad_logp[s:e].float()  # [n]
                 h = hidden[s:e].to(compute)  # [n, H]
                 logits = F.linear(h, w_c, b_c)  # [n, V]
-                g = scaled_log_softmax(logits, _temperature_rows(temperature, s, e))  # [n, V] float32 log-probs
+                g_logits = logit_grad(logits, targets[s:e], grad_logp[s:e], _temperature_rows(temperature, s, e))  # [n, V]
                 del logits
-                # d logp[target] / d scaled = onehot(target) - softmax;  d scaled / d logits = 1 / T
-                g.exp_().mul_(-go.unsqueeze(-1))  # [n, V]: -p * go
-                g.scatter_add_(-1, targets[s:e].unsqueeze(-1), go.unsqueeze(-1))  # [n, V]: (onehot - p) * go
-                t = _effective_temperature(_temperature_rows(temperature, s, e), g)
-                if torch.is_tensor(t) or t != 1.0:
-                    g.div_(t)
-                g_logits = g.to(compute)  # [n, V]: gradient w.r.t. the head's output, in its dtype
-                del g
                 if need_h:
                     grad_h[s:e] = (g_logits @ w_c).to(hidden.dtype)  # [n, H]
                 if need_w and compute == torch.float32:
@@ -401,7 +447,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             grad_w = grad_w.to(weight.dtype)
         if need_b:
             grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -413,6 +459,7 @@ def chunked_token_logprobs(
     chunk_size: int = 1024,
     bias: Optional[torch.Tensor] = None,
     with_entropy: bool = False,
+    compile_backend: Optional[str] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob of each target and entropy, from final hidden states, `chunk_size` tokens at a time.
 
@@ -426,6 +473,9 @@ def chunked_token_logprobs(
             tensor ever alive is [chunk_size, V].
         bias: optional [V] head bias.
         with_entropy: also return the entropy of each position's distribution (no grad).
+        compile_backend: None (eager), or a torch.compile backend ("inductor") that each
+            chunk's log-softmax, gather, entropy and gradient run through (`train.compile`);
+            the values are the same up to float32 round-off.
 
     Returns:
         logp [N] float32 (differentiable w.r.t. hidden, weight and bias), and entropy [N]
@@ -454,7 +504,8 @@ def chunked_token_logprobs(
             "the LM head weight is a DTensor (a shard): read it while it is unsharded. With FSDP2 keep the "
             "head in the root's group (fully_shard per block + root), whose parameters stay unsharded after forward"
         )
-    out = _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, temperature, chunk_size, bool(with_entropy))
+    out = _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, temperature, chunk_size, bool(with_entropy),
+                                    compile_backend)
     if with_entropy:
         return out[0], out[1]
     return out, None
@@ -556,18 +607,21 @@ def _scatter(flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, b: int,
     return out.index_put((rows, cols), flat)  # [b, T]
 
 
-def _head_logprobs(model, hidden_flat, predict_index, targets, rows, cols, b, T, temperature, chunk_size, with_entropy):
+def _head_logprobs(model, hidden_flat, predict_index, targets, rows, cols, b, T, temperature, chunk_size, with_entropy,
+                   compile_backend):
     weight, bias = _head(model)  # read AFTER the forward (FSDP2: the unsharded parameter)
     h = hidden_flat.index_select(0, predict_index)  # [M, H]
     logp, entropy = chunked_token_logprobs(
-        h, weight, targets, temperature=float(temperature), chunk_size=chunk_size, bias=bias, with_entropy=with_entropy
+        h, weight, targets, temperature=float(temperature), chunk_size=chunk_size, bias=bias, with_entropy=with_entropy,
+        compile_backend=compile_backend,
     )  # [M], [M] | None
     logp_bt = _scatter(logp, rows, cols, b, T)  # [b, T]
     entropy_bt = _scatter(entropy, rows, cols, b, T) if with_entropy else None  # [b, T]
     return logp_bt, entropy_bt
 
 
-def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_size: int, with_entropy: bool,
+                             compile_backend: Optional[str] = None):
     """The learner's one forward: log-prob (and entropy) of every completion token of a micro-batch.
 
     Args:
@@ -579,6 +633,8 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
         temperature: the sampling temperature of the engines (<= 0 counts as 1).
         chunk_size: tokens per head chunk (`train.logprob_chunk_size`).
         with_entropy: also return the entropy (no grad).
+        compile_backend: None, or the torch.compile backend of the head's per-chunk math
+            (`train.compile`; the learner compiles the decoder blocks, `learner.compile_blocks`).
 
     Returns:
         logp [b, T] float32 (carries grad; 0 on padding) and entropy [b, T] float32 (no grad; 0
@@ -587,7 +643,8 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
     """
     if not isinstance(micro_batch, PackedRow):
         return sequence_logprobs_padded(
-            model, micro_batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+            model, micro_batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+            compile_backend=compile_backend,
         )
     _check_args(temperature, chunk_size)
     _check_plain_head(model)
@@ -595,11 +652,12 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
     hidden = final_hidden_states(model, input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=None)  # [1, N, H]
     return _head_logprobs(
         model, hidden[0], row.predict_index, row.targets, row.out_rows, row.out_cols,
-        row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy,
+        row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy, compile_backend,
     )
 
 
-def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: int, with_entropy: bool,
+                             compile_backend: Optional[str] = None):
     """`sequence_logprobs_packed` for a padded micro-batch (`Batch` layout): same head, same outputs.
 
     The forward is today's padded one (attention mask, positions from the mask, no cache);
@@ -623,7 +681,8 @@ def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: in
     predict_index = rows * L + (P - 1) + cols  # [M]: column P-1+t predicts token P+t
     targets = batch.input_ids[:, P:][valid]  # [M]
     return _head_logprobs(
-        model, hidden.reshape(B * L, -1), predict_index, targets, rows, cols, B, T, temperature, chunk_size, with_entropy
+        model, hidden.reshape(B * L, -1), predict_index, targets, rows, cols, B, T, temperature, chunk_size, with_entropy,
+        compile_backend,
     )
 
 
@@ -710,6 +769,7 @@ def _varlen_kernel():
     return varlen_attn
 
 
+@torch.compiler.disable  # runs eagerly inside a compiled block (train.compile): host-side layout, one kernel call
 def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: Optional[float] = None,
                            sliding_window: Optional[int] = None, **kwargs):
     """A transformers attention function over torch's varlen kernel: causal attention within each

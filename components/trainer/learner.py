@@ -47,6 +47,7 @@ __all__ = [
     "make_optimizer",
     "count_parameters",
     "shard_model",
+    "compile_blocks",
     "load_from_rank0",
     "tied_aliases",
 ]
@@ -134,6 +135,24 @@ def shard_model(model: torch.nn.Module, precision: str, mesh=None) -> torch.nn.M
         fully_shard(norm, mesh=mesh, mp_policy=block_mp)
     fully_shard(model, mesh=mesh, mp_policy=root_mp)
     return model
+
+
+def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
+    """torch.compile each decoder block's `forward` in place (`train.compile`, with
+    `train.compile_backend`); returns the number of blocks.
+
+    Call it AFTER `fully_shard` and activation checkpointing: the compiled function is the
+    block's `forward`, so FSDP2's unshard / reshard hooks (which `__call__` runs around it) stay
+    outside the compiled graph, and the checkpoint transformers wraps around `forward` inside it.
+    Parameter names and state-dict keys are unchanged (no `_orig_mod.` prefix). The blocks share
+    their compiled graphs (one code object, parameters as graph inputs), so the number of graphs
+    does not grow with the depth; the graphs take dynamic shapes from the start, so micro-batches
+    of any shape reuse them.
+    """
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)  # micro-batch shapes vary
+    return len(layers)
 
 
 def load_from_rank0(model: torch.nn.Module, full_state: dict) -> None:
@@ -344,6 +363,12 @@ class Learner:
         model.to(dtype=torch.float32)
         if getattr(model, "config", None) is not None:
             model.config.scalerl_precision = self.policy.name
+        if cfg.compile and self.policy.emulated:
+            raise ValueError(
+                f"train.compile = True needs real arithmetic, but precision {self.policy.name!r} is emulated on "
+                f"{self.device.type} (precision.emulate): compiled kernels fuse the operations emulation rounds "
+                "between. Use train.compile = False, train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)"
+            )
         if cfg.activation_checkpointing:
             _enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
@@ -359,6 +384,8 @@ class Learner:
             del full
         else:
             model.to(device=self.device)
+        if cfg.compile:
+            compile_blocks(model, cfg.compile_backend)  # after sharding: FSDP2's hooks stay outside the graphs
         self.model = model
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
@@ -387,7 +414,8 @@ class Learner:
         rows = pack_batch(batch) if cfg.max_tokens_per_micro_batch is not None else batch
         with self.compute_context():
             return sequence_logprobs_packed(
-                self.model, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True
+                self.model, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True,
+                compile_backend=cfg.compile_backend if cfg.compile else None,
             )
 
     def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None]:

@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -236,7 +235,7 @@ class Trainer:
     def _connect(self) -> None:
         """Bind the transport, wait for every process, form the weight group, wait until all are ready."""
         from components.trainer.transport import Hub
-        from components.trainer.weight_sync import WeightGroup, WeightSender, generator_state_meta
+        from components.trainer.weight_sync import WeightSender, generator_state_meta
 
         cfg = self.cfg
         self.hub = Hub("learner-0", host="0.0.0.0", port=self.endpoints.hub_port, peers=self.layout.peer_names(),
