@@ -42,7 +42,7 @@ SIZES = {  # Qwen2.5 shapes (config.json of the released models), random weights
                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
     "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "20M": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,  # a CPU-sized model
+    "11M": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,  # a CPU-sized model
                 intermediate_size=768, vocab_size=32000, tie_word_embeddings=True),
     "smoke": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=128, vocab_size=512, tie_word_embeddings=True),

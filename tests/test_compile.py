@@ -6,9 +6,11 @@ References are eager, or float64 and written here:
   norm, before any optimizer step). Two compiled FSDP2 gloo ranks are checked against it in
   tests/test_learner_ranks.py, in the processes of its two-rank test.
 Inductor (the default backend) generates and compiles C++ on CPU, ~10 s per new graph: the tests of
-the numbers (the head, one learner rank) use it; the tests of the wiring (FSDP2's hooks, autocast,
-graphs shared across blocks), which dynamo and AOT autograd decide whatever the backend, use
-`train.compile_backend = "aot_eager"` (the same graphs, run by eager kernels).
+the numbers (the head, one learner rank) use it. The tests of the wiring (what is compiled, FSDP2's
+hooks, autocast, checkpointing, graphs shared across blocks, torch_varlen), which dynamo and AOT
+autograd decide whatever the backend, use tests/_helpers_compile's RECORDING backend: aot_eager
+(the same graphs, run by eager kernels) keeping the ops of every graph, so they assert that a
+block's attention and MLP were compiled, not merely that something was.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _helpers_compile import (  # noqa: E402
+    GRAPHS,
+    RECORDING,
+    compiled_ops,
+    has_op,
+    register_recording_backend,
+)
 from _helpers_trainer import tiny_model  # noqa: E402
 
 TEMPERATURE = 0.7  # the learner's (float) sampling temperature in these tests
@@ -144,43 +153,180 @@ def test_compiled_head_matches_a_float64_reference_in_values_and_gradients(model
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=2e-6)
 
 
-def test_compiled_learner_gives_the_eager_gradient_and_its_blocks_share_graphs(tmp_path, model_path, eager_fp32):
-    """One rank, fp32, packed micro-batches of different shapes, activation checkpointing on. Then a
-    deeper model: its blocks must reuse those graphs, not compile one per block (a deep model would
-    run out of dynamo's recompile limit, 8 per code object, and silently fall back to eager)."""
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def test_compiled_learner_gives_the_eager_gradient(model_path, eager_fp32):
+    """Inductor, one rank, fp32, packed micro-batches of different shapes, activation checkpointing on."""
+    want, want_norm = eager_fp32
+    before, breaks = _graphs(), _graph_breaks()
+    got, norm = _gradients(model_path, _config(model_path, compile=True))
+    assert _graphs() > before, "train.compile = True compiled nothing"
+    assert _graph_breaks() == breaks, "a graph break: a checkpointed block then runs eagerly as a whole"
+    _assert_close(got, want, 1e-5, "compiled against eager")
+    assert abs(norm - want_norm) <= 1e-5 * want_norm
+
+
+def test_the_blocks_and_the_head_are_compiled_and_the_blocks_share_their_graphs(tmp_path, model_path):
+    """What is compiled: the blocks' attention and MLP, the head's log-softmax. A deeper model reuses
+    those graphs instead of compiling one per block (a deep model would run out of dynamo's
+    recompile limit, 8 per code object, and silently fall back to eager)."""
     from _helpers_trainer import TINY_BUILD
 
     from components.models import build_tiny_policy
 
-    want, want_norm = eager_fp32
-    before = _graphs()
-    got, norm = _gradients(model_path, _config(model_path, compile=True))
-    compiled = _graphs() - before
-    assert compiled > 0, "train.compile = True compiled nothing"
-    _assert_close(got, want, 1e-5, "compiled against eager")
-    assert abs(norm - want_norm) <= 1e-5 * want_norm
+    register_recording_backend()
+    torch._dynamo.reset()
+    start, breaks = len(GRAPHS), _graph_breaks()
+    _gradients(model_path, _config(model_path, compile=True, compile_backend=RECORDING))
+    ops = compiled_ops(start)
+    assert has_op(ops, "scaled_dot_product_attention") and has_op(ops, "silu"), f"no decoder block compiled: {sorted(ops)}"
+    assert has_op(ops, "log_softmax"), f"the head's chunk math was not compiled: {sorted(ops)}"
+    assert _graph_breaks() == breaks
+    compiled = len(GRAPHS) - start
 
     deeper = tmp_path / "deeper"
     build_tiny_policy(deeper, **{**TINY_BUILD, "num_layers": 3 * TINY_BUILD["num_layers"]})
-    before = _graphs()
-    _gradients(str(deeper), _config(str(deeper), compile=True))
-    assert _graphs() == before, f"a model 3x as deep compiled {_graphs() - before} more graphs (the first: {compiled})"
+    before = len(GRAPHS)
+    _gradients(str(deeper), _config(str(deeper), compile=True, compile_backend=RECORDING))
+    assert len(GRAPHS) == before, f"a model 3x as deep compiled {len(GRAPHS) - before} more graphs (the first: {compiled})"
 
 
-def test_compiled_real_bf16_stays_bf16_and_close_to_eager_bf16(model_path, eager_fp32):
-    """Real bf16 (not emulated; slow on a CPU without bf16 units, tiny here): autocast and the bf16
-    LM head reach the compiled code. (With inductor, fused kernels round less often than eager
-    ops: the two bf16 gradients then agree to bf16's precision, ~1e-2, not bit for bit.)"""
+@pytest.mark.parametrize("precision", ["bf16", "bf16_fp32_head"])
+def test_compiled_real_bf16_runs_the_blocks_in_bf16(model_path, eager_fp32, precision):
+    """Real bf16 (not emulated; slow on a CPU without bf16 units, tiny here): autocast reaches the
+    compiled blocks, and the bf16 LM head (or the fp32 one) the compiled head. aot_eager runs the
+    eager kernels, so the compiled and the eager bf16 gradients agree far inside the distance of
+    either to fp32. (With inductor, fused kernels round less often than eager ops: the two then
+    agree only to bf16's precision, ~1e-2.)"""
     from components.precision import emulation_override
 
+    register_recording_backend()
     fp32, _ = eager_fp32
     with emulation_override("off"):
-        eager, eager_norm = _gradients(model_path, _config(model_path, precision="bf16"))
-        got, norm = _gradients(model_path, _config(model_path, precision="bf16", compile=True, compile_backend="aot_eager"))
-    drift = max(float((got[n] - fp32[n]).abs().max() / fp32[n].abs().max()) for n in fp32)
-    assert drift > 1e-3, f"the compiled bf16 gradient equals the fp32 one to {drift:.2g}: it did not compute in bf16"
-    _assert_close(got, eager, 5e-2, "compiled bf16 against eager bf16")
-    assert abs(norm - eager_norm) <= 1e-2 * eager_norm
+        eager, eager_norm = _gradients(model_path, _config(model_path, precision=precision))
+        start = len(GRAPHS)
+        got, norm = _gradients(model_path, _config(model_path, precision=precision, compile=True, compile_backend=RECORDING))
+    assert has_op(compiled_ops(start), "silu")
+    to_fp32 = max(float((eager[n] - fp32[n]).abs().max() / fp32[n].abs().max()) for n in fp32)
+    assert to_fp32 > 1e-3, f"eager {precision} equals fp32 to {to_fp32:.2g}"
+    _assert_close(got, eager, to_fp32 / 10, f"compiled {precision} against eager {precision}")
+    assert abs(norm - eager_norm) <= 1e-3 * eager_norm
+
+
+# torch's varlen kernel (a custom op, so dynamo traces it) has no CPU version: a float64 reference
+# stands in for it, as a custom op with an opaque backward, so that dynamo and AOT autograd treat it
+# as they treat torch's.
+@torch.library.custom_op("scalerl_test::varlen_ref", mutates_args=())
+def _varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                scale: float) -> torch.Tensor:
+    from test_forward import _reference_varlen
+
+    return _reference_varlen(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0),
+                             enable_gqa=q.shape[1] != k.shape[1])
+
+
+@_varlen_ref.register_fake
+def _(q, k, v, cu, max_len, scale):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+
+
+@torch.library.custom_op("scalerl_test::varlen_ref_backward", mutates_args=())
+def _varlen_ref_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                         max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d q, d k, d v of `_varlen_ref` in float64, written out (autograd is off inside a custom op):
+    per sequence and head, S = q k^T scale (causal), P = softmax(S), O = P v; dV = P^T dO,
+    dS = P (dO v^T - rowsum(dO v^T P)), dQ = dS k scale, dK = dS^T q scale; the query heads of a
+    key head (GQA) add up."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    rep = Hq // Hkv
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qs = q[a:b].double().transpose(0, 1)  # [Hq, l, D]
+        ks = k[a:b].double().transpose(0, 1).repeat_interleave(rep, dim=0)  # [Hq, l, D]
+        vs = v[a:b].double().transpose(0, 1).repeat_interleave(rep, dim=0)  # [Hq, l, D]
+        go = grad[a:b].double().transpose(0, 1)  # [Hq, l, D]
+        causal = torch.ones(b - a, b - a, dtype=torch.bool).tril()
+        p = (qs @ ks.transpose(1, 2) * scale).masked_fill(~causal, float("-inf")).softmax(-1)  # [Hq, l, l]
+        dp = go @ vs.transpose(1, 2)  # [Hq, l, l]
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))  # [Hq, l, l]
+        dq[a:b] = (ds @ ks * scale).transpose(0, 1)
+        dk[a:b] = (ds.transpose(1, 2) @ qs * scale).unflatten(0, (Hkv, rep)).sum(1).transpose(0, 1)
+        dv[a:b] = (p.transpose(1, 2) @ go).unflatten(0, (Hkv, rep)).sum(1).transpose(0, 1)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@_varlen_ref_backward.register_fake
+def _(grad, q, k, v, cu, max_len, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu, max_len, scale = inputs
+    ctx.save_for_backward(q, k, v, cu)
+    ctx.max_len, ctx.scale = max_len, scale
+
+
+def _varlen_grad(ctx, grad):
+    q, k, v, cu = ctx.saved_tensors
+    return (*_varlen_ref_backward(grad, q, k, v, cu, ctx.max_len, ctx.scale), None, None, None)
+
+
+_varlen_ref.register_autograd(_varlen_grad, setup_context=_varlen_setup)
+
+
+def _varlen_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    assert window_size == (-1, 0) and enable_gqa == (q.shape[1] != k.shape[1])
+    return _varlen_ref(q, k, v, cu_q, max_q, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+
+def test_compiled_blocks_trace_torch_varlen_attention_with_checkpointing(monkeypatch):
+    """attn_implementation "torch_varlen" + activation checkpointing + compile: the attention is
+    inside the compiled block (a graph break there would make the checkpointed block run eagerly
+    as a whole), and log-probs and gradients are sdpa's, packed and padded."""
+    from test_forward import completion_cells, make_batch
+    from test_forward import tiny_model as forward_tiny_model
+
+    import components.trainer.forward as forward_mod
+    from components.trainer.forward import (
+        enable_activation_checkpointing,
+        pack_batch,
+        sequence_logprobs_packed,
+    )
+    from components.trainer.learner import compile_blocks
+
+    register_recording_backend()
+    forward_mod.register_torch_varlen()
+    monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: _varlen_stand_in)
+    batch = make_batch()
+    cells = completion_cells(batch)
+    results = {}
+    for attn in ("sdpa", "torch_varlen"):
+        model = forward_tiny_model("llama", attn=attn).train()
+        enable_activation_checkpointing(model)
+        backend = None
+        if attn == "torch_varlen":
+            backend = RECORDING
+            compile_blocks(model, backend)
+            start, breaks = len(GRAPHS), _graph_breaks()
+        for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
+            model.zero_grad(set_to_none=True)
+            logp, _ = sequence_logprobs_packed(model, rows, temperature=TEMPERATURE, chunk_size=5, with_entropy=False,
+                                               compile_backend=backend)
+            (logp[cells] * torch.linspace(-1, 1, int(cells.sum()))).sum().backward()
+            results[attn, layout] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    ops = compiled_ops(start)
+    assert has_op(ops, "varlen_ref") and has_op(ops, "silu"), f"the attention is not in a compiled block: {sorted(ops)}"
+    assert _graph_breaks() == breaks
+    for layout in ("packed", "padded"):
+        ref_logp, ref_grads = results["sdpa", layout]
+        logp, grads = results["torch_varlen", layout]
+        assert (logp[cells] - ref_logp[cells]).abs().max() < 1e-5, layout
+        for name, g in ref_grads.items():
+            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
 
 
 def test_compile_refuses_emulated_bf16_a_non_bool_and_an_unknown_backend(model_path):

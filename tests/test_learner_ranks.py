@@ -51,8 +51,11 @@ def make_rollouts(tokenizer, n_groups: int = 4, G: int = 4, seed: int = 0):
 
 def COMPILED(model_path: str, **kw):
     """train.compile (tests/test_compile.py) under FSDP2: packed, checkpointed blocks compiled after
-    fully_shard (aot_eager: the graphs and hooks of inductor's path without its C++ compile)."""
-    settings = dict(max_tokens_per_micro_batch=24, activation_checkpointing=True, compile=True, compile_backend="aot_eager")
+    fully_shard (tests/_helpers_compile's recording aot_eager: inductor's graphs and hooks without
+    its C++ compile)."""
+    from _helpers_compile import RECORDING
+
+    settings = dict(max_tokens_per_micro_batch=24, activation_checkpointing=True, compile=True, compile_backend=RECORDING)
     return config(model_path, "cispo", "prompt_mean", "batch", **{**settings, **kw})
 
 
@@ -117,7 +120,12 @@ def _rank_main(rank: int, world: int, init_file: str, model_path: str, out: str)
         results = {}
         for loss, agg, adv in COMBOS:
             results[(loss, agg, adv)] = gradients(model_path, rollouts, config(model_path, loss, agg, adv), world, rank)
+        from _helpers_compile import GRAPHS, compiled_ops, register_recording_backend
+
+        register_recording_backend()
         results["compiled"] = gradients(model_path, rollouts, COMPILED(model_path), world, rank)
+        results["compiled_ops"] = compiled_ops()
+        assert GRAPHS, "nothing compiled"
         if rank == 0:
             with open(out, "wb") as f:
                 pickle.dump(results, f)
@@ -162,6 +170,8 @@ def test_two_ranks_give_the_one_process_gradient_for_every_loss_and_aggregation(
     ref, ref_norm, _, _ = gradients(model_path, rollouts, COMPILED(model_path, compile=False), 1, 0)
     got, got_norm, mbs, _ = two["compiled"]
     assert mbs[0] == mbs[1] >= 2
+    ops = two["compiled_ops"]  # rank 0's: its blocks' attention and MLP were compiled, not only the head
+    assert any("scaled_dot_product_attention" in op for op in ops) and any("silu" in op for op in ops), sorted(ops)
     assert got_norm == pytest.approx(ref_norm, rel=1e-5)
     for name in ref:
         err = (got[name] - ref[name]).abs().max() / ref[name].abs().max().clamp_min(1e-12)

@@ -46,8 +46,10 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
 - `resolve_attn_implementation(name, device)` picks transformers' `attn_implementation`.
 - `train.compile`: the chunked head's per-chunk math (`chunk_logprob_stats`, `chunk_logit_grad`)
   runs through `torch.compile` when a `compile_backend` is given (the matmuls stay outside);
-  the learner compiles the decoder blocks (`components.trainer.learner.compile_blocks`), and
-  `torch_varlen_attention` is excluded from compilation (it runs eagerly inside a block).
+  the learner compiles the decoder blocks (`components.trainer.learner.compile_blocks`). For
+  `torch_varlen` the learner's forward computes the varlen layout once, before the blocks
+  (`varlen_kwargs`), so a compiled block traces its attention too (torch's varlen kernel is a
+  custom op); without it the layout runs eagerly, a graph break.
 
 FSDP2 note: the head weight is read AFTER the model's forward. With `fully_shard` per block +
 root (the design), the head belongs to the root group, which FSDP2 does not reshard after
@@ -87,6 +89,7 @@ __all__ = [
     "varlen_layout",
     "torch_varlen_attention",
     "register_torch_varlen",
+    "varlen_kwargs",
 ]
 
 # transformers attn_implementation names this trainer accepts (None means "sdpa"). "torch_varlen"
@@ -649,7 +652,8 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
     _check_args(temperature, chunk_size)
     _check_plain_head(model)
     row = micro_batch
-    hidden = final_hidden_states(model, input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=None)  # [1, N, H]
+    hidden = final_hidden_states(model, input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=None,
+                                 **varlen_kwargs(model, row.position_ids, None))  # [1, N, H]
     return _head_logprobs(
         model, hidden[0], row.predict_index, row.targets, row.out_rows, row.out_cols,
         row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy, compile_backend,
@@ -670,11 +674,13 @@ def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: in
     T = L - P
     if P < 1 or T < 1:
         raise ValueError(f"a padded micro-batch needs completion_start >= 1 and >= 1 completion column, got P={P}, L={L}")
+    position_ids = position_ids_from_mask(batch.attention_mask)  # [B, L]
     hidden = final_hidden_states(
         model,
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
-        position_ids=position_ids_from_mask(batch.attention_mask),
+        position_ids=position_ids,
+        **varlen_kwargs(model, position_ids, batch.attention_mask),
     )  # [B, L, H]
     valid = batch.attention_mask[:, P:].bool()  # [B, T]: completion cells that hold a token
     rows, cols = valid.nonzero(as_tuple=True)  # [M], [M]
@@ -746,8 +752,28 @@ def varlen_layout(position_ids: torch.Tensor, keep_mask: Optional[torch.Tensor])
 
 
 _LAST_LAYOUT: list = []  # [(position_ids, attention_mask, B, L), layout] of the latest forward
+VARLEN_LAYOUT_KWARG = "scalerl_varlen_layout"  # the model kwarg carrying a precomputed `varlen_layout`
 
 
+def varlen_kwargs(model: torch.nn.Module, position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> dict:
+    """The model kwargs that hand every layer's `torch_varlen_attention` the forward's varlen layout,
+    computed here once, before the decoder blocks ({} for any other attention).
+
+    transformers passes a model's extra kwargs down to each attention function. The layout costs
+    host syncs (nonzero, max); computed outside the blocks, it leaves nothing in them that a
+    compiled block (`train.compile`) cannot trace. position_ids [B, L]; attention_mask None or
+    [B, L] (a padded micro-batch: its real tokens), as the forward gets them.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != TORCH_VARLEN:
+        return {}
+    keep_mask = None
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        keep_mask = attention_mask.bool()  # as flash_attention_mask: None when every token is real
+    return {VARLEN_LAYOUT_KWARG: varlen_layout(position_ids, keep_mask)}
+
+
+@torch.compiler.disable  # host syncs: runs eagerly (a graph break) when no precomputed layout is given
 def _cached_varlen_layout(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], B: int, L: int):
     """`varlen_layout` once per forward, not once per decoder layer: every layer gets the same
     position-id and mask tensors, and the layout costs host syncs (nonzero, max). The entry holds
@@ -769,7 +795,6 @@ def _varlen_kernel():
     return varlen_attn
 
 
-@torch.compiler.disable  # runs eagerly inside a compiled block (train.compile): host-side layout, one kernel call
 def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: Optional[float] = None,
                            sliding_window: Optional[int] = None, **kwargs):
     """A transformers attention function over torch's varlen kernel: causal attention within each
@@ -787,10 +812,13 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
                          f"sliding window of {sliding_window}: use 'sdpa' or a flash_attention_N")
     B, Hq, L, D = query.shape
     Hkv = key.shape[1]
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None:
-        position_ids = torch.arange(L, device=query.device)
-    keep, cu, max_len = _cached_varlen_layout(position_ids, attention_mask, B, L)
+    layout = kwargs.get(VARLEN_LAYOUT_KWARG)  # precomputed by the learner's forward (`varlen_kwargs`)
+    if layout is None:
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(L, device=query.device)
+        layout = _cached_varlen_layout(position_ids, attention_mask, B, L)
+    keep, cu, max_len = layout
     # one half-precision dtype for the kernel: under autocast (one learner rank) the projections
     # come out bf16 but the rotary embedding (fp32 cos / sin) promotes query and key to fp32
     device_type = query.device.type
