@@ -595,6 +595,49 @@ def test_torch_varlen_attention_gives_sdpas_logprobs_and_gradients(monkeypatch, 
             assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
 
 
+def test_torch_varlen_attention_computes_its_own_layout_when_the_forward_passes_none(monkeypatch):
+    """The learner's forward hands every layer the precomputed layout (`varlen_kwargs`); any other
+    caller of the model gets the same boundaries and hidden states from the per-forward fallback."""
+    forward_mod.register_torch_varlen()
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[3].tolist())
+        return _reference_varlen(*args, **kwargs)
+
+    fallback = []
+    own_layout = forward_mod._cached_varlen_layout
+
+    def counted(*args):
+        fallback.append(1)
+        return own_layout(*args)
+
+    monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: kernel)
+    monkeypatch.setattr(forward_mod, "_cached_varlen_layout", counted)
+    model = tiny_model("qwen2", attn="torch_varlen")
+    batch = make_batch()
+    for rows in (pack_batch(batch), batch):
+        if isinstance(rows, PackedRow):
+            inputs = dict(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=None)
+        else:
+            inputs = dict(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                          position_ids=position_ids_from_mask(rows.attention_mask))
+        extra = forward_mod.varlen_kwargs(model, inputs["position_ids"], inputs["attention_mask"])
+        assert list(extra) == [forward_mod.VARLEN_LAYOUT_KWARG]
+        calls.clear()
+        fallback.clear()
+        with torch.no_grad():
+            given = final_hidden_states(model, **inputs, **extra)
+            assert not fallback, "the precomputed layout did not reach the attention"
+            given_calls = list(calls)
+            calls.clear()
+            own = final_hidden_states(model, **inputs)
+        assert len(fallback) == 2  # each layer asks; the second gets the first's (cached)
+        assert calls == given_calls and len(calls) == 2  # two layers, the same sequence boundaries
+        assert torch.equal(own, given)
+    assert forward_mod.varlen_kwargs(tiny_model("qwen2"), batch.attention_mask.long(), None) == {}  # sdpa: none
+
+
 def test_torch_varlen_attention_gives_the_kernel_one_half_dtype_under_autocast(monkeypatch):
     """One learner rank computes under autocast over fp32 weights: the projections come out bf16, the
     rotary embedding promotes query and key to fp32. The kernel (which autocast does not cast)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -767,6 +768,9 @@ def varlen_kwargs(model: torch.nn.Module, position_ids: torch.Tensor, attention_
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != TORCH_VARLEN:
         return {}
+    forward_params = inspect.signature(type(model).forward).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in forward_params):
+        return {}  # a forward that takes no extra kwargs: each attention computes the layout (a graph break)
     keep_mask = None
     if attention_mask is not None and not bool(attention_mask.bool().all()):
         keep_mask = attention_mask.bool()  # as flash_attention_mask: None when every token is real
