@@ -31,30 +31,9 @@ from _helpers_compile import (  # noqa: E402
     register_recording_backend,
 )
 from _helpers_trainer import tiny_model  # noqa: E402
+from test_learner_ranks import make_rollouts  # noqa: E402
 
 TEMPERATURE = 0.7  # the learner's (float) sampling temperature in these tests
-
-
-def _rollouts(tokenizer, n_groups: int = 4, G: int = 4, seed: int = 0):
-    """Groups of unequal completion lengths (1..9 tokens) with off-policy generator log-probs."""
-    from components.engines.base import Completion
-    from components.trainer.rollout import Rollout
-
-    g = torch.Generator().manual_seed(seed)
-    vocab = len(tokenizer)
-    out = []
-    for gi in range(n_groups):
-        prompt = tokenizer.encode(f"{gi}+{gi * 3}=", add_special_tokens=False)[: 3 + gi]
-        comps, rewards = [], []
-        for s in range(G):
-            n = int(torch.randint(1, 10, (1,), generator=g))
-            toks = torch.randint(4, vocab, (n,), generator=g).tolist()
-            gen_logp = (-2.0 - 3.0 * torch.rand(n, generator=g)).tolist()
-            comps.append(Completion(gi, s, list(prompt), toks, gen_logp, [0] * n, [False] * n, "stop"))
-            rewards.append(1.0 if (s + gi) % 3 == 0 else -1.0)
-        out.append(Rollout(order_id=gi, problem_id=f"p{gi}", completions=comps, rewards=rewards,
-                           passed=[r > 0 for r in rewards]))
-    return out
 
 
 def _config(model_path: str, **kw):
@@ -78,7 +57,7 @@ def _gradients(model_path: str, cfg, ranks: int = 1, rank: int = 0):
     torch.manual_seed(0)
     tok = load_tokenizer(model_path)
     learner = Learner(load_causal_lm(model_path), cfg, tok.pad_token_id, torch.device("cpu"))
-    rollouts = _rollouts(tok)
+    rollouts = make_rollouts(tok)
     plan = plan_step(rollouts, [True] * len(rollouts), cfg, tok.pad_token_id, ranks)
     assert len(plan.shards[rank]) >= 2  # micro-batches of different shapes: the dynamic recompile runs
     learner.accumulate(plan.shards[rank])
@@ -287,46 +266,28 @@ def test_compiled_blocks_trace_torch_varlen_attention_with_checkpointing(monkeyp
     """attn_implementation "torch_varlen" + activation checkpointing + compile: the attention is
     inside the compiled block (a graph break there would make the checkpointed block run eagerly
     as a whole), and log-probs and gradients are sdpa's, packed and padded."""
-    from test_forward import completion_cells, make_batch
-    from test_forward import tiny_model as forward_tiny_model
-
     import components.trainer.forward as forward_mod
-    from components.trainer.forward import (
-        enable_activation_checkpointing,
-        pack_batch,
-        sequence_logprobs_packed,
-    )
+    from components.trainer.forward import enable_activation_checkpointing
     from components.trainer.learner import compile_blocks
+    from test_forward import assert_varlen_gives_sdpas, make_batch
+    from test_forward import tiny_model as forward_tiny_model
 
     register_recording_backend()
     forward_mod.register_torch_varlen()
     monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: _varlen_stand_in)
-    batch = make_batch()
-    cells = completion_cells(batch)
-    results = {}
-    for attn in ("sdpa", "torch_varlen"):
+    start, breaks = len(GRAPHS), _graph_breaks()
+
+    def make_model(attn: str):
         model = forward_tiny_model("llama", attn=attn).train()
         enable_activation_checkpointing(model)
-        backend = None
         if attn == "torch_varlen":
-            backend = RECORDING
-            compile_blocks(model, backend)
-            start, breaks = len(GRAPHS), _graph_breaks()
-        for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
-            model.zero_grad(set_to_none=True)
-            logp, _ = sequence_logprobs_packed(model, rows, temperature=TEMPERATURE, chunk_size=5, with_entropy=False,
-                                               compile_backend=backend)
-            (logp[cells] * torch.linspace(-1, 1, int(cells.sum()))).sum().backward()
-            results[attn, layout] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+            compile_blocks(model, RECORDING)
+        return model
+
+    assert_varlen_gives_sdpas(make_batch(), make_model, compile_backend=RECORDING)
     ops = compiled_ops(start)
     assert has_op(ops, "varlen_ref") and has_op(ops, "silu"), f"the attention is not in a compiled block: {sorted(ops)}"
     assert _graph_breaks() == breaks
-    for layout in ("packed", "padded"):
-        ref_logp, ref_grads = results["sdpa", layout]
-        logp, grads = results["torch_varlen", layout]
-        assert (logp[cells] - ref_logp[cells]).abs().max() < 1e-5, layout
-        for name, g in ref_grads.items():
-            assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
 
 
 def test_compile_refuses_emulated_bf16_a_non_bool_and_an_unknown_backend(model_path):

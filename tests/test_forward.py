@@ -575,18 +575,26 @@ def test_torch_varlen_attention_gives_sdpas_logprobs_and_gradients(monkeypatch, 
 
     monkeypatch.setattr(forward_mod, "_varlen_kernel", lambda: kernel)
     batch = make_batch()
-    cells = completion_cells(batch)
-    results = {}
-    for attn in ("sdpa", "torch_varlen"):
-        model = tiny_model(arch, attn=attn)
-        for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
-            model.zero_grad(set_to_none=True)
-            logp, _ = sequence_logprobs_packed(model, rows, temperature=0.7, chunk_size=5, with_entropy=False)
-            (logp[cells] * torch.linspace(-1, 1, int(cells.sum()))).sum().backward()
-            results[attn, layout] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    assert_varlen_gives_sdpas(batch, lambda attn: tiny_model(arch, attn=attn))
     assert len(calls) == 2 * 2  # two layers x (packed, padded): the kernel ran for the varlen model only
     packed_cu = pack_batch(batch).cu_seqlens.tolist()
     assert calls[0] == packed_cu  # the packed row's own sequence boundaries
+
+
+def assert_varlen_gives_sdpas(batch: Batch, make_model, compile_backend=None) -> None:
+    """The models `make_model("sdpa")` and `make_model("torch_varlen")` (same weights) give the same
+    log-probs and gradients, on `batch` packed and padded (the varlen one's head through
+    `compile_backend`)."""
+    cells = completion_cells(batch)
+    results = {}
+    for attn in ("sdpa", "torch_varlen"):
+        model = make_model(attn)
+        for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
+            model.zero_grad(set_to_none=True)
+            logp, _ = sequence_logprobs_packed(model, rows, temperature=0.7, chunk_size=5, with_entropy=False,
+                                               compile_backend=compile_backend if attn == "torch_varlen" else None)
+            (logp[cells] * torch.linspace(-1, 1, int(cells.sum()))).sum().backward()
+            results[attn, layout] = (logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
     for layout in ("packed", "padded"):
         ref_logp, ref_grads = results["sdpa", layout]
         logp, grads = results["torch_varlen", layout]
