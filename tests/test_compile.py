@@ -5,7 +5,7 @@ References are eager, or float64 and written here:
 - a learner step: the same `Learner` without compile, one process (full gradients and the grad
   norm, before any optimizer step). Two compiled FSDP2 gloo ranks are checked against it in
   tests/test_learner_ranks.py, in the processes of its two-rank test.
-Inductor (the default backend) generates and compiles C++ on CPU, ~10 s per new graph: the tests of
+Inductor (the default backend) generates and compiles C++ on CPU, 2-7 s per new graph: the tests of
 the numbers (the head, one learner rank) use it. The tests of the wiring (what is compiled, FSDP2's
 hooks, autocast, checkpointing, graphs shared across blocks, torch_varlen), which dynamo and AOT
 autograd decide whatever the backend, use tests/_helpers_compile's RECORDING backend: aot_eager
@@ -59,7 +59,7 @@ def _gradients(model_path: str, cfg, ranks: int = 1, rank: int = 0):
     learner = Learner(load_causal_lm(model_path), cfg, tok.pad_token_id, torch.device("cpu"))
     rollouts = make_rollouts(tok)
     plan = plan_step(rollouts, [True] * len(rollouts), cfg, tok.pad_token_id, ranks)
-    assert len(plan.shards[rank]) >= 2  # micro-batches of different shapes: the dynamic recompile runs
+    assert len(plan.shards[rank]) >= 2  # micro-batches of different shapes: the graphs' dynamic shapes are used
     learner.accumulate(plan.shards[rank])
     grads = {}
     for name, p in learner.model.named_parameters():
@@ -103,7 +103,7 @@ def eager_fp32(model_path):
 # ------------------------------------------------------------------------------------------
 def test_compiled_head_matches_a_float64_reference_in_values_and_gradients(model_path):
     """The head's compiled chunk math at the tiny model's vocabulary and the learner's temperature
-    (so the learner test below finds these graphs in inductor's cache)."""
+    (so the learner test below reuses these graphs)."""
     from transformers import AutoConfig
 
     from components.trainer.forward import chunked_token_logprobs
