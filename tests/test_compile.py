@@ -83,11 +83,15 @@ def _graphs() -> int:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Every test on one thread: inductor's CPU code depends on the thread count (a change recompiles)."""
+    """Every test on one thread: inductor's CPU code depends on the thread count (a change recompiles).
+    Afterwards inductor's compile-worker processes are shut down, not left to the modules after this one."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+    from torch._inductor.async_compile import shutdown_compile_workers
+
+    shutdown_compile_workers()
 
 
 @pytest.fixture(scope="module")
