@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import random
 import sys
 import types
@@ -106,12 +107,13 @@ def test_vllm_kwargs_from_knobs_gpu_and_cpu(tiny):
                           enable_prefix_caching=False, llm_kwargs={"max_num_batched_tokens": 4096})
     assert gpu == {
         "model": str(Path(tiny)), "dtype": "bfloat16", "seed": 4, "tensor_parallel_size": 2, "max_num_seqs": 12,
-        "enable_prefix_caching": False, "logprobs_mode": "processed_logprobs", "max_model_len": 100,
+        "enable_prefix_caching": False, "logprobs_mode": "processed_logprobs", "async_scheduling": False, "max_model_len": 100,
         "enforce_eager": False, "gpu_memory_utilization": 0.85, "hf_overrides": {"head_dtype": "float32"},
         "max_num_batched_tokens": 4096,
     }
     cpu = vllm_llm_kwargs(tiny, precision="fp32", device="cpu")
     assert cpu["dtype"] == "float32" and cpu["enforce_eager"] is True and cpu["enable_chunked_prefill"] is False
+    assert cpu["async_scheduling"] is False  # vLLM forces it off on CPU; on GPU it would be on (and is refused)
     assert "gpu_memory_utilization" not in cpu and "max_model_len" not in cpu and "hf_overrides" not in cpu
     assert cpu["max_num_seqs"] == DEFAULT_MAX_NUM_SEQS and cpu["tensor_parallel_size"] == 1
     assert "enforce_eager" not in vllm_llm_kwargs(tiny, device="cuda")  # vLLM's own default on GPU
@@ -134,11 +136,33 @@ def test_vllm_kwargs_from_knobs_gpu_and_cpu(tiny):
     (dict(llm_kwargs={"model": "/elsewhere"}), "model_path"),
     (dict(llm_kwargs={"tensor_parallel_size": 2}), "vllm.tensor_parallel_size.*weight group"),
     (dict(llm_kwargs={"pipeline_parallel_size": 2}), "tensor-parallel workers only"),
+    (dict(llm_kwargs={"async_scheduling": True}), "weight version that sampled it"),
     (dict(precision="fp64"), "Unknown precision policy 'fp64'"),
 ])
 def test_vllm_bad_knobs_are_named(tiny, kw, match):
     with pytest.raises((ValueError, KeyError), match=match):
         vllm_llm_kwargs(tiny, **kw)
+
+
+def test_vllm_engine_pins_the_v1_model_runner_and_refuses_v2():
+    """vLLM's V2 model runner (its GPU default) has no TopKTopPSampler to take gen_logp from: the engine
+    pins V1 in the environment before vLLM reads it, refuses an environment that asks for V2, and the
+    hook names the runner if it ever meets a sampler it cannot wrap."""
+    from components.engines.vllm_engine import V2_RUNNER_ENV, _install_logprob_hook, use_v1_model_runner
+
+    env = {}
+    use_v1_model_runner(env)
+    assert env == {V2_RUNNER_ENV: "0"}
+    use_v1_model_runner({V2_RUNNER_ENV: "false"})  # V1 asked for explicitly
+    with pytest.raises(ValueError, match=rf"{V2_RUNNER_ENV}='1', but the engine needs vLLM's V1 model runner"):
+        use_v1_model_runner({V2_RUNNER_ENV: "1"})
+
+    class V2Sampler:  # like vllm.v1.worker.gpu.sample.sampler.Sampler: top-k/top-p inside, nothing to wrap
+        pass
+
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(sampler=V2Sampler()))
+    with pytest.raises(RuntimeError, match=rf"V2Sampler\) has no topk_topp_sampler .* \({V2_RUNNER_ENV}=0\)"):
+        _install_logprob_hook(worker)
 
 
 class _Stop(Exception):
@@ -163,8 +187,11 @@ def test_vllm_knobs_reach_vllm_LLM_through_gin(tiny, clean_gin, monkeypatch):
         "vllm.max_num_seqs = 6", "vllm.enforce_eager = True", "vllm.enable_prefix_caching = False",
         "vllm.max_num_batched_tokens = 2048",  # any other vllm.LLM argument passes through
     ])
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "")  # recorded, so the engine's setting is undone after the test
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
     with pytest.raises(_Stop):
         make_engine("vllm", tiny, precision="bf16", device="cuda", seed=5)
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and seen["async_scheduling"] is False
     assert {k: seen[k] for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
                                  "enforce_eager", "enable_prefix_caching", "max_num_batched_tokens", "dtype", "seed")} == {
         "tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "max_model_len": 96, "max_num_seqs": 6,

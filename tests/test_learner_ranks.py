@@ -434,3 +434,25 @@ def test_a_model_without_weights_is_refused_on_rank_zero_and_without_ranks(model
     with pytest.raises(ValueError, match=r"learner rank 0 of 1 got a model on the meta device"):
         Learner(empty_causal_lm(model_path), config(model_path, "grpo", "token_mean", "batch"),
                 tok.pad_token_id, torch.device("cpu"))
+
+
+def test_a_cpu_learner_shards_on_a_cpu_mesh_on_a_machine_with_gpus(tmp_path, model_path, monkeypatch):
+    """FSDP2's default mesh takes the machine's accelerator: on a machine with GPUs a gloo (CPU) learner
+    would get a CUDA mesh and its shards moved to the GPUs. `shard_model` names the learner's device.
+    The machine's accelerator is faked as CUDA here; a one-rank gloo group stands in for the learners."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from components.models import load_causal_lm
+    from components.trainer.learner import shard_model
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = shard_model(load_causal_lm(model_path).float(), "bf16", torch.device("cpu"))
+        params = dict(model.named_parameters())
+        assert params and all(isinstance(p, DTensor) for p in params.values())
+        assert {p.device_mesh.device_type for p in params.values()} == {"cpu"}
+        assert {p.device.type for p in params.values()} == {"cpu"}
+    finally:
+        dist.destroy_process_group()

@@ -126,6 +126,18 @@ def test_greedy_held_out_evaluation_is_still_a_valid_setting():
         validate(TrainConfig(model_path="m", eval_temperature=-1.0))
 
 
+def test_a_gpu_index_is_refused_since_each_process_owns_its_gpus():
+    """The launcher hands each process its own GPU(s) through CUDA_VISIBLE_DEVICES, where the first is
+    cuda:0: a 'cuda:1' would be an invalid ordinal in every process, so it is refused before the run."""
+    for device in ("auto", "cpu", "cuda", "cuda:0"):
+        validate(TrainConfig(model_path="m", device=device))
+    with pytest.raises(ConfigError, match=r"train.device = 'cuda:1': every process of a run gets its own GPU\(s\) "
+                                          r".*use 'cuda', and choose a machine's GPUs with CUDA_VISIBLE_DEVICES"):
+        validate(TrainConfig(model_path="m", device="cuda:1"))
+    with pytest.raises(ConfigError, match=r"train.device must be auto, cpu or cuda \(cuda:0 is cuda\), got 'gpu'"):
+        validate(TrainConfig(model_path="m", device="gpu"))
+
+
 def _user_loss_name() -> str:
     return f"user_loss_{uuid.uuid4().hex[:8]}"
 

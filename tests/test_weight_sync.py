@@ -532,3 +532,47 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
         weight_sync_backend("nccl", "cuda:0", gpus_shared=True, workers_per_generator=2)
     with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl, ipc; got 'mpi'"):
         validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))
+
+
+def test_an_index_less_cuda_buffer_device_is_the_current_one(monkeypatch):
+    """WeightSender(device="cuda") keeps its buffers: torch.device("cuda") != torch.device("cuda:0"), and a
+    buffer compared that way was reallocated and re-exported for every bucket."""
+    from components.trainer.weight_sync import same_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert torch.device("cuda") != torch.device("cuda:1")  # what the comparison used to be
+    assert same_device(torch.device("cuda:1"), torch.device("cuda"))
+    assert not same_device(torch.device("cuda:0"), torch.device("cuda"))
+    assert same_device(torch.device("cuda:0"), torch.device("cuda:0"))
+    assert not same_device(torch.device("cuda:0"), torch.device("cuda:1"))
+    assert not same_device(torch.device("cpu"), torch.device("cuda"))
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+
+
+def test_the_nccl_send_waits_for_the_optimizer_step_before_vllm_packs(monkeypatch):
+    """vLLM's packed NCCL producer pulls the learner's tensors on its own CUDA streams, which do not wait
+    for the default stream (where optimizer.step() was queued): the sender synchronizes that stream
+    first. A stand-in engine records the order (there is no CUDA here)."""
+    events = []
+
+    class Stream:
+        def synchronize(self):
+            events.append("default stream synchronized")
+
+    class Engine:
+        def send_weights(self):
+            events.append("vLLM packs and broadcasts")
+
+    class Source:
+        def set_round(self, update, tensors, clock):
+            events.append("round set" if update is not None else "round cleared")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    group = WeightGroup("127.0.0.1", 1234, 1, backend="nccl")
+    sender = WeightSender(group)
+    sender._nccl = (Engine(), Source())
+    update = WeightUpdate.plan(1, [ParamSpec("w", (4,), "float32")], bucket_mb=group.bucket_mb)
+    sender._send_nccl(update, iter([("w", torch.zeros(4))]), [0.0])
+    assert events == ["default stream synchronized", "round set", "vLLM packs and broadcasts", "round cleared"]

@@ -65,7 +65,12 @@ __all__ = ["VllmEngine", "vllm_llm_kwargs", "DEFAULT_MAX_NUM_SEQS"]
 def _install_logprob_hook(worker) -> str:
     """Make the sampler return log_softmax(logits / T) taken BEFORE top-k/top-p (runs in the worker)."""
     sampler = worker.model_runner.sampler
-    inner = sampler.topk_topp_sampler
+    inner = getattr(sampler, "topk_topp_sampler", None)
+    if inner is None:
+        raise RuntimeError(
+            f"vllm engine: vLLM's sampler ({type(sampler).__module__}.{type(sampler).__name__}) has no "
+            f"topk_topp_sampler to take gen_logp from; the engine needs the V1 model runner ({V2_RUNNER_ENV}=0)"
+        )
     if getattr(inner, "_scalerl_wrapped", False):
         return "already"
 
@@ -137,7 +142,26 @@ _RESERVED_LLM_KWARGS = {
     "tensor_parallel_size": "use the engine's `tensor_parallel_size` (gin: vllm.tensor_parallel_size), which the run's "
                             "GPU layout and weight group count",
     "pipeline_parallel_size": "the run's GPU layout and weight group count tensor-parallel workers only",
+    "async_scheduling": "every token must carry the weight version that sampled it: vLLM's async scheduling "
+                        "(its GPU default) returns a batch one step late, after a weight update it would be "
+                        "tagged with the new version, and vLLM's NCCL receiver would load weights beside it",
 }
+
+# vLLM's V2 model runner (its GPU default when Triton is present) samples inside a fused sampler with no
+# TopKTopPSampler to hook, and takes "processed" log-probs after top-p: gen_logp needs the V1 runner.
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def use_v1_model_runner(environ=os.environ) -> None:
+    """Pin vLLM's V1 model runner (what `_install_logprob_hook` wraps) unless the environment asked for
+    V2, which is refused with the reason."""
+    value = environ.setdefault(V2_RUNNER_ENV, "0")
+    if value.strip().lower() not in ("0", "false"):
+        raise ValueError(
+            f"vllm engine: {V2_RUNNER_ENV}={value!r}, but the engine needs vLLM's V1 model runner: gen_logp is "
+            "log_softmax(logits / T) before top-k/top-p, taken from the V1 sampler's TopKTopPSampler, which the V2 "
+            f"runner does not have; unset {V2_RUNNER_ENV} or set it to 0"
+        )
 
 
 def _is_int(x) -> bool:
@@ -212,6 +236,7 @@ def vllm_llm_kwargs(
         max_num_seqs=int(seqs) if seqs is not None else DEFAULT_MAX_NUM_SEQS,
         enable_prefix_caching=bool(enable_prefix_caching),
         logprobs_mode="processed_logprobs",
+        async_scheduling=False,  # tokens carry the version that sampled them (_RESERVED_LLM_KWARGS)
     )
     if max_model_len is not None:
         kwargs["max_model_len"] = int(max_model_len)
@@ -301,6 +326,7 @@ class VllmEngine(Engine):
             max_batch_size=max_batch_size,
             llm_kwargs=llm_kwargs,
         )
+        use_v1_model_runner()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if str(device).startswith("cpu"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))

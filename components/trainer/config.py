@@ -498,8 +498,13 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl, ipc; got {cfg.weight_sync_backend!r}")
     if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {cfg.adam_betas!r}")
-    if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
-        raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.device not in ("auto", "cpu", "cuda", "cuda:0"):
+        if str(cfg.device).startswith("cuda:"):
+            raise ConfigError(
+                f"train.device = {cfg.device!r}: every process of a run gets its own GPU(s) from the launcher "
+                "(CUDA_VISIBLE_DEVICES), where its first one is cuda:0, so a run has no GPU index to pick; use "
+                "'cuda', and choose a machine's GPUs with CUDA_VISIBLE_DEVICES before `scalerl train`")
+        raise ConfigError(f"train.device must be auto, cpu or cuda (cuda:0 is cuda), got {cfg.device!r}")
     if cfg.downstream_every > 0 and not cfg.downstream_benchmarks:
         raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:

@@ -114,15 +114,22 @@ def decoder_layers(model: torch.nn.Module) -> list:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, precision: str, mesh=None) -> torch.nn.Module:
-    """FSDP2: `fully_shard` each decoder block and the root, with the policy's mixed precision.
+def shard_model(model: torch.nn.Module, precision: str, device: torch.device) -> torch.nn.Module:
+    """FSDP2: `fully_shard` each decoder block and the root, with the policy's mixed precision, over
+    the learner group (the default process group) on `device`'s type.
+
+    The mesh is given, not left to FSDP2's default, which takes the machine's accelerator: a CPU
+    (gloo) learner on a machine with GPUs would otherwise get a CUDA mesh and its shards moved there.
 
     Blocks compute in the policy's dtype (bf16 for bf16 / bf16_fp32_head), gradients are
     reduced in fp32, parameters stay fp32 (master). For bf16_fp32_head the root group (input
     embedding, LM head) computes in fp32 and the final norm in bf16, as the generators do.
     """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     policy = get_precision(precision)  # a name (real bf16) or the learner's resolved policy
     compute = policy.compute_dtype  # float32 when bf16 is emulated (precision.emulate)
     block_mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
@@ -375,7 +382,7 @@ class Learner:
         if self.ranks > 1:
             full = model.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
             # fully_shard keeps 1/T of each tensor per rank: the full model never sits on one GPU
-            shard_model(model, self.policy)
+            shard_model(model, self.policy, self.device)
             if on_meta:
                 model.to_empty(device=self.device)  # this rank's shards only, filled next
             else:

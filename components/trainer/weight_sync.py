@@ -597,7 +597,7 @@ class WeightSender:
 
     def _buffer(self, slot: int, nbytes: int, device: Optional[torch.device] = None) -> torch.Tensor:
         buf = self._buffers[slot]
-        if buf is None or buf.numel() < nbytes or (device is not None and buf.device != device):
+        if buf is None or buf.numel() < nbytes or (device is not None and not same_device(buf.device, device)):
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._buffers[slot] = buf
         return buf
@@ -699,6 +699,11 @@ class WeightSender:
                 f"weight update v{update.version}: planned with {update.bucket_bytes} B buckets but the nccl group packs "
                 f"{self.group.bucket_bytes} B buffers; plan with the group's bucket_mb ({self.group.bucket_mb})"
             )
+        # vLLM's packed producer pulls our tensors (and, with FSDP2, starts their all-gathers) on its own
+        # CUDA streams, which do not wait for the default stream where the optimizer step was queued: wait
+        # for that step here, or the generators could get a mix of old and new weights.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.current_stream().synchronize()
         source.set_round(update, named_tensors, clock)
         try:
             engine.send_weights()
@@ -883,6 +888,17 @@ def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[t
 
 
 # ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
+def same_device(have: torch.device, want: torch.device) -> bool:
+    """Whether a tensor on `have` is on `want`, where an index-less `want` ("cuda") means the current
+    device: torch.device("cuda") != torch.device("cuda:0"), and a buffer reallocated (and re-exported
+    over CUDA IPC) for every bucket on that inequality is what this avoids."""
+    if have.type != want.type:
+        return False
+    if want.index is None and want.type == "cuda":
+        return have.index == torch.cuda.current_device()
+    return want.index is None or have.index == want.index
+
+
 def _nccl_trainer_engine(group: WeightGroup):
     """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; on CPU only with gloo in NCCL's place)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
