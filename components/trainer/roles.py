@@ -27,7 +27,7 @@ import re
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 log = logging.getLogger(__name__)
 
@@ -280,17 +280,38 @@ def pin_cpu(slot: int, world_size: int, environ: Optional[dict] = None) -> Optio
 GPUS_SHARED_ENV = "SCALERL_GPUS_SHARED"
 
 
-def gpus_shared(layout: Layout, ranks_per_node: int, gpus_on_node: int) -> bool:
+def gpus_shared(layout: Layout, ranks_per_node: Union[int, Sequence[int]], gpus_on_node: int) -> bool:
     """True when the processes of some node need more GPUs than it has, so that `assign_gpus`
-    makes them share (e.g. a learner and a generator on one GPU). Nodes hold `ranks_per_node`
-    consecutive ranks (the last one the rest) and `gpus_on_node` GPUs each, so every process of
-    the run computes the same answer."""
-    per = max(int(ranks_per_node), 1)
-    for first in range(0, layout.world_size, per):
-        need = sum(layout.gpus_needed(layout.role(r)) for r in range(first, min(first + per, layout.world_size)))
+    makes them share (e.g. a learner and a generator on one GPU). Nodes hold consecutive ranks:
+    `ranks_per_node` each (the last one the rest), or the given count on each node in node order,
+    and `gpus_on_node` GPUs each, so every process of the run computes the same answer."""
+    if isinstance(ranks_per_node, int):
+        per = max(int(ranks_per_node), 1)
+        counts = [per] * -(-layout.world_size // per)
+    else:
+        counts = [max(int(c), 0) for c in ranks_per_node]
+    first = 0
+    for count in counts:
+        need = sum(layout.gpus_needed(layout.role(r)) for r in range(first, min(first + count, layout.world_size)))
         if need > gpus_on_node:
             return True
+        first += count
     return False
+
+
+def slurm_tasks_per_node(environ: Mapping[str, str]) -> Optional[list[int]]:
+    """The job step's task count on each of its nodes, in node order, from SLURM_STEP_TASKS_PER_NODE
+    (else SLURM_TASKS_PER_NODE): "2(x3),1" is [2, 2, 2, 1]. None when neither is set or readable.
+    Unlike SLURM_NTASKS_PER_NODE this is set however the tasks were asked for (`--ntasks` with
+    `--overcommit` too) and tells uneven nodes apart."""
+    text = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or ""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts or None
 
 
 def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], environ: Optional[dict] = None) -> tuple[list[str], bool]:
@@ -317,6 +338,14 @@ def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], 
                 f"({bound} per task, CUDA_VISIBLE_DEVICES={','.join(visible) or '(none)'}): "
                 f"submit with --gpus-per-task={need}, or with --gpus-per-node and no --gpus-per-task")
         return list(visible[:need]), False
+    counts = slurm_tasks_per_node(env)
+    if counts is not None and sum(counts) == penv.world_size:
+        gtids = [int(t) for t in env.get("SLURM_GTIDS", "").split(",") if t.strip().isdigit()]
+        node = int(env.get("SLURM_NODEID", "0") or 0)
+        first = penv.rank - penv.local_rank
+        node_ranks = gtids if penv.rank in gtids else list(range(first, first + counts[min(node, len(counts) - 1)]))
+        mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
+        return [visible[i] for i in mine], gpus_shared(layout, counts, len(visible))
     first = penv.rank - penv.local_rank
     per_node = int(env.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(env.get("SLURM_NNODES", "1")), 1))
     node_ranks = list(range(first, min(first + per_node, penv.world_size)))

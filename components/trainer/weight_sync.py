@@ -899,6 +899,27 @@ def same_device(have: torch.device, want: torch.device) -> bool:
     return want.index is None or have.index == want.index
 
 
+def listen_address(host: str) -> str:
+    """The address learner rank 0 gives vLLM's NCCL trainer endpoint, which listens on exactly that
+    address (torch's TCPStore, on the gloo and ipc paths, listens on every interface).
+
+    `host` is the node name every process was given. Where this node resolves its own name to a
+    loopback address (Debian's "127.0.1.1 <hostname>" line), listening there would shut out the
+    generators on other nodes: the endpoint then listens on every interface ("0.0.0.0"), where this
+    node's generators reach it through that loopback and other nodes through the node's address. A
+    loopback given as such (a one-machine run) or a name that resolves elsewhere is kept."""
+    def loopback(addr: str) -> bool:
+        return addr.startswith("127.") or addr == "::1"
+
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        return host
+    if not loopback(resolved) or loopback(host) or host == "localhost":
+        return host
+    return "0.0.0.0"
+
+
 def _nccl_trainer_engine(group: WeightGroup):
     """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; on CPU only with gloo in NCCL's place)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -943,7 +964,7 @@ def _nccl_trainer_engine(group: WeightGroup):
 
     source = _RoundSource()
     info = NCCLTrainerInitInfo(
-        master_address=group.master_addr,
+        master_address=listen_address(group.master_addr),
         master_port=int(group.master_port),
         world_size=group.world_size,
         packed=True,
