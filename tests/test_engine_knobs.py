@@ -114,6 +114,7 @@ def test_vllm_kwargs_from_knobs_gpu_and_cpu(tiny):
     cpu = vllm_llm_kwargs(tiny, precision="fp32", device="cpu")
     assert cpu["dtype"] == "float32" and cpu["enforce_eager"] is True and cpu["enable_chunked_prefill"] is False
     assert cpu["async_scheduling"] is False  # vLLM forces it off on CPU; on GPU it would be on (and is refused)
+    assert vllm_llm_kwargs(tiny, llm_kwargs={"async_scheduling": False})["async_scheduling"] is False  # agrees: fine
     assert "gpu_memory_utilization" not in cpu and "max_model_len" not in cpu and "hf_overrides" not in cpu
     assert cpu["max_num_seqs"] == DEFAULT_MAX_NUM_SEQS and cpu["tensor_parallel_size"] == 1
     assert "enforce_eager" not in vllm_llm_kwargs(tiny, device="cuda")  # vLLM's own default on GPU
@@ -137,6 +138,7 @@ def test_vllm_kwargs_from_knobs_gpu_and_cpu(tiny):
     (dict(llm_kwargs={"tensor_parallel_size": 2}), "vllm.tensor_parallel_size.*weight group"),
     (dict(llm_kwargs={"pipeline_parallel_size": 2}), "tensor-parallel workers only"),
     (dict(llm_kwargs={"async_scheduling": True}), "weight version that sampled it"),
+    (dict(llm_kwargs={"async_scheduling": None}), "weight version that sampled it"),  # None: vLLM's default, on
     (dict(precision="fp64"), "Unknown precision policy 'fp64'"),
 ])
 def test_vllm_bad_knobs_are_named(tiny, kw, match):
@@ -153,9 +155,12 @@ def test_vllm_engine_pins_the_v1_model_runner_and_refuses_v2():
     env = {}
     use_v1_model_runner(env)
     assert env == {V2_RUNNER_ENV: "0"}
-    use_v1_model_runner({V2_RUNNER_ENV: "false"})  # V1 asked for explicitly
+    use_v1_model_runner({V2_RUNNER_ENV: "0"})  # V1 asked for explicitly
     with pytest.raises(ValueError, match=rf"{V2_RUNNER_ENV}='1', but the engine needs vLLM's V1 model runner"):
         use_v1_model_runner({V2_RUNNER_ENV: "1"})
+    for value in ("false", ""):  # vLLM reads it with int(): these would fail inside vLLM
+        with pytest.raises(ValueError, match=rf"{V2_RUNNER_ENV}='{value}' is not an integer, which vLLM would refuse"):
+            use_v1_model_runner({V2_RUNNER_ENV: value})
 
     class V2Sampler:  # like vllm.v1.worker.gpu.sample.sampler.Sampler: top-k/top-p inside, nothing to wrap
         pass

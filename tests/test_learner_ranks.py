@@ -447,6 +447,7 @@ def test_a_cpu_learner_shards_on_a_cpu_mesh_on_a_machine_with_gpus(tmp_path, mod
     from components.trainer.learner import shard_model
 
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         model = shard_model(load_causal_lm(model_path).float(), "bf16", torch.device("cpu"))
@@ -454,5 +455,6 @@ def test_a_cpu_learner_shards_on_a_cpu_mesh_on_a_machine_with_gpus(tmp_path, mod
         assert params and all(isinstance(p, DTensor) for p in params.values())
         assert {p.device_mesh.device_type for p in params.values()} == {"cpu"}
         assert {p.device.type for p in params.values()} == {"cpu"}
+        assert all(p.device_mesh.get_group() is dist.group.WORLD for p in params.values())  # no second group
     finally:
         dist.destroy_process_group()

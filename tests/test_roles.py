@@ -152,6 +152,9 @@ def test_slurm_tasks_per_node_and_uneven_nodes():
     # by the counts of each node:
     assert R.gpus_shared(lay, [3, 1], 4) is False and R.gpus_shared(lay, [3, 1], 3) is True
     assert R.gpus_shared(lay, 2, 4) is False and R.gpus_shared(lay, 2, 3) is True  # the int form still works
+    with pytest.raises(RuntimeError, match=r"holds ranks \[0, 2\] \(SLURM_GTIDS\), not a block .*--distribution=block"):
+        R.slurm_task_gpus(lay, R.ProcessEnv(rank=2, world_size=4, local_rank=1, endpoints=R.Endpoints("h", 40000), source="slurm"),
+                          four, {"SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0", "SLURM_GTIDS": "0,2"})
 
 
 def test_gpus_bound_per_task_reads_both_ways_slurm_reports_them():

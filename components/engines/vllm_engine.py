@@ -156,7 +156,12 @@ def use_v1_model_runner(environ=os.environ) -> None:
     """Pin vLLM's V1 model runner (what `_install_logprob_hook` wraps) unless the environment asked for
     V2, which is refused with the reason."""
     value = environ.setdefault(V2_RUNNER_ENV, "0")
-    if value.strip().lower() not in ("0", "false"):
+    try:
+        v2 = bool(int(value))  # how vLLM reads it (vllm.envs.maybe_convert_bool): "false" is an error there
+    except ValueError:
+        raise ValueError(f"vllm engine: {V2_RUNNER_ENV}={value!r} is not an integer, which vLLM would refuse; "
+                         f"unset it or set it to 0 (the engine needs vLLM's V1 model runner)") from None
+    if v2:
         raise ValueError(
             f"vllm engine: {V2_RUNNER_ENV}={value!r}, but the engine needs vLLM's V1 model runner: gen_logp is "
             "log_softmax(logits / T) before top-k/top-p, taken from the V1 sampler's TopKTopPSampler, which the V2 "
@@ -213,6 +218,8 @@ def vllm_llm_kwargs(
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"vllm engine: enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
     extra = dict(llm_kwargs or {})
+    if extra.get("async_scheduling", True) is False:
+        del extra["async_scheduling"]  # what the engine sets anyway
     for key, why in _RESERVED_LLM_KWARGS.items():
         if key in extra:
             raise ValueError(f"vllm engine: do not pass {key!r} to vllm.LLM through the engine's keyword arguments: {why}")

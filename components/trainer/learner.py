@@ -116,7 +116,7 @@ def decoder_layers(model: torch.nn.Module) -> list:
 
 def shard_model(model: torch.nn.Module, precision: str, device: torch.device) -> torch.nn.Module:
     """FSDP2: `fully_shard` each decoder block and the root, with the policy's mixed precision, over
-    the learner group (the default process group) on `device`'s type.
+    the learner group (the default process group, as a one-dimensional mesh) on `device`'s type.
 
     The mesh is given, not left to FSDP2's default, which takes the machine's accelerator: a CPU
     (gloo) learner on a machine with GPUs would otherwise get a CUDA mesh and its shards moved there.
@@ -126,10 +126,12 @@ def shard_model(model: torch.nn.Module, precision: str, device: torch.device) ->
     embedding, LM head) computes in fp32 and the final norm in bf16, as the generators do.
     """
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    # the learner group itself (init_device_mesh would make a new group, with torch's default timeout,
+    # for a CPU mesh on a machine with CUDA)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, torch.device(device).type)
     policy = get_precision(precision)  # a name (real bf16) or the learner's resolved policy
     compute = policy.compute_dtype  # float32 when bf16 is emulated (precision.emulate)
     block_mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)

@@ -340,7 +340,11 @@ def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], 
         return list(visible[:need]), False
     counts = slurm_tasks_per_node(env)
     if counts is not None and sum(counts) == penv.world_size:
-        gtids = [int(t) for t in env.get("SLURM_GTIDS", "").split(",") if t.strip().isdigit()]
+        gtids = sorted(int(t) for t in env.get("SLURM_GTIDS", "").split(",") if t.strip().isdigit())
+        if gtids and gtids != list(range(gtids[0], gtids[0] + len(gtids))):
+            raise RuntimeError(
+                f"rank {penv.rank}: this node holds ranks {gtids} (SLURM_GTIDS), not a block of consecutive ranks; the "
+                "run's GPU layout places ranks on nodes in blocks: submit with --distribution=block (Slurm's default)")
         node = int(env.get("SLURM_NODEID", "0") or 0)
         first = penv.rank - penv.local_rank
         node_ranks = gtids if penv.rank in gtids else list(range(first, first + counts[min(node, len(counts) - 1)]))
