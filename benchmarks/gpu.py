@@ -136,9 +136,22 @@ def learner_bench(size: str, args) -> dict:
                tokens_per_s=tokens / s, tflops=step_flops / s / 1e12, mfu=step_flops / s / (args.peak_tflops * 1e12),
                peak_gib=peak)
     del learner, model
+    free_device_memory(device, args.compile)
+    return row
+
+
+def free_device_memory(device: str, compiled: bool = False) -> None:
+    """Give the next size a clean GPU: compiled blocks hold their layers in a reference cycle
+    (layer.forward -> compiled wrapper -> bound method -> layer), which only the collector frees."""
+    import gc
+
+    import torch
+
+    if compiled:
+        torch._dynamo.reset()
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return row
 
 
 def generation_bench(size: str, args) -> dict:
@@ -171,8 +184,7 @@ def generation_bench(size: str, args) -> dict:
     row = dict(part="generation", size=size, precision=args.precision, sequences=args.gen_prompts * args.gen_samples,
                new_tokens=n, seconds=s, tokens_per_s=n / s, vllm="not measured: vLLM is not installed on the machine")
     del engine, model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    free_device_memory(device)
     return row
 
 
@@ -227,7 +239,7 @@ def e2e_bench(scheme: str, args, model_dir: Path, work: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="writes gpu.json and gpu.md here")
+    ap.add_argument("--out", required=True, help="writes gpu.json here (rows as they come)")
     ap.add_argument("--parts", default="learner,generation,e2e")
     ap.add_argument("--sizes", default="0.5B,1.5B")
     ap.add_argument("--device", default="cuda")
@@ -265,6 +277,10 @@ def main(argv=None) -> int:
         args.warmup, args.steps, args.gen_prompts, args.gen_samples, args.gen_tokens = 1, 1, 2, 2, 8
         args.gen_repeats, args.e2e_hidden, args.e2e_layers, args.e2e_tokens, args.e2e_steps = 1, 64, 2, 8, 4
         args.e2e_prompts, args.e2e_warmup = 4, 1
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - {"learner", "generation", "e2e"})
+    if unknown or not parts:
+        raise SystemExit(f"--parts {args.parts!r}: unknown {unknown}; valid: learner, generation, e2e")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -273,7 +289,6 @@ def main(argv=None) -> int:
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     print(json.dumps(env), flush=True)
     rows = []
-    parts = args.parts.split(",")
     sizes = [s for s in args.sizes.split(",") if s]
 
     def record(row: dict) -> None:

@@ -144,7 +144,7 @@ def run(args) -> list[dict]:
     ctx = mp.get_context("spawn")
     rows = []
     for backend, G in [(b, g) for b in args.backends for g in args.generators]:
-        group = WeightGroup.local(G, timeout_s=TIMEOUT_S, bucket_mb=args.bucket_mb, backend=backend)
+        group = WeightGroup.local(G, timeout_s=args.timeout, bucket_mb=args.bucket_mb, backend=backend)
         ctrl = [ctx.Queue() for _ in range(G)]
         done_q = ctx.Queue()
         procs = [ctx.Process(target=generator_main, args=(i, group, ctrl[i], done_q, args.device), daemon=True)
@@ -228,6 +228,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="gloo", help="comma-separated weight group backends: gloo, ipc")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="train.weight_sync_bucket_mb")
     ap.add_argument("--queue-max-params", type=float, default=2e8, help="run the old queue path up to this many parameters")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                    help="seconds the weight group waits for a generator (a generator that failed is reported after it; "
+                         "on a GPU lease, where a command has 10 minutes, use ~120)")
     args = ap.parse_args(argv)
     args.sizes = [s for s in args.sizes.split(",") if s]
     bad = [s for s in args.sizes if s not in SIZES]

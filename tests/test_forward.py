@@ -559,6 +559,40 @@ def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_s
     return out.to(q.dtype)
 
 
+@pytest.mark.parametrize("signature", [
+    ("window_size", "enable_gqa", "scale", "return_aux"),  # torch 2.13
+    ("window_size", "scale", "return_aux"),  # no enable_gqa: key and value heads are repeated
+    ("is_causal", "return_aux"),  # older still: is_causal, and no scale (the default 1/sqrt(D) is asked for)
+])
+def test_varlen_call_speaks_each_torch_versions_keywords(signature):
+    """The GPU machine may carry another torch than the pinned one: `varlen_call` passes only the
+    keywords that torch's varlen_attn has, and gives the same attention (q [n, 4, D], k/v [n, 2, D])."""
+    torch.manual_seed(0)
+    n, D = 9, 8
+    q, k, v = torch.randn(n, 4, D), torch.randn(n, 2, D), torch.randn(n, 2, D)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    want = _reference_varlen(q, k, v, cu, cu, 5, 5, scale=D ** -0.5, window_size=(-1, 0), enable_gqa=True)
+    seen = {}
+
+    def kernel(q_, k_, v_, cu_q, cu_k, max_q, max_k, **kw):
+        assert set(kw) <= set(signature), kw  # nothing this torch would reject
+        seen.update(kw, heads=k_.shape[1])
+        causal = kw.pop("is_causal", None)
+        if causal is not None:
+            assert causal is True
+            kw["window_size"] = (-1, 0)
+        gqa = q_.shape[1] != k_.shape[1]
+        return _reference_varlen(q_, k_, v_, cu_q, cu_k, max_q, max_k, **{**kw, "enable_gqa": gqa})
+
+    got = forward_mod.varlen_call(kernel, q, k, v, cu, 5, D ** -0.5, params=frozenset(signature))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert seen["heads"] == (2 if "enable_gqa" in signature else 4)
+    with pytest.raises(TypeError, match=r"takes no scale, and this model's attention scale 0\.5 is not 1/sqrt"):
+        forward_mod.varlen_call(kernel, q, k, v, cu, 5, 0.5, params=frozenset(("is_causal",)))
+    with pytest.raises(TypeError, match=r"neither window_size nor is_causal \(keywords: no torch.nn.attention.varlen\)"):
+        forward_mod.varlen_call(kernel, q, k, v, cu, 5, None, params=frozenset())
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_torch_varlen_attention_gives_sdpas_logprobs_and_gradients(monkeypatch, arch):
     """The model through attn_implementation "torch_varlen" (torch's kernel has no CPU version; a

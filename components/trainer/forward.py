@@ -799,6 +799,54 @@ def _varlen_kernel():
     return varlen_attn
 
 
+def _varlen_signature() -> frozenset:
+    """The keyword names of this torch's `varlen_attn` (empty if it has none)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return frozenset()
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+# read once at import, outside any compiled graph (dynamo would break its graph on inspect)
+VARLEN_PARAMS = _varlen_signature()
+
+
+def varlen_call(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                scale: Optional[float], params: frozenset = None) -> torch.Tensor:
+    """Causal varlen attention through `kernel`, with the keywords this torch's `varlen_attn` has
+    (`params`, default `VARLEN_PARAMS`).
+
+    q [n, Hq, D], k / v [n, Hkv, D], cu [S + 1] int32 sequence boundaries; returns [n, Hq, D].
+    torch 2.13's `varlen_attn` takes `window_size=(-1, 0)` for causal, and `enable_gqa`. Without
+    `enable_gqa` (earlier torch), key and value heads are repeated to Hq; the earliest versions take
+    `is_causal` in place of `window_size`.
+    """
+    params = VARLEN_PARAMS if params is None else params
+    kwargs = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    elif "is_causal" in params:
+        kwargs["is_causal"] = True
+    else:
+        raise TypeError(f"this torch's varlen attention takes neither window_size nor is_causal (keywords: "
+                        f"{sorted(params) or 'no torch.nn.attention.varlen'}), so attn_implementation 'torch_varlen' "
+                        "cannot run here; use 'sdpa'")
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise TypeError(f"this torch's varlen_attn takes no scale, and this model's attention scale {scale} is not "
+                        "1/sqrt(head_dim); use attn_implementation 'sdpa'")
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hq != Hkv:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+            v = v.repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+    return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
 def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: Optional[float] = None,
                            sliding_window: Optional[int] = None, **kwargs):
     """A transformers attention function over torch's varlen kernel: causal attention within each
@@ -835,8 +883,8 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
         flat = x.to(dtype).transpose(1, 2).reshape(B * L, heads, D)
         return flat if keep is None else flat[keep]
 
-    out = _varlen_kernel()(tokens(query, Hq), tokens(key, Hkv), tokens(value, Hkv), cu, cu, max_len, max_len,
-                           scale=scaling, window_size=(-1, 0), enable_gqa=Hq != Hkv)  # [n, Hq, D]
+    out = varlen_call(_varlen_kernel(), tokens(query, Hq), tokens(key, Hkv), tokens(value, Hkv), cu, max_len,
+                      scaling)  # [n, Hq, D]
     if keep is not None:
         full = out.new_zeros(B * L, Hq, D)
         out = full.index_copy(0, keep, out)  # [B x L, Hq, D]
