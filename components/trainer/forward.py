@@ -813,7 +813,7 @@ VARLEN_PARAMS = _varlen_signature()
 
 
 def varlen_call(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
-                scale: Optional[float], params: frozenset = None) -> torch.Tensor:
+                scale: Optional[float], params: Optional[frozenset] = None) -> torch.Tensor:
     """Causal varlen attention through `kernel`, with the keywords this torch's `varlen_attn` has
     (`params`, default `VARLEN_PARAMS`).
 

@@ -338,21 +338,20 @@ def slurm_task_gpus(layout: Layout, penv: "ProcessEnv", visible: Sequence[str], 
                 f"({bound} per task, CUDA_VISIBLE_DEVICES={','.join(visible) or '(none)'}): "
                 f"submit with --gpus-per-task={need}, or with --gpus-per-node and no --gpus-per-task")
         return list(visible[:need]), False
+    first = penv.rank - penv.local_rank
     counts = slurm_tasks_per_node(env)
-    if counts is not None and sum(counts) == penv.world_size:
+    if counts is not None and sum(counts) == penv.world_size:  # each node's own count
         gtids = sorted(int(t) for t in env.get("SLURM_GTIDS", "").split(",") if t.strip().isdigit())
         if gtids and gtids != list(range(gtids[0], gtids[0] + len(gtids))):
             raise RuntimeError(
                 f"rank {penv.rank}: this node holds ranks {gtids} (SLURM_GTIDS), not a block of consecutive ranks; the "
                 "run's GPU layout places ranks on nodes in blocks: submit with --distribution=block (Slurm's default)")
         node = int(env.get("SLURM_NODEID", "0") or 0)
-        first = penv.rank - penv.local_rank
         node_ranks = gtids if penv.rank in gtids else list(range(first, first + counts[min(node, len(counts) - 1)]))
-        mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
-        return [visible[i] for i in mine], gpus_shared(layout, counts, len(visible))
-    first = penv.rank - penv.local_rank
-    per_node = int(env.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(env.get("SLURM_NNODES", "1")), 1))
-    node_ranks = list(range(first, min(first + per_node, penv.world_size)))
+        per_node: Union[int, list[int]] = counts
+    else:  # the same count on every node
+        per_node = int(env.get("SLURM_NTASKS_PER_NODE", "0") or 0) or (penv.world_size // max(int(env.get("SLURM_NNODES", "1")), 1))
+        node_ranks = list(range(first, min(first + per_node, penv.world_size)))
     mine = assign_gpus(layout, penv.rank, node_ranks, len(visible))
     return [visible[i] for i in mine], gpus_shared(layout, per_node, len(visible))
 

@@ -537,6 +537,17 @@ def _open(handle: bytes, device: torch.device) -> torch.Tensor:
     return rebuild_cuda_tensor(*args)
 
 
+def same_device(have: torch.device, want: torch.device) -> bool:
+    """Whether a tensor on `have` is on `want`, where an index-less `want` ("cuda") means the current
+    device: torch.device("cuda") != torch.device("cuda:0"), and a buffer reallocated (and re-exported
+    over CUDA IPC) for every bucket on that inequality is what this avoids."""
+    if have.type != want.type:
+        return False
+    if want.index is None and want.type == "cuda":
+        return have.index == torch.cuda.current_device()
+    return want.index is None or have.index == want.index
+
+
 class WeightSender:
     """Learner rank 0's end of the weight group.
 
@@ -888,17 +899,6 @@ def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[t
 
 
 # ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
-def same_device(have: torch.device, want: torch.device) -> bool:
-    """Whether a tensor on `have` is on `want`, where an index-less `want` ("cuda") means the current
-    device: torch.device("cuda") != torch.device("cuda:0"), and a buffer reallocated (and re-exported
-    over CUDA IPC) for every bucket on that inequality is what this avoids."""
-    if have.type != want.type:
-        return False
-    if want.index is None and want.type == "cuda":
-        return have.index == torch.cuda.current_device()
-    return want.index is None or have.index == want.index
-
-
 def listen_address(host: str) -> str:
     """The address learner rank 0 gives vLLM's NCCL trainer endpoint, which listens on exactly that
     address (torch's TCPStore, on the gloo and ipc paths, listens on every interface).
