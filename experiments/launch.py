@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -633,6 +634,20 @@ def slurm_partitions() -> list[str]:
     return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()})
 
 
+@functools.lru_cache(maxsize=None)
+def partition_node_cpus(partition: str | None) -> int | None:
+    """The CPUs of the partition's smallest node (`sinfo -o %c`), None when Slurm does not say."""
+    if shutil.which("sinfo") is None:
+        return None
+    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    counts = [int(m) for m in re.findall(r"\d+", out.stdout)] if out.returncode == 0 else []
+    return min(counts) if counts else None
+
+
 def check_partition(partition: str | None) -> None:
     names = slurm_partitions()
     if partition is not None and partition not in names:
@@ -1098,7 +1113,25 @@ def job_parameters(opts: LaunchOptions, res: RunResources) -> dict:
     if not gpus and res.on_gpu:  # the busiest node's GPUs (ranks are placed in blocks of per_node)
         need = [1] * res.learner_ranks + [res.gpus_per_generator] * res.num_generators
         gpus = max(sum(need[i : i + per_node]) for i in range(0, len(need), per_node))
-    return {"nodes": nodes, "tasks_per_node": int(per_node), "cpus_per_task": int(opts.cpus or 1), "gpus_per_node": gpus}
+    cpus = opts.cpus
+    if cpus is None and (res.on_gpu or gpus) and opts.executor == "slurm":
+        # A GPU task (a vLLM engine and its workers, an FSDP2 rank and its data path) on ONE core,
+        # where Slurm pins tasks to their cores, starves: its share of the node's CPUs instead.
+        node = partition_node_cpus(opts.partition)
+        cpus = max(node // per_node, 1) if node else None
+    return {"nodes": nodes, "tasks_per_node": int(per_node), "cpus_per_task": int(cpus or 1), "gpus_per_node": gpus}
+
+
+def check_device_request(run: str, device: str, opts: LaunchOptions) -> None:
+    """A multi-node Slurm run with train.device = "auto" must say how many GPUs it wants: without
+    --gpus the job asks Slurm for none, and where Slurm confines a job to its allocation (cgroups,
+    the usual GPU cluster) every task finds no GPU and "auto" runs the model on CPU."""
+    if opts.executor == "slurm" and opts.nodes > 1 and device == "auto" and not opts.gpus:
+        raise SweepError(
+            f"run {run!r}: train.device = \"auto\" on --nodes {opts.nodes} without --gpus asks Slurm for no GPU, "
+            "so every task would run on CPU; pass --gpus N (GPUs per node), or set train.device = \"cuda\" "
+            "(the layout's GPUs are requested) or \"cpu\""
+        )
 
 
 def run_resources(runs: Sequence[RunSpec], opts: LaunchOptions | None = None) -> dict:
@@ -1121,6 +1154,8 @@ def run_resources(runs: Sequence[RunSpec], opts: LaunchOptions | None = None) ->
             except Exception:  # a stand-in trainer's config (tests) or one validate_runs already reported
                 out[r.name] = RunResources()
                 continue
+            if opts is not None:
+                check_device_request(r.name, cfg.device, opts)
             gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and bool(opts is not None and opts.gpus))
             out[r.name] = RunResources(cfg.learner_ranks, cfg.num_generators, engine_gpus(cfg), gpu)
     finally:
@@ -1165,8 +1200,10 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
     executor = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor,
                                      slurm_max_num_timeout=opts.max_requeues)
     params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
+    job_cpus = 1
     if opts.executor != "debug":
         job = job_parameters(opts, resources or RunResources())
+        job_cpus = job["cpus_per_task"]
         params.update(cpus_per_task=job["cpus_per_task"], nodes=job["nodes"])
         if not (opts.overcommit and opts.executor == "slurm"):
             params["tasks_per_node"] = job["tasks_per_node"]
@@ -1183,11 +1220,18 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
             params["slurm_account"] = opts.account
         if opts.qos:
             params["slurm_qos"] = opts.qos
+        srun_args = []
         if opts.multi_task:
             # One task per process: when one ends badly (a worker that lost learner-0 exits 5,
             # learner-0 exits 1 after recording a dead or stopped peer), Slurm kills the step's
             # other tasks, stopped ones included, instead of waiting for them until the time limit.
-            params["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
+            srun_args.append("--kill-on-bad-exit=1")
+        if job_cpus > 1:
+            # srun of Slurm 22.05-23.02 does not take sbatch's --cpus-per-task: without it, each
+            # task of the step gets one CPU where Slurm binds tasks to cores.
+            srun_args.append(f"--cpus-per-task={job_cpus}")
+        if srun_args:
+            params["slurm_srun_args"] = srun_args
         extra = dict(opts.slurm_extra)
         if opts.overcommit:
             # Slurm refuses --ntasks-per-node above the node's CPUs even with --overcommit; --ntasks is accepted

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import errno
 import logging
 import os
 import sys
@@ -144,8 +145,17 @@ def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
     return cfg, files, sys_path
 
 
-def default_run_dir(config_files: Sequence[str]) -> Path:
+def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None) -> Path:
+    """runs/CONFIG_STEM/TIMESTAMP; in a Slurm step of several tasks (`srun ... scalerl train`),
+    runs/CONFIG_STEM/slurm-JOBID, the same in every task (their clocks and start times differ)
+    and again after a requeue, which then resumes the run."""
+    from components.trainer.roles import process_env
+
     stem = Path(config_files[-1]).stem if config_files else "run"
+    env = os.environ if environ is None else environ
+    penv = process_env(env)
+    if penv is not None and penv.source == "slurm":
+        return Path("runs") / stem / f"slurm-{env.get('SLURM_JOB_ID', '0')}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / stem / stamp
 
@@ -300,6 +310,9 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
         lock.close()
 
 
+PEER_EXIT_GRACE_S = 60.0  # a Slurm peer task whose role is over has this long to return and exit
+
+
 def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool) -> str:
     """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
     import dataclasses
@@ -338,6 +351,9 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
     if not role.is_hub:
         run_role(penv.rank, setup, penv.endpoints, layout)
+        from components.trainer.worker import exit_after
+
+        exit_after(PEER_EXIT_GRACE_S)  # its work is done: a thread that never returns must not keep the task alive
         return "done"
 
     lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
@@ -420,7 +436,13 @@ def _lock_run_dir(run_path: Path):
     f = open(run_path / ".lock", "a+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            # a filesystem without flock (Lustre mounted without -o flock: ENOSYS; some NFS: ENOLCK)
+            # is not a busy run directory: train unguarded, and say so
+            log.warning("run directory %s cannot be locked (%s: %s): nothing stops a second `scalerl train` "
+                        "in it at the same time", run_path, errno.errorcode.get(err.errno, err.errno), err.strerror)
+            return f
         f.close()
         raise RunDirBusyError(f"run directory {str(run_path)!r} is being trained by another process") from None
     return f

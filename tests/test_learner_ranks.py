@@ -176,6 +176,18 @@ def test_two_ranks_give_the_one_process_gradient_for_every_loss_and_aggregation(
     for name in ref:
         err = (got[name] - ref[name]).abs().max() / ref[name].abs().max().clamp_min(1e-12)
         assert err < 1e-5, f"compiled, two ranks: {name}: relative gradient error {float(err):.2e}"
+    # compiled, in ONE process computing as two ranks (train.emulate_learner_ranks = 2 with train.compile)
+    from _helpers_compile import GRAPHS, compiled_ops, register_recording_backend
+
+    register_recording_backend()
+    torch._dynamo.reset()  # compile afresh: graphs cached by earlier tests would not be recorded again
+    start = len(GRAPHS)
+    emu, emu_norm = emulated_gradients(model_path, rollouts, COMPILED(model_path, emulate_learner_ranks=2), 2)
+    ops = compiled_ops(start)  # the emulation ran the compiled blocks, not eager ones
+    assert any("scaled_dot_product_attention" in op for op in ops) and any("silu" in op for op in ops), sorted(ops)
+    assert emu_norm == got_norm
+    for name in ref:
+        assert torch.equal(emu[name], got[name]), f"compiled: {name}: emulated 2-rank gradient is not bit-equal"
 
 
 def test_a_gradient_scale_error_is_caught(model_path):

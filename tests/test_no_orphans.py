@@ -233,3 +233,23 @@ def test_learner_stopped_during_a_weight_push_leaves_nothing(tmp_path):
     info = _hit_a_push(tmp_path, victim_rank=0, sig=signal.SIGSTOP, bucket=1)
     assert info["status"] == "failed", info
     assert "learner-0" in info["error"], info
+
+
+def test_a_finished_slurm_peer_is_not_kept_alive_by_a_thread_that_never_returns():
+    """A Slurm peer task returns to submitit (which writes its result) and then exits, even with a
+    non-daemon thread stuck forever (a hung verifier's): interpreter shutdown would wait for it."""
+    import subprocess
+    import sys
+
+    program = textwrap.dedent("""
+        import threading, time
+        from components.trainer.worker import exit_after
+        threading.Thread(target=time.sleep, args=(3600,)).start()  # non-daemon, never returns
+        exit_after(1.0)
+        print("returned", flush=True)
+    """)
+    repo = Path(__file__).resolve().parent.parent
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", program], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "returned", (out.returncode, out.stdout, out.stderr)
+    assert time.monotonic() - t0 < 100

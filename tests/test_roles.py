@@ -4,6 +4,7 @@ port blocks outside the kernel's ephemeral range, GPU assignment."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,21 @@ def test_process_env_from_scalerl_and_from_slurm():
     assert env.endpoints.port_base == R.slurm_port_base("4242")  # every task of the job computes the same block
     assert R.process_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task: a plain process
     assert R.process_env({}) is None
+
+
+def test_the_hub_is_the_first_node_even_without_scontrol(monkeypatch):
+    """A task in a container may have no `scontrol`: the node list is expanded all the same."""
+    def no_scontrol(*a, **k):
+        raise FileNotFoundError("scontrol")
+
+    monkeypatch.setattr(R.subprocess, "run", no_scontrol)
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu-b[07-08,11]"}
+    assert R.process_env(slurm).endpoints.host == "gpu-b07"
+    step = dict(slurm, SLURM_STEP_NODELIST="gpu-a[3,5-6],x")  # the step's nodes before the job's
+    assert R.process_env(step).endpoints.host == "gpu-a3"
+    assert R.process_env(dict(slurm, SCALERL_HUB_HOST="10.0.0.9")).endpoints.host == "10.0.0.9"
+    # a template serves every job of a sweep: the first node's name on its fast network
+    assert R.process_env(dict(step, SCALERL_HUB_HOST="{node}-ib")).endpoints.host == "gpu-a3-ib"
 
 
 def test_port_blocks_lie_below_the_ephemeral_range(tmp_path, monkeypatch):
@@ -184,3 +200,47 @@ def test_a_local_run_pins_each_process_to_its_own_cpu_when_there_are_enough():
         assert os.sched_getaffinity(0) == {cpus[slot]}
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_every_task_of_a_slurm_step_defaults_to_the_same_run_directory():
+    """`srun -n 3 scalerl train CFG` without --run-dir: a timestamp differs between tasks started in
+    different seconds (ranks would wait for a directory nobody writes); the job id does not."""
+    from experiments.train import default_run_dir
+
+    tasks = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n1",
+              "SCALERL_HUB_HOST": "n1"} for r in range(3)]
+    dirs = {default_run_dir(["experiments/configs/tiny_cpu.gin"], env) for env in tasks}
+    assert dirs == {Path("runs") / "tiny_cpu" / "slurm-4242"}
+    plain = default_run_dir(["experiments/configs/tiny_cpu.gin"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert plain.parent == Path("runs") / "tiny_cpu" and plain.name[:2] == "20"  # one task: a timestamp
+
+
+def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monkeypatch):
+    """Gloo advertises the address the node's own name resolves to: 127.0.1.1 (Debian's /etc/hosts)
+    would leave the other nodes' ranks waiting minutes for a connection; the error says what to set."""
+    import components.trainer.weight_sync as W
+    from components.trainer.worker import init_learner_group
+
+    resolved = {"addr": "127.0.1.1"}
+    monkeypatch.setattr(socket, "gethostname", lambda: "node1")
+    monkeypatch.setattr(socket, "gethostbyname", lambda host: resolved["addr"])
+    two_nodes = {"SLURM_PROCID": "1", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2"}
+    msg = R.gloo_interface_problem(two_nodes)
+    assert "'node1' resolves to the loopback address 127.0.1.1" in msg and "set GLOO_SOCKET_IFNAME" in msg
+    assert R.gloo_interface_problem(dict(two_nodes, GLOO_SOCKET_IFNAME="ib0")) is None
+    assert R.gloo_interface_problem(dict(two_nodes, SLURM_STEP_NUM_NODES="1")) is None  # one node: loopback works
+    assert R.gloo_interface_problem(dict(two_nodes, SCALERL_RANK="1")) is None  # spawned on one machine
+    assert R.gloo_interface_problem({"SLURM_NNODES": "2"}) is None  # a batch script, no step: one node
+    resolved["addr"] = "10.0.0.7"
+    assert R.gloo_interface_problem(two_nodes) is None
+    # both gloo groups refuse before any rendezvous (which would wait minutes)
+    resolved["addr"] = "127.0.1.1"
+    for k, v in two_nodes.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("SCALERL_RANK", raising=False)
+    with pytest.raises(RuntimeError, match=r"learner group \(gloo\): this node's name 'node1'"):
+        init_learner_group(1, 2, R.Endpoints("node0", 29400), "cpu", timeout_s=1.0)
+    group = W.WeightGroup(master_addr="node0", master_port=29401, num_generators=1)
+    with pytest.raises(W.WeightSyncError, match=r"weight group rank 1 \(gloo\): this node's name 'node1'"):
+        W._join_gloo(group, 1)

@@ -6,6 +6,7 @@ are tested in seconds; tests/test_slurm.py runs the real trainer on the real clu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -460,7 +461,9 @@ def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
     assert params["signal_delay_s"] == 90
 
 
-def test_job_layout_follows_the_run_layout(tmp_path):
+def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
+    node_cpus = {"gpu": 64}
+    monkeypatch.setattr(L, "partition_node_cpus", lambda partition: node_cpus.get(partition))
     res = L.RunResources(learner_ranks=2, num_generators=1)
     one_task = L.job_parameters(L.LaunchOptions(executor="slurm"), res)
     assert one_task == {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 3, "gpus_per_node": 0}
@@ -468,8 +471,11 @@ def test_job_layout_follows_the_run_layout(tmp_path):
     assert tasks == {"nodes": 1, "tasks_per_node": 3, "cpus_per_task": 1, "gpus_per_node": 0}
     # the paper's layout: 16 learner GPUs + 64 generator GPUs = 10 nodes x 8 tasks, one GPU each
     paper = L.RunResources(learner_ranks=16, num_generators=64, gpus_per_generator=1, on_gpu=True)
-    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10), paper) == {
-        "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 1, "gpus_per_node": 8}
+    # each GPU task gets its share of the node's CPUs (sinfo), not one core for a vLLM engine
+    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), paper) == {
+        "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 8, "gpus_per_node": 8}
+    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu", cpus=2), paper)["cpus_per_task"] == 2
+    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="other"), paper)["cpus_per_task"] == 1
     # generators with tensor parallelism 2: the busiest node decides the GPUs per node
     tp2 = L.RunResources(learner_ranks=4, num_generators=4, gpus_per_generator=2, on_gpu=True)
     assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=2), tp2)["gpus_per_node"] == 8
@@ -478,6 +484,12 @@ def test_job_layout_follows_the_run_layout(tmp_path):
     executor = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), tmp_path, "s", res)
     params = executor._executor.parameters
     assert params["additional_parameters"] == {"overcommit": True, "ntasks": 3} and "ntasks_per_node" not in params
+    assert params["srun_args"] == ["--kill-on-bad-exit=1"]
+    # srun (Slurm 22.05-23.02) does not inherit sbatch's --cpus-per-task: the step is told too
+    one = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s", res)._executor.parameters
+    assert one["cpus_per_task"] == 3 and one["srun_args"] == ["--cpus-per-task=3"]
+    gpu = L.make_executor(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), tmp_path, "s", paper)
+    assert gpu._executor.parameters["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=8"]
     plain = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3), tmp_path, "s", res)._executor.parameters
     assert plain["ntasks_per_node"] == 3
     with pytest.raises(L.SweepError, match="need --executor slurm"):
@@ -528,3 +540,16 @@ def test_tiny_scalerl_seeds_are_tiny_cpu_itself():
             scope, sel, p, _ = L.parse_binding(b)
             base, got = L.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
             assert base is None or base == got, f"{run.name}: {sel}.{p} = {got!r}, tiny_cpu.gin binds {base!r}"
+
+
+def test_a_multi_node_auto_device_run_must_say_its_gpus():
+    """train.device = "auto" on several nodes without --gpus would ask Slurm for no GPU (every task on CPU)."""
+    cfg = str(REPO / "experiments" / "configs" / "tiny_cpu.gin")
+    run = L.RunSpec(name="r0", sweep="sw", factor="train.loss", value="cispo", recipe="r", seed=0,
+                    config_files=(cfg,), bindings=('train.device = "auto"',))
+    with pytest.raises(L.SweepError, match=r"run 'r0': train.device = \"auto\" on --nodes 2 without --gpus"):
+        L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=2))
+    assert L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=2, gpus=8))["r0"].on_gpu
+    assert not L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=1))["r0"].on_gpu  # one node: as before
+    cpu = dataclasses.replace(run, bindings=('train.device = "cpu"',))
+    assert not L.run_resources([cpu], L.LaunchOptions(executor="slurm", nodes=2))["r0"].on_gpu

@@ -366,6 +366,26 @@ def test_one_trainer_per_run_directory(tmp_path, model_path):
         held.close()
 
 
+def test_a_filesystem_without_flock_is_not_a_busy_run_directory(tmp_path, monkeypatch, caplog):
+    """Lustre without -o flock answers ENOSYS: the run goes on (with a warning), it is not 'busy'."""
+    import errno
+    import fcntl
+    import os
+
+    from experiments.train import RunDirBusyError, _lock_run_dir
+
+    def flock(fd, op, code=errno.ENOSYS):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with caplog.at_level("WARNING", logger="scalerl.train"):
+        _lock_run_dir(tmp_path).close()
+    assert "cannot be locked (ENOSYS" in caplog.text
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: flock(fd, op, errno.EWOULDBLOCK))
+    with pytest.raises(RunDirBusyError, match="being trained by another process"):
+        _lock_run_dir(tmp_path)
+
+
 @pytest.mark.slow
 def test_scalerl_composition_end_to_end(tmp_path, model_path):
     """ScaleRL's ingredients at once on the tiny model: PipelineRL, CISPO, prompt_mean, batch

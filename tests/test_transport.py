@@ -331,8 +331,14 @@ def test_messages_round_trip_in_order_with_several_peers_and_tensors_arrive_bit_
 
 @pytest.mark.parametrize("how", ["kill9", "sigstop"])
 def test_dead_or_stopped_peer_is_named_and_on_lost_fires_once(how):
+    """A stopped peer is named after timeout_s of silence. A killed one closes its connection, and
+    is named once drop_grace_s passes without a beat, long before timeout_s (here 10x longer):
+    Slurm kills the other tasks of a step KillWait (default 30 s) after one died, and learner-0
+    must have recorded which one by then."""
     calls = Calls()
-    hub = _hub(["generator-0", "generator-1"], on_lost=calls)
+    timeout = 10 * TIMEOUT if how == "kill9" else TIMEOUT
+    hub = _hub(["generator-0", "generator-1"], on_lost=calls, timeout_s=timeout)
+    assert hub.drop_grace_s == pytest.approx(2 * HB + 1.0)
     procs = {n: _spawn("idle", n, hub.port) for n in ("generator-0", "generator-1")}
     victim = procs["generator-1"]
     try:
@@ -340,10 +346,14 @@ def test_dead_or_stopped_peer_is_named_and_on_lost_fires_once(how):
         hub.send("generator-1", "ping")
         assert hub.recv(30) == ("generator-1", ("got", "ping"))
         os.kill(victim.pid, signal.SIGKILL if how == "kill9" else signal.SIGSTOP)
-        err, waited = _recv_until_lost(hub, TIMEOUT + SLACK)
-        assert waited >= TIMEOUT - 0.5  # not before it was silent for the timeout
+        err, waited = _recv_until_lost(hub, timeout + SLACK)
         msg = str(err)
-        assert f"generator-1 (pid {victim.pid} on host" in msg and "no heartbeat" in msg and "died or hangs" in msg, msg
+        assert f"generator-1 (pid {victim.pid} on host" in msg and "no heartbeat" in msg, msg
+        if how == "sigstop":
+            assert waited >= TIMEOUT - 0.5 and "died or hangs" in msg, msg  # not before the timeout
+        else:
+            assert hub.drop_grace_s - 0.5 <= waited < timeout / 2, waited
+            assert "closed its connection to the hub without saying goodbye" in msg and "it died" in msg, msg
         assert "generator-0" not in msg
         with pytest.raises(PeerLost, match="generator-1"):
             hub.check()
@@ -360,7 +370,7 @@ def test_dead_or_stopped_peer_is_named_and_on_lost_fires_once(how):
             assert "ABORTED test over" in _finish(procs["generator-0"])
         else:  # a second death is recorded, but on_lost is not called again
             os.kill(procs["generator-0"].pid, signal.SIGKILL)
-            deadline = time.monotonic() + TIMEOUT + SLACK
+            deadline = time.monotonic() + timeout + SLACK
             while hub.state()["generator-0"]["state"] != "lost":
                 assert time.monotonic() < deadline, hub.state()
                 time.sleep(0.1)
@@ -369,6 +379,48 @@ def test_dead_or_stopped_peer_is_named_and_on_lost_fires_once(how):
     finally:
         hub.close()
         _kill(*procs.values())
+
+
+def test_a_peer_that_reconnects_is_not_lost_and_one_that_drops_for_good_is():
+    """A closed heartbeat connection alone is not a death: a peer that beats again over a new
+    connection (a network hiccup) stays alive; one that does not is lost after drop_grace_s."""
+    import json
+
+    import zmq
+
+    from components.trainer import transport as T
+
+    hub = _hub(["generator-0"], timeout_s=10 * TIMEOUT)
+    ctx = zmq.Context()
+    me = json.dumps({"name": "generator-0", **T._identity()}).encode()
+
+    def beat_over_a_new_connection(seconds: float):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, b"generator-0")
+        sock.connect(f"tcp://127.0.0.1:{hub.port + 1}")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sock.send_multipart([T._BEAT, me])
+            time.sleep(HB)
+        return sock
+
+    try:
+        sock = beat_over_a_new_connection(1.0)
+        assert hub.state()["generator-0"]["state"] == "alive"
+        sock.close(linger=0)  # the connection drops ...
+        sock = beat_over_a_new_connection(3 * hub.drop_grace_s)  # ... and the peer is back at once
+        assert hub.state()["generator-0"]["state"] == "alive"
+        hub.check()
+        sock.close(linger=0)  # dropped for good
+        deadline = time.monotonic() + hub.drop_grace_s + SLACK
+        while hub.state()["generator-0"]["state"] != "lost":
+            assert time.monotonic() < deadline, hub.state()
+            time.sleep(0.05)
+        with pytest.raises(PeerLost, match="closed its connection to the hub without saying goodbye"):
+            hub.check()
+    finally:
+        hub.close()
+        ctx.destroy(linger=0)
 
 
 def test_killed_hub_is_named_by_the_peer_and_on_lost_fires_once():

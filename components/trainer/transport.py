@@ -40,8 +40,11 @@ Every process runs a heartbeat thread with its own sockets (ZeroMQ sockets are n
 thread-safe) that sends a beat carrying (name, pid, host) every `heartbeat_s`. A process whose
 main thread is busy (a long forward pass, a torch op, time.sleep, a Python loop) keeps beating;
 a process that is killed (kill -9) or stopped (SIGSTOP) stops. A peer silent for `timeout_s` is
-LOST: `Hub.recv`, `Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and
-`on_lost(error)` is called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a
+LOST; so is a peer whose heartbeat connection CLOSED (a dead process's kernel closes its sockets:
+kill -9, out of memory, a crash) and that sent no beat over a new one within `drop_grace_s`
+(2 heartbeats + 1 s): a dead peer is named in seconds, before Slurm, which kills a step's other
+tasks KillWait (default 30 s) after one died, ends the hub too. Either way `Hub.recv`,
+`Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and `on_lost(error)` is called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a
 peer raises `HubLost` when the hub is silent for `timeout_s` (no beat and no message: a message
 from the hub proves it alive too, so a hub that dies before its first beat arrived is not
 waited on for `connect_timeout_s`), or never answered within `connect_timeout_s` of the Peer's
@@ -99,6 +102,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +308,8 @@ class _PeerState:
     host: Optional[str] = None
     last_seen: Optional[float] = None  # monotonic time of its last beat (or hello)
     error: Optional[TransportError] = None
+    fd: Optional[int] = None  # the hub's file descriptor of its heartbeat connection (the last beat's)
+    dropped_at: Optional[float] = None  # monotonic time that connection closed, no beat since
 
 
 class Hub:
@@ -333,6 +339,9 @@ class Hub:
         _check_timing(heartbeat_s, timeout_s)
         _check_port(port)
         self.host, self.heartbeat_s, self.timeout_s, self.on_lost = host, float(heartbeat_s), float(timeout_s), on_lost
+        # a peer whose heartbeat connection closed and that has not beaten since is lost after this
+        # (a reconnect, e.g. after a network hiccup, beats again within about one period)
+        self.drop_grace_s = min(self.timeout_s, 2 * self.heartbeat_s + 1.0)
         self._peers = {p: _PeerState(p) for p in names}
         self._lock = threading.Lock()
         self._inbox: deque = deque()
@@ -349,6 +358,9 @@ class Hub:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an absent peer is an error, not a silent drop
         try:
             self.port = self._bind(port)
+            # the heartbeat connections' closes: a peer that dies (kill -9, out of memory, a crash)
+            # closes its TCP connection at once, so it is named after drop_grace_s, not timeout_s
+            self._monitor = self._hb.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
@@ -548,6 +560,9 @@ class Hub:
     def _heartbeat_loop(self) -> None:
         me = json.dumps({"name": self.name, **_identity()}).encode()
         hb, period = self._hb, self.heartbeat_s
+        poller = zmq.Poller()
+        poller.register(hb, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         next_beat = last_iter = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -559,15 +574,25 @@ class Hub:
                         for st in self._peers.values():
                             if st.last_seen is not None:
                                 st.last_seen = min(now, st.last_seen + gap - period)
+                    grace = self.drop_grace_s
                     for st in self._peers.values():
-                        if st.state == "alive" and now - st.last_seen > self.timeout_s:
-                            st.state = "lost"
-                            st.error = PeerLost(
+                        if st.state != "alive":
+                            continue
+                        if now - st.last_seen > self.timeout_s:
+                            error = PeerLost(
                                 f"{_who(st.name, st.pid, st.host)} sent no heartbeat for {now - st.last_seen:.1f} s "
                                 f"(limit {self.timeout_s:g} s): it died or hangs")
-                            lost_now.append(st.error)
-                            if self._fatal is None:
-                                self._fatal = st.error
+                        elif st.dropped_at is not None and now - st.dropped_at > grace:
+                            error = PeerLost(
+                                f"{_who(st.name, st.pid, st.host)} closed its connection to the hub without saying goodbye "
+                                f"and sent no heartbeat for {now - st.last_seen:.1f} s: it died (killed, out of memory, "
+                                "or crashed) or its host became unreachable")
+                        else:
+                            continue
+                        st.state, st.error = "lost", error
+                        lost_now.append(error)
+                        if self._fatal is None:
+                            self._fatal = error
                     beat_to = [p for p, st in self._peers.items() if st.state == "alive"]
                     abort, self._pending_abort = self._pending_abort, None
                 for err in lost_now:
@@ -582,8 +607,11 @@ class Hub:
                     for p in beat_to:
                         _try_send(hb, [p.encode(), _BEAT, me])
                     next_beat = now + period
-                if hb.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1):
+                ready = dict(poller.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1))
+                if hb in ready:
                     self._drain_beats()
+                if self._monitor in ready:
+                    self._drain_drops()
             with self._lock:  # close() right after abort(): still deliver it
                 abort, self._pending_abort = self._pending_abort, None
                 live = [p for p, st in self._peers.items() if st.state == "alive"]
@@ -594,16 +622,38 @@ class Hub:
             log.exception("hub heartbeat thread failed")
             self._set_fatal(TransportError(f"hub {self.name}: its heartbeat thread failed (see the log)"))
         finally:
+            try:
+                hb.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
             hb.close()
+
+    def _drain_drops(self) -> None:
+        """Closed heartbeat connections (monitor events): the peer whose last beat came over it is
+        marked; it is lost if no beat follows within drop_grace_s (a reconnect beats again)."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event.get("event") != zmq.EVENT_DISCONNECTED:
+                continue
+            fd, now = int(event["value"]), time.monotonic()
+            with self._lock:
+                for st in self._peers.values():
+                    if st.fd == fd and st.state == "alive" and st.dropped_at is None:
+                        st.dropped_at = now
 
     def _drain_beats(self) -> None:
         while True:
             try:
-                ident, kind, payload = self._hb.recv_multipart(zmq.NOBLOCK)
+                frames = self._hb.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            except ValueError:  # malformed (wrong number of frames): ignore
+            if len(frames) != 3:  # malformed: ignore
                 continue
+            ident, kind, payload = (f.bytes for f in frames)
             name = ident.decode(errors="replace")
             st = self._peers.get(name)
             if st is None:
@@ -618,6 +668,7 @@ class Hub:
                 elif kind == _BEAT:
                     self._claim(st, json.loads(payload))
                     st.last_seen = time.monotonic()
+                    st.fd, st.dropped_at = _source_fd(frames[0]), None
                     if st.state == "waiting":
                         st.state = "alive"
                     reply = False
@@ -630,6 +681,15 @@ class Hub:
                     reply = False
             if reply:  # a peer declared lost came back (SIGCONT): tell it, so it exits
                 _try_send(self._hb, [ident, _LOST, b""])
+
+
+def _source_fd(frame: zmq.Frame) -> Optional[int]:
+    """The file descriptor of the connection a received frame came over (ZMQ_SRCFD; None where
+    this libzmq no longer has it: closed connections are then only found by their silence)."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (AttributeError, zmq.ZMQError, ValueError, TypeError):
+        return None
 
 
 def _try_send(sock: zmq.Socket, parts: list) -> None:

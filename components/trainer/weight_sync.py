@@ -464,6 +464,11 @@ def _join_gloo(group: WeightGroup, rank: int):
     """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
     import torch.distributed as dist
 
+    from components.trainer.roles import gloo_interface_problem
+
+    problem = gloo_interface_problem()
+    if problem:
+        raise WeightSyncError(f"weight group rank {rank} (gloo): {problem}")
     is_master = rank == 0
     store = _join_store(group, rank)
     try:
@@ -903,19 +908,13 @@ def listen_address(host: str) -> str:
     """The address learner rank 0 gives vLLM's NCCL trainer endpoint, which listens on exactly that
     address (torch's TCPStore, on the gloo and ipc paths, listens on every interface).
 
-    `host` is the node name every process was given. Where this node resolves its own name to a
-    loopback address (Debian's "127.0.1.1 <hostname>" line), listening there would shut out the
-    generators on other nodes: the endpoint then listens on every interface ("0.0.0.0"), where this
-    node's generators reach it through that loopback and other nodes through the node's address. A
-    loopback given as such (a one-machine run) or a name that resolves elsewhere is kept."""
-    def loopback(addr: str) -> bool:
-        return addr.startswith("127.") or addr == "::1"
-
-    try:
-        resolved = socket.gethostbyname(host)
-    except OSError:
-        return host
-    if not loopback(resolved) or loopback(host) or host == "localhost":
+    `host` is the node name every process was given. Listening on the address THIS node resolves
+    it to could shut out generators on other nodes: where the node resolves its own name to a
+    loopback address (Debian's "127.0.1.1 <hostname>" line), or where nodes resolve names
+    differently (/etc/hosts against DNS, a management against a fast network). So the endpoint
+    listens on every interface ("0.0.0.0"); only a loopback given as such (a one-machine run)
+    is kept, and stays private to the machine."""
+    if host == "localhost" or host.startswith("127.") or host == "::1":
         return host
     return "0.0.0.0"
 

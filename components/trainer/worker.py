@@ -55,6 +55,22 @@ def exit_process(code: int, record=None) -> None:
         os._exit(code)
 
 
+def exit_after(grace_s: float) -> threading.Timer:
+    """End this process with code 0 `grace_s` from now unless it has ended by then: for a peer
+    whose role is over and that still returns to a caller (submitit writes the task's result
+    after the function returns), so that a thread that never returns (a hung verifier's) cannot
+    keep the process, and its Slurm task, alive through interpreter shutdown."""
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(grace_s, leave)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def init_learner_group(rank: int, world_size: int, endpoints, device: str, timeout_s: float) -> None:
     """The learner ranks' torch.distributed group (the FSDP2 group), when there is more than one."""
     import torch
@@ -65,6 +81,12 @@ def init_learner_group(rank: int, world_size: int, endpoints, device: str, timeo
     backend = "nccl" if str(device).startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(torch.device(device))
+    else:
+        from components.trainer.roles import gloo_interface_problem
+
+        problem = gloo_interface_problem()
+        if problem:
+            raise RuntimeError(f"learner group (gloo): {problem}")
     dist.init_process_group(
         backend,
         init_method=f"tcp://{endpoints.host}:{endpoints.learner_port}",
