@@ -1116,9 +1116,10 @@ def job_parameters(opts: LaunchOptions, res: RunResources) -> dict:
     cpus = opts.cpus
     if cpus is None and (res.on_gpu or gpus) and opts.executor == "slurm":
         # A GPU task (a vLLM engine and its workers, an FSDP2 rank and its data path) on ONE core,
-        # where Slurm pins tasks to their cores, starves: its share of the node's CPUs instead.
+        # where Slurm pins tasks to their cores, starves: its share of three quarters of the node's
+        # CPUs instead (the rest: cores a site reserves, CoreSpecCount, which sinfo counts in).
         node = partition_node_cpus(opts.partition)
-        cpus = max(node // per_node, 1) if node else None
+        cpus = max(node * 3 // 4 // per_node, 1) if node else None
     return {"nodes": nodes, "tasks_per_node": int(per_node), "cpus_per_task": int(cpus or 1), "gpus_per_node": gpus}
 
 

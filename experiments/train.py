@@ -147,15 +147,15 @@ def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
 
 def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None) -> Path:
     """runs/CONFIG_STEM/TIMESTAMP; in a Slurm step of several tasks (`srun ... scalerl train`),
-    runs/CONFIG_STEM/slurm-JOBID, the same in every task (their clocks and start times differ)
-    and again after a requeue, which then resumes the run."""
+    runs/CONFIG_STEM/slurm-JOBID.STEPID, the same in every task (their clocks and start times
+    differ) and again after a requeue, which then resumes the run."""
     from components.trainer.roles import process_env
 
     stem = Path(config_files[-1]).stem if config_files else "run"
     env = os.environ if environ is None else environ
     penv = process_env(env)
     if penv is not None and penv.source == "slurm":
-        return Path("runs") / stem / f"slurm-{env.get('SLURM_JOB_ID', '0')}"
+        return Path("runs") / stem / f"slurm-{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / stem / stamp
 
@@ -313,6 +313,22 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
 PEER_EXIT_GRACE_S = 60.0  # a Slurm peer task whose role is over has this long to return and exit
 
 
+def outlive_step_sigterm() -> None:
+    """Keep learner-0 running through the SIGTERM that ends a Slurm step. When a task dies,
+    srun --kill-on-bad-exit sends every other task SIGTERM at once and SIGKILL KillWait (default
+    30 s) later; learner-0 names the dead task within seconds (its closed connection) and records
+    it in run.json, if SIGTERM has not killed it first. submitit's jobs already ignore SIGTERM;
+    this is for `srun ... scalerl train` without submitit (a handler already set is kept)."""
+    import signal
+
+    def note(signum, frame) -> None:
+        log.warning("SIGTERM: Slurm is ending this step (a task ended badly, or the job was cancelled); "
+                    "learner-0 goes on, to record which process failed, until it ends or is killed")
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, note)
+
+
 def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool) -> str:
     """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
     import dataclasses
@@ -323,7 +339,8 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     # torch.cuda.is_available() through NVML, so that CUDA starts only after this task is bound to its GPUs
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     _bind_gpus_early(config_files, bindings, penv)
-    attempt = f"{os.environ.get('SLURM_JOB_ID', 'job')}-{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}"
+    attempt = (f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_STEP_ID', '0')}-"
+               f"{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}")
     marker = run_path / ".scalerl" / f"prepared-{attempt}"
     if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
         _wait_for(marker, run_path, timeout_s=3600.0)
@@ -356,6 +373,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
         exit_after(PEER_EXIT_GRACE_S)  # its work is done: a thread that never returns must not keep the task alive
         return "done"
 
+    outlive_step_sigterm()
     lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
     setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
     try:
@@ -494,7 +512,7 @@ def submit_run(args: argparse.Namespace) -> int:
 
     if args.run_dir is None and args.name:  # the name names the directory: runs/<config stem>/<name>
         args.run_dir = str(Path("runs") / Path(args.configs[-1]).stem / args.name)
-    run_dir = Path(args.run_dir or default_run_dir(args.configs)).absolute()
+    run_dir = Path(args.run_dir or default_run_dir(args.configs, environ={})).absolute()  # submitted: a timestamp
     if args.name and args.name != run_dir.name:
         print(f"scalerl train: error: with --executor slurm the run's name is its directory's name; got --name {args.name!r} "
               f"and --run-dir {str(run_dir)!r}", file=sys.stderr)

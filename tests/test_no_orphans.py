@@ -253,3 +253,23 @@ def test_a_finished_slurm_peer_is_not_kept_alive_by_a_thread_that_never_returns(
     out = subprocess.run([sys.executable, "-c", program], cwd=repo, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "returned", (out.returncode, out.stdout, out.stderr)
     assert time.monotonic() - t0 < 100
+
+
+def test_learner_0_of_a_slurm_step_outlives_the_steps_sigterm():
+    """srun --kill-on-bad-exit SIGTERMs every task when one dies, and SIGKILLs them KillWait later:
+    learner-0 must live on in between to record which process died."""
+    import subprocess
+    import sys
+
+    program = textwrap.dedent("""
+        import os, signal, time
+        from experiments.train import outlive_step_sigterm
+        outlive_step_sigterm()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        print("alive", flush=True)
+    """)
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", program], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", (out.returncode, out.stdout, out.stderr)
+    assert "SIGTERM: Slurm is ending this step" in out.stderr

@@ -29,12 +29,14 @@ def test_process_env_from_scalerl_and_from_slurm():
     env = R.process_env({"SCALERL_RANK": "2", "SCALERL_WORLD_SIZE": "3", "SCALERL_PORT_BASE": "21000"})
     assert (env.rank, env.world_size, env.source, env.endpoints.port_base) == (2, 3, "scalerl", 21000)
     assert env.endpoints.hub_port == 21002 and env.endpoints.weight_port == 21001
-    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nodeA",
+    slurm = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nodeA",
              "SLURM_LOCALID": "1"}
     env = R.process_env(slurm)
     assert (env.rank, env.world_size, env.local_rank, env.source, env.endpoints.host) == (1, 3, 1, "slurm", "nodeA")
     assert env.endpoints.port_base == R.slurm_port_base("4242")  # every task of the job computes the same block
-    assert R.process_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task: a plain process
+    assert R.process_env({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None  # one task: a plain process
+    # a batch script (sbatch -n 3) has SLURM_PROCID=0 and the job's SLURM_NTASKS, but no step: one process
+    assert R.process_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "9", "SLURM_LOCALID": "0"}) is None
     assert R.process_env({}) is None
 
 
@@ -44,7 +46,7 @@ def test_the_hub_is_the_first_node_even_without_scontrol(monkeypatch):
         raise FileNotFoundError("scontrol")
 
     monkeypatch.setattr(R.subprocess, "run", no_scontrol)
-    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu-b[07-08,11]"}
+    slurm = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "16", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu-b[07-08,11]"}
     assert R.process_env(slurm).endpoints.host == "gpu-b07"
     step = dict(slurm, SLURM_STEP_NODELIST="gpu-a[3,5-6],x")  # the step's nodes before the job's
     assert R.process_env(step).endpoints.host == "gpu-a3"
@@ -207,12 +209,14 @@ def test_every_task_of_a_slurm_step_defaults_to_the_same_run_directory():
     different seconds (ranks would wait for a directory nobody writes); the job id does not."""
     from experiments.train import default_run_dir
 
-    tasks = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n1",
-              "SCALERL_HUB_HOST": "n1"} for r in range(3)]
+    tasks = [{"SLURM_PROCID": str(r), "SLURM_STEP_NUM_TASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1",
+              "SLURM_JOB_NODELIST": "n1", "SCALERL_HUB_HOST": "n1"} for r in range(3)]
     dirs = {default_run_dir(["experiments/configs/tiny_cpu.gin"], env) for env in tasks}
-    assert dirs == {Path("runs") / "tiny_cpu" / "slurm-4242"}
-    plain = default_run_dir(["experiments/configs/tiny_cpu.gin"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert dirs == {Path("runs") / "tiny_cpu" / "slurm-4242.1"}  # another step of the job: another run
+    plain = default_run_dir(["experiments/configs/tiny_cpu.gin"], {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"})
     assert plain.parent == Path("runs") / "tiny_cpu" and plain.name[:2] == "20"  # one task: a timestamp
+    batch = default_run_dir(["experiments/configs/tiny_cpu.gin"], {"SLURM_PROCID": "0", "SLURM_NTASKS": "3"})
+    assert batch.name[:2] == "20"  # a batch script is one process
 
 
 def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monkeypatch):
@@ -224,7 +228,7 @@ def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monk
     resolved = {"addr": "127.0.1.1"}
     monkeypatch.setattr(socket, "gethostname", lambda: "node1")
     monkeypatch.setattr(socket, "gethostbyname", lambda host: resolved["addr"])
-    two_nodes = {"SLURM_PROCID": "1", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2"}
+    two_nodes = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2"}
     msg = R.gloo_interface_problem(two_nodes)
     assert "'node1' resolves to the loopback address 127.0.1.1" in msg and "set GLOO_SOCKET_IFNAME" in msg
     assert R.gloo_interface_problem(dict(two_nodes, GLOO_SOCKET_IFNAME="ib0")) is None

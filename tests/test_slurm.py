@@ -363,16 +363,20 @@ def _slurm_task_pids(job_id: str) -> dict:
     return found
 
 
-def test_a_stopped_task_of_a_multi_task_run_is_killed_and_the_run_fails(tmp_path, warm_model):
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_stopped_task_of_a_multi_task_run_is_killed_and_the_run_fails(tmp_path, warm_model, how):
     """One run as 2 Slurm tasks (learner-0, generator-0): the generator's task is SIGSTOPped
     mid-run. learner-0 names it and exits 1; srun's --kill-on-bad-exit then kills the stopped
-    task, so the job ends within 60 s instead of holding its node until the time limit."""
+    task, so the job ends within 60 s instead of holding its node until the time limit.
+    Or the generator's task is SIGKILLed: srun then SIGTERMs learner-0 at once and SIGKILLs it
+    KillWait later (5 s on this Slurm, 30 s by default), and learner-0 must have named the dead
+    task by then, from its closed connection (2 heartbeats + 1 s, not the 8 s timeout)."""
     from experiments.cli import main
 
-    run_dir = tmp_path / "runs" / "stop" / "r0"
+    run_dir = tmp_path / "runs" / how / "r0"
     bindings = [b for b in TINY if not b.startswith(("model.new_model", "train.total_steps"))]
     bindings += ["train.total_steps = 100000", "train.learner_ranks = 1", "train.num_generators = 1",
-                 "train.heartbeat_timeout_s = 8", f'model.path = "{warm_model}"']
+                 "train.heartbeat_timeout_s = 8", "train.heartbeat_s = 0.5", f'model.path = "{warm_model}"']
     args = ["train", "experiments/configs/tiny_cpu.gin", "--executor", "slurm", "--partition", "debug", "--time", "10",
             "--tasks-per-node", "2", "--overcommit", "--run-dir", str(run_dir), "--no-progress"]
     assert main(args + [a for b in bindings for a in ("--gin", b)]) == 0
@@ -384,12 +388,14 @@ def test_a_stopped_task_of_a_multi_task_run_is_killed_and_the_run_fails(tmp_path
             time.sleep(1)
         pids = _slurm_task_pids(job_id)
         assert set(pids) == {0, 1}, pids
-        os.kill(pids[1], signal.SIGSTOP)
+        os.kill(pids[1], signal.SIGSTOP if how == "stop" else signal.SIGKILL)
         stopped_at = time.time()
         while _squeue(job_id) or _slurm_task_pids(job_id):
-            assert time.time() - stopped_at < 60, f"60 s after the stop: {_squeue(job_id)!r}, {_slurm_task_pids(job_id)}"
+            assert time.time() - stopped_at < 60, f"60 s after the {how}: {_squeue(job_id)!r}, {_slurm_task_pids(job_id)}"
             time.sleep(1)
         info = json.loads((run_dir / "run.json").read_text())
         assert info["status"] == "failed" and "generator-0" in info.get("error", ""), info
+        if how == "kill":
+            assert "closed its connection to the hub without saying goodbye" in info["error"], info
     finally:
         subprocess.run(["scancel", job_id], timeout=30)

@@ -471,9 +471,9 @@ def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
     assert tasks == {"nodes": 1, "tasks_per_node": 3, "cpus_per_task": 1, "gpus_per_node": 0}
     # the paper's layout: 16 learner GPUs + 64 generator GPUs = 10 nodes x 8 tasks, one GPU each
     paper = L.RunResources(learner_ranks=16, num_generators=64, gpus_per_generator=1, on_gpu=True)
-    # each GPU task gets its share of the node's CPUs (sinfo), not one core for a vLLM engine
+    # each GPU task gets its share of 3/4 of the node's CPUs (sinfo), not one core for a vLLM engine
     assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), paper) == {
-        "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 8, "gpus_per_node": 8}
+        "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 6, "gpus_per_node": 8}
     assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu", cpus=2), paper)["cpus_per_task"] == 2
     assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="other"), paper)["cpus_per_task"] == 1
     # generators with tensor parallelism 2: the busiest node decides the GPUs per node
@@ -489,7 +489,7 @@ def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
     one = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s", res)._executor.parameters
     assert one["cpus_per_task"] == 3 and one["srun_args"] == ["--cpus-per-task=3"]
     gpu = L.make_executor(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), tmp_path, "s", paper)
-    assert gpu._executor.parameters["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=8"]
+    assert gpu._executor.parameters["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=6"]
     plain = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3), tmp_path, "s", res)._executor.parameters
     assert plain["ntasks_per_node"] == 3
     with pytest.raises(L.SweepError, match="need --executor slurm"):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.trainer.transport import Aborted, Hub, HubLost, Peer, PeerLost, TransportError, decode, encode
+from components.trainer.transport import Aborted, Hub, HubLost, Peer, PeerLost, PeersMissing, TransportError, decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
 HB, TIMEOUT = 0.2, 2.0  # heartbeat period and liveness timeout used by every test
@@ -243,7 +243,7 @@ def test_wait_for_peers_names_the_missing_one():
     with _hub(["generator-0", "generator-1", "learner-1"]) as hub:
         present = [Peer(n, "127.0.0.1", hub.port, heartbeat_s=HB, timeout_s=TIMEOUT) for n in ("generator-0", "learner-1")]
         try:
-            with pytest.raises(TransportError, match=r"missing generator-1 \(connected: generator-0, learner-1\)"):
+            with pytest.raises(PeersMissing, match=r"missing generator-1 \(connected: generator-0, learner-1\)"):
                 hub.wait_for_peers(1.5)
         finally:
             for p in present:
@@ -254,8 +254,9 @@ def test_unexpected_process_is_named():
     with _hub(["generator-0"]) as hub:
         intruder = Peer("generator-7", "127.0.0.1", hub.port, heartbeat_s=HB, timeout_s=TIMEOUT)
         try:
-            with pytest.raises(TransportError, match=r"unexpected process generator-7 \(pid \d+"):
+            with pytest.raises(TransportError, match=r"unexpected process generator-7 \(pid \d+") as caught:
                 hub.wait_for_peers(5.0)
+            assert not isinstance(caught.value, PeersMissing)  # not a missing peer (no shared-filesystem hint)
         finally:
             intruder.close()
 
@@ -418,6 +419,44 @@ def test_a_peer_that_reconnects_is_not_lost_and_one_that_drops_for_good_is():
             time.sleep(0.05)
         with pytest.raises(PeerLost, match="closed its connection to the hub without saying goodbye"):
             hub.check()
+    finally:
+        hub.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_dropped_peer_is_lost_and_not_the_peer_that_took_its_file_descriptor():
+    """generator-0's connection closes and generator-1 connects right after (the kernel hands it
+    the freed file descriptor): generator-0 is lost, generator-1, beating, is not."""
+    import json
+
+    import zmq
+
+    from components.trainer import transport as T
+
+    hub = _hub(["generator-0", "generator-1"], timeout_s=10 * TIMEOUT)
+    ctx = zmq.Context()
+
+    def dealer(name: str):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, name.encode())
+        sock.connect(f"tcp://127.0.0.1:{hub.port + 1}")
+        return sock, json.dumps({"name": name, **T._identity()}).encode()
+
+    try:
+        g0, me0 = dealer("generator-0")
+        for _ in range(5):
+            g0.send_multipart([T._BEAT, me0])
+            time.sleep(HB)
+        assert hub.state()["generator-0"]["state"] == "alive"
+        g0.close(linger=0)
+        g1, me1 = dealer("generator-1")
+        end = time.monotonic() + 3 * hub.drop_grace_s
+        while time.monotonic() < end and hub.state()["generator-0"]["state"] != "lost":
+            g1.send_multipart([T._BEAT, me1])
+            time.sleep(HB)
+        assert hub.state()["generator-0"]["state"] == "lost", hub.state()
+        assert hub.state()["generator-1"]["state"] == "alive", hub.state()
+        g1.close(linger=0)
     finally:
         hub.close()
         ctx.destroy(linger=0)

@@ -600,3 +600,4 @@ def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it():
         assert listen_address(name) == "0.0.0.0", name
     for local in ("localhost", "127.0.0.1", "::1"):
         assert listen_address(local) == local
+    assert listen_address("fd00::1") == "::"

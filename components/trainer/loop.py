@@ -237,7 +237,7 @@ class Trainer:
 
     def _connect(self) -> None:
         """Bind the transport, wait for every process, form the weight group, wait until all are ready."""
-        from components.trainer.transport import Hub, TransportError
+        from components.trainer.transport import Hub, PeersMissing
         from components.trainer.weight_sync import WeightSender, generator_state_meta
 
         cfg = self.cfg
@@ -245,13 +245,13 @@ class Trainer:
                        heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost)
         try:
             self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
-        except TransportError as err:
+        except PeersMissing as err:
             from components.trainer.roles import step_nodes
 
             if step_nodes() <= 1:
                 raise
-            raise TransportError(f"{err} Across nodes, the other tasks start only once they see learner-0's marker "
-                                 f"in the run directory {self.run_dir}: it must be on a filesystem every node shares") from err
+            raise PeersMissing(f"{err} Across nodes, the other tasks start only once they see learner-0's marker "
+                               f"in the run directory {self.run_dir}: it must be on a filesystem every node shares") from err
         # the weight group forms at the first push (vLLM joins it from inside its worker when told to)
         self.sender = WeightSender(weight_group_of(cfg, self.endpoints, self.layout, self.device), device=self.device)
         self.weight_meta = generator_state_meta(self.learner.model, cfg.precision)

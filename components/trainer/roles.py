@@ -200,7 +200,7 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
     """Rank, world size and hub address of this process; None when it is a plain single process.
 
     Read, in order: SCALERL_RANK / SCALERL_WORLD_SIZE (set by `scalerl train` for the processes
-    it spawns), then SLURM_PROCID / SLURM_NTASKS when the job step has more than one task
+    it spawns), then SLURM_PROCID / SLURM_STEP_NUM_TASKS when the job step has more than one task
     (`srun`). SCALERL_HUB_HOST / SCALERL_PORT_BASE override the hub address under Slurm;
     "{node}" in SCALERL_HUB_HOST stands for the step's first node (e.g. "{node}-ib"), so one
     setting serves every job of a sweep.
@@ -214,7 +214,9 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             endpoints=Endpoints(env.get("SCALERL_HUB_HOST", "127.0.0.1"), int(env["SCALERL_PORT_BASE"])),
             source="scalerl",
         )
-    ntasks = int(env.get("SLURM_NTASKS", env.get("SLURM_STEP_NUM_TASKS", "1")) or 1)
+    # only srun sets SLURM_STEP_NUM_TASKS: a batch script also has SLURM_PROCID=0 and the job's
+    # SLURM_NTASKS, but it is one process (`scalerl train` there starts the run's processes itself)
+    ntasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
     if "SLURM_PROCID" in env and ntasks > 1:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or socket.gethostname()
         host = env.get("SCALERL_HUB_HOST") or "{node}"

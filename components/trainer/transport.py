@@ -111,6 +111,7 @@ __all__ = [
     "Peer",
     "TransportError",
     "PeerLost",
+    "PeersMissing",
     "HubLost",
     "Aborted",
     "encode",
@@ -135,6 +136,10 @@ class TransportError(RuntimeError):
 
 class PeerLost(TransportError):
     """A peer process died, hangs, or left: the message names it (name, pid, host)."""
+
+
+class PeersMissing(TransportError):
+    """Some peers never said hello within `Hub.wait_for_peers`'s timeout: the message names them."""
 
 
 class HubLost(TransportError):
@@ -397,7 +402,7 @@ class Hub:
     def wait_for_peers(self, timeout_s: float) -> dict:
         """Wait until every expected peer said hello; returns {name: {"pid", "host"}}.
 
-        Raises TransportError naming the missing peers after `timeout_s`, or PeerLost."""
+        Raises PeersMissing naming the missing peers after `timeout_s`, or PeerLost."""
         deadline = _deadline(timeout_s)
         while True:
             self.check()
@@ -407,7 +412,7 @@ class Hub:
             left = deadline - time.monotonic()
             if left <= 0:
                 here = [p for p in self._peers if p not in missing]
-                raise TransportError(
+                raise PeersMissing(
                     f"hub {self.name} waited {timeout_s:g} s for its peers on tcp://{self.host}:{self.port}: missing {', '.join(missing)}"
                     f" (connected: {', '.join(here) or 'none'}); did they start, and can they reach this host and port?"
                 )
@@ -558,13 +563,13 @@ class Hub:
                 self._fatal = error
 
     def _heartbeat_loop(self) -> None:
-        me = json.dumps({"name": self.name, **_identity()}).encode()
         hb, period = self._hb, self.heartbeat_s
-        poller = zmq.Poller()
-        poller.register(hb, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        next_beat = last_iter = time.monotonic()
         try:
+            me = json.dumps({"name": self.name, **_identity()}).encode()
+            poller = zmq.Poller()
+            poller.register(hb, zmq.POLLIN)
+            poller.register(self._monitor, zmq.POLLIN)
+            next_beat = last_iter = time.monotonic()
             while not self._stop.is_set():
                 now = time.monotonic()
                 gap, last_iter = now - last_iter, now
@@ -608,10 +613,10 @@ class Hub:
                         _try_send(hb, [p.encode(), _BEAT, me])
                     next_beat = now + period
                 ready = dict(poller.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1))
+                if self._monitor in ready:  # closes first: a beat after them may come over a reused fd
+                    self._drain_drops()
                 if hb in ready:
                     self._drain_beats()
-                if self._monitor in ready:
-                    self._drain_drops()
             with self._lock:  # close() right after abort(): still deliver it
                 abort, self._pending_abort = self._pending_abort, None
                 live = [p for p, st in self._peers.items() if st.state == "alive"]
@@ -669,6 +674,11 @@ class Hub:
                     self._claim(st, json.loads(payload))
                     st.last_seen = time.monotonic()
                     st.fd, st.dropped_at = _source_fd(frames[0]), None
+                    for other in self._peers.values():  # the fd is this connection's now: another
+                        if other is not st and st.fd is not None and other.fd == st.fd:  # peer's on it closed
+                            other.fd = None
+                            if other.state == "alive" and other.dropped_at is None:
+                                other.dropped_at = time.monotonic()
                     if st.state == "waiting":
                         st.state = "alive"
                     reply = False

@@ -916,7 +916,7 @@ def listen_address(host: str) -> str:
     is kept, and stays private to the machine."""
     if host == "localhost" or host.startswith("127.") or host == "::1":
         return host
-    return "0.0.0.0"
+    return "::" if ":" in host else "0.0.0.0"  # an IPv6 address: every IPv6 interface
 
 
 def _nccl_trainer_engine(group: WeightGroup):
