@@ -44,12 +44,13 @@ LOST; so is a peer whose heartbeat connection CLOSED (a dead process's kernel cl
 kill -9, out of memory, a crash) and that sent no beat over a new one within `drop_grace_s`
 (2 heartbeats + 1 s): a dead peer is named in seconds, before Slurm, which kills a step's other
 tasks KillWait (default 30 s) after one died, ends the hub too. Either way `Hub.recv`,
-`Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and `on_lost(error)` is called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a
-peer raises `HubLost` when the hub is silent for `timeout_s` (no beat and no message: a message
-from the hub proves it alive too, so a hub that dies before its first beat arrived is not
-waited on for `connect_timeout_s`), or never answered within `connect_timeout_s` of the Peer's
-creation, and calls its `on_lost(error)` once. A peer the hub
-declared lost that comes back (SIGCONT) is told so and raises `HubLost` at once.
+`Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and `on_lost(error)` is
+called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a peer raises
+`HubLost` when the hub is silent for `timeout_s` (no beat and no message: a message from the
+hub proves it alive too, so a hub that dies before its first beat arrived is not waited on for
+`connect_timeout_s`), or never answered within `connect_timeout_s` of the Peer's creation, and
+calls its `on_lost(error)` once. A peer the hub declared lost that comes back (SIGCONT) is told
+so and raises `HubLost` at once.
 Heartbeats prove that a process is alive and scheduled, not that it makes progress: a main
 thread that deadlocks in Python still beats. Waits for progress are the caller's (`recv` always
 takes a timeout). A C extension that holds the GIL for longer than `timeout_s` stops the beats
