@@ -395,11 +395,21 @@ def vllm_tensor_parallel_check(model_dir: str) -> dict:
         refused = None
     except RuntimeError as err:
         refused = str(err)
-    joining = threading.Thread(target=sender.connect)
+    failed: list = []
+
+    def connect_sender() -> None:  # a failure here must fail the check, not die with its thread
+        try:
+            sender.connect()
+        except BaseException as err:  # noqa: BLE001
+            failed.append(err)
+
+    joining = threading.Thread(target=connect_sender)
     joining.start()
     receiver = WeightReceiver(group, group.generator_rank(0))
     eng.connect_weights(receiver)
     joining.join(120)
+    if failed:
+        raise failed[0]
     model = learner_model(model_dir, "fp32", seed=7)
     update = WeightUpdate.plan(1, generator_state_meta(model, "fp32"), 0.1)
     sent: dict = {}

@@ -58,7 +58,6 @@ from __future__ import annotations
 import datetime
 import math
 import pickle
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Sequence
@@ -175,16 +174,15 @@ class WeightGroup:
 
     @classmethod
     def local(cls, num_generators: int, **kwargs: Any) -> "WeightGroup":
-        """A group on this machine (127.0.0.1) with a port that is free right now."""
+        """A group on this machine (127.0.0.1) with a port that is free right now, BELOW the
+        ephemeral range (`roles.free_port_base`, as a run's own ports): a port the kernel hands
+        out for bind(0) could be handed out again, once released, to whoever binds next (seen:
+        vLLM's tensor-parallel workers, started after the group was made, took its port for
+        their own store, and the generator's workers joined vLLM's store instead of ours)."""
+        from components.trainer.roles import free_port_base
+
         host = kwargs.pop("master_addr", "127.0.0.1")
-        return cls(master_addr=host, master_port=free_port(host), num_generators=num_generators, **kwargs)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` at the time of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        return cls(master_addr=host, master_port=free_port_base(1), num_generators=num_generators, **kwargs)
 
 
 def _mb_to_bytes(mb: float) -> int:
