@@ -1201,10 +1201,8 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
     executor = submitit.AutoExecutor(folder=str(folder), cluster=opts.executor,
                                      slurm_max_num_timeout=opts.max_requeues)
     params: dict[str, Any] = {"timeout_min": opts.time_min, "name": f"scalerl-{sweep}"}
-    job_cpus = 1
+    job = job_parameters(opts, resources or RunResources())
     if opts.executor != "debug":
-        job = job_parameters(opts, resources or RunResources())
-        job_cpus = job["cpus_per_task"]
         params.update(cpus_per_task=job["cpus_per_task"], nodes=job["nodes"])
         if not (opts.overcommit and opts.executor == "slurm"):
             params["tasks_per_node"] = job["tasks_per_node"]
@@ -1227,16 +1225,15 @@ def make_executor(opts: LaunchOptions, folder: Path, sweep: str, resources: RunR
             # learner-0 exits 1 after recording a dead or stopped peer), Slurm kills the step's
             # other tasks, stopped ones included, instead of waiting for them until the time limit.
             srun_args.append("--kill-on-bad-exit=1")
-        if job_cpus > 1:
+        if job["cpus_per_task"] > 1:
             # srun of Slurm 22.05-23.02 does not take sbatch's --cpus-per-task: without it, each
             # task of the step gets one CPU where Slurm binds tasks to cores.
-            srun_args.append(f"--cpus-per-task={job_cpus}")
+            srun_args.append(f"--cpus-per-task={job['cpus_per_task']}")
         if srun_args:
             params["slurm_srun_args"] = srun_args
         extra = dict(opts.slurm_extra)
         if opts.overcommit:
             # Slurm refuses --ntasks-per-node above the node's CPUs even with --overcommit; --ntasks is accepted
-            job = job_parameters(opts, resources or RunResources())
             extra["overcommit"] = True
             extra["ntasks"] = job["nodes"] * job["tasks_per_node"]
         if extra:

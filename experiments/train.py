@@ -149,12 +149,11 @@ def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None)
     """runs/CONFIG_STEM/TIMESTAMP; in a Slurm step of several tasks (`srun ... scalerl train`),
     runs/CONFIG_STEM/slurm-JOBID.STEPID, the same in every task (their clocks and start times
     differ) and again after a requeue, which then resumes the run."""
-    from components.trainer.roles import process_env
+    from components.trainer.roles import slurm_step_tasks
 
     stem = Path(config_files[-1]).stem if config_files else "run"
     env = os.environ if environ is None else environ
-    penv = process_env(env)
-    if penv is not None and penv.source == "slurm":
+    if "SCALERL_RANK" not in env and slurm_step_tasks(env) > 1:
         return Path("runs") / stem / f"slurm-{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / stem / stamp

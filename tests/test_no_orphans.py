@@ -235,22 +235,27 @@ def test_learner_stopped_during_a_weight_push_leaves_nothing(tmp_path):
     assert "learner-0" in info["error"], info
 
 
-def test_a_finished_slurm_peer_is_not_kept_alive_by_a_thread_that_never_returns():
-    """A Slurm peer task returns to submitit (which writes its result) and then exits, even with a
-    non-daemon thread stuck forever (a hung verifier's): interpreter shutdown would wait for it."""
+def _run_python(program: str):
+    """`program` (dedented) in a fresh Python at the repository root: its CompletedProcess."""
     import subprocess
     import sys
 
-    program = textwrap.dedent("""
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(program)], cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_finished_slurm_peer_is_not_kept_alive_by_a_thread_that_never_returns():
+    """A Slurm peer task returns to submitit (which writes its result) and then exits, even with a
+    non-daemon thread stuck forever (a hung verifier's): interpreter shutdown would wait for it."""
+    t0 = time.monotonic()
+    out = _run_python("""
         import threading, time
         from components.trainer.worker import exit_after
         threading.Thread(target=time.sleep, args=(3600,)).start()  # non-daemon, never returns
         exit_after(1.0)
         print("returned", flush=True)
     """)
-    repo = Path(__file__).resolve().parent.parent
-    t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", program], cwd=repo, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "returned", (out.returncode, out.stdout, out.stderr)
     assert time.monotonic() - t0 < 100
 
@@ -258,10 +263,7 @@ def test_a_finished_slurm_peer_is_not_kept_alive_by_a_thread_that_never_returns(
 def test_learner_0_of_a_slurm_step_outlives_the_steps_sigterm():
     """srun --kill-on-bad-exit SIGTERMs every task when one dies, and SIGKILLs them KillWait later:
     learner-0 must live on in between to record which process died."""
-    import subprocess
-    import sys
-
-    program = textwrap.dedent("""
+    out = _run_python("""
         import os, signal, time
         from experiments.train import outlive_step_sigterm
         outlive_step_sigterm()
@@ -269,7 +271,5 @@ def test_learner_0_of_a_slurm_step_outlives_the_steps_sigterm():
         time.sleep(0.5)
         print("alive", flush=True)
     """)
-    repo = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", program], cwd=repo, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "alive", (out.returncode, out.stdout, out.stderr)
     assert "SIGTERM: Slurm is ending this step" in out.stderr

@@ -382,37 +382,51 @@ def test_dead_or_stopped_peer_is_named_and_on_lost_fires_once(how):
         _kill(*procs.values())
 
 
+class _RawBeats:
+    """A peer's heartbeat connection, by hand (a DEALER named `name` on the hub's heartbeat port),
+    so that a test can drop it and open another under the same name."""
+
+    def __init__(self, ctx, hub: Hub, name: str):
+        import json
+
+        import zmq
+
+        from components.trainer import transport as T
+
+        self._beat = [T._BEAT, json.dumps({"name": name, **T._identity()}).encode()]
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, name.encode())
+        self.sock.connect(f"tcp://127.0.0.1:{hub.port + 1}")
+
+    def beat(self) -> None:
+        self.sock.send_multipart(self._beat)
+        time.sleep(HB)
+
+    def beat_for(self, seconds: float) -> "_RawBeats":
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.beat()
+        return self
+
+    def drop(self) -> None:
+        self.sock.close(linger=0)
+
+
 def test_a_peer_that_reconnects_is_not_lost_and_one_that_drops_for_good_is():
     """A closed heartbeat connection alone is not a death: a peer that beats again over a new
     connection (a network hiccup) stays alive; one that does not is lost after drop_grace_s."""
-    import json
-
     import zmq
-
-    from components.trainer import transport as T
 
     hub = _hub(["generator-0"], timeout_s=10 * TIMEOUT)
     ctx = zmq.Context()
-    me = json.dumps({"name": "generator-0", **T._identity()}).encode()
-
-    def beat_over_a_new_connection(seconds: float):
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, b"generator-0")
-        sock.connect(f"tcp://127.0.0.1:{hub.port + 1}")
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            sock.send_multipart([T._BEAT, me])
-            time.sleep(HB)
-        return sock
-
     try:
-        sock = beat_over_a_new_connection(1.0)
+        conn = _RawBeats(ctx, hub, "generator-0").beat_for(1.0)
         assert hub.state()["generator-0"]["state"] == "alive"
-        sock.close(linger=0)  # the connection drops ...
-        sock = beat_over_a_new_connection(3 * hub.drop_grace_s)  # ... and the peer is back at once
+        conn.drop()  # the connection drops ...
+        conn = _RawBeats(ctx, hub, "generator-0").beat_for(3 * hub.drop_grace_s)  # ... and the peer is back at once
         assert hub.state()["generator-0"]["state"] == "alive"
         hub.check()
-        sock.close(linger=0)  # dropped for good
+        conn.drop()  # dropped for good
         deadline = time.monotonic() + hub.drop_grace_s + SLACK
         while hub.state()["generator-0"]["state"] != "lost":
             assert time.monotonic() < deadline, hub.state()
@@ -427,36 +441,23 @@ def test_a_peer_that_reconnects_is_not_lost_and_one_that_drops_for_good_is():
 def test_a_dropped_peer_is_lost_and_not_the_peer_that_took_its_file_descriptor():
     """generator-0's connection closes and generator-1 connects right after (the kernel hands it
     the freed file descriptor): generator-0 is lost, generator-1, beating, is not."""
-    import json
-
     import zmq
-
-    from components.trainer import transport as T
 
     hub = _hub(["generator-0", "generator-1"], timeout_s=10 * TIMEOUT)
     ctx = zmq.Context()
-
-    def dealer(name: str):
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, name.encode())
-        sock.connect(f"tcp://127.0.0.1:{hub.port + 1}")
-        return sock, json.dumps({"name": name, **T._identity()}).encode()
-
     try:
-        g0, me0 = dealer("generator-0")
+        g0 = _RawBeats(ctx, hub, "generator-0")
         for _ in range(5):
-            g0.send_multipart([T._BEAT, me0])
-            time.sleep(HB)
+            g0.beat()
         assert hub.state()["generator-0"]["state"] == "alive"
-        g0.close(linger=0)
-        g1, me1 = dealer("generator-1")
+        g0.drop()
+        g1 = _RawBeats(ctx, hub, "generator-1")
         end = time.monotonic() + 3 * hub.drop_grace_s
         while time.monotonic() < end and hub.state()["generator-0"]["state"] != "lost":
-            g1.send_multipart([T._BEAT, me1])
-            time.sleep(HB)
+            g1.beat()
         assert hub.state()["generator-0"]["state"] == "lost", hub.state()
         assert hub.state()["generator-1"]["state"] == "alive", hub.state()
-        g1.close(linger=0)
+        g1.drop()
     finally:
         hub.close()
         ctx.destroy(linger=0)

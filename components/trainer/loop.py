@@ -116,9 +116,10 @@ def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = 
     if choice == "nccl" and on_gpu and gpus_shared:
         raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
                          f"on one GPU); use {ipc_hint}'gloo' or 'auto'")
-    if choice == "ipc" and step_nodes() > 1:
+    nodes = step_nodes()
+    if choice == "ipc" and nodes > 1:
         raise ValueError(f"train.weight_sync_backend = 'ipc' hands the generators handles to learner-0's memory, which "
-                         f"exist on its node only, but this run spans {step_nodes()} nodes; use 'auto', 'nccl' or 'gloo'")
+                         f"exist on its node only, but this run spans {nodes} nodes; use 'auto', 'nccl' or 'gloo'")
     if choice == "ipc" and on_gpu and tensor_parallel:
         raise ValueError(f"train.weight_sync_backend = 'ipc' shares the learner's GPU buffers, but each generator's "
                          f"{int(workers_per_generator)} tensor-parallel workers (vllm.tensor_parallel_size) sit on GPUs of their "

@@ -214,10 +214,8 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             endpoints=Endpoints(env.get("SCALERL_HUB_HOST", "127.0.0.1"), int(env["SCALERL_PORT_BASE"])),
             source="scalerl",
         )
-    # only srun sets SLURM_STEP_NUM_TASKS: a batch script also has SLURM_PROCID=0 and the job's
-    # SLURM_NTASKS, but it is one process (`scalerl train` there starts the run's processes itself)
-    ntasks = int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
-    if "SLURM_PROCID" in env and ntasks > 1:
+    ntasks = slurm_step_tasks(env)
+    if ntasks > 1:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or socket.gethostname()
         host = env.get("SCALERL_HUB_HOST") or "{node}"
         if "{node}" in host:  # a template of the first node's name, e.g. "{node}-ib" for its fast network
@@ -232,6 +230,21 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             source="slurm",
         )
     return None
+
+
+def slurm_step_tasks(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The task count of this process's Slurm step; 1 outside a step. Only srun sets
+    SLURM_STEP_NUM_TASKS: a batch script also has SLURM_PROCID=0 and the job's SLURM_NTASKS, but
+    it is one process (`scalerl train` there starts the run's processes itself)."""
+    env = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in env:
+        return 1
+    return int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+
+
+def is_loopback(addr: str) -> bool:
+    """A loopback address or name (127.x, ::1, localhost): reachable from this machine only."""
+    return addr == "localhost" or addr.startswith("127.") or addr == "::1"
 
 
 def step_nodes(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -261,7 +274,7 @@ def gloo_interface_problem(environ: Optional[Mapping[str, str]] = None) -> Optio
         addr = socket.gethostbyname(host)
     except OSError:
         return None  # gloo names an unresolvable host itself
-    if not (addr.startswith("127.") or addr == "::1"):
+    if not is_loopback(addr):
         return None
     try:
         names = [n for _, n in socket.if_nameindex() if n != "lo"]

@@ -912,7 +912,9 @@ def listen_address(host: str) -> str:
     differently (/etc/hosts against DNS, a management against a fast network). So the endpoint
     listens on every interface ("0.0.0.0"); only a loopback given as such (a one-machine run)
     is kept, and stays private to the machine."""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
+    from components.trainer.roles import is_loopback
+
+    if is_loopback(host):
         return host
     return "::" if ":" in host else "0.0.0.0"  # an IPv6 address: every IPv6 interface
 
