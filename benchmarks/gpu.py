@@ -130,6 +130,11 @@ def learner_bench(size: str, args) -> dict:
         times.append(time.perf_counter() - t0)
     s = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else math.nan
+    if args.profile:
+        tag = f"{size}-{attn}-{'mb' + str(args.mb_seqs) + 'seqs' if args.mb_seqs else 'mb' + str(args.mb_tokens) + 'tok'}"
+        tag += "-ckpt" if args.checkpointing else ""
+        tag += "-compiled" if args.compile else ""
+        profile_step(lambda: learner.step(batch, keep), device, Path(args.out) / f"profile-{tag}.txt", s)
     row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
                seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing,
                attn=attn, compile=args.compile, step_s=s,
@@ -138,6 +143,60 @@ def learner_bench(size: str, args) -> dict:
     del learner, model
     free_device_memory(device, args.compile)
     return row
+
+
+KERNEL_KINDS = (  # (kind, substrings of a GPU kernel's name), first match wins
+    ("attention", ("flash", "fmha", "sdpa", "attention")),  # before matmul: cuDNN's sdpa kernels are named "..._wgmma_..."
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "splitk", "aten::mm", "aten::addmm", "aten::bmm")),
+    ("optimizer", ("adam", "fusedoptimizer")),
+    ("reduce", ("reduce", "softmax", "norm")),
+    ("copy/cast", ("copy", "cast", "cat", "fill", "memcpy", "memset")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "elementwise/other")
+
+
+def profile_step(step, device: str, path: Path, step_s: float) -> dict:
+    """Run `step` once under torch.profiler and write where its time went to `path`: the GPU's busy
+    time by kernel kind (matmul, attention, ...) against the step's wall clock (busy well below the
+    wall clock = the GPU waits on the host: launches, Python, syncs), then the top operators and
+    kernels by self time. On CPU the same table is made of CPU operators (a code-path check)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+
+    def self_us(e) -> float:
+        if cuda:
+            return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+        return float(e.self_cpu_time_total)
+
+    kernels = [e for e in events if self_us(e) > 0 and (not cuda or str(e.device_type).endswith("CUDA"))]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + self_us(e) / 1e6
+    busy = sum(by_kind.values())
+    summary = dict(wall_s_profiled=wall, step_s_unprofiled=step_s, busy_s=busy, busy_fraction=busy / wall,
+                   by_kind_s={k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])})
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    top = sorted(kernels, key=self_us, reverse=True)[:40]
+    lines = [json.dumps(summary), "", f"{'self s':>9} {'calls':>7}  {'kind':<18} name"]
+    lines += [f"{self_us(e) / 1e6:9.4f} {e.count:7d}  {kernel_kind(e.key):<18} {e.key[:140]}" for e in top]
+    lines += ["", events.table(sort_by=sort, row_limit=40, max_name_column_width=80)]
+    if cuda:  # where the host's time goes (launches, Python, waits) when the GPU is not busy
+        lines += ["", events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=80)]
+    path.write_text("\n".join(lines) + "\n")
+    print(json.dumps(dict(profile=path.name, **summary)), flush=True)
+    return summary
 
 
 def free_device_memory(device: str, compiled: bool = False) -> None:
@@ -219,7 +278,7 @@ def e2e_bench(scheme: str, args, model_dir: Path, work: Path) -> dict:
         "train.eval_prompts = 16",
         "train.eval_k = 1",
         "train.checkpoint_every = 100000",
-        'train.weight_sync_backend = "gloo"',
+        f'train.weight_sync_backend = "{args.e2e_weight_sync}"',
         "train.num_generators = 1",
         "train.learner_ranks = 1",
     ]
@@ -232,7 +291,7 @@ def e2e_bench(scheme: str, args, model_dir: Path, work: Path) -> dict:
     gens = sum(m["generations"] for m in lines[skip:])
     toks = sum(m.get("generated_tokens", 0) for m in lines[skip:])
     wall = lines[-1]["wall_s"] - t0
-    return dict(part="e2e", scheme=scheme, status=status, steps=len(lines) - skip, samples=gens, wall_s=wall,
+    return dict(part="e2e", scheme=scheme, weight_sync=args.e2e_weight_sync, status=status, steps=len(lines) - skip, samples=gens, wall_s=wall,
                 samples_per_s=gens / wall, generated_tokens_per_s=toks / wall,
                 lag_max=max(m.get("lag_max", 0) for m in lines))
 
@@ -269,6 +328,11 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-prompts", type=int, default=16)
     ap.add_argument("--e2e-steps", type=int, default=16)
     ap.add_argument("--e2e-warmup", type=int, default=3)
+    ap.add_argument("--e2e-schemes", default="ppo_off_policy:1,pipeline_rl:8", help="off-policy schemes as name:k")
+    ap.add_argument("--e2e-weight-sync", default="gloo", help="train.weight_sync_backend: gloo (staged through host "
+                    "memory) or ipc (CUDA IPC: the learner and the generator share the GPU)")
+    ap.add_argument("--profile", action="store_true", help="learner: one more step under torch.profiler; writes "
+                    "profile-<shape>.txt (GPU busy time by kernel kind against the wall clock, top kernels)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: check the code paths")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -281,6 +345,12 @@ def main(argv=None) -> int:
     unknown = sorted(set(parts) - {"learner", "generation", "e2e"})
     if unknown or not parts:
         raise SystemExit(f"--parts {args.parts!r}: unknown {unknown}; valid: learner, generation, e2e")
+    schemes = [x for x in args.e2e_schemes.split(",") if x]
+    bad = [x for x in schemes if x.count(":") != 1 or not x.split(":")[1].isdigit()]
+    if "e2e" in parts and (bad or not schemes):
+        raise SystemExit(f"--e2e-schemes {args.e2e_schemes!r}: {bad or 'none'} is not a list of name:k (e.g. pipeline_rl:8)")
+    if args.e2e_weight_sync not in ("gloo", "ipc"):
+        raise SystemExit(f"--e2e-weight-sync {args.e2e_weight_sync!r}: valid: gloo, ipc")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -308,11 +378,12 @@ def main(argv=None) -> int:
         if not (model_dir / "config.json").is_file():
             build_tiny_policy(model_dir, hidden_size=args.e2e_hidden, num_layers=args.e2e_layers,
                               num_heads=max(args.e2e_hidden // 64, 1), max_position_embeddings=1024)
-        for scheme in ("ppo_off_policy:1", "pipeline_rl:8"):
+        for scheme in schemes:
             record(e2e_bench(scheme, args, model_dir, out))
         e2e = {r["scheme"]: r for r in rows if r["part"] == "e2e"}
-        print(f"pipeline_rl(8) / ppo_off_policy(1) samples/s: "
-              f"{e2e['pipeline_rl:8']['samples_per_s'] / e2e['ppo_off_policy:1']['samples_per_s']:.2f}", flush=True)
+        if {"pipeline_rl:8", "ppo_off_policy:1"} <= set(e2e):
+            print(f"pipeline_rl(8) / ppo_off_policy(1) samples/s: "
+                  f"{e2e['pipeline_rl:8']['samples_per_s'] / e2e['ppo_off_policy:1']['samples_per_s']:.2f}", flush=True)
     return 0
 
 

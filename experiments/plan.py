@@ -34,7 +34,8 @@ Learner, per rank (FSDP2: fp32 master weights, gradients and AdamW state sharded
   per token and layer  A = 2 (4h + 2hc + 4)  two RMSNorms: the fp32 upcast input, the normalised
                                               value, its weighted output and the fp32 rsqrt
                          + attention         q, k, v after RoPE and the output: (2ad + 2kd) c with
-                                              flash-attention (GQA native); 4ad c with sdpa/eager,
+                                              flash-attention or torch_varlen (GQA native; "auto"
+                                              as the learner resolves it); 4ad c with sdpa/eager,
                                               which repeat k and v to a heads under a mask
                          + 4a                the softmax log-sum-exp, fp32
                          + 4ic               gate, SiLU(gate), up and their product
@@ -242,13 +243,25 @@ def _fp32_head(precision: str) -> bool:
     return bool(get_precision(precision).fp32_head)
 
 
-def _attention_kind(attn_implementation: Optional[str]) -> str:
-    name = attn_implementation or "sdpa"
-    if name.startswith("flash_attention"):
+def planned_attention(attn_implementation: Optional[str], device: str, precision: str, model_config=None) -> Optional[str]:
+    """`train.attn_implementation` as the learner will resolve it on `device` ("auto": torch_varlen on a
+    GPU computing in bf16/fp16 for a model with full causal attention, else sdpa); other names as given."""
+    if attn_implementation != "auto":
+        return attn_implementation
+    from components.precision import get_precision
+    from components.trainer.forward import auto_attn_implementation
+
+    return auto_attn_implementation(device, get_precision(precision).param_dtype, model_config)
+
+
+def _attention_kind(attn_implementation: Optional[str], device: str = "cuda", precision: str = "bf16") -> str:
+    name = planned_attention(attn_implementation, device, precision) or "sdpa"
+    if name.startswith("flash_attention") or name == "torch_varlen":  # varlen kernels: no mask, no padding
         return "flash"
     if name in ("sdpa", "eager"):
         return name
-    raise PlanError(f"train.attn_implementation = {attn_implementation!r}: the plan knows sdpa, eager and flash_attention_N")
+    raise PlanError(f"train.attn_implementation = {attn_implementation!r}: the plan knows auto, sdpa, eager, torch_varlen "
+                    "and flash_attention_N")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +295,7 @@ def learner_memory(shape: ModelShape, layout: LearnerLayout, *, overhead_bytes: 
     if layout.rows < 1 or layout.row_length < 1 or layout.logprob_chunk_size < 1:
         raise PlanError(f"micro-batch of {layout.rows} x {layout.row_length} tokens, chunk {layout.logprob_chunk_size}: all must be >= 1")
     c, hb = _precision_bytes(layout.precision, layout.device)
-    attention = _attention_kind(layout.attn_implementation)
+    attention = _attention_kind(layout.attn_implementation, layout.device, layout.precision)
     counts = parameter_counts(shape, untie_head=_fp32_head(layout.precision))
     P, Pb, Pe, Ph = counts["total"], counts["block"], counts["embedding"], counts["head"]
     h, L, d, V = shape.hidden_size, shape.num_layers, shape.head_dim, shape.vocab_size
@@ -598,12 +611,13 @@ def plan_config(
         problems.append(f"the generation cap ({cap} tokens) reaches the model's max_position_embeddings ({max_pos})")
 
     # the learner
+    attention = planned_attention(cfg.attn_implementation, "cpu" if cpu else "cuda", cfg.precision, config)
     packed = cfg.max_tokens_per_micro_batch is not None
     if packed:
         budget = int(cfg.max_tokens_per_micro_batch)
         layout_l = LearnerLayout(ranks=cfg.learner_ranks, rows=1, row_length=budget, head_tokens=budget,
                                  activation_checkpointing=cfg.activation_checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
-                                 precision=cfg.precision, attn_implementation=cfg.attn_implementation, device="cpu" if cpu else "cuda")
+                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda")
         if budget < longest:
             problems.append(f"train.max_tokens_per_micro_batch ({budget}) is shorter than the longest sequence "
                             f"({longest} tokens: generation cap {cap} + prompt allowance, capped by the context); "
@@ -612,7 +626,7 @@ def plan_config(
         layout_l = LearnerLayout(ranks=cfg.learner_ranks, rows=min(cfg.micro_batch_size, cfg.batch_sequences), row_length=longest,
                                  head_tokens=min(cfg.micro_batch_size, cfg.batch_sequences) * min(cap, longest),
                                  activation_checkpointing=cfg.activation_checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
-                                 precision=cfg.precision, attn_implementation=cfg.attn_implementation, device="cpu" if cpu else "cuda")
+                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda")
         notes.append(f"padded micro-batches: {layout_l.rows} sequences x {longest} tokens (set train.max_tokens_per_micro_batch to pack)")
     learner = learner_memory(shape, layout_l)
 

@@ -181,11 +181,9 @@ def engine_gpus(cfg) -> int:
 
 def attention_of(cfg) -> str:
     """The transformers attention implementation the learner uses (train.attn_implementation resolved)."""
-    from components.precision import get_precision
-    from components.trainer.forward import resolve_attn_implementation
+    from components.trainer.forward import learner_attn_implementation
 
-    return resolve_attn_implementation(cfg.attn_implementation, "cuda" if on_gpu(cfg) else "cpu",
-                                       get_precision(cfg.precision).param_dtype)
+    return learner_attn_implementation(cfg, "cuda" if on_gpu(cfg) else "cpu")
 
 
 def on_gpu(cfg) -> bool:

@@ -497,7 +497,7 @@ def test_resolve_attn_implementation():
     assert resolve_attn_implementation(None, "cpu") == "sdpa"
     assert resolve_attn_implementation("eager", torch.device("cpu")) == "eager"
     assert resolve_attn_implementation("sdpa", "cuda") == "sdpa"
-    with pytest.raises(ValueError, match=r"'flash_attn' is not one of \['sdpa', 'eager', 'flash_attention_2'"):
+    with pytest.raises(ValueError, match=r"'flash_attn' is not one of \['auto', 'sdpa', 'eager', 'flash_attention_2'"):
         resolve_attn_implementation("flash_attn", "cpu")
     with pytest.raises(ValueError, match="needs a CUDA device.*'cpu'"):
         resolve_attn_implementation("flash_attention_2", "cpu")
@@ -526,6 +526,61 @@ def test_resolve_torch_varlen_needs_cuda_and_half_precision_and_registers_it():
     assert resolve_attn_implementation("torch_varlen", "cuda", torch.bfloat16) == "torch_varlen"
     assert AttentionInterface._global_mapping["torch_varlen"] is forward_mod.torch_varlen_attention
     assert "torch_varlen" in AttentionMaskInterface._global_mapping
+
+
+def test_auto_attention_is_torch_varlen_only_where_it_runs(monkeypatch):
+    """train.attn_implementation = "auto": torch_varlen on CUDA with bf16/fp16 compute, a torch that
+    has the kernel, and a model whose every layer attends fully and causally without dropout;
+    sdpa everywhere else (this machine's torch has torch.nn.attention.varlen)."""
+    from transformers import AttentionInterface, LlamaConfig, Qwen2Config
+
+    bf16 = torch.bfloat16
+    assert resolve_attn_implementation("auto", "cpu", bf16) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", torch.float32) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", None) == "sdpa"  # compute dtype unknown
+    assert resolve_attn_implementation("auto", "cuda", bf16) == "torch_varlen"
+    assert resolve_attn_implementation("auto", torch.device("cuda", 1), torch.float16) == "torch_varlen"
+    assert AttentionInterface._global_mapping["torch_varlen"] is forward_mod.torch_varlen_attention  # registered
+    full = LlamaConfig(num_hidden_layers=2)
+    assert resolve_attn_implementation("auto", "cuda", bf16, full) == "torch_varlen"
+    assert resolve_attn_implementation("auto", "cuda", bf16, full.to_dict()) == "torch_varlen"  # config.json
+    windowed = Qwen2Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=64, max_window_layers=2)
+    assert "sliding_attention" in windowed.layer_types
+    assert resolve_attn_implementation("auto", "cuda", bf16, windowed) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", bf16, windowed.to_dict()) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", bf16, {"sliding_window": 4096}) == "sdpa"  # Mistral-style
+    assert resolve_attn_implementation("auto", "cuda", bf16, {"sliding_window": 4096, "use_sliding_window": False}) == "torch_varlen"
+    assert resolve_attn_implementation("auto", "cuda", bf16, LlamaConfig(attention_dropout=0.1)) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", bf16, {"text_config": {"sliding_window": 8}}) == "sdpa"
+    real = forward_mod.importlib.util.find_spec
+    monkeypatch.setattr(forward_mod.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch.nn.attention.varlen" else real(name, *a))
+    assert resolve_attn_implementation("auto", "cuda", bf16) == "sdpa"  # an older torch
+
+
+def test_learner_attn_implementation_reads_the_run_config_and_the_models_config(tmp_path):
+    """The learner's call sites resolve "auto" with the run's precision and the model's config.json."""
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config
+
+    from components.trainer.forward import learner_attn_implementation
+
+    Qwen2Config(num_hidden_layers=2).save_pretrained(tmp_path / "full")
+    Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=32, max_window_layers=0).save_pretrained(tmp_path / "win")
+
+    def cfg(path, precision="bf16", attn="auto"):
+        return SimpleNamespace(model_path=str(tmp_path / path), precision=precision, attn_implementation=attn)
+
+    assert learner_attn_implementation(cfg("full"), "cuda") == "torch_varlen"
+    assert learner_attn_implementation(cfg("full", "bf16_fp32_head"), "cuda") == "torch_varlen"
+    assert learner_attn_implementation(cfg("win"), "cuda") == "sdpa"
+    assert learner_attn_implementation(cfg("full", "fp32"), "cuda") == "sdpa"
+    assert learner_attn_implementation(cfg("full"), "cpu") == "sdpa"
+    assert learner_attn_implementation(cfg("missing"), "cuda") == "torch_varlen"  # unreadable: the model load reports it
+    assert learner_attn_implementation(cfg("full", attn=None), "cuda") == "sdpa"
+    with pytest.raises(ValueError, match="bf16 or fp16 only"):
+        learner_attn_implementation(cfg("full", "fp32", attn="torch_varlen"), "cuda")
 
 
 def test_varlen_layout_finds_the_sequences_of_packed_and_padded_rows():
@@ -635,6 +690,34 @@ def assert_varlen_gives_sdpas(batch: Batch, make_model, compile_backend=None) ->
         assert (logp[cells] - ref_logp[cells]).abs().max() < 1e-5, layout
         for name, g in ref_grads.items():
             assert torch.allclose(grads[name], g, rtol=1e-4, atol=1e-6), (layout, name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen kernel runs on CUDA only (run on a GPU lease)")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_torch_varlen_kernel_on_cuda_gives_fp32_sdpas_logprobs_and_gradients(arch):
+    """The real kernel (GPU only; the CPU test above checks the glue with a float64 stand-in): under
+    bf16 autocast, "torch_varlen" on a packed row and on a padded micro-batch matches fp32 sdpa to
+    bf16's precision. A sequence attending across a packed boundary, or a wrong causal window,
+    moves log-probs by O(1), far beyond these tolerances."""
+    forward_mod.register_torch_varlen()
+    batch = make_batch()
+    cells = completion_cells(batch).cuda()
+    weights = torch.linspace(-1, 1, int(cells.sum()), device="cuda")
+
+    def run(attn, rows, bf16):
+        model = tiny_model(arch, hidden=64, attn=attn).cuda()
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
+        with ctx:
+            logp, _ = sequence_logprobs_packed(model, rows.to("cuda"), temperature=0.7, chunk_size=5, with_entropy=False)
+        (logp[cells].float() * weights).sum().backward()
+        return logp.detach().float(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref_logp, ref_grad = run("sdpa", batch, bf16=False)
+    for layout, rows in (("packed", pack_batch(batch)), ("padded", batch)):
+        logp, grad = run("torch_varlen", rows, bf16=True)
+        assert (logp[cells] - ref_logp[cells]).abs().max() < 0.05, layout  # bf16 rounding: ~1e-2
+        cos = F.cosine_similarity(grad, ref_grad, dim=0)
+        assert cos > 0.999 and (grad.norm() / ref_grad.norm() - 1).abs() < 0.02, (layout, cos)
 
 
 def test_torch_varlen_attention_computes_its_own_layout_when_the_forward_passes_none(monkeypatch):

@@ -259,3 +259,25 @@ def test_estimate_within_30_percent_of_measured_cpu_peak(checkpointing):
     res = memory_plan.run_fresh(2048, checkpointing, steps=2, pin_malloc=True)
     assert res["trained_tokens"] == 64 * 112 and res["measured_bytes"] > 20 * 2**20
     assert 0.7 <= res["ratio"] <= 1.3, res
+
+
+def test_paper_recipes_plan_torch_varlen_where_the_learner_resolves_auto_to_it(dir_8b, tmp_path, capsys, clean_gin):
+    """base.gin's train.attn_implementation = "auto" is planned as the learner resolves it: torch_varlen on
+    a GPU in bf16 (no [N, N] mask of the 32k-token packed rows), sdpa for a sliding-window model; and
+    torch_varlen itself is planned like flash-attention (it used to be refused)."""
+    def learner(extra, model=dir_8b):
+        rc, out, err = _plan(["experiments/configs/scalerl.gin", "--gin", f'model.path = "{model}"', *extra, "--json"], capsys)
+        assert rc in (0, 1), err
+        gin.clear_config()
+        return json.loads(out)["learner"]
+
+    auto, varlen, sdpa = (learner(x) for x in ([], ["--gin", 'train.attn_implementation = "torch_varlen"'],
+                                               ["--gin", 'train.attn_implementation = "sdpa"']))
+    assert auto == varlen and auto["activations"] < sdpa["activations"]
+    rc, out, _ = _plan(["experiments/configs/scalerl.gin", "--gin", f'model.path = "{dir_8b}"'], capsys)
+    assert "attention torch_varlen" in out
+    windowed = tmp_path / "windowed"
+    windowed.mkdir()
+    (windowed / "config.json").write_text(json.dumps({**LLAMA3_8B, "sliding_window": 4096}))
+    gin.clear_config()
+    assert learner([], windowed)["activations"] == learner(["--gin", 'train.attn_implementation = "sdpa"'], windowed)["activations"]

@@ -57,7 +57,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile each decoder block and the log-prob head's per-chunk math (learner only)
     compile_backend: str = "inductor"  # the torch.compile backend of train.compile ("aot_eager": no code generation)
     logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
-    attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; forward.ATTN_IMPLEMENTATIONS)
+    attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; "auto": torch_varlen where it runs, else sdpa; forward.ATTN_IMPLEMENTATIONS)
     # -- optimizer ----------------------------------------------------------------------
     lr: float = 5e-7
     warmup_steps: int = 100

@@ -43,7 +43,9 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
   once, it handles the `FSDP<Block>` subclass that `fully_shard` creates afterwards, and it
   leaves parameter names unchanged (torch's `checkpoint_wrapper` would insert
   `_checkpoint_wrapped_module.` into every state-dict key of the blocks).
-- `resolve_attn_implementation(name, device)` picks transformers' `attn_implementation`.
+- `resolve_attn_implementation(name, device)` picks transformers' `attn_implementation`;
+  `learner_attn_implementation(cfg, device)` does it for a run's config ("auto": torch_varlen
+  where it runs, else sdpa).
 - `train.compile`: the chunked head's per-chunk math (`chunk_logprob_stats`, `chunk_logit_grad`)
   runs through `torch.compile` when a `compile_backend` is given (the matmuls stay outside);
   the learner compiles the decoder blocks (`components.trainer.learner.compile_blocks`). For
@@ -85,7 +87,9 @@ __all__ = [
     "sequence_logprobs_padded",
     "enable_activation_checkpointing",
     "resolve_attn_implementation",
+    "learner_attn_implementation",
     "ATTN_IMPLEMENTATIONS",
+    "AUTO_ATTN",
     "TORCH_VARLEN",
     "varlen_layout",
     "torch_varlen_attention",
@@ -97,6 +101,7 @@ __all__ = [
 # is this module's: torch's own varlen flash kernel (torch.nn.attention.varlen), no extra package.
 TORCH_VARLEN = "torch_varlen"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", TORCH_VARLEN)
+AUTO_ATTN = "auto"  # train.attn_implementation = "auto": torch_varlen where it runs, else sdpa (`auto_attn_implementation`)
 
 # Model configs whose forward transforms the head's logits (scale / soft-cap) after lm_head: the
 # chunked head would silently skip that, so such models are refused.
@@ -907,10 +912,63 @@ def _flash_available(version: int) -> bool:
     return bool(check()) if callable(check) else False
 
 
-def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[torch.dtype] = None) -> str:
+def _full_causal_attention(model_config) -> bool:
+    """Whether every layer of a model (a transformers config, or its config.json as a dict) attends
+    fully and causally without dropout: what torch_varlen computes."""
+    if isinstance(model_config, dict):
+        cfg = model_config.get("text_config") or model_config
+        get = cfg.get
+    else:
+        cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        get = lambda key, default=None: getattr(cfg, key, default)  # noqa: E731
+    if get("attention_dropout", 0.0):
+        return False
+    layer_types = get("layer_types")
+    if layer_types:
+        return all(t == "full_attention" for t in layer_types)
+    if get("use_sliding_window") is False:
+        return True
+    return not get("sliding_window")
+
+
+def auto_attn_implementation(device, dtype: Optional[torch.dtype], model_config=None) -> str:
+    """What "auto" resolves to: "torch_varlen" on a CUDA device when the decoder blocks compute in
+    bf16 or fp16, this torch has `torch.nn.attention.varlen`, and the model (when `model_config` is
+    given) has full causal attention in every layer and no attention dropout; else "sdpa". Measured
+    on an H100 (BENCHMARKS.md, "On one GPU"): packed rows 1.37x faster than sdpa's block-diagonal
+    mask, with no [N, N] mask in memory."""
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa"
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        return "sdpa"
+    if model_config is not None and not _full_causal_attention(model_config):
+        return "sdpa"
+    return TORCH_VARLEN
+
+
+def learner_attn_implementation(cfg, device) -> str:
+    """`train.attn_implementation` of the run config `cfg` resolved for a learner on `device`,
+    with the compute dtype of `cfg.precision` (and, for "auto" on a GPU, the model's config.json)."""
+    from components.precision import get_precision
+
+    dtype = get_precision(cfg.precision).param_dtype
+    model_config = None
+    if cfg.attn_implementation == AUTO_ATTN and torch.device(device).type == "cuda":
+        from transformers import AutoConfig
+
+        try:
+            model_config = AutoConfig.from_pretrained(cfg.model_path)
+        except (OSError, ValueError):  # no readable config: loading the model reports that; torch_varlen names a window
+            model_config = None
+    return resolve_attn_implementation(cfg.attn_implementation, device, dtype, model_config)
+
+
+def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[torch.dtype] = None, model_config=None) -> str:
     """The transformers `attn_implementation` for `train.attn_implementation` on `device`.
 
-    None -> "sdpa" (every device). "eager" works everywhere. "flash_attention_N" needs a CUDA
+    None -> "sdpa" (every device). "auto" -> `auto_attn_implementation(device, dtype,
+    model_config)`: "torch_varlen" where it runs, else "sdpa". "eager" works everywhere. "flash_attention_N" needs a CUDA
     device, the flash-attn package of that version installed, and (when `dtype`, the decoder
     blocks' compute dtype, is given) bf16 or fp16; it runs packed rows through the varlen kernel.
     "torch_varlen" has the same needs except the package: it is torch's own varlen flash kernel
@@ -919,8 +977,11 @@ def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[tor
     """
     if name is None:
         return "sdpa"
+    if name == AUTO_ATTN:
+        name = auto_attn_implementation(device, dtype, model_config)
     if not isinstance(name, str) or name not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(f"train.attn_implementation = {name!r} is not one of {list(ATTN_IMPLEMENTATIONS)} (or None for sdpa)")
+        raise ValueError(f"train.attn_implementation = {name!r} is not one of {[AUTO_ATTN, *ATTN_IMPLEMENTATIONS]} "
+                         "(or None for sdpa)")
     if name.startswith("flash_attention_") or name == TORCH_VARLEN:
         if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(

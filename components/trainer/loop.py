@@ -200,7 +200,7 @@ class Trainer:
     def _build(self) -> None:
         from components.models import load_tokenizer
         from components.tasks import make_task
-        from components.trainer.forward import resolve_attn_implementation
+        from components.trainer.forward import learner_attn_implementation
         from components.models import load_causal_lm
 
         cfg = self.cfg
@@ -212,7 +212,7 @@ class Trainer:
         self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
         model = load_causal_lm(cfg.model_path, dtype=torch.float32,
-                               attn_implementation=resolve_attn_implementation(cfg.attn_implementation, self.device))
+                               attn_implementation=learner_attn_implementation(cfg, self.device))
         self.flop_counter = FlopCounter.from_model(model)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.pad_id = pad_id

@@ -100,14 +100,14 @@ def _build_learner(setup):
     import torch
 
     from components.models import empty_causal_lm, load_tokenizer
-    from components.trainer.forward import resolve_attn_implementation
+    from components.trainer.forward import learner_attn_implementation
     from components.trainer.learner import Learner
 
     cfg = setup.cfg
     tokenizer = load_tokenizer(cfg.model_path)
     # an empty skeleton: learner rank 0 reads the checkpoint and sends this rank its shards
     model = empty_causal_lm(cfg.model_path, dtype=torch.float32,
-                            attn_implementation=resolve_attn_implementation(cfg.attn_implementation, setup.device))
+                            attn_implementation=learner_attn_implementation(cfg, setup.device))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Learner(model, cfg, pad_id, torch.device(setup.device)), tokenizer
 
