@@ -150,7 +150,7 @@ KERNEL_KINDS = (  # (kind, substrings of a GPU kernel's name), first match wins
     ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "wgmma", "splitk", "aten::mm", "aten::addmm", "aten::bmm")),
     ("optimizer", ("adam", "fusedoptimizer")),
     ("reduce", ("reduce", "softmax", "norm")),
-    ("copy/cast", ("copy", "cast", "cat", "fill", "memcpy", "memset")),
+    ("copy/cast", ("copy", "memcpy", "memset", "catarray", "fillfunctor", "fill_kernel")),  # not "cast": "..._nocast<Add...>" is arithmetic
 )
 
 
@@ -180,7 +180,8 @@ def profile_step(step, device: str, path: Path, step_s: float) -> dict:
             return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
         return float(e.self_cpu_time_total)
 
-    kernels = [e for e in events if self_us(e) > 0 and (not cuda or str(e.device_type).endswith("CUDA"))]
+    kernels = [e for e in events if self_us(e) > 0 and (not cuda or str(e.device_type).endswith("CUDA"))
+               and not getattr(e, "is_user_annotation", False)]  # "Optimizer.step#AdamW.step" spans its kernels
     by_kind: dict[str, float] = {}
     for e in kernels:
         by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + self_us(e) / 1e6

@@ -245,13 +245,13 @@ def _fp32_head(precision: str) -> bool:
 
 def planned_attention(attn_implementation: Optional[str], device: str, precision: str, model_config=None) -> Optional[str]:
     """`train.attn_implementation` as the learner will resolve it on `device` ("auto": torch_varlen on a
-    GPU computing in bf16/fp16 for a model with full causal attention, else sdpa); other names as given."""
+    GPU computing in bf16/fp16 for a model with full causal attention, else sdpa); other names as given.
+    Assumed: the training torch has the varlen kernel if this one has, and its GPUs are sm_80 or newer."""
     if attn_implementation != "auto":
         return attn_implementation
-    from components.precision import get_precision
     from components.trainer.forward import auto_attn_implementation
 
-    return auto_attn_implementation(device, get_precision(precision).param_dtype, model_config)
+    return auto_attn_implementation(device, _policy(precision, device).compute_dtype, model_config)
 
 
 def _attention_kind(attn_implementation: Optional[str], device: str = "cuda", precision: str = "bf16") -> str:

@@ -552,17 +552,20 @@ def test_auto_attention_is_torch_varlen_only_where_it_runs(monkeypatch):
     assert resolve_attn_implementation("auto", "cuda", bf16, {"sliding_window": 4096, "use_sliding_window": False}) == "torch_varlen"
     assert resolve_attn_implementation("auto", "cuda", bf16, LlamaConfig(attention_dropout=0.1)) == "sdpa"
     assert resolve_attn_implementation("auto", "cuda", bf16, {"text_config": {"sliding_window": 8}}) == "sdpa"
+    assert resolve_attn_implementation("auto", "cuda", bf16, full, capability=(9, 0)) == "torch_varlen"
+    assert resolve_attn_implementation("auto", "cuda", bf16, full, capability=(8, 0)) == "torch_varlen"
+    assert resolve_attn_implementation("auto", "cuda", bf16, full, capability=(7, 5)) == "sdpa"  # T4: no sm_80 flash kernel
     real = forward_mod.importlib.util.find_spec
     monkeypatch.setattr(forward_mod.importlib.util, "find_spec",
                         lambda name, *a: None if name == "torch.nn.attention.varlen" else real(name, *a))
     assert resolve_attn_implementation("auto", "cuda", bf16) == "sdpa"  # an older torch
 
 
-def test_learner_attn_implementation_reads_the_run_config_and_the_models_config(tmp_path):
+def test_learner_attn_implementation_reads_the_run_config_and_the_models_config(tmp_path, monkeypatch):
     """The learner's call sites resolve "auto" with the run's precision and the model's config.json."""
     from types import SimpleNamespace
 
-    from transformers import Qwen2Config
+    from transformers import AutoConfig, Qwen2Config
 
     from components.trainer.forward import learner_attn_implementation
 
@@ -581,6 +584,24 @@ def test_learner_attn_implementation_reads_the_run_config_and_the_models_config(
     assert learner_attn_implementation(cfg("full", attn=None), "cuda") == "sdpa"
     with pytest.raises(ValueError, match="bf16 or fp16 only"):
         learner_attn_implementation(cfg("full", "fp32", attn="torch_varlen"), "cuda")
+    from components.precision import emulation_override
+
+    with emulation_override("on"):  # bf16 emulated in fp32 on the GPU too: the flash kernel would get fp32
+        assert learner_attn_implementation(cfg("full"), "cuda") == "sdpa"
+        with pytest.raises(ValueError, match="bf16 or fp16 only.*torch.float32"):
+            learner_attn_implementation(cfg("full", attn="torch_varlen"), "cuda")
+    seen = []
+    real = AutoConfig.from_pretrained
+
+    def spy(path, **kwargs):
+        seen.append(kwargs)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", spy)
+    assert learner_attn_implementation(cfg("win"), "cuda") == "sdpa"
+    assert learner_attn_implementation(SimpleNamespace(model_path="no-such-org/no-such-model", precision="bf16",
+                                                       attn_implementation="auto"), "cuda") == "torch_varlen"
+    assert seen == [{"local_files_only": True}] * 2  # a hub name is never fetched here (the model load reports it)
 
 
 def test_varlen_layout_finds_the_sequences_of_packed_and_padded_rows():

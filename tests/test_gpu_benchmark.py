@@ -23,6 +23,10 @@ import gpu  # noqa: E402
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>", "reduce"),
     ("void at::native::multi_tensor_apply_kernel<at::native::FusedOptimizerTensorListMetadata<4>>", "optimizer"),
     ("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_2", "elementwise/other"),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float>>", "elementwise/other"),
+    ("void at::native::elementwise_kernel<128, 4, gpu_kernel_impl_nocast<direct_copy_kernel_cuda(at::TensorIteratorBase&)>", "copy/cast"),
+    ("void at::native::scatter_gather_elementwise_kernel<128, 8>", "elementwise/other"),
+    ("triton_poi_fused__to_copy_1", "copy/cast"),
     ("aten::mm", "matmul"),
 ])
 def test_kernel_kind(name, kind):
@@ -37,6 +41,7 @@ def test_smoke_learner_row_and_profile(tmp_path, capsys):
     summary = json.loads(profile.read_text().splitlines()[0])
     assert 0 < summary["busy_s"] and summary["by_kind_s"]["matmul"] > 0 and "optimizer" in summary["by_kind_s"]
     assert "aten::mm" in profile.read_text()
+    assert "Optimizer.step#AdamW.step" not in profile.read_text().split("\n\n")[1]  # a span, not a kernel
 
 
 @pytest.mark.parametrize("flags, message", [

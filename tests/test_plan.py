@@ -281,3 +281,9 @@ def test_paper_recipes_plan_torch_varlen_where_the_learner_resolves_auto_to_it(d
     (windowed / "config.json").write_text(json.dumps({**LLAMA3_8B, "sliding_window": 4096}))
     gin.clear_config()
     assert learner([], windowed)["activations"] == learner(["--gin", 'train.attn_implementation = "sdpa"'], windowed)["activations"]
+
+
+def test_an_unknown_precision_is_a_plan_error_naming_the_policies(dir_8b, capsys, clean_gin):
+    rc, out, err = _plan(["experiments/configs/scalerl.gin", "--gin", f'model.path = "{dir_8b}"', "--gin",
+                          'train.precision = "bf17"'], capsys)
+    assert rc == 2 and "bf17" in out + err and "bf16_fp32_head" in out + err

@@ -931,14 +931,18 @@ def _full_causal_attention(model_config) -> bool:
     return not get("sliding_window")
 
 
-def auto_attn_implementation(device, dtype: Optional[torch.dtype], model_config=None) -> str:
+def auto_attn_implementation(device, dtype: Optional[torch.dtype], model_config=None,
+                             capability: Optional[tuple[int, int]] = None) -> str:
     """What "auto" resolves to: "torch_varlen" on a CUDA device when the decoder blocks compute in
-    bf16 or fp16, this torch has `torch.nn.attention.varlen`, and the model (when `model_config` is
-    given) has full causal attention in every layer and no attention dropout; else "sdpa". Measured
-    on an H100 (BENCHMARKS.md, "On one GPU"): packed rows 1.37x faster than sdpa's block-diagonal
-    mask, with no [N, N] mask in memory."""
+    bf16 or fp16, this torch has `torch.nn.attention.varlen`, the GPU (when its compute `capability`
+    is given) is an Ampere or newer (its flash kernel needs sm_80), and the model (when
+    `model_config` is given) has full causal attention in every layer and no attention dropout;
+    else "sdpa". Measured on an H100 (BENCHMARKS.md, "On one GPU"): packed rows 1.37x faster than
+    sdpa's block-diagonal mask, with no [N, N] mask in memory."""
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     if dev.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa"
+    if capability is not None and tuple(capability) < (8, 0):
         return "sdpa"
     if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return "sdpa"
@@ -949,26 +953,31 @@ def auto_attn_implementation(device, dtype: Optional[torch.dtype], model_config=
 
 def learner_attn_implementation(cfg, device) -> str:
     """`train.attn_implementation` of the run config `cfg` resolved for a learner on `device`,
-    with the compute dtype of `cfg.precision` (and, for "auto" on a GPU, the model's config.json)."""
+    with the compute dtype of `cfg.precision` there (fp32 where bf16 is emulated) and, for "auto" on
+    a GPU, the model's config.json (read locally: nothing is downloaded) and the GPU's capability."""
     from components.precision import get_precision
 
-    dtype = get_precision(cfg.precision).param_dtype
-    model_config = None
-    if cfg.attn_implementation == AUTO_ATTN and torch.device(device).type == "cuda":
+    dev = torch.device(device)
+    dtype = get_precision(cfg.precision, device=dev).compute_dtype
+    model_config = capability = None
+    if cfg.attn_implementation == AUTO_ATTN and dev.type == "cuda":
         from transformers import AutoConfig
 
         try:
-            model_config = AutoConfig.from_pretrained(cfg.model_path)
-        except (OSError, ValueError):  # no readable config: loading the model reports that; torch_varlen names a window
+            model_config = AutoConfig.from_pretrained(cfg.model_path, local_files_only=True)
+        except (OSError, ValueError):  # no local config: loading the model reports that; torch_varlen names a window
             model_config = None
-    return resolve_attn_implementation(cfg.attn_implementation, device, dtype, model_config)
+        if torch.cuda.is_available():
+            capability = torch.cuda.get_device_capability(dev)
+    return resolve_attn_implementation(cfg.attn_implementation, device, dtype, model_config, capability)
 
 
-def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[torch.dtype] = None, model_config=None) -> str:
+def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[torch.dtype] = None, model_config=None,
+                                capability: Optional[tuple[int, int]] = None) -> str:
     """The transformers `attn_implementation` for `train.attn_implementation` on `device`.
 
     None -> "sdpa" (every device). "auto" -> `auto_attn_implementation(device, dtype,
-    model_config)`: "torch_varlen" where it runs, else "sdpa". "eager" works everywhere. "flash_attention_N" needs a CUDA
+    model_config, capability)`: "torch_varlen" where it runs, else "sdpa". "eager" works everywhere. "flash_attention_N" needs a CUDA
     device, the flash-attn package of that version installed, and (when `dtype`, the decoder
     blocks' compute dtype, is given) bf16 or fp16; it runs packed rows through the varlen kernel.
     "torch_varlen" has the same needs except the package: it is torch's own varlen flash kernel
@@ -978,7 +987,7 @@ def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[tor
     if name is None:
         return "sdpa"
     if name == AUTO_ATTN:
-        name = auto_attn_implementation(device, dtype, model_config)
+        name = auto_attn_implementation(device, dtype, model_config, capability)
     if not isinstance(name, str) or name not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"train.attn_implementation = {name!r} is not one of {[AUTO_ATTN, *ATTN_IMPLEMENTATIONS]} "
                          "(or None for sdpa)")
