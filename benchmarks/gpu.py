@@ -27,6 +27,7 @@ Qwen2.5-0.5B and Qwen2.5-1.5B (`--sizes`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -134,7 +135,7 @@ def learner_bench(size: str, args) -> dict:
         tag = f"{size}-{attn}-{'mb' + str(args.mb_seqs) + 'seqs' if args.mb_seqs else 'mb' + str(args.mb_tokens) + 'tok'}"
         tag += "-ckpt" if args.checkpointing else ""
         tag += "-compiled" if args.compile else ""
-        profile_step(lambda: learner.step(batch, keep), device, Path(args.out) / f"profile-{tag}.txt", s)
+        profile_step(functools.partial(learner.step, batch, keep), device, Path(args.out) / f"profile-{tag}.txt", s)
     row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
                seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing,
                attn=attn, compile=args.compile, step_s=s,
