@@ -18,7 +18,11 @@ Qwen2.5-0.5B and Qwen2.5-1.5B (`--sizes`).
 - e2e: `scalerl`'s trainer (`run_training`), 1 learner + 1 generator sharing the GPU, on the
   arithmetic task with a random char-tokenizer Llama of `--e2e-hidden` x `--e2e-layers`;
   rollouts of `--e2e-tokens` tokens at most; the weight group on gloo (NCCL refuses two ranks on
-  one GPU). samples/s = generations trained / training wall clock (start-up excluded).
+  one GPU), or CUDA IPC with `--e2e-weight-sync ipc`; the schemes `--e2e-schemes`. samples/s =
+  generations trained / training wall clock (start-up excluded).
+- `--profile`: one more learner step under torch.profiler, written to profile-<shape>.txt: GPU
+  time by kernel kind (`kernel_kind`) against the step's wall clock, the top kernels, and the
+  host's top operators.
 
     python benchmarks/gpu.py --out /tmp/gpu            # everything (a GPU machine)
     python benchmarks/gpu.py --smoke --out /tmp/gpu    # the same code paths, tiny, on CPU
