@@ -189,7 +189,8 @@ def profile_step(step, device: str, path: Path, step_s: float) -> dict:
                and not getattr(e, "is_user_annotation", False)]  # "Optimizer.step#AdamW.step" spans its kernels
     by_kind: dict[str, float] = {}
     for e in kernels:
-        by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + self_us(e) / 1e6
+        kind = kernel_kind(e.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + self_us(e) / 1e6
     busy = sum(by_kind.values())
     summary = dict(wall_s_profiled=wall, step_s_unprofiled=step_s, busy_s=busy, busy_fraction=busy / wall,
                    by_kind_s={k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])})

@@ -912,6 +912,11 @@ def _flash_available(version: int) -> bool:
     return bool(check()) if callable(check) else False
 
 
+def _has_torch_varlen() -> bool:
+    """Whether this torch has its varlen flash kernel (torch.nn.attention.varlen, torch >= 2.10)."""
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
 def _full_causal_attention(model_config) -> bool:
     """Whether every layer of a model (a transformers config, or its config.json as a dict) attends
     fully and causally without dropout: what torch_varlen computes."""
@@ -944,7 +949,7 @@ def auto_attn_implementation(device, dtype: Optional[torch.dtype], model_config=
         return "sdpa"
     if capability is not None and tuple(capability) < (8, 0):
         return "sdpa"
-    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+    if not _has_torch_varlen():
         return "sdpa"
     if model_config is not None and not _full_causal_attention(model_config):
         return "sdpa"
@@ -1004,7 +1009,7 @@ def resolve_attn_implementation(name: Optional[str], device, dtype: Optional[tor
                 f"use one of ['sdpa', 'eager'] (or None) there"
             )
         if name == TORCH_VARLEN:
-            if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+            if not _has_torch_varlen():
                 raise ValueError(f"train.attn_implementation = {name!r} needs torch >= 2.10 (torch.nn.attention.varlen); "
                                  f"this torch is {torch.__version__}: use 'sdpa'")
             register_torch_varlen()
