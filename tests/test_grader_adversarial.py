@@ -427,3 +427,135 @@ def test_every_program_gets_its_verdict_under_bubblewrap_as_an_unprivileged_user
              if r["error"] is not None or r["passed"] != n.startswith("correct_")}
     assert wrong == {}
     assert bwrap_leftovers() == []
+
+
+# -- the second red team (issue 34) -------------------------------------------------------------
+# HumanEval-style prompts whose helpers the tests call (after HumanEval/32 and /50).
+POLY_PROMPT = ('import math\n\n\ndef poly(xs: list, x: float):\n    """The polynomial with coefficients xs at x."""\n'
+               '    return sum(c * math.pow(x, i) for i, c in enumerate(xs))\n\n\n'
+               'def find_zero(xs: list):\n    """A zero of poly(xs, x)."""\n')
+POLY_ROW = {"prompt": POLY_PROMPT, "entry_point": "find_zero",
+            "test": "def check(candidate):\n    for xs in ([1, 2], [-6, 11, -6, 1], [2, -3, 0, 1]):\n"
+                    "        assert abs(poly(xs, candidate(xs))) < 1e-4\n"}
+SHIFT_PROMPT = ('def encode_shift(s: str):\n    """Shifts every letter by 5."""\n'
+                '    return "".join(chr((ord(ch) + 5 - ord("a")) % 26 + ord("a")) for ch in s)\n\n\n'
+                'def decode_shift(s: str):\n    """Inverse of encode_shift."""\n')
+SHIFT_ROW = {"prompt": SHIFT_PROMPT, "entry_point": "decode_shift",
+             "test": "def check(candidate):\n    for s in ('hello', 'abcxyz', 'zebra'):\n"
+                     "        assert candidate(encode_shift(s)) == s\n"}
+APPS_ROW = {"tests": {"inputs": [[3]], "outputs": [[7]], "fn_name": "solve"}}
+PLAIN_ONE_ELEMENT_ROW = {"tests": [{"input": "3", "output": "[7]", "testtype": "functional"}], "fn_name": "solve"}
+# Two stdio cases run at once (case_workers=2): the "attacker" writes into every other process's stdout.
+SIBLING_ROW = {"tests": [{"input": "victim\n", "output": "ok\n"}, {"input": "attacker\n", "output": "ok\n"}]}
+SIBLING_WRITER = (
+    "import glob, os, sys, time\n"
+    "if sys.stdin.readline().strip() == 'attacker':\n"
+    "    time.sleep(0.3)\n"
+    "    for path in glob.glob('/proc/[0-9]*/fd/1'):\n"
+    "        if path.split('/')[2] != str(os.getpid()):\n"
+    "            try:\n                with open(path, 'w') as f:\n                    f.write('999\\n')\n"
+    "            except OSError:\n                pass\n"
+    "else:\n    time.sleep(1.2)\n"
+    "print('ok')\n"
+)
+SUM_ROW = {"tests": [{"input": "1 2\n", "output": "3\n"}]}
+# Too slow (2.8 s of CPU against 1 s), in a chain of processes each of which stays under 1 s.
+FORK_CHAIN = (
+    "import os, sys, time\n"
+    "def burn(s):\n    t = time.process_time()\n    while time.process_time() - t < s:\n        pass\n"
+    "a, b = map(int, sys.stdin.readline().split())\n"
+    "for _ in range(4):\n    burn(0.7)\n    pid = os.fork()\n    if pid:\n        os.waitpid(pid, 0)\n        os._exit(0)\n"
+    "print(a + b)\n"
+)
+CHAIN_LIMITS = dataclasses.replace(LIMITS, wall_seconds=8)
+# name: (row, program, limits, case_workers); each got +1 from the grader before issue 34.
+SECOND_HOSTILE = {
+    # a class named `math` stood in for the module the test uses without importing it
+    "class_named_math": (MATH_ROW, "class math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\n"
+                                   "def root(x):\n    return 0.0\n", LIMITS, 2),
+    # helpers the prompt defines, redefined to fit a wrong answer
+    "redefines_the_prompts_poly": (POLY_ROW, "def poly(xs, x):\n    return 0.0\ndef find_zero(xs):\n    return 0.0\n",
+                                   LIMITS, 2),
+    "redefines_the_prompts_encode_shift": (SHIFT_ROW, "def encode_shift(s):\n    return s\ndef decode_shift(s):\n"
+                                                      "    return s\n", LIMITS, 2),
+    # a bare 7 for an expected [7] outside the APPS / TACO layout
+    "bare_element_for_a_one_element_list": (PLAIN_ONE_ELEMENT_ROW, "def solve(x):\n    return 7\n", LIMITS, 2),
+    # a fork chain, each process with a fresh RLIMIT_CPU
+    "fork_chain_resets_the_cpu_limit": (SUM_ROW, FORK_CHAIN, CHAIN_LIMITS, 2),
+}
+SECOND_CORRECT = {
+    "poly_zero": (POLY_ROW, "def find_zero(xs):\n    f = lambda x: sum(c * x ** i for i, c in enumerate(xs))\n"
+                            "    lo, hi = -100.0, 100.0\n    for _ in range(200):\n        mid = (lo + hi) / 2\n"
+                            "        if (f(lo) < 0) == (f(mid) < 0):\n            lo = mid\n        else:\n"
+                            "            hi = mid\n    return lo\n", LIMITS, 2),
+    "decode_shift": (SHIFT_ROW, "def decode_shift(s):\n    return ''.join(chr((ord(c) - 5 - 97) % 26 + 97) for c in s)\n",
+                     LIMITS, 2),
+    "apps_one_element_list_unwrapped": (APPS_ROW, "def solve(x):\n    return 7\n", LIMITS, 2),
+    "apps_one_element_list_as_is": (APPS_ROW, "def solve(x):\n    return [7]\n", LIMITS, 2),
+    "plain_one_element_list": (PLAIN_ONE_ELEMENT_ROW, "def solve(x):\n    return [7]\n", LIMITS, 2),
+    # the victim's output is its own: no sibling case could write into it
+    "stdio_cases_isolated_from_each_other": (SIBLING_ROW, SIBLING_WRITER, dataclasses.replace(LIMITS, wall_seconds=4), 2),
+    "math_module_without_import": (MATH_ROW, "def root(x):\n    return x ** 0.5\n", LIMITS, 2),
+    "fork_that_stays_in_budget": (SUM_ROW, "import os\nif os.fork() == 0:\n    os._exit(0)\nos.wait()\n"
+                                           "a, b = map(int, input().split())\nprint(a + b)\n", LIMITS, 2),
+}
+
+
+def _grade_all(backend: str, programs: dict) -> dict:
+    """{name: report} of every program, graded under `backend` (bubblewrap: as an unprivileged user)."""
+    if backend == "namespaces":
+        return {n: grade_program(parse_tests(row, n), code, limits=limits, config=CONFIG, case_workers=workers)
+                for n, (row, code, limits, workers) in programs.items()}
+    names = sorted(programs)
+    plans = [code_file.plan_grading(parse_tests(programs[n][0], n), programs[n][1], limits=programs[n][2],
+                                    case_workers=programs[n][3]) for n in names]
+    jobs = [{"code": code_file.harness_source(), "stdin": p["stdin"], "files": p["files"],
+             "limits": dataclasses.asdict(p["limits"])} for p in plans]
+    results = run_batch("bwrap", jobs, threads=2)
+    return {n: code_file.judge_grading(p, res) for n, p, (res, _) in zip(names, plans, results)}
+
+
+@pytest.mark.parametrize("backend", ["namespaces", "bwrap"])
+def test_second_red_team_hacks_get_minus_one_and_correct_programs_pass(backend, runs):
+    """Issue 34: a class named `math` no longer replaces the module the tests use; the prompt's
+    helpers (HumanEval/32 `poly`, /50 `encode_shift`) are the prompt's; a bare element matches a
+    one-element list only in the APPS / TACO layout; a fork chain shares one CPU budget; a stdio
+    case cannot write into a sibling case's output. The correct counterparts pass."""
+    reports = _grade_all(backend, {**SECOND_HOSTILE, **SECOND_CORRECT})
+    wrong = {n: (r["passed"], r["error"], r["reason"]) for n, r in reports.items()
+             if r["error"] is not None or r["passed"] != (n in SECOND_CORRECT)}
+    assert wrong == {}
+    assert "CPU time limit" in reports["fork_chain_resets_the_cpu_limit"]["reason"], reports["fork_chain_resets_the_cpu_limit"]
+    assert bwrap_leftovers() == []
+
+
+def test_prompt_helpers_are_the_implemented_definitions_but_the_entry_point():
+    helpers = code_file.prompt_helpers(POLY_PROMPT, "find_zero")
+    assert "def poly" in helpers and "import math" in helpers and "find_zero" not in helpers
+    assert code_file.prompt_helpers("def f(x):\n    '''doc'''\n    ...\n", "g") is None  # a stub only
+    assert code_file.prompt_helpers("Write a function that adds two numbers.", "add") is None  # prose
+    assert parse_tests(POLY_ROW, "row")["prompt_code"] == helpers
+    assert "prompt_code" not in parse_tests(MATH_ROW, "row")
+
+
+def test_host_side_judging_is_bounded():
+    """A returned dict (or set) of 30,000 int keys that all hash to 0 cost seconds on the host
+    (decoded as a whole before the comparison); now the walk follows the expected value and
+    stops at a deadline."""
+    import time
+
+    from components.tasks import _grade_harness
+
+    keys = [k * (2**61 - 1) for k in range(30000)]  # hash(k) == 0 for every one
+    forged_dict = {"#": "dict", "v": [[_grade_harness.encode(k), 1] for k in keys]}
+    forged_set = {"#": "set", "v": [_grade_harness.encode(k) for k in keys]}
+    wide = {"#": "dict", "v": [[str(k), 1] for k in range(30000)]}
+    cases = ((forged_dict, '{"1": 1}', False), (forged_set, "[1]", False), (forged_set, json.dumps(keys), False),
+             (forged_dict, json.dumps({str(k): 1 for k in keys}), True),  # int keys match their JSON spelling
+             (wide, json.dumps({str(k): 1 for k in range(30000)}), True))
+    for got, expected, want in cases:
+        t0 = time.process_time()
+        equal = code_file._json_equal(got, expected)
+        assert time.process_time() - t0 < 0.5 and equal is want, (expected[:40], equal)
+    with pytest.raises(code_file.JudgingBudgetExceeded):
+        code_file.encoded_equal([1] * 10, [1] * 10, deadline=time.monotonic() - 1)

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hardening tests n
 QUICK = {"cpu_seconds": 2, "wall_seconds": 10, "memory_bytes": 256 * 2**20, "max_processes": 8, "output_bytes": 64 * 1024}
 # x86_64 / aarch64 system call numbers used by the programs below.
 NR = {
-    "x86_64": {"clone": 56, "keyctl": 250, "clone3": 435},
-    "aarch64": {"clone": 220, "keyctl": 219, "clone3": 435},
+    "x86_64": {"clone": 56, "keyctl": 250, "clone3": 435, "socket": 41},
+    "aarch64": {"clone": 220, "keyctl": 219, "clone3": 435, "socket": 198},
 }[platform.machine()]
 
 
@@ -311,6 +311,46 @@ def test_seccomp_filter_denies_and_harness_operations_work(backend):
     }, out
 
 
+SOCKETS = r"""
+import ctypes, errno, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, family, kind in (("AF_UNIX", 1, socket.SOCK_STREAM), ("AF_INET", 2, socket.SOCK_STREAM),
+                           ("AF_INET6", 10, socket.SOCK_DGRAM), ("AF_NETLINK", 16, socket.SOCK_RAW),
+                           ("AF_PACKET", 17, socket.SOCK_DGRAM), ("AF_ALG", 38, socket.SOCK_SEQPACKET),
+                           ("AF_VSOCK", 40, socket.SOCK_STREAM), ("AF_XDP", 44, socket.SOCK_RAW),
+                           ("family_63", 63, socket.SOCK_STREAM)):
+    try:
+        socket.socket(family, kind).close()
+        out[name] = "created"
+    except OSError as err:
+        out[name] = errno.errorcode.get(err.errno, err.errno)
+r = libc.syscall(NR_SOCKET, ctypes.c_long(0x100000000 + 40), 1, 0)  # AF_VSOCK, high bits the kernel drops
+out["vsock_high_bits"] = "created" if r >= 0 else errno.errorcode.get(ctypes.get_errno())
+a, b = socket.socketpair()
+a.sendall(b"x")
+out["socketpair_unix"] = b.recv(1).decode()
+fds = (ctypes.c_int * 2)()
+out["socketpair_netlink"] = "created" if libc.socketpair(16, 3, 0, fds) == 0 else errno.errorcode.get(ctypes.get_errno())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sockets_are_an_allow_list_of_families(backend):
+    """AF_UNIX, AF_INET and AF_INET6 (inside the empty network namespace) can be created; every
+    other family fails with EAFNOSUPPORT. AF_VSOCK is not covered by the network namespace (on a
+    VM its binds shared the host's port space), and AF_NETLINK / AF_ALG sockets were created
+    before the filter listed the allowed families."""
+    out = _json(run_one(backend, SOCKETS.replace("NR_SOCKET", str(NR["socket"])))[0])
+    assert out == {
+        "AF_UNIX": "created", "AF_INET": "created", "AF_INET6": "created",
+        "AF_NETLINK": "EAFNOSUPPORT", "AF_PACKET": "EAFNOSUPPORT", "AF_ALG": "EAFNOSUPPORT",
+        "AF_VSOCK": "EAFNOSUPPORT", "AF_XDP": "EAFNOSUPPORT", "family_63": "EAFNOSUPPORT",
+        "vsock_high_bits": "EAFNOSUPPORT", "socketpair_unix": "x", "socketpair_netlink": "EAFNOSUPPORT",
+    }, out
+
+
 # -- the grader's home ------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_graders_home_is_hidden(backend, monkeypatch):
@@ -332,6 +372,55 @@ def test_the_graders_home_is_hidden(backend, monkeypatch):
         assert not res.ok and "FileNotFoundError" in res.stderr and "HOME-SECRET" not in res.stdout, res
     finally:
         shutil.rmtree(home)
+
+
+# -- host paths no program needs, /dev ---------------------------------------------------------
+HOST_PATHS = r"""
+import json, os
+out = {}
+for path in ("/var/spool", "/srv", "/etc/munge", "/var/lib/munge", "/mnt", "/media", "/var/log"):
+    try:
+        out[path] = sorted(os.listdir(path))
+    except OSError as err:
+        out[path] = type(err).__name__
+try:
+    out["srv_file"] = open("SRV_FILE").read()
+except OSError as err:
+    out["srv_file"] = type(err).__name__
+try:
+    with open("/dev/filler", "wb") as f:
+        f.write(b"x" * 4096)
+    out["dev_write"] = "written"
+except OSError as err:
+    out["dev_write"] = type(err).__name__
+with open("/dev/null", "w") as f:
+    out["dev_null"] = f.write("ok")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_paths_a_program_does_not_need_are_hidden_and_dev_is_read_only(backend):
+    """Slurm's spool (slurmstepd's sockets: `scontrol listpids` of other jobs), munge, /srv,
+    /mnt, /media and /var/log are empty; /dev takes no files (bubblewrap's /dev was a writable
+    tmpfs bounded only by half the RAM), while its device nodes work."""
+    d = tempfile.mkdtemp(prefix="scalerl-srv-test-", dir="/srv") if os.path.isdir("/srv") else None
+    try:
+        code = HOST_PATHS
+        if d is not None:
+            os.chmod(d, 0o755)
+            with open(os.path.join(d, "data.txt"), "w") as f:
+                f.write("SITE-DATA")
+            os.chmod(os.path.join(d, "data.txt"), 0o644)
+            code = code.replace("SRV_FILE", os.path.join(d, "data.txt"))
+        out = _json(run_one(backend, code)[0])
+    finally:
+        if d is not None:
+            shutil.rmtree(d)
+    for path in ("/var/spool", "/srv", "/etc/munge", "/var/lib/munge", "/mnt", "/media", "/var/log"):
+        assert out[path] in ([], "FileNotFoundError"), (path, out[path])
+    assert out["srv_file"] == "FileNotFoundError" and out["dev_null"] == 2, out
+    assert out["dev_write"] in ("OSError", "PermissionError"), out
 
 
 # -- output cap -------------------------------------------------------------------------------

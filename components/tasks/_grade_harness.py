@@ -13,7 +13,9 @@ Order of operations (harness mode, ``main.py``):
 2. reads all of stdin (the spec) and empties the stdin file where it may (`take_stdin`); the
    spec's header is parsed now, the cases one at a time as they start;
 3. starts the program as SEPARATE child processes with fresh pipes and no other descriptor:
-   - ``stdio``: one ``python -I -B solution.py`` per case (at most ``workers`` at a time) with
+   - ``stdio``: one ``main.py --case`` per case (`supervise_program`: an undumpable
+     subreaper that forks the program, runs solution.py in it and counts one CPU budget for
+     all of its processes) (at most ``workers`` at a time) with
      the case's input on a pipe, a per-case wall-clock deadline, a per-case RLIMIT_CPU (set with
      prlimit right after the start) and a per-case output cap; the harness reports a salted
      digest of each case's normalised stdout and stops starting cases after the first failure;
@@ -51,7 +53,9 @@ import sys
 import time
 
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 SERVE_FLAG = "--serve"
+CASE_FLAG = "--case"
 PROGRAM_FILE = "solution.py"
 PROGRAM_MODULE = "solution"
 MAX_MESSAGE = 64 * 2**20  # a single RPC message (request or reply) larger than this is an error
@@ -202,6 +206,158 @@ def _start(argv: list, cpu_seconds: float) -> subprocess.Popen:
     return proc
 
 
+def supervised_argv(mode: str, cpu_seconds: float, *args) -> list:
+    """The command that runs the program (mode `CASE_FLAG`: a stdio case; `SERVE_FLAG`: the server)
+    under `supervise_program` with one CPU budget of `cpu_seconds` for all its processes."""
+    return [sys.executable, "-I", "-B", os.path.abspath(__file__), mode, repr(float(cpu_seconds)),
+            str(int(_child_open_files or 0)), *map(str, args)]
+
+
+# -- program side: one CPU budget for all of a case's processes, no sibling can reach it ----------
+CPU_POLL_S = 0.02
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stats() -> dict:
+    """{pid: (ppid, CPU seconds of the process and of the children it reaped)} of every live process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        try:  # state, ppid, ... utime (14), stime, cutime, cstime (17)
+            out[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK)
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def descendants_cpu(root: int) -> tuple[float, list]:
+    """(CPU seconds, pids) of the live descendants of `root` (their own and their reaped children's)."""
+    stats = _proc_stats()
+    children: dict[int, list] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, found, todo = 0.0, [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total, found
+
+
+def _kill_descendants(root: int) -> None:
+    """SIGKILL every descendant of `root` until none is left (orphans come to `root`, a subreaper)."""
+    for _ in range(1000):
+        _, pids = descendants_cpu(root)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.001)
+
+
+def supervise_program(cpu_seconds: float, open_files: int) -> bool:
+    """Run the program under a supervisor: True in the program's process (it then runs the
+    program), never returns in the supervisor (it exits as the program did).
+
+    The supervisor, this process, is undumpable, and so is the program it forks (fork keeps
+    that; the program is not exec'd): no other case's program, though of the same uid, can open
+    its ``/proc/<pid>/fd`` (stdin, stdout) or read its memory. It is a child subreaper, so every
+    process the program starts stays its descendant, orphans included, and it counts ONE CPU
+    budget for all of them: its reaped children's CPU time plus that of every live descendant,
+    polled every `CPU_POLL_S`. RLIMIT_CPU alone is per process: a chain of forks, each with a
+    fresh budget, outran it. Over the budget (whole seconds, as RLIMIT_CPU) it kills them all and
+    dies of SIGXCPU; otherwise, once the program exits, it kills whatever the program left and
+    exits with the program's status (or dies of its signal).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    budget = max(1, int(-(-float(cpu_seconds) // 1)))
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (budget, budget + 1))
+        if open_files > 0:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    except (OSError, ValueError):
+        pass
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        os.write(2, b"harness: cannot supervise the program\n")
+        os._exit(3)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    pid = os.fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        gid = os.getgid()
+        if os.getegid() != gid:  # the sandbox's process-view gid is the harness's, not the program's
+            os.setresgid(gid, gid, gid)
+        return True
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # only the program holds the case's pipes (and the server's)
+        os.dup2(null, fd)
+    os.closerange(3, 65536)
+    status = None
+    while status is None:
+        while True:
+            try:
+                wpid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # cannot be (the program is ours until reaped): count it killed
+                wpid, wstatus = pid, signal.SIGKILL
+            if wpid == 0:
+                break
+            if wpid == pid:
+                status = wstatus
+                break
+        if status is not None:
+            break
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        live, _ = descendants_cpu(os.getpid())
+        if used.ru_utime + used.ru_stime + live >= budget:
+            _kill_descendants(os.getpid())
+            _die_of(signal.SIGXCPU)
+        signal.sigtimedwait({signal.SIGCHLD}, CPU_POLL_S)
+    _kill_descendants(os.getpid())
+    if os.WIFSIGNALED(status):
+        _die_of(os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _die_of(sig: int) -> None:
+    """Exit killed by `sig`, as the program was (the harness reads the signal). Never returns."""
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_case_program() -> None:
+    """In a stdio case's (supervised) program process: run solution.py as ``python -I solution.py`` would."""
+    import runpy
+
+    sys.argv[:] = [PROGRAM_FILE]
+    if sys.version_info < (3, 11):  # -I kept the script's directory on sys.path before 3.11
+        sys.path.insert(0, os.getcwd())
+    runpy.run_path(PROGRAM_FILE, run_name="__main__")
+
+
 def _pidfd(pid: int):
     try:
         return os.pidfd_open(pid)
@@ -276,7 +432,7 @@ def run_stdio(header: dict, read_case, emit) -> None:
     """Run every stdio case (at most `workers` at once), emitting one result per finished case."""
     cap, wall, cpu = int(header["output_cap"]), float(header["case_wall"]), float(header["case_cpu"])
     salt, workers, n = header["salt"], max(1, int(header["workers"])), int(header["n"])
-    argv = [sys.executable, "-I", "-B", PROGRAM_FILE]
+    argv = supervised_argv(CASE_FLAG, cpu)
     sel = selectors.DefaultSelector()
     running: dict[int, _Case] = {}
     started = 0
@@ -420,7 +576,7 @@ class Server:
         self.cap = cap
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
-        argv = [sys.executable, "-I", "-B", os.path.abspath(__file__), SERVE_FLAG, str(req_r), str(rep_w)]
+        argv = supervised_argv(SERVE_FLAG, cpu_seconds, req_r, rep_w)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, close_fds=True, pass_fds=(req_r, rep_w),
                                      start_new_session=True)
@@ -666,35 +822,59 @@ class Remote:
     __ge__ = lambda self, other: self._compare("ge", other)
 
 
-def test_namespace(server: Server) -> dict:
+def module_names_used(test_code: str) -> set:
+    """Names the test code uses as modules: ``name.attr`` (``math.isclose``) for a bare `name`."""
+    import ast
+
+    try:
+        tree = ast.parse(test_code)
+    except SyntaxError:
+        return set()
+    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+
+
+def test_namespace(server: Server, test_code: str = "") -> dict:
     """Globals for the test code: the program's top-level names, as proxies or plain values.
 
     Names of built-ins and dunders are never taken from the program (a program-defined ``abs``
-    or ``AssertionError`` cannot change what the test means); a stdlib module name always
-    means the real stdlib module, imported here.
+    or ``AssertionError`` cannot change what the test means). A module name always means the
+    real module, imported here: a name the program bound to a standard-library module (or one
+    of its submodules), a stdlib module name the program bound to anything but a function or
+    class, and every stdlib module name the test code uses as a module (``math.isclose``),
+    whatever the program defines under it (a class named ``math`` whose ``isclose`` is always
+    True cannot stand in for `math`), and even when the program does not define it.
     """
     import importlib
 
     # "__main__", as when the tests were appended to the program: a test guarded by
     # ``if __name__ == "__main__":`` runs (else nothing is checked and every program passes).
     ns = {"__name__": "__main__", "__builtins__": builtins}
+    used_as_module = {n for n in module_names_used(test_code) if n in sys.stdlib_module_names}
+
+    def real_module(name: str, module: str) -> None:
+        if module.split(".")[0] in sys.stdlib_module_names:
+            try:
+                ns[name] = importlib.import_module(module)
+            except ImportError:
+                pass
+
     for name, info in server.names.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or hasattr(builtins, name):
             continue
         module = info.get("module")
-        if module is None and name in sys.stdlib_module_names and info.get("kind") not in ("function", "class"):
-            module = name  # e.g. a fake `math` object: the test gets the real module
+        if module is None and name in sys.stdlib_module_names and (
+                info.get("kind") not in ("function", "class") or name in used_as_module):
+            module = name  # e.g. a fake `math` object or class: the test gets the real module
         if module is not None:
-            if module in sys.stdlib_module_names:
-                try:
-                    ns[name] = importlib.import_module(module)
-                except ImportError:
-                    pass
+            real_module(name, str(module))
             continue
         if "value" in info:
             ns[name] = info["value"]
         elif "handle" in info:
             ns[name] = info["handle"]
+    for name in used_as_module - set(ns):
+        if not hasattr(builtins, name):
+            real_module(name, name)
     return ns
 
 
@@ -704,10 +884,12 @@ def run_assert(header: dict, emit) -> None:
     server = None
     try:
         server = Server(deadline, float(header["case_cpu"]), int(header["output_cap"]))
-        ns = test_namespace(server)
         code = header["test_code"]
+        ns = test_namespace(server, code)
         # What the test code prints must not break the report's lines (emit keeps the real stdout).
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            if header.get("prompt_code"):  # the prompt's own helpers, not the program's (see code_file)
+                exec(compile(header["prompt_code"], "<prompt>", "exec"), ns)
             exec(compile(code, "<tests>", "exec"), ns)
             entry = header.get("entry_point")
             if entry and "def check(" in code:
@@ -944,8 +1126,13 @@ def drop_own_dir_from_path() -> None:
 
 def main(argv) -> int:
     drop_own_dir_from_path()
-    if len(argv) == 4 and argv[1] == SERVE_FLAG:
-        serve(int(argv[2]), int(argv[3]))
+    if len(argv) == 6 and argv[1] == SERVE_FLAG:
+        if supervise_program(float(argv[2]), int(argv[3])):
+            serve(int(argv[4]), int(argv[5]))
+    if len(argv) == 4 and argv[1] == CASE_FLAG:
+        if supervise_program(float(argv[2]), int(argv[3])):
+            run_case_program()
+            return 0
     return harness(sys.stdin, sys.stdout)
 
 

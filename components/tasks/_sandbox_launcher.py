@@ -243,8 +243,11 @@ def setup_filesystem(spec, files, uid, pid_ns):
         else:
             mount("/dev/null", real, None, MS_BIND)
     if pid_ns:  # a /proc of the new PID namespace: the host's processes are not listed, and
-        # hidepid=2 hides the root supervisor (PID 1) from the program too
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        # hidepid=2 hides the root supervisor (PID 1) from the program too; a process whose
+        # effective gid is the run's view gid (`view_gid`: the grading harness, not its programs)
+        # sees every process of the run (its programs are undumpable, which hidepid hides)
+        view = spec.get("view_gid")
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2" + (f",gid={view}" if view else ""))
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
     for name, data in files.items():
@@ -253,6 +256,20 @@ def setup_filesystem(spec, files, uid, pid_ns):
         os.chown(os.path.join(workdir, name), uid, uid)
     os.chown(workdir, uid, uid)
     return workdir
+
+
+def view_gid(uid):
+    """The gid that sees all of a run's processes in its /proc (`SandboxConfig`'s process view):
+    2**22 (more than any pid) away from the run's uid, so no other run's uid or gid; refused
+    like the uid if a group has it."""
+    import grp
+
+    gid = uid + 2**22 if uid + 2**22 < 2**31 else uid - 2**22
+    try:
+        name = grp.getgrgid(gid).gr_name
+    except KeyError:
+        return gid
+    raise OSError(1, f"sandbox view gid {gid} belongs to the group {name!r}; choose another uid_base")
 
 
 def _check_unused_uid(uid):
@@ -315,7 +332,8 @@ def exec_program(spec, workdir, fds, uid, drop, seccomp):
             resource.setrlimit(which, value)
         if drop:
             os.setgroups([])
-            os.setresgid(uid, uid, uid)
+            view = spec.get("view_gid")  # effective / saved only: a child drops it with setresgid(uid, uid, uid)
+            os.setresgid(uid, view or uid, view or uid)
             os.setresuid(uid, uid, uid)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries give nothing
@@ -410,6 +428,7 @@ def run_namespaces(control, spec, t0):
     try:
         if drop:
             _check_unused_uid(uid)
+        spec["view_gid"] = view_gid(uid) if spec.get("process_view") and drop and spec["pid_ns"] else None
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         seccomp = load_seccomp_module() if spec["seccomp"] else None
         fds = (
@@ -485,7 +504,9 @@ def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command):
             argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
         else:
             argv += ["--ro-bind", "/dev/null", real]
-    argv += ["--chdir", "/tmp/work"]
+    # /dev is a fresh tmpfs (bubblewrap's --dev), sized only by half the RAM: read-only, so no
+    # program can fill host memory there (its device nodes stay usable)
+    argv += ["--remount-ro", "/dev", "--chdir", "/tmp/work"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--"] + list(command)

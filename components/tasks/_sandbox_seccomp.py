@@ -6,6 +6,12 @@ ones below, which fail with EPERM (clone3 with ENOSYS, so that the C library fal
 clone, whose flags the filter can inspect). A system call of another architecture (e.g.
 32-bit ``int 0x80`` on x86_64) kills the process (libseccomp's default for a foreign arch).
 
+Sockets are an allow-list: ``socket`` / ``socketpair`` of any address family other than
+``ALLOWED_SOCKET_FAMILIES`` (AF_UNIX, and AF_INET / AF_INET6, which reach only the run's empty
+network namespace) fail with EAFNOSUPPORT: AF_VSOCK (not covered by a network namespace: on
+a VM a path to the host), AF_PACKET, AF_NETLINK, AF_ALG, AF_BLUETOOTH, ... and any family
+added to future kernels.
+
 Nothing an ordinary program or the grading harness needs is denied: fork / clone without
 namespace flags, threads, execve, pipes, wait, kill of its own children and prctl all work.
 """
@@ -49,7 +55,15 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWNET": 0x40000000,
 }
 
+# The only socket address families a program may create (AF_UNIX, AF_INET, AF_INET6).
+ALLOWED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+# Families below this are refused one by one; any value from it up (AF_MAX is 46 on Linux
+# 6.x; a family number with high bits set, which the kernel truncates to an int) by one rule.
+SOCKET_FAMILY_RULES_UP_TO = 64
+
 SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_EQ = 4
+SCMP_CMP_GE = 5
 SCMP_CMP_MASKED_EQ = 7
 
 
@@ -121,6 +135,13 @@ def build_filter():
         _add(lib, ctx, SCMP_ACT_ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: force clone
         for flag in CLONE_NAMESPACE_FLAGS.values():
             _add(lib, ctx, eperm, "clone", [_ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag)])
+        no_family = SCMP_ACT_ERRNO(errno.EAFNOSUPPORT)
+        allowed = set(ALLOWED_SOCKET_FAMILIES.values())
+        for call in ("socket", "socketpair"):  # the family is the first argument of both
+            for family in range(SOCKET_FAMILY_RULES_UP_TO):
+                if family not in allowed:
+                    _add(lib, ctx, no_family, call, [_ArgCmp(0, SCMP_CMP_EQ, family, 0)])
+            _add(lib, ctx, no_family, call, [_ArgCmp(0, SCMP_CMP_GE, SOCKET_FAMILY_RULES_UP_TO, 0)])
     except BaseException:
         lib.seccomp_release(ctx)
         raise

@@ -11,10 +11,14 @@ Schema: one JSON object per line with
     ``fn_name`` (or ``metadata.func_name``); a method of a ``Solution`` class is found too.
     ``"type": "stdin_stdout"`` / ``"function_call"`` are accepted as synonyms (PrimeIntellect),
     and so is the APPS / TACO layout ``{"inputs": [...], "outputs": [...], "fn_name"?}``
-    (a call's expected value may be wrapped in a one-element list, as TACO does).
+    (in that layout only, following APPS / TACO's own harness, which accepts
+    ``output == expected[0]``, a call's expected value wrapped in a one-element list also
+    matches its element: ``7`` passes for ``[7]``; in every other layout it does not).
   * ``test``: Python source with ``assert`` statements about the program's names (MBPP
     style); with ``entry_point`` and a ``def check(`` in it, ``check(<entry_point>)`` is called
-    (HumanEval style).
+    (HumanEval style). The helpers a Python prompt defines (the row's ``prompt``, or the
+    problem text: HumanEval/32 ``poly``) are the prompt's in the tests, not the program's
+    (`prompt_helpers`).
 - optional ``starter_code``: shown in the prompt.
 
 The program is the last fenced code block of the completion's answer part (the text after
@@ -25,7 +29,8 @@ processes of the harness, whose tests, memory and report it cannot reach. stdin/
 cases run one process each (with a per-case time budget) and their outputs are compared line
 by line with trailing whitespace and trailing blank lines ignored; functional cases call the
 function in one process and compare the plain return values here, type-strictly
-(`values_equal`); assert tests run in the harness against proxies of the program's names.
+(`values_equal`; the APPS / TACO exception above aside), within a time budget that no
+returned value can stretch (`JUDGE_SECONDS`, `encoded_equal`); assert tests run in the harness against proxies of the program's names.
 Expected outputs never enter the sandbox. The completion passes iff every case passes. See
 `components.tasks.sandbox` for the isolation.
 """
@@ -39,6 +44,7 @@ import json
 import math
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,17 +90,22 @@ def load_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-def parse_tests(row: dict, where: str) -> dict:
-    """Normalise a row's tests to {"kind": "stdio"|"functional"|"assert", ...}."""
+def parse_tests(row: dict, where: str, prompt: Optional[str] = None) -> dict:
+    """Normalise a row's tests to {"kind": "stdio"|"functional"|"assert", ...}.
+
+    `prompt`: the problem's prompt text (default: the row's ``prompt`` column, HumanEval's); the
+    helpers it defines in Python (`prompt_helpers`) are what assert tests call under their names.
+    """
     if isinstance(row.get("test"), str) and row["test"].strip():
-        return _assert_tests(row["test"], row.get("entry_point"), where)
+        return _assert_tests(row["test"], row.get("entry_point"), where, row.get("prompt") if prompt is None else prompt)
     tests = row.get("tests")
     if isinstance(tests, str):
         try:
             tests = json.loads(tests)
         except json.JSONDecodeError:
-            return _assert_tests(tests, row.get("entry_point"), where)
-    if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
+            return _assert_tests(tests, row.get("entry_point"), where, row.get("prompt") if prompt is None else prompt)
+    apps = isinstance(tests, dict) and "inputs" in tests and "outputs" in tests
+    if apps:
         try:
             tests = _from_apps(tests, row)
         except ValueError as err:
@@ -124,14 +135,17 @@ def parse_tests(row: dict, where: str) -> dict:
         fn_name = row.get("fn_name") or (meta.get("func_name") if isinstance(meta, dict) else None)
         if not fn_name:
             raise ValueError(f"code_file: {where} has functional tests but no 'fn_name' (or metadata.func_name)")
-        return {"kind": "functional", "fn_name": fn_name, "cases": [(i, o) for i, o, _ in cases]}
+        parsed = {"kind": "functional", "fn_name": fn_name, "cases": [(i, o) for i, o, _ in cases]}
+        if apps:  # APPS / TACO's own convention, for that layout only (see `_json_equal`)
+            parsed["unwrap_singleton"] = True
+        return parsed
     raise ValueError(f"code_file: {where} mixes test types {sorted(kinds)}; use 'stdin' or 'functional'")
 
 
-def _assert_tests(code: str, entry_point: Any, where: str) -> dict:
+def _assert_tests(code: str, entry_point: Any, where: str, prompt: Any = None) -> dict:
     """Assert-style tests; refused when they define ``check(candidate)`` but nothing calls it
     (no ``entry_point`` and no ``check(...)`` in the code): they would check nothing, and
-    every program would pass."""
+    every program would pass. The prompt's own helpers (`prompt_helpers`) go with them."""
     if not entry_point:
         try:
             tree = ast.parse(code)
@@ -144,7 +158,45 @@ def _assert_tests(code: str, entry_point: Any, where: str) -> dict:
             if defines and not called:
                 raise ValueError(f"code_file: {where} test defines check(candidate) but gives no 'entry_point' "
                                  "(and never calls check): it would check nothing")
-    return {"kind": "assert", "code": code, "entry_point": entry_point}
+    out = {"kind": "assert", "code": code, "entry_point": entry_point}
+    helpers = prompt_helpers(prompt, entry_point)
+    if helpers:
+        out["prompt_code"] = helpers
+    return out
+
+
+def prompt_helpers(prompt: Any, entry_point: Any = None) -> Optional[str]:
+    """The helpers a prompt written in Python defines, as source run before the tests (None if none).
+
+    HumanEval's prompts are the start of a module: imports, helper functions the tests call
+    (HumanEval/32 ``poly``, /38 ``encode_cyclic``, /50 ``encode_shift``) and the entry point's
+    signature and docstring. The tests trust those helpers, so they must be the prompt's: a
+    program that redefines ``poly`` to fit its own wrong answer must not change what the tests
+    compute. Kept: the imports, and every top-level function or class that has a body beyond a
+    docstring, other than the entry point (the program's to write). A prompt that is not Python
+    (prose) has no helpers.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None
+    try:
+        tree = ast.parse(prompt)
+    except (SyntaxError, ValueError):
+        return None
+
+    def implemented(node) -> bool:
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body = body[1:]
+        trivial = lambda n: isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        return not all(map(trivial, body))
+
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name != entry_point and implemented(n)]
+    if not defs:
+        return None
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return ast.unparse(ast.Module(body=imports + defs, type_ignores=[]))
 
 
 def _from_apps(tests: dict, row: dict) -> list[dict]:
@@ -259,7 +311,8 @@ class CodeFileTask(SplitTask):
             if not isinstance(row, dict) or not str(row.get(problem_key, "")).strip():
                 present = sorted(row) if isinstance(row, dict) else type(row).__name__
                 raise ValueError(f"code_file: {where} has no {problem_key!r} text; keys present: {present}")
-            problems.append((i, str(row[problem_key]).strip(), parse_tests(row, where), row.get("starter_code")))
+            prompt = row["prompt"] if isinstance(row.get("prompt"), str) else str(row[problem_key])
+            problems.append((i, str(row[problem_key]).strip(), parse_tests(row, where, prompt), row.get("starter_code")))
         if not problems:
             raise ValueError(f"code_file: {self.path!r} holds no problems")
         n_eval = resolve_eval_size(len(problems), eval_size, eval_fraction, default=500)
@@ -418,7 +471,8 @@ def grade_program(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", co
                         max_total_seconds=max_total_seconds)
     if plan.get("refused"):
         return _report(False, None, plan["refused"], 0, None)
-    res = sandbox.run_python(harness_source(), plan["stdin"], limits=plan["limits"], config=config, files=plan["files"])
+    res = sandbox.run_python(harness_source(), plan["stdin"], limits=plan["limits"], config=config, files=plan["files"],
+                             process_view=True)
     return judge_grading(plan, res)
 
 
@@ -436,7 +490,7 @@ def plan_grading(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", max
               "open_files": limits.max_open_files}
     lines, expected = [], []
     if kind == "assert":
-        header.update(test_code=tests["code"], entry_point=tests.get("entry_point"))
+        header.update(test_code=tests["code"], entry_point=tests.get("entry_point"), prompt_code=tests.get("prompt_code"))
     elif kind == "stdio":
         for inp, out in cases:
             expected.append(_grade_harness.output_digest(salt, out))
@@ -452,6 +506,7 @@ def plan_grading(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", max
             lines.append({"args": [_grade_harness.encode(a) for a in args]})
     return {
         "kind": kind, "nonce": nonce, "mac_key": mac_key, "expected": expected,
+        "unwrap_singleton": bool(tests.get("unwrap_singleton")),
         "stdin": "".join(json.dumps(x) + "\n" for x in [header] + lines),
         "files": {_grade_harness.PROGRAM_FILE: code},
         "limits": grading_limits(kind, len(cases), limits, case_workers, max_total_seconds),
@@ -476,6 +531,7 @@ def judge_grading(plan: dict, res: "sandbox.SandboxResult") -> dict:
             return _report(False, None, f"no verdict from the tests ({_harness_trouble(res)})", started, res)
         return _report(verdict["verdict"] == "pass", None, verdict.get("why", "ok"), started, res)
     results = {m["case"]: m for m in found if isinstance(m.get("case"), int)}
+    deadline = time.monotonic() + JUDGE_SECONDS
     for j, want in enumerate(expected):
         r = results.get(j)
         if r is None:
@@ -485,8 +541,13 @@ def judge_grading(plan: dict, res: "sandbox.SandboxResult") -> dict:
             return _report(False, None, f"case {j}: {r.get('why')}", started, res)
         if kind == "stdio" and r.get("digest") != want:
             return _report(False, None, f"case {j}: wrong output", started, res)
-        if kind == "functional" and not _json_equal(r.get("value"), want):
-            return _report(False, None, f"case {j}: wrong return value", started, res)
+        if kind == "functional":
+            try:
+                equal = _json_equal(r.get("value"), want, plan.get("unwrap_singleton", False), deadline)
+            except JudgingBudgetExceeded:
+                return _report(False, None, f"case {j}: judging its return value ran over {JUDGE_SECONDS:g} s", started, res)
+            if not equal:
+                return _report(False, None, f"case {j}: wrong return value", started, res)
     if not any("done" in m for m in found):
         return _report(False, None, f"the harness did not finish ({_harness_trouble(res)})", started, res)
     return _report(True, None, "ok", started, res)
@@ -524,7 +585,7 @@ def _read_report(stdout: str, nonce: str, mac_key: str) -> tuple[list[dict], Opt
         previous = mac
         try:
             msg = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return found, "an unreadable line"
         if isinstance(msg, dict):
             found.append(msg)
@@ -537,23 +598,81 @@ def _harness_trouble(res) -> str:
     return res.describe() + (f"; {tail[0][:200]}" if tail and res.describe() == "ok" else "")
 
 
-def _json_equal(got_encoded: Any, expected: str) -> bool:
+# Host-side judging of all of a verification's return values together stops after this long
+# (a failure): it runs in the trainer's verifier thread, after the sandbox finished.
+JUDGE_SECONDS = 2.0
+_NOT_SCALAR = object()
+
+
+class JudgingBudgetExceeded(Exception):
+    """Comparing a program's return values took longer than `JUDGE_SECONDS`."""
+
+
+def _json_equal(got_encoded: Any, expected: str, unwrap_singleton: bool = False,
+                deadline: Optional[float] = None) -> bool:
     """Does a program's return value (as `_grade_harness.encode` tagged it) equal the expected JSON?
 
     Type-strict (`values_equal`); an expected value that is not JSON is compared as a string.
-    APPS / TACO wrap a call's expected value in a one-element list: that list or its element match.
+    ``unwrap_singleton`` (set by `parse_tests` for the APPS / TACO layout only, whose own
+    harness accepts ``output == expected[0]`` for a one-element list): a one-element expected
+    list also matches its element. Every other format compares as is (``7`` is not ``[7]``).
+
+    Bounded (`encoded_equal`): the program's value is never decoded as a whole (no dict or set of
+    its keys is built, so keys that all hash alike cost nothing); the walk follows the expected
+    value, the trusted one, and raises `JudgingBudgetExceeded` past `deadline`.
     """
-    try:
-        got = _grade_harness.decode(got_encoded)
-    except (ValueError, TypeError):
-        return False
     try:
         exp = json.loads(expected)
     except ValueError:
         exp = expected
-    if values_equal(got, exp):
-        return True
-    return type(exp) is list and len(exp) == 1 and values_equal(got, exp[0])
+    deadline = time.monotonic() + JUDGE_SECONDS if deadline is None else deadline
+    try:
+        if encoded_equal(got_encoded, exp, deadline):
+            return True
+        return unwrap_singleton and type(exp) is list and len(exp) == 1 and encoded_equal(got_encoded, exp[0], deadline)
+    except (ValueError, TypeError, RecursionError):
+        return False
+
+
+def _scalar(enc: Any) -> Any:
+    """The plain scalar an encoded value stands for, or `_NOT_SCALAR` (containers and tags JSON
+    cannot express: sets, bytes, complex). Linear in its size (an int tag holds < 2**20 hex digits)."""
+    if enc is None or type(enc) in (bool, str, int, float):
+        return enc
+    if type(enc) is dict and enc.get("#") in ("int", "float"):
+        return _grade_harness.decode(enc)
+    return _NOT_SCALAR
+
+
+def encoded_equal(enc: Any, exp: Any, deadline: float) -> bool:
+    """`values_equal(decode(enc), exp)` without decoding `enc`: each step follows `exp` (lengths are
+    compared before any element), so the work is bounded by the expected value's size."""
+    if time.monotonic() > deadline:
+        raise JudgingBudgetExceeded
+    if type(exp) is list:
+        if type(enc) is list:
+            items = enc
+        elif type(enc) is dict and enc.get("#") == "tuple" and type(enc.get("v")) is list:
+            items = enc["v"]
+        else:
+            return False
+        return len(items) == len(exp) and all(encoded_equal(a, b, deadline) for a, b in zip(items, exp))
+    if type(exp) is dict:
+        if not (type(enc) is dict and enc.get("#") == "dict" and type(enc.get("v")) is list) or len(enc["v"]) != len(exp):
+            return False
+        keyed = {}
+        for i, pair in enumerate(enc["v"]):
+            if i % 1024 == 0 and time.monotonic() > deadline:
+                raise JudgingBudgetExceeded
+            if type(pair) is not list or len(pair) != 2:
+                return False
+            key = _json_key(_scalar(pair[0]))
+            if key is None or key in keyed or key not in exp:
+                return False
+            keyed[key] = pair[1]
+        return all(encoded_equal(v, exp[k], deadline) for k, v in keyed.items())
+    got = _scalar(enc)
+    return got is not _NOT_SCALAR and values_equal(got, exp)
 
 
 FLOAT_TOLERANCE = 1e-6
@@ -599,9 +718,11 @@ def values_equal(got: Any, exp: Any) -> bool:
 
 
 def _json_key(k: Any) -> Optional[str]:
-    """How json.dumps writes a dict key (None for keys it cannot write)."""
+    """How json.dumps writes a dict key (None for keys it cannot write, or an int too long to)."""
     if type(k) is str:
         return k
+    if type(k) is int and k.bit_length() > 4096:  # no JSON key is that long; str() would be slow
+        return None
     if k is None or type(k) in (bool, int, float):
         return json.dumps(k)
     return None

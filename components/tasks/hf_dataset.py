@@ -309,7 +309,7 @@ class HFDatasetTask(SplitTask):
                 for key in ("fn_name", "metadata", "entry_point"):
                     if row.get(key) is not None:
                         tests_row[key] = row[key]
-                tests = parse_tests(tests_row, where)
+                tests = parse_tests(tests_row, where, prompt=text)  # a Python prompt's helpers (HumanEval)
                 instruction = code_instruction(tests, row.get("starter_code"))
                 self._tests[pid] = tests
             kept = dict(row) if keep_all else {}

@@ -14,11 +14,13 @@ picks one (``"auto"``, the default: ``"namespaces"`` when this process is root, 
   new user namespace with no capabilities (as root it switches to the per-run uid first);
 - **no-new-privileges** (setuid binaries give nothing) and a **seccomp filter**
   (`_sandbox_seccomp.DENIED`: namespace creation, ptrace and process_vm_*, mount and
-  friends, keyrings, bpf, perf_event_open, io_uring, kexec and module loading, ...);
+  friends, keyrings, bpf, perf_event_open, io_uring, kexec and module loading, ...; sockets
+  of any family but AF_UNIX / AF_INET / AF_INET6);
 - **a private filesystem view**: a new mount namespace where /tmp is a fresh size-capped
   tmpfs holding the working dir /tmp/work, /var/tmp, /dev/shm are empty and read-only, and
-  the repository, the task's data files, /run (unix sockets), /root, /home and $HOME are
-  covered by empty read-only mounts; the rest is read-only (``namespaces``: by permissions,
+  the repository, the task's data files, /run (unix sockets), /root, /home, $HOME, Slurm's
+  spool, munge, /srv, /mnt, /media and /var/log are covered by empty read-only mounts
+  (``bwrap``: /dev read-only too); the rest is read-only (``namespaces``: by permissions,
   ``bwrap``: a read-only bind of /);
 - **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE (caps stdout / stderr too:
   exactly ``output_bytes`` is allowed, one byte more is an output-limit failure),
@@ -53,7 +55,10 @@ LAUNCHER = str(Path(__file__).with_name("_sandbox_launcher.py"))
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # World-writable places the program must not write to (covered by empty read-only mounts).
 READONLY_EMPTY_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
-DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home")
+# Host paths no program needs (covered by empty read-only mounts): unix sockets, homes, Slurm's
+# spool (slurmstepd's sockets), munge's key and socket, site data (/srv, /mnt, /media), logs.
+DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home", "/var/spool", "/srv", "/etc/munge", "/var/lib/munge",
+                  "/var/log", "/mnt", "/media")
 BACKENDS = ("auto", "namespaces", "bwrap")
 
 
@@ -320,12 +325,14 @@ def run_python(
     limits: SandboxLimits = SandboxLimits(),
     config: SandboxConfig = SandboxConfig(),
     files: Optional[Mapping[str, str]] = None,
+    process_view: bool = False,
 ) -> SandboxResult:
-    """Run Python source `code` (as main.py in its working dir) with `stdin`."""
+    """Run Python source `code` (as main.py in its working dir) with `stdin`. `process_view`: see `run_program`."""
     plan = isolation_plan(config)
     python = find_python(config, need_world_executable=plan["drop_privileges"])
     all_files = {"main.py": code, **dict(files or {})}
-    return run_program([python, "-I", "-B", "main.py"], all_files, stdin, limits=limits, config=config, _plan=plan)
+    return run_program([python, "-I", "-B", "main.py"], all_files, stdin, limits=limits, config=config, _plan=plan,
+                       process_view=process_view)
 
 
 def run_program(
@@ -336,8 +343,14 @@ def run_program(
     limits: SandboxLimits = SandboxLimits(),
     config: SandboxConfig = SandboxConfig(),
     _plan: Optional[dict] = None,
+    process_view: bool = False,
 ) -> SandboxResult:
-    """Run `argv` (argv[0] an absolute path) in the sandbox with `files` in its working dir."""
+    """Run `argv` (argv[0] an absolute path) in the sandbox with `files` in its working dir.
+
+    `process_view` (the grading harness): under ``namespaces`` the program starts with a second,
+    effective gid that /proc's hidepid exempts, so it sees the CPU time of its own children
+    even when they are undumpable; a child drops it with ``setresgid(gid, gid, gid)``.
+    (Bubblewrap's /proc hides nothing of the run's own uid.)"""
     plan = _plan or isolation_plan(config)
     if not argv or not os.path.isabs(argv[0]):
         raise ValueError(f"argv[0] must be an absolute path, got {list(argv)[:1]}")
@@ -378,6 +391,7 @@ def run_program(
             "readonly_empty": list(READONLY_EMPTY_DIRS),
             "hide_paths": hidden_paths(config, argv[0], supervisor or "") + control_hidden(control, argv[0], supervisor),
             "supervisor_python": supervisor,
+            "process_view": bool(process_view),
             **plan,
         }
         with open(os.path.join(control, "spec.json"), "w") as f:
