@@ -339,11 +339,13 @@ def test_generator_failure_marks_the_run_failed(tmp_path, model_path):
 
 
 @pytest.mark.slow
-def test_compute_budget_stops_the_run(tmp_path, model_path):
-    """train.compute_budget_hours ends a run early (evaluated and checkpointed), status done."""
+@pytest.mark.parametrize("budget", [{"train__compute_budget_hours": "1e-7"}, {"train__compute_budget_flops": "1.0"}])
+def test_compute_budget_stops_the_run(tmp_path, model_path, budget):
+    """train.compute_budget_hours / train.compute_budget_flops (the tiny scale's stopping rule) ends
+    a run early (evaluated and checkpointed), status done."""
     from experiments.train import run_training
 
-    gin_file = write_gin(tmp_path / "budget.gin", model_path, train__total_steps="50", train__compute_budget_hours="1e-7",
+    gin_file = write_gin(tmp_path / "budget.gin", model_path, train__total_steps="50", **budget,
                          train__eval_every="100", train__checkpoint_every="100")
     assert run_training([gin_file], [], str(tmp_path / "run"), progress=False) == "done"
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]

@@ -68,6 +68,7 @@ class TrainConfig:
     # -- schedule ---------------------------------------------------------------------------
     total_steps: int = 100
     compute_budget_hours: Optional[float] = None  # stop early once compute_hours reaches it
+    compute_budget_flops: Optional[float] = None  # stop early once the run's FLOPs reach it (reproducible)
     eval_every: int = 100
     eval_k: int = 16
     eval_prompts: Optional[int] = None  # None: every held-out prompt
@@ -191,6 +192,7 @@ def train_config(
     grad_clip: float = 1.0,
     total_steps: int = 100,
     compute_budget_hours: Optional[float] = None,
+    compute_budget_flops: Optional[float] = None,
     eval_every: int = 100,
     eval_k: int = 16,
     eval_prompts: Optional[int] = None,
@@ -266,6 +268,7 @@ def train_config(
         grad_clip=float(grad_clip),
         total_steps=int(total_steps),
         compute_budget_hours=compute_budget_hours,
+        compute_budget_flops=None if compute_budget_flops is None else float(compute_budget_flops),
         eval_every=int(eval_every),
         eval_k=int(eval_k),
         eval_prompts=eval_prompts,
@@ -315,6 +318,7 @@ TRAIN_RANGES = {
     "weight_decay": ">= 0",
     "total_steps": ">= 1",
     "compute_budget_hours": "> 0",
+    "compute_budget_flops": "> 0",
     "eval_every": ">= 1",
     "eval_k": ">= 1",
     "eval_prompts": ">= 1",

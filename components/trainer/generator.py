@@ -10,9 +10,11 @@ Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
 
 Weights do not travel on the transport: a ("weights", update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
-decode steps. In-flight sequences keep their KV cache and continue under the new weights, so
-one completion can span versions (PipelineRL). Work and weights share one ordered channel, so
-under ppo_off_policy the weights of version v always arrive before the work to do with them.
+decode steps. The run's off-policy scheme decides what happens to the sequences in flight
+(`takes_weights_mid_sequence`): they keep their KV cache and continue under the new weights,
+so one completion can span versions (PipelineRL), or they are decoded to their end under the
+weights they started with before the new ones load. Work and weights share one ordered
+channel, so weights pushed before an order always arrive before the work to do with them.
 
 Finished groups are scored on a scorer thread (`safe_verify`: a verifier that raises or hangs
 marks that sample failed and is counted), so a slow verifier never delays a weight update.
@@ -35,6 +37,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from components.offpolicy import make_scheme
 
 __all__ = [
     "WorkerSetup",
@@ -356,6 +360,7 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
         torch.set_num_threads(1)
         pin_cpu(layout.learner_ranks + index, layout.world_size)
     apply_gin(setup)
+    weights_mid_sequence = make_scheme(cfg.off_policy).takes_weights_mid_sequence()
     task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
     tokenizer = load_tokenizer(cfg.model_path)
     engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
@@ -413,6 +418,8 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                 receiver.close()
                 return
             if kind == "weights":
+                if not weights_mid_sequence:  # the scheme's choice: finish the sequences in flight first
+                    drain_training(engine, to_scorer, busy)
                 t0 = time.perf_counter()
                 engine.receive_weights(receiver, msg[1])
                 busy[0] += time.perf_counter() - t0

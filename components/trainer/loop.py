@@ -10,14 +10,17 @@
 Learner rank 0 owns the curriculum (it orders prompts and sees every group's rewards, so the
 pass-rate history lives in one place and is checkpointed), plans each step on the WHOLE
 batch (filters, advantages, aggregation weights) before splitting it across the learner
-ranks, and owns the run directory. The off-policy scheme decides only the control flow
-(components/offpolicy.py). Messages travel on the transport (transport.py: ZeroMQ with
-heartbeats, so a dead or hung process is named, never waited on forever); weights on the
-weight group (weight_sync.py); FSDP2 collectives on the learner group.
+ranks, and owns the run directory. The loop is the same for every off-policy scheme: at each
+of its decision points (may the learner train, on which groups; may the generators start more
+prompts, from which weights; do weights go out after a step) it asks the run's scheme object
+(components/offpolicy.py), whatever scheme that is. Messages travel on the transport
+(transport.py: ZeroMQ with heartbeats, so a dead or hung process is named, never waited on
+forever); weights on the weight group (weight_sync.py); FSDP2 collectives on the learner group.
 
 Determinism: every sampling seed is a function of (run seed, step) and groups are sorted by
-their order id before use, so under ppo_off_policy(1) on CPU a killed-and-resumed run
-reproduces an uninterrupted one bit for bit (tests/test_checkpoint.py).
+their order id before use, so a synchronous run (one step per round of frozen-weight
+generation) on CPU killed and resumed reproduces an uninterrupted one bit for bit
+(tests/test_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -30,12 +33,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
 from components.curricula import build_curriculum
-from components.offpolicy import is_too_stale
-from components.registry import OFF_POLICY
+from components.offpolicy import LoopState, derive_seed, make_scheme
 from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
@@ -52,11 +53,6 @@ __all__ = ["Trainer", "GeneratorError", "derive_seed"]
 
 class GeneratorError(RuntimeError):
     """A generator (or another process of the run) failed; its traceback is in the message."""
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed that depends only on `parts` (never on process history)."""
-    return int(np.random.default_rng([int(p) for p in parts]).integers(0, 2**31 - 1))
 
 
 def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
@@ -174,7 +170,7 @@ class Trainer:
         self.run_info = run_info
         self.progress = progress
         self.last_eval_pass_rate = float("nan")  # shown in the progress bar
-        self.scheme = OFF_POLICY.get(cfg.off_policy)()
+        self.scheme = make_scheme(cfg.off_policy)
         self.P = cfg.prompts_per_step
         self.generators = layout.generator_names()
         self.followers = [f"learner-{k}" for k in range(1, layout.learner_ranks)]
@@ -232,8 +228,10 @@ class Trainer:
         self.next_generator = 0
         self.prompts_sampled = 0
         self.flops = 0.0
-        self.pending: list[Rollout] = []  # pipeline_rl: received, not yet trained on
-        self.pending_batches: list[list[Rollout]] = []  # ppo_off_policy: the rest of a round
+        self.pending: list[Rollout] = []  # usable groups received, not yet in a batch
+        self.batches: list[list[Rollout]] = []  # batches the scheme formed, not trained on yet
+        self.outstanding = 0  # prompts ordered, not received yet (not checkpointed: generators restart empty)
+        self.orders_this_wait = 0  # orders placed while the learner waits for its next batches
         self.totals = {"generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0, "verifier_errors": 0}
 
     def _connect(self) -> None:
@@ -559,7 +557,10 @@ class Trainer:
         self.tracker.log_samples(self.step, rollouts, self.tokenizer)
         self._reset_since()
         if self.bar is not None:
-            self.bar.update(1)
+            if self.cfg.compute_budget_flops is not None:
+                self.bar.update(min(100, int(100 * self.flops / self.cfg.compute_budget_flops)) - self.bar.n)
+            else:
+                self.bar.update(1)
             self.bar.set_postfix(
                 train_pass=f"{record['pass_rate']:.2f}",
                 held_out=f"{self.last_eval_pass_rate:.2f}",
@@ -568,11 +569,19 @@ class Trainer:
             )
         return record
 
+    def _budget_spent(self) -> bool:
+        """A compute budget (train.compute_budget_flops, the tiny scale's stopping rule, or
+        train.compute_budget_hours) is reached: the run ends here, evaluated and checkpointed."""
+        cfg = self.cfg
+        by_flops = cfg.compute_budget_flops is not None and self.flops >= cfg.compute_budget_flops
+        by_hours = cfg.compute_budget_hours is not None and self.clock.compute_hours() >= cfg.compute_budget_hours
+        return by_flops or by_hours
+
     def _after_step(self) -> bool:
         """Evaluation and checkpoint when due; True when the run should stop."""
         cfg = self.cfg
         last = self.step >= cfg.total_steps
-        budget = cfg.compute_budget_hours is not None and self.clock.compute_hours() >= cfg.compute_budget_hours
+        budget = self._budget_spent()
         if self.step % cfg.eval_every == 0 or last or budget:
             self._evaluate()
         if downstream_due(cfg, self.step, last or budget):
@@ -597,7 +606,7 @@ class Trainer:
             "cpu_s": self._cpu_hours() * 3600.0,
             "flops": self.flops,
             "pending": self.pending,
-            "pending_batches": self.pending_batches,
+            "pending_batches": self.batches,
             "totals": dict(self.totals),
             "config": self.cfg.to_dict(),
             "learner_ranks": self.layout.learner_ranks,
@@ -649,7 +658,7 @@ class Trainer:
         self.cpu_base_s = float(state.get("cpu_s", 0.0))
         self.flops = float(state["flops"])
         self.pending = list(state.get("pending", []))
-        self.pending_batches = [list(b) for b in state.get("pending_batches", [])]
+        self.batches = [list(b) for b in state.get("pending_batches", [])]
         self.totals.update(state.get("totals", {}))
         if loaded.get("rank_state") is not None:
             set_rng_state(loaded["rank_state"])
@@ -658,94 +667,101 @@ class Trainer:
         return True
 
     # =====================================================================================
-    # control flow
-    def _collect(self, n: int, seed: int) -> list[Rollout]:
-        """Order n prompts and wait for all of them (frozen weights); refill if the curriculum says so."""
-        wanted = n
-        kept: list[Rollout] = []
-        rounds = 0
-        while True:
-            ids = self._order(self.curriculum.sample(wanted), derive_seed(seed, rounds))
-            got = {}
-            t0 = time.perf_counter()
-            while len(got) < len(ids):
-                r = self._receive()
-                got[r.order_id] = r
-            self._since["time_wait"] += time.perf_counter() - t0
-            for oid in sorted(got):  # deterministic order, whatever the arrival order
-                r = got[oid]
-                self.curriculum.observe(r.problem_id, r.pass_rate)
-                if self.curriculum.refill and not self.curriculum.keep(r.rewards):
-                    self._since["refill_dropped"] += 1
-                    self.totals["refill_dropped"] += 1
-                    continue
-                kept.append(r)
-            if not self.curriculum.refill or len(kept) >= n or rounds >= self.curriculum.max_refill_rounds:
-                return kept[:n] if self.curriculum.refill else kept
-            wanted = n - len(kept)
-            rounds += 1
+    # control flow: the loop acts, the off-policy scheme decides (components/offpolicy.py)
+    def _loop_state(self, waiting: bool) -> LoopState:
+        """The snapshot the scheme decides from."""
+        curriculum = self.curriculum
+        return LoopState(step=self.step, total_steps=self.cfg.total_steps, prompts_per_step=self.P,
+                         learner_version=self.learner.version, pushed_version=self.pushed_version,
+                         pending=tuple(self.pending), outstanding=self.outstanding, next_order=self.next_order,
+                         waiting=waiting, orders_this_wait=self.orders_this_wait,
+                         max_refill_rounds=curriculum.max_refill_rounds if curriculum.refill else 0, run_seed=self.cfg.seed)
 
-    def _run_ppo(self) -> None:
-        """ppo_off_policy(k): k x batch with frozen weights, k learner steps, then sync."""
-        cfg, k = self.cfg, self.scheme.k
-        while self.step < cfg.total_steps:
-            if not self.pending_batches:
-                steps = min(k, cfg.total_steps - self.step)
-                got = self._collect(self.P * steps, derive_seed(cfg.seed, self.step, 1))
-                # k mini-batches of P prompts (a refill that ran out of rounds leaves some short)
-                self.pending_batches = [got[i * self.P : (i + 1) * self.P] for i in range(steps)]
-            stop = False
-            while self.pending_batches and not stop:
-                batch = self.pending_batches.pop(0)
-                self._train_step(batch)
-                stop = self._after_step()
-            if stop:
-                return
-            self._push_weights()
-
-    def _run_pipeline(self) -> None:
-        """pipeline_rl(k): streaming generation, weights pushed in flight after every step."""
-        cfg, k = self.cfg, self.scheme.k
-        target = self.P * self.scheme.inflight_batches  # prompts ordered ahead of the learner
-        outstanding = 0
-
-        def top_up() -> None:
-            nonlocal outstanding
-            missing = target - outstanding - len(self.pending)
-            if missing > 0:
-                self._order(self.curriculum.sample(missing), derive_seed(cfg.seed, self.next_order, 2))
-                outstanding += missing
-
-        while self.step < cfg.total_steps:
-            t0 = time.perf_counter()
-            while True:
-                # never train on a token more than k versions old: drop stale groups (and re-order)
-                fresh = []
-                for r in self.pending:
-                    if is_too_stale(self.learner.version, r.min_version, k):
-                        self._since["stale_dropped"] += 1
-                        self.totals["stale_dropped"] += 1
-                    else:
-                        fresh.append(r)
-                self.pending = fresh
-                if len(self.pending) >= self.P:
-                    break
-                top_up()
-                r = self._receive()
-                outstanding -= 1
-                self.curriculum.observe(r.problem_id, r.pass_rate)
-                if self.curriculum.refill and not self.curriculum.keep(r.rewards):
-                    self._since["refill_dropped"] += 1
-                    self.totals["refill_dropped"] += 1
-                    continue
-                self.pending.append(r)
-            self._since["time_wait"] += time.perf_counter() - t0
-            batch, self.pending = self.pending[: self.P], self.pending[self.P :]
-            self._train_step(batch)
-            self._push_weights()  # in flight: generators load it between decode steps
-            top_up()
+    def _train_loop(self) -> None:
+        """Learner steps until the last one or the compute budget: batches as the scheme forms
+        them, weights pushed and prompts ordered when it says so."""
+        while self.step < self.cfg.total_steps:
+            if not self.batches:
+                self.batches = self._wait_for_batches()
+            self._train_step(self.batches.pop(0))
+            if self.scheme.push_after_step(self._loop_state(waiting=False)):
+                self._push_weights()  # in flight, unless the scheme has generators finish their sequences first
+            self._top_up(waiting=False)
             if self._after_step():
                 return
+
+    def _wait_for_batches(self) -> list[list[Rollout]]:
+        """Receive finished groups until the scheme forms batches from them (the step's time_wait)."""
+        t0, sync0 = time.perf_counter(), self._since["time_sync"]
+        self.orders_this_wait = 0
+        while True:
+            self._drop_unusable()
+            batches = self.scheme.batches(self._loop_state(waiting=True))
+            if batches:
+                break
+            self._top_up(waiting=True)
+            self._accept(self._await_groups())
+        self._take(batches)
+        self._since["time_wait"] += time.perf_counter() - t0 - (self._since["time_sync"] - sync0)
+        return [list(b) for b in batches]
+
+    def _top_up(self, waiting: bool) -> None:
+        """Order the prompts the scheme asks for, after pushing the weights they must start from."""
+        state = self._loop_state(waiting)
+        n = self.scheme.prompts_to_order(state)
+        if isinstance(n, bool) or int(n) != n or n < 0:
+            raise ValueError(f"off-policy scheme {self.scheme.name!r}: prompts_to_order returned {n!r}; "
+                             f"it must be an integer >= 0")
+        if n == 0:
+            return
+        if self.pushed_version < self.scheme.start_version(state):
+            self._push_weights()
+            state = self._loop_state(waiting)
+        self._order(self.curriculum.sample(int(n)), self.scheme.order_seed(state))
+        self.outstanding += int(n)
+        self.orders_this_wait += int(waiting)
+
+    def _await_groups(self) -> list[Rollout]:
+        """Receive the finished groups the scheme waits for; returns them in order-id order."""
+        n = self.scheme.groups_to_await(self._loop_state(waiting=True))
+        if self.outstanding < 1:
+            raise ValueError(f"off-policy scheme {self.scheme.name!r} forms no batch from the {len(self.pending)} pending "
+                             f"groups and orders no prompts (prompts_to_order is 0): the learner would wait forever")
+        if isinstance(n, bool) or int(n) != n or n < 1:
+            raise ValueError(f"off-policy scheme {self.scheme.name!r}: groups_to_await returned {n!r}; it must be an "
+                             f"integer in [1, {self.outstanding}] (the prompts in flight)")
+        got = [self._receive() for _ in range(min(int(n), self.outstanding))]
+        self.outstanding -= len(got)
+        return sorted(got, key=lambda r: r.order_id)  # deterministic order, whatever the arrival order
+
+    def _accept(self, groups: list[Rollout]) -> None:
+        """Show each group to the curriculum; keep it unless a refilling filter drops it."""
+        for r in groups:
+            self.curriculum.observe(r.problem_id, r.pass_rate)
+            if self.curriculum.refill and not self.curriculum.keep(r.rewards):
+                self._since["refill_dropped"] += 1
+                self.totals["refill_dropped"] += 1
+                continue
+            self.pending.append(r)
+
+    def _drop_unusable(self) -> None:
+        """Drop the pending groups the scheme no longer lets the learner train on (stale_dropped)."""
+        usable = []
+        for r in self.pending:
+            if self.scheme.usable(self.learner.version, r):
+                usable.append(r)
+            else:
+                self._since["stale_dropped"] += 1
+                self.totals["stale_dropped"] += 1
+        self.pending = usable
+
+    def _take(self, batches: list) -> None:
+        """Remove the groups of the scheme's batches from the pending ones."""
+        taken = {id(r) for batch in batches for r in batch}
+        if not taken <= {id(r) for r in self.pending}:
+            raise ValueError(f"off-policy scheme {self.scheme.name!r}: batches() returned groups that are not pending "
+                             f"(it must take them from LoopState.pending)")
+        self.pending = [r for r in self.pending if id(r) not in taken]
 
     # =====================================================================================
     def run(self) -> str:
@@ -764,7 +780,12 @@ class Trainer:
             if self.progress:
                 from tqdm.auto import tqdm
 
-                self.bar = tqdm(total=self.cfg.total_steps, initial=self.step, desc=f"train {self.run_dir.name}", mininterval=2.0)
+                if self.cfg.compute_budget_flops is not None:  # the budget ends the run: show its share
+                    self.bar = tqdm(total=100, initial=min(100, int(100 * self.flops / self.cfg.compute_budget_flops)),
+                                    unit="% of budget", desc=f"train {self.run_dir.name}", mininterval=2.0)
+                else:
+                    self.bar = tqdm(total=self.cfg.total_steps, initial=self.step, desc=f"train {self.run_dir.name}",
+                                    mininterval=2.0)
             evals = [e for e in read_jsonl(self.run_dir / "eval.jsonl") if not is_downstream_record(e)]
             if evals:  # a resumed run: show its last held-out pass rate until the next evaluation
                 self.last_eval_pass_rate = evals[-1].get("pass_rate", float("nan"))
@@ -782,10 +803,7 @@ class Trainer:
                     self._evaluate()  # R0: the pass rate before any training
                     if downstream_due(self.cfg, 0):
                         self._downstream()
-                if self.scheme.streaming:
-                    self._run_pipeline()
-                else:
-                    self._run_ppo()
+                self._train_loop()
             if self.last_checkpoint_step != self.step:
                 self._checkpoint()
             from experiments.export import write_final_policy
