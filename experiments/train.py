@@ -115,6 +115,10 @@ def validate_components(cfg) -> None:
         train, held_out = list(task.train_problems()), list(task.eval_problems())
     except (OSError, ValueError, KeyError, TypeError, ImportError) as err:
         raise ConfigError(f"task {cfg.task!r} (task_kwargs={cfg.task_kwargs!r}) could not be loaded: {type(err).__name__}: {err}") from err
+    from components.tasks import sandbox  # a code task built a sandbox: name its memory risk, if any, at start
+
+    if sandbox.sandbox_used() and sandbox.residual_memory_risk():
+        print(sandbox.residual_memory_risk(), file=sys.stderr, flush=True)
     if not train:
         raise ConfigError(f"task {cfg.task!r} has no training problems")
     if not held_out:

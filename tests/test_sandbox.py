@@ -259,7 +259,10 @@ def test_cannot_read_grader_files(backend, outside_dir, sum_task, sandbox_tmp, t
     unreadable = [secret, sum_task.path, os.path.join(sandbox.REPO_ROOT, "pyproject.toml"), str(note), "/etc/shadow",
                   f"/proc/{os.getpid()}/environ"]
     paths = unreadable + [os.path.join(outside_dir, "public.txt")]
-    jobs = [{"code": f"print(open({path!r}).read())", "limits": dataclasses.asdict(FAST)} for path in paths]
+    # outside_dir is allowed into the view explicitly (the view is an allow-list): its secret is
+    # protected by the permissions, its public file readable
+    view = {"allow_paths": [outside_dir]}
+    jobs = [{"code": f"print(open({path!r}).read())", "limits": dataclasses.asdict(FAST), "config": view} for path in paths]
     jobs.append({"code": "import os; print(' '.join(sorted(os.environ)))", "limits": dataclasses.asdict(FAST)})
     results = [res for res, _ in run_batch(backend, jobs)]
     for path, res in zip(unreadable, results):
@@ -457,3 +460,72 @@ def test_launcher_refuses_uids_of_real_accounts(monkeypatch):
         launcher._check_unused_uid(2_000_000_001)
     with pytest.raises(ValueError, match="not a sandbox uid"):
         launcher.kill_uid(0)
+
+
+# -- one memory budget per run: where a cgroup v2 memory controller can be had ------------------------
+def _cgroup_tree(root, controllers="cpu memory pids", subtree=""):
+    mount = root / "sys/fs/cgroup"
+    mount.mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text(controllers + "\n")
+    (mount / "cgroup.subtree_control").write_text(subtree + "\n")
+    return str(root), "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
+
+
+def test_memory_controller_decision_as_root_with_cgroup_v2(tmp_path):
+    """As root, with memory in the v2 root's controllers, runs go under <mount>/scalerl-sandbox,
+    memory enabled on the way; applying the plan makes the dir and writes +memory."""
+    fs, mounts = _cgroup_tree(tmp_path)
+    plan = sandbox.decide_memory_controller(0, mounts, {}, fs_root=fs)
+    assert plan["parent"] == "/sys/fs/cgroup/scalerl-sandbox", plan
+    assert plan["enable"] == ["/sys/fs/cgroup/cgroup.subtree_control", "/sys/fs/cgroup/scalerl-sandbox/cgroup.subtree_control"]
+    assert plan["create"] == ["/sys/fs/cgroup/scalerl-sandbox"]
+    applied = sandbox.apply_memory_controller(plan, fs_root=fs)
+    assert applied["parent"] and (tmp_path / "sys/fs/cgroup/scalerl-sandbox/cgroup.subtree_control").read_text() == "+memory"
+
+
+@pytest.mark.parametrize("case", ["no_cgroup2", "v1_holds_memory", "not_root", "delegated_ok", "delegated_no_subtree",
+                                  "delegated_outside"])
+def test_memory_controller_decision_without_one(tmp_path, case):
+    """No cgroup v2, its memory controller bound to v1 (this machine), not root without a
+    delegated subtree, or a delegated dir that does not enable memory: no parent, and a reason."""
+    fs, mounts = _cgroup_tree(tmp_path, controllers="cpu pids" if case == "v1_holds_memory" else "cpu memory pids")
+    deleg = tmp_path / "sys/fs/cgroup/user.slice/job"
+    deleg.mkdir(parents=True)
+    (deleg / "cgroup.controllers").write_text("memory pids\n")
+    (deleg / "cgroup.subtree_control").write_text("" if case == "delegated_no_subtree" else "memory\n")
+    env = {sandbox.CGROUP_ENV: "/sys/fs/cgroup/user.slice/job"} if case.startswith("delegated") else {}
+    if case == "delegated_outside":
+        env = {sandbox.CGROUP_ENV: "/tmp/job"}
+    plan = sandbox.decide_memory_controller(0 if case in ("v1_holds_memory", "no_cgroup2") else 1000,
+                                            "" if case == "no_cgroup2" else mounts, env, fs_root=fs)
+    if case == "delegated_ok":
+        assert plan["parent"] == "/sys/fs/cgroup/user.slice/job" and not plan["enable"], plan
+        return
+    assert plan["parent"] is None and plan["reason"], plan
+    assert {"no_cgroup2": "no cgroup v2", "v1_holds_memory": "no memory controller", "not_root": "not root",
+            "delegated_no_subtree": "does not enable memory", "delegated_outside": "is not a dir of"}[case] in plan["reason"]
+
+
+def test_the_residual_memory_risk_is_named_once(monkeypatch, caplog):
+    """Without a controller (this machine: cgroup v1 holds memory) the sandbox names the risk:
+    `residual_memory_risk()` returns the sentence and the first sandbox created logs it, once."""
+    monkeypatch.setattr(sandbox, "_memcg", {"parent": None, "reason": "test: none", "enable": [], "create": []})
+    monkeypatch.setattr(sandbox, "_warned", False)
+    risk = sandbox.residual_memory_risk()
+    assert risk and "no cgroup v2 memory controller" in risk and "test: none" in risk and "RLIMIT_AS" in risk
+    with caplog.at_level("WARNING", logger=sandbox.__name__):
+        sandbox._warn_once()
+        sandbox._warn_once()
+    assert [r.getMessage() for r in caplog.records].count(risk) == 1
+    monkeypatch.setattr(sandbox, "_memcg", {"parent": "/sys/fs/cgroup/scalerl-sandbox", "reason": "root", "enable": [], "create": []})
+    assert sandbox.residual_memory_risk() is None
+
+
+def test_run_limits_default_to_the_per_process_ones():
+    """The run's CPU budget defaults to cpu_seconds, its memory budget to memory_bytes + tmpfs_bytes;
+    the grader's run counts the harness and every case."""
+    lim = sandbox.SandboxLimits(cpu_seconds=2, memory_bytes=100, tmpfs_bytes=10)
+    assert lim.run_cpu() == 2.0 and lim.run_memory() == 110
+    from components.tasks import code_file
+    g = code_file.grading_limits("stdio", 4, lim, 2, 300.0)
+    assert g.run_cpu_seconds == g.wall_seconds + 2 * 2 * 2.0 and g.run_memory_bytes == 3 * 100 + 10

@@ -258,7 +258,8 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_setuid_binaries_give_no_privileges(backend, setuid_id):
-    out = _json(run_one(backend, SETUID.replace("PATH", setuid_id))[0])
+    # the view is an allow-list: the binary's dir is allowed explicitly
+    out = _json(run_one(backend, SETUID.replace("PATH", setuid_id), config={"allow_paths": [os.path.dirname(setuid_id)]})[0])
     assert out["id"].startswith("uid=") and "euid=0" not in out["id"] and not out["id"].startswith("uid=0"), out
     assert out["no_new_privs"] == "1", out
 
@@ -492,7 +493,67 @@ def test_bwrap_forced_as_root_runs_as_the_per_run_uid(tmp_path):
             f.write("TOP-SECRET")
         os.chmod(secret, 0o600)
         code = f"import os\nprint(os.getuid())\nprint(open({secret!r}).read())\n"
-        res = sandbox.run_python(code, config=SandboxConfig(backend="bwrap", uid_base=UID_BASE), limits=sandbox.SandboxLimits(**QUICK))
+        res = sandbox.run_python(code, config=SandboxConfig(backend="bwrap", uid_base=UID_BASE, allow_paths=(d,)),
+                                 limits=sandbox.SandboxLimits(**QUICK))
         assert int(res.stdout.split()[0]) >= UID_BASE and "PermissionError" in res.stderr and "TOP-SECRET" not in res.stdout, res
     finally:
         shutil.rmtree(d)
+
+
+# -- the filesystem view is an allow-list --------------------------------------------------------
+VIEW = r"""
+import json, os
+out = {"root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc"))}
+for path in PATHS:
+    try:
+        out[path] = sorted(os.listdir(path))
+    except OSError as err:
+        out[path] = type(err).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_filesystem_view_is_an_allow_list(backend):
+    """Listing / shows only the allow-listed entries (the interpreter's /usr and the links to
+    it, the few files of /etc the dynamic linker and Python read, a minimal /dev, the run's
+    /proc and /tmp); the repository, /root, /home, /var (Slurm's spool, munge), /srv, /opt,
+    /mnt and /run do not exist inside (the deny-list covered a few of them and showed the rest
+    of the host read-only)."""
+    paths = [sandbox.REPO_ROOT, "/root", "/home", "/var/spool", "/var", "/srv", "/opt", "/mnt", "/run", "/boot"]
+    out = _json(run_one(backend, VIEW.replace("PATHS", repr(paths)))[0])
+    python = sandbox.find_python(SandboxConfig(hide_repo=False), need_world_executable=True)
+    tops = {p.strip("/").split("/")[0] for p in sandbox.allowed_paths(SandboxConfig(), python)}
+    allowed = ({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "tmp"} | tops) - {""}
+    assert set(out["root"]) <= allowed and {"usr", "dev", "proc", "tmp"} <= set(out["root"]), out["root"]
+    assert set(out["etc"]) <= {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"} | {
+        p.split("/")[2] for p in sandbox.allowed_paths(SandboxConfig(), python) if p.startswith("/etc/")}, out["etc"]
+    for path in paths:
+        assert out[path] == "FileNotFoundError", (path, out[path])
+
+
+# -- one CPU budget per run ----------------------------------------------------------------------
+FORK_CHAIN = r"""
+import os, time
+def spin(t):
+    end = time.process_time() + t
+    while time.process_time() < end:
+        pass
+for link in range(8):  # each process spends 0.6 s (under its own RLIMIT_CPU of 2 s), forks the next, waits
+    spin(0.6)
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        os._exit(0)
+print("chain done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fork_chain_cannot_outrun_the_runs_cpu_budget(backend):
+    """RLIMIT_CPU is per process: a chain of 8 forks, each spending 0.6 s, spent 4.8 s of CPU
+    against a 2 s limit and finished. The sandbox's supervisor counts one budget for all the
+    run's processes, reaped ones included, kills the run and reports it over its CPU budget."""
+    result, seconds = run_one(backend, FORK_CHAIN, limits={"cpu_seconds": 2, "wall_seconds": 20})
+    assert result.cpu_limit and not result.ok and result.describe() == "CPU time limit", result
+    assert "chain done" not in result.stdout and 2.0 <= result.cpu_s < 3.5, result

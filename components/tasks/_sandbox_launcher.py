@@ -15,13 +15,14 @@ Backend ``namespaces`` (the launcher runs as root), in order:
 2. ``unshare(CLONE_NEWPID)`` and forks the *supervisor*, which is PID 1 of the new PID
    namespace and stays root: the program's uid can neither see nor signal it, and when it
    exits or is killed the kernel kills every process of the namespace;
-3. the supervisor unshares network (only a down loopback), mount, IPC and UTS namespaces,
-   makes /tmp a fresh size-capped tmpfs holding the working dir /tmp/work, covers the other
-   world-writable dirs and the paths to hide, and mounts a /proc of the new PID namespace;
+3. the supervisor joins the run's cgroup (if any), unshares network (only a down loopback),
+   mount, IPC and UTS namespaces, and builds the run's filesystem view (an allow-list,
+   `setup_filesystem`: read-only binds of the allowed paths, a minimal /dev, a /proc of the new
+   PID namespace, a fresh size-capped /tmp holding /tmp/work), then pivot_roots into it;
 4. it forks the program: new process group, rlimits, all groups dropped and uid/gid set to a
    fresh unprivileged id (``uid_base + launcher pid``), no-new-privileges, the seccomp filter,
    scrubbed environment, exec. It reaps every process of the namespace until the program
-   exits, reports the program's status and CPU time over a pipe, and exits (by itself a few
+   exits, counting one CPU budget for all of them (`_sandbox_supervisor.watch`), reports the program's status and CPU time over a pipe, and exits (by itself a few
    seconds after the deadline, should the launcher be gone or stopped);
 5. the launcher waits for the supervisor until the wall-clock deadline, then SIGKILLs it
    (which kills the whole namespace), SIGKILLs from root whatever process of the run's uid
@@ -29,7 +30,7 @@ Backend ``namespaces`` (the launcher runs as root), in order:
 
 Backend ``bwrap`` (any user; `bwrap` from bubblewrap): the launcher runs bubblewrap with new
 user, PID, network, IPC, UTS (and cgroup) namespaces, ``--as-pid-1``, ``--die-with-parent``,
-``--new-session``, a read-only view of / with a fresh /dev, /proc and a size-capped tmpfs
+``--new-session``, the same allow-listed view (read-only, `view_entries`) with a fresh /dev, /proc and a size-capped tmpfs
 /tmp holding /tmp/work (the files are copied in), the hidden paths covered, and the seccomp
 filter (``--seccomp FD``; bubblewrap sets no-new-privileges). Inside, a supervisor
 (`_sandbox_supervisor.py`), undumpable and the namespace's init (so no process there that the
@@ -71,6 +72,7 @@ BWRAP_OWN_PROCESSES = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
@@ -233,21 +235,151 @@ def covered_paths(paths):
     return out
 
 
-def setup_filesystem(spec, files, uid, pid_ns):
-    """In a fresh mount namespace: private /tmp with /tmp/work, covered dirs, own /proc; returns the workdir."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(spec['tmpfs_bytes'])},mode=1777")
+def _within(path, top):
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def view_entries(allowed):
+    """The filesystem view made of the allow-listed paths: (binds, links).
+
+    binds: [(real path, is a dir)] to bind read-only at the same path, none inside another, no
+    "/" and nothing under /tmp, /proc or /dev (the view makes those itself); links: [(path,
+    target)], the symbolic links met on the way to an allowed path (``/lib -> usr/lib``, a
+    venv's ``bin/python -> /usr/bin/python3.11``) that are not inside a bound dir, recreated as
+    they are. Paths that do not exist are left out."""
+    binds, links = set(), {}
+    for start in allowed:
+        todo, hops = os.path.abspath(start), 0
+        while todo and hops < 40:
+            hops += 1
+            cur, parts, nxt = "/", todo.strip("/").split("/"), None
+            for i, part in enumerate(p for p in parts if p):
+                path = os.path.join(cur, part)
+                if os.path.islink(path):
+                    target = os.readlink(path)
+                    links[path] = target
+                    rest = "/".join(parts[i + 1:])
+                    nxt = os.path.normpath(os.path.join(cur, target, rest))
+                    break
+                cur = path
+            if nxt is None:
+                if os.path.exists(cur):
+                    binds.add(cur)
+                break
+            todo = nxt
+    special = ("/tmp", "/proc", "/dev")
+    kept = []
+    for real in sorted(binds):
+        if real == "/" or any(_within(real, s) for s in special):
+            continue
+        if any(_within(real, k) for k in kept):
+            continue
+        kept.append(real)
+    out_links = sorted((p, t) for p, t in links.items()
+                       if not any(_within(p, k) and p != k for k in kept) and not any(_within(p, s) for s in special))
+    return [(k, os.path.isdir(k)) for k in kept], out_links
+
+
+def view_covers(spec, binds):
+    """The hidden paths that lie inside the view (inside a bound dir), to cover there; with the
+    read-only empty dirs of /dev (``/dev/shm``)."""
+    dirs = [b for b, isdir in binds if isdir]
+    out = []
     for real, isdir in covered_paths(spec.get("readonly_empty", []) + spec.get("hide_paths", [])):
-        if isdir:
-            mount("tmpfs", real, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
+        if any(_within(real, d) for d in dirs) or _within(real, "/dev"):
+            out.append((real, isdir))
+    return out
+
+
+# Device nodes of the view's /dev (bind-mounted from the host's), and its links.
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"))
+NEW_ROOT = "/tmp"  # where the view's root tmpfs is mounted (in the run's own mount namespace) before pivot_root
+MS_REMOUNT = 32
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+
+
+def _pivot_root(new_root):
+    """pivot_root(new_root, new_root), then detach the old root stacked on it: only the view remains."""
+    os.chdir(new_root)
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine, 155)
+    _errcheck(_libc.syscall(nr, b".", b"."), "pivot_root")
+    _errcheck(_libc.umount2(b".", MNT_DETACH), "umount the old root")
+    os.chdir("/")
+
+
+def _bind_ro(fd, target, rec=True):
+    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if rec else 0))
+    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+
+
+def setup_filesystem(spec, files, uid, pid_ns):
+    """In a fresh mount namespace, the run's whole filesystem view, an allow-list: a read-only
+    root tmpfs holding read-only binds of the allowed paths (the interpreter, its standard
+    library, the system libraries, a few files of /etc), a minimal /dev (null, zero, full,
+    random, urandom), the run's own /proc, and a private size-capped /tmp holding /tmp/work;
+    the hidden paths inside allowed dirs are covered. Then pivot_root into it: nothing else of
+    the host (the repository, homes, /var, /srv, /run, ...) exists for the program. Returns the workdir."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    binds, links = view_entries(spec.get("allow_paths", []))
+    fds = {}  # opened now: the root tmpfs goes over /tmp, where an allowed path may live
+    try:
+        for real, _ in binds:
+            fds[real] = os.open(real, os.O_PATH | os.O_CLOEXEC)
+        for name in DEV_NODES:
+            if os.path.exists(f"/dev/{name}"):
+                fds[f"/dev/{name}"] = os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)
+        if not pid_ns:
+            fds["/proc"] = os.open("/proc", os.O_PATH | os.O_CLOEXEC)
+        root = NEW_ROOT
+        mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+        for real, isdir in binds:
+            target = root + real
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            if isdir:
+                os.makedirs(target, 0o755, exist_ok=True)
+            else:
+                open(target, "wb").close()
+            _bind_ro(fds[real], target, rec=isdir)
+        for path, target in links:
+            os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
+            if not os.path.lexists(root + path):
+                os.symlink(target, root + path)
+        for real, isdir in view_covers(spec, binds):
+            if _within(real, "/dev"):
+                continue  # the view's /dev holds only the nodes below
+            if isdir:
+                mount("tmpfs", root + real, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
+            else:
+                mount("/dev/null", root + real, None, MS_BIND)
+        os.mkdir(root + "/dev", 0o755)
+        mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+        for name in DEV_NODES:
+            if "/dev/" + name in fds:
+                open(f"{root}/dev/{name}", "wb").close()
+                mount(f"/proc/self/fd/{fds['/dev/' + name]}", f"{root}/dev/{name}", None, MS_BIND)
+        for name, target in DEV_LINKS:
+            os.symlink(target, f"{root}/dev/{name}")
+        mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+        os.mkdir(root + "/proc", 0o555)
+        if pid_ns:  # a /proc of the new PID namespace: the host's processes are not listed, and
+            # hidepid=2 hides the root supervisor (PID 1) from the program too; a process whose
+            # effective gid is the run's view gid (`view_gid`: the grading harness, not its programs)
+            # sees every process of the run (its programs are undumpable, which hidepid hides)
+            view = spec.get("view_gid")
+            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "hidepid=2" + (f",gid={view}" if view else ""))
         else:
-            mount("/dev/null", real, None, MS_BIND)
-    if pid_ns:  # a /proc of the new PID namespace: the host's processes are not listed, and
-        # hidepid=2 hides the root supervisor (PID 1) from the program too; a process whose
-        # effective gid is the run's view gid (`view_gid`: the grading harness, not its programs)
-        # sees every process of the run (its programs are undumpable, which hidepid hides)
-        view = spec.get("view_gid")
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2" + (f",gid={view}" if view else ""))
+            mount(f"/proc/self/fd/{fds['/proc']}", root + "/proc", None, MS_BIND | MS_REC)
+        os.mkdir(root + "/tmp", 0o755)
+        mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(spec['tmpfs_bytes'])},mode=1777")
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    _pivot_root(root)
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     workdir = "/tmp/work"
     os.mkdir(workdir, 0o700)
     for name, data in files.items():
@@ -368,7 +500,7 @@ def _read_report(fd):
     return out
 
 
-def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp):
+def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup_dir=None, cpu_stat_fd=None):
     """The forked supervisor (PID 1 of the run's PID namespace, still root): isolate, start the
     program, reap until it exits, report. Never returns; its exit kills the namespace."""
 
@@ -377,6 +509,8 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp):
 
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dies -> so does the namespace
+        if cgroup_dir:  # the whole run, this supervisor included, in the run's own cgroup
+            join_cgroup(cgroup_dir)
         SUPERVISOR.set_own_deadline(float(spec["wall_seconds"]))
         flags = (CLONE_NEWNET if spec["net_ns"] else 0) | (
             CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS if spec["mount_ns"] else 0
@@ -404,12 +538,8 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp):
         exec_program(spec, workdir, fds, uid, drop, seccomp)
     for fd in fds:
         os.close(fd)
-    try:
-        while True:
-            wpid, status, rusage = os.wait4(-1, 0)  # reap every orphan of the namespace
-            if wpid == pid:
-                report(SUPERVISOR.status_fields(status, rusage))
-                break
+    try:  # reap every orphan of the namespace; one CPU budget for all of the run's processes
+        report(SUPERVISOR.watch(pid, float(spec["run_cpu_seconds"]), cpu_stat_fd))
     finally:
         if not spec["pid_ns"]:
             try:
@@ -419,12 +549,71 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp):
         os._exit(0)
 
 
+# -- the run's own cgroup (cgroup v2, where the sandbox found a memory controller) -------------
+def make_run_cgroup(plan, name):
+    """Create the run's cgroup under ``plan["parent"]``: memory.max the run's total, no swap,
+    the whole group OOM-killed together. Returns (its dir, an open descriptor of its cpu.stat)."""
+    d = os.path.join(plan["parent"], name)
+    os.mkdir(d, 0o755)
+    try:
+        settings = [("memory.max", str(int(plan["memory_max"]))), ("memory.swap.max", "0"), ("memory.oom.group", "1")]
+        for key, value in settings:
+            path = os.path.join(d, key)
+            if key != "memory.max" and not os.path.exists(path):
+                continue  # no swap accounting (then no swap to limit), or an older kernel
+            with open(path, "w") as f:
+                f.write(value)
+        if plan.get("owner") is not None:  # bubblewrap as root runs as the run's uid: it joins itself
+            os.chown(os.path.join(d, "cgroup.procs"), plan["owner"], plan["owner"])
+        return d, os.open(os.path.join(d, "cpu.stat"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        remove_run_cgroup(d)
+        raise
+
+
+def join_cgroup(d):
+    """Move this process (and so everything it starts) into the cgroup `d`."""
+    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def remove_run_cgroup(d, deadline_s=3.0):
+    """Kill whatever is left in the run's cgroup (cgroup.kill) and remove it."""
+    if not d:
+        return
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with open(os.path.join(d, "cgroup.kill"), "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > end:
+                return
+            time.sleep(0.01)
+
+
+def _cgroup_for(spec, uid=None):
+    """(dir, cpu.stat descriptor) of a new cgroup for this run, or (None, None) without one."""
+    plan = spec.get("cgroup")
+    if not plan:
+        return None, None
+    return make_run_cgroup({**plan, "owner": uid}, f"scalerl-run-{os.getpid()}")
+
+
 def run_namespaces(control, spec, t0):
     """Backend ``namespaces`` (root): see the module docstring, steps 1-5."""
     result = {"setup_error": None, "exit_code": None, "signal": None, "timed_out": False, "cpu_s": None}
     drop = bool(spec["drop_privileges"])
     uid = int(spec["uid_base"]) + os.getpid() if drop else os.getuid()
     result["uid"] = uid
+    cgroup_dir = cpu_stat_fd = None
     try:
         if drop:
             _check_unused_uid(uid)
@@ -438,9 +627,13 @@ def run_namespaces(control, spec, t0):
         )
         spec["host_workdir"] = os.path.join(control, "work")
         files = read_files(spec["host_workdir"]) if spec["mount_ns"] else {}
+        cgroup_dir, cpu_stat_fd = _cgroup_for(spec)
         if spec["pid_ns"]:
             unshare(CLONE_NEWPID)  # our next child is PID 1 of a new PID namespace
     except OSError as err:
+        if cgroup_dir:
+            os.close(cpu_stat_fd)
+            remove_run_cgroup(cgroup_dir)
         result["setup_error"] = f"{type(err).__name__}: {err}"
         return result
     report_r, report_w = os.pipe()
@@ -448,7 +641,7 @@ def run_namespaces(control, spec, t0):
     sup = os.fork()
     if sup == 0:
         os.close(report_r)
-        supervise_namespaces(spec, files, fds, uid, drop, report_w, seccomp)
+        supervise_namespaces(spec, files, fds, uid, drop, report_w, seccomp, cgroup_dir, cpu_stat_fd)
     os.close(report_w)
     for fd in fds:
         os.close(fd)
@@ -461,6 +654,9 @@ def run_namespaces(control, spec, t0):
     kill_rest = (lambda: kill_uid(uid)) if drop else kill_children
     kill_rest()
     result["reaped_leftovers"] = reap_all(kill_rest)
+    if cgroup_dir:
+        os.close(cpu_stat_fd)
+        remove_run_cgroup(cgroup_dir)
     result["wall_s"] = time.monotonic() - t0
     return result
 
@@ -492,21 +688,26 @@ def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command):
     # stdout / stderr, so a program could read its input back, or write forged output, through
     # /proc/1/fd; the supervisor is undumpable.
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # The view is an allow-list (`view_entries`): bubblewrap's root is an empty tmpfs, made
+    # read-only at the end; only the allowed paths are bound into it, read-only.
+    binds, links = view_entries(spec.get("allow_paths", []))
+    for real, _ in binds:
+        argv += ["--ro-bind", real, real]
+    for path, target in links:
+        argv += ["--symlink", target, path]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--size", str(int(spec["tmpfs_bytes"])), "--perms", "1777", "--tmpfs", "/tmp"]
     argv += ["--perms", "0700", "--dir", "/tmp/work"]
     for fd, name in file_fds:
         argv += ["--perms", "0600", "--file", str(fd), f"/tmp/work/{name}"]
-    for real, isdir in covered_paths(spec.get("readonly_empty", []) + spec.get("hide_paths", [])):
-        if real == "/proc" or real.startswith("/proc/"):
-            continue
+    for real, isdir in view_covers(spec, binds):
         if isdir:
             argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
         else:
             argv += ["--ro-bind", "/dev/null", real]
     # /dev is a fresh tmpfs (bubblewrap's --dev), sized only by half the RAM: read-only, so no
-    # program can fill host memory there (its device nodes stay usable)
-    argv += ["--remount-ro", "/dev", "--chdir", "/tmp/work"]
+    # program can fill host memory there (its device nodes stay usable); so is the root
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp/work"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--"] + list(command)
@@ -517,7 +718,7 @@ def _supervisor_source():
         return f.read()
 
 
-def exec_bwrap(argv, env, fds, keep, uid):
+def exec_bwrap(argv, env, fds, keep, uid, cgroup_dir=None):
     """In the forked child: stdio, drop root (if root), exec bubblewrap. Never returns. It stays
     in the launcher's process group, so killing that group kills it (and so its namespace)."""
     try:
@@ -526,6 +727,8 @@ def exec_bwrap(argv, env, fds, keep, uid):
             os.dup2(fd, target)
         for fd in keep:
             os.set_inheritable(fd, True)
+        if cgroup_dir:  # bubblewrap and everything of the run in the run's own cgroup
+            join_cgroup(cgroup_dir)
         if os.geteuid() == 0:  # bubblewrap never runs as root: as root its sandbox would be root's
             os.setgroups([])
             os.setresgid(uid, uid, uid)
@@ -545,6 +748,7 @@ def run_bwrap(control, spec, t0):
     uid = int(spec["uid_base"]) + os.getpid() if root else os.getuid()
     result["uid"] = uid
     opened = []
+    cgroup_dir = cpu_stat_fd = None
     try:
         if root:
             _check_unused_uid(uid)
@@ -569,10 +773,15 @@ def run_bwrap(control, spec, t0):
             opened.append(seccomp_fd)
         report_r, report_w = os.pipe()
         opened.append(report_w)
+        cgroup_dir, cpu_stat_fd = _cgroup_for(spec)
+        if cpu_stat_fd is not None:
+            opened.append(cpu_stat_fd)
         sup_spec = {
             "argv": spec["argv"],
             "env": spec["env"],
             "wall_seconds": float(spec["wall_seconds"]),
+            "run_cpu_seconds": float(spec["run_cpu_seconds"]),
+            "cpu_stat_fd": cpu_stat_fd,
             "report_fd": report_w,
             "rlimits": program_rlimits(spec, BWRAP_OWN_PROCESSES),
         }
@@ -581,14 +790,15 @@ def run_bwrap(control, spec, t0):
     except OSError as err:
         for fd in opened:
             os.close(fd)
+        remove_run_cgroup(cgroup_dir)
         result["setup_error"] = f"{type(err).__name__}: {err}"
         return result
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     child = os.fork()
     if child == 0:
         os.close(report_r)
-        keep = [fd for fd, _ in file_fds] + ([seccomp_fd] if seccomp_fd is not None else []) + [report_w]
-        exec_bwrap(argv, spec["env"], fds, keep, uid)
+        keep = [fd for fd, _ in file_fds] + [f for f in (seccomp_fd, cpu_stat_fd) if f is not None] + [report_w]
+        exec_bwrap(argv, spec["env"], fds, keep, uid, cgroup_dir)
     for fd in opened:
         os.close(fd)
     waited = wait_until(child, t0 + float(spec["wall_seconds"]))
@@ -600,6 +810,7 @@ def run_bwrap(control, spec, t0):
     result["reaped_leftovers"] = reap_all(kill_rest)  # the namespace's init, if it outlived bubblewrap
     if root:
         kill_uid(uid)
+    remove_run_cgroup(cgroup_dir)
     if any(r.get("started") for r in reports) or deadline_hit:
         _finish(result, reports, waited, deadline_hit)
     else:
@@ -681,7 +892,8 @@ def _find_bwrap():
 
 def _probe_bwrap(bwrap, seccomp):
     """Run `true` through bubblewrap with every option a run uses (as root: as nobody)."""
-    spec = {"net_ns": True, "tmpfs_bytes": 65536, "readonly_empty": ["/dev/shm"], "hide_paths": []}
+    spec = {"net_ns": True, "tmpfs_bytes": 65536, "readonly_empty": ["/dev/shm"], "hide_paths": [],
+            "allow_paths": ["/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache"]}
     seccomp_fd = seccomp.export_bpf_fd() if seccomp is not None else None
     argv = bwrap_argv(bwrap, spec, [], seccomp_fd, ["/bin/sh", "-c", "exit 0"])
     err_r, err_w = os.pipe()

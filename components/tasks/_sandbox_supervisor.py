@@ -3,15 +3,18 @@
 The launcher (`_sandbox_launcher.py`) runs this file's source as
 ``python -I -S -B -c <source> <json>`` inside bubblewrap, so it is small and imports little
 (every run pays its start-up). The JSON holds ``argv``, ``env``, ``rlimits``
-([[resource, [soft, hard]], ...]), ``wall_seconds`` and ``report_fd``, the write end of a pipe
-to the launcher.
+([[resource, [soft, hard]], ...]), ``wall_seconds``, ``run_cpu_seconds``, ``report_fd`` (the
+write end of a pipe to the launcher) and ``cpu_stat_fd`` (the run's cgroup's cpu.stat, or null).
 
 It runs already filtered by seccomp and with no-new-privileges (bubblewrap set both). It
 makes itself undumpable, so the program, though of the same uid, can neither open its report
 pipe through /proc/<pid>/fd nor read its memory (ptrace is filtered anyway); it writes
 ``{"started": true}``, forks the program (new process group, the rlimits: RLIMIT_NPROC is
 counted per user namespace, so it must be set in here, after bubblewrap made the namespace),
-waits for it and writes its exit code or signal and CPU time. Then it exits; it is the PID
+waits for it and writes its exit code or signal and CPU time. Meanwhile it reaps every
+process of the namespace and counts ONE CPU budget for the whole run (``run_cpu_seconds``):
+all its processes together, reaped ones included (`watch`); over it, it kills them all and
+reports ``cpu_limit``. Then it exits; it is the PID
 namespace's init (bubblewrap's ``--as-pid-1``), so every process of the namespace dies with it. Should its launcher be gone, it exits
 by itself a few seconds after the run's deadline (`set_own_deadline`).
 """
@@ -37,6 +40,122 @@ def status_fields(status, rusage):
     elif os.WIFSIGNALED(status):
         out["signal"] = os.WTERMSIG(status)
     return out
+
+
+# -- one CPU budget for all the run's processes ------------------------------------------------
+CPU_POLL_S = 0.05
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats():
+    """{pid: (ppid, CPU seconds of the process and of the children it reaped)} of every visible process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        try:  # state, ppid, ... utime (14), stime, cutime, cstime (17)
+            out[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK)
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def descendants(root, stats=None):
+    """(CPU seconds, pids) of the live descendants of `root`: their own CPU time and their reaped children's."""
+    stats = _proc_stats() if stats is None else stats
+    children = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, found, todo = 0.0, [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total, found
+
+
+def cgroup_cpu_seconds(fd):
+    """usage_usec of a cgroup v2 cpu.stat (an open descriptor), in seconds; None if unreadable."""
+    try:
+        for line in os.pread(fd, 4096, 0).decode().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def run_cpu_seconds(cpu_stat_fd=None):
+    """CPU seconds spent by every process of the run so far, this supervisor's own excluded: the
+    run's cgroup's cpu.stat where there is one, else the children this process reaped (every
+    orphan comes to it: it is the namespace's init, or a subreaper) plus its live descendants
+    (with the children they reaped)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    if cpu_stat_fd is not None:
+        total = cgroup_cpu_seconds(cpu_stat_fd)
+        if total is not None:
+            return max(0.0, total - own.ru_utime - own.ru_stime)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    live, _ = descendants(os.getpid())
+    return reaped.ru_utime + reaped.ru_stime + live
+
+
+def kill_descendants():
+    """SIGKILL every descendant of this process (by pid, never kill(-1)) until none is left, reaping them."""
+    for _ in range(1000):
+        _, pids = descendants(os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                return
+        signal.sigtimedwait({signal.SIGCHLD}, 0.002)
+
+
+def watch(pid, budget, cpu_stat_fd=None):
+    """Wait for the program `pid` (a child; SIGCHLD blocked), reaping every other process that
+    ends meanwhile, and enforce ONE CPU budget of `budget` seconds (whole seconds, at least 1, as
+    RLIMIT_CPU) for all the run's processes: a chain of forks, each with a fresh RLIMIT_CPU, no
+    longer outruns it. Returns the program's status fields, with ``cpu_s`` the run's total and
+    ``cpu_limit`` set when the budget killed the run (it must be over it at two polls in a row:
+    one scan of /proc may count a child both alive and in its parent's reaped time)."""
+    budget = max(1, int(-(-float(budget) // 1)))
+    over = 0
+    while True:
+        while True:
+            try:
+                wpid, status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return {"exit_code": None, "signal": int(signal.SIGKILL), "cpu_s": run_cpu_seconds(cpu_stat_fd)}
+            if wpid == 0:
+                break
+            if wpid == pid:
+                out = status_fields(status, rusage)
+                out["cpu_s"] = max(out["cpu_s"], run_cpu_seconds(cpu_stat_fd))
+                return out
+        used = run_cpu_seconds(cpu_stat_fd)
+        over = over + 1 if used >= budget else 0
+        if over >= 2:
+            kill_descendants()
+            return {"exit_code": None, "signal": int(signal.SIGKILL), "cpu_s": max(used, run_cpu_seconds(cpu_stat_fd)),
+                    "cpu_limit": True}
+        signal.sigtimedwait({signal.SIGCHLD}, CPU_POLL_S)
 
 
 def set_own_deadline(wall_seconds):
@@ -68,11 +187,16 @@ def supervise(spec):
     set_own_deadline(float(spec["wall_seconds"]))
     os.set_inheritable(report_fd, False)
     os.write(report_fd, b'{"started": true}\n')
+    cpu_stat_fd = spec.get("cpu_stat_fd")
+    if cpu_stat_fd is not None:
+        os.set_inheritable(cpu_stat_fd, False)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     pid = os.fork()
     if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         start_program(spec)
-    _, status, rusage = os.wait4(pid, 0)
-    os.write(report_fd, (json.dumps(status_fields(status, rusage)) + "\n").encode())
+    fields = watch(pid, float(spec["run_cpu_seconds"]), cpu_stat_fd)
+    os.write(report_fd, (json.dumps(fields) + "\n").encode())
     return 0
 
 

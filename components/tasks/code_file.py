@@ -436,6 +436,10 @@ def grading_limits(kind: str, num_cases: int, limits: "sandbox.SandboxLimits", c
         limits,
         wall_seconds=total,
         cpu_seconds=total,  # the harness's own limit; each program gets `limits.cpu_seconds` per case
+        # the run's one CPU budget (all processes): the harness's own, plus every case's
+        run_cpu_seconds=total + programs * rounds * float(limits.cpu_seconds),
+        # the run's one memory budget (its cgroup, where there is one): the harness and each program at once
+        run_memory_bytes=(1 + programs) * int(limits.memory_bytes) + int(limits.tmpfs_bytes),
         max_processes=1 + programs * limits.max_processes,
         max_open_files=limits.max_open_files + 8 * programs,  # the harness's pipes; each program gets its own
         output_bytes=max(limits.output_bytes, 1024 * num_cases + 65536),  # the harness's report

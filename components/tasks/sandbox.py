@@ -16,15 +16,18 @@ picks one (``"auto"``, the default: ``"namespaces"`` when this process is root, 
   (`_sandbox_seccomp.DENIED`: namespace creation, ptrace and process_vm_*, mount and
   friends, keyrings, bpf, perf_event_open, io_uring, kexec and module loading, ...; sockets
   of any family but AF_UNIX / AF_INET / AF_INET6);
-- **a private filesystem view**: a new mount namespace where /tmp is a fresh size-capped
-  tmpfs holding the working dir /tmp/work, /var/tmp, /dev/shm are empty and read-only, and
-  the repository, the task's data files, /run (unix sockets), /root, /home, $HOME, Slurm's
-  spool, munge, /srv, /mnt, /media and /var/log are covered by empty read-only mounts
-  (``bwrap``: /dev read-only too); the rest is read-only (``namespaces``: by permissions,
-  ``bwrap``: a read-only bind of /);
+- **a private filesystem view, an allow-list**: a new mount namespace whose root holds only
+  read-only binds of the allowed paths (`allowed_paths`: the interpreter, its standard library,
+  the system libraries, a few files of /etc, ``SandboxConfig.allow_paths``), a minimal
+  read-only /dev, the run's /proc and a fresh size-capped tmpfs /tmp holding the working dir
+  /tmp/work; hidden paths inside allowed dirs (the repository, the task's data) are covered.
+  Nothing else of the host (homes, /var, /srv, /run, the repository) exists inside;
 - **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE (caps stdout / stderr too:
   exactly ``output_bytes`` is allowed, one byte more is an output-limit failure),
-  RLIMIT_NOFILE, no core dumps, a wall-clock timeout. Afterwards the launcher, from outside
+  RLIMIT_NOFILE, no core dumps, a wall-clock timeout; ONE CPU budget for all the run's
+  processes (``run_cpu_seconds``) and, where a cgroup v2 memory controller can be had, one
+  memory limit for all of them (``run_memory_bytes``, the run's own cgroup; else
+  `residual_memory_risk` names what is missing, logged once). Afterwards the launcher, from outside
   the run's uid, kills the namespace and anything of the run left anywhere; nothing
   outlives a run, and no process of the run can stop the cleanup;
 - a scrubbed environment.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -60,6 +64,13 @@ READONLY_EMPTY_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home", "/var/spool", "/srv", "/etc/munge", "/var/lib/munge",
                   "/var/log", "/mnt", "/media")
 BACKENDS = ("auto", "namespaces", "bwrap")
+# The filesystem view is an allow-list: these host paths (read-only, where they exist), the
+# interpreter's own prefixes and standard library (`interpreter_paths`), the program's argv[0]
+# and `SandboxConfig.allow_paths`; plus a minimal /dev, the run's /proc and a private /tmp.
+# Nothing else of the host exists inside: no /home, /root, /var, /srv, /run, /mnt, /opt, the
+# repository, and of /etc only what the dynamic linker and the time module read.
+DEFAULT_ALLOWED = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                   "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -77,6 +88,20 @@ class SandboxLimits:
     output_bytes: int = 4 * 2**20  # RLIMIT_FSIZE: stdout, stderr and any file written
     max_open_files: int = 64  # RLIMIT_NOFILE
     tmpfs_bytes: int = 64 * 2**20  # size of the private /tmp (the working dir lives there)
+    # ONE CPU budget for all the run's processes together, reaped ones included (the supervisor
+    # sums them, or reads the run's cgroup's cpu.stat); None: cpu_seconds. Whole seconds, >= 1.
+    run_cpu_seconds: Optional[float] = None
+    # ONE memory budget for all the run's processes together, page cache, memfd, shared memory
+    # and tmpfs pages included: memory.max of the run's own cgroup (swap off), where a cgroup v2
+    # memory controller can be had (`memory_controller`); None: memory_bytes + tmpfs_bytes.
+    # Without a controller only the per-process RLIMIT_AS and the tmpfs sizes hold (`residual_memory_risk`).
+    run_memory_bytes: Optional[int] = None
+
+    def run_cpu(self) -> float:
+        return float(self.cpu_seconds if self.run_cpu_seconds is None else self.run_cpu_seconds)
+
+    def run_memory(self) -> int:
+        return int(self.memory_bytes + self.tmpfs_bytes if self.run_memory_bytes is None else self.run_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -96,6 +121,8 @@ class SandboxConfig:
             range no real account uses; a uid that names an account is refused.
         backend: ``"auto"`` (root: ``"namespaces"``; otherwise ``"bwrap"`` where bubblewrap
             works), ``"namespaces"`` (needs root) or ``"bwrap"`` (bubblewrap, any user).
+        allow_paths: extra host paths the program may read (the view is an allow-list:
+            `DEFAULT_ALLOWED`, the interpreter's prefixes and standard library, and these).
     """
 
     python: Optional[str] = None
@@ -105,8 +132,10 @@ class SandboxConfig:
     allow_unsafe: bool = False
     uid_base: int = 2_000_000_000
     backend: str = "auto"
+    allow_paths: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "allow_paths", tuple(str(p) for p in self.allow_paths))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {self.backend!r}; valid backends: {', '.join(BACKENDS)}")
         if not 65536 <= self.uid_base <= 2**31 - 1 - 2**22:
@@ -154,6 +183,119 @@ class SandboxResult:
             tail = self.stderr.strip().splitlines()[-1:] if self.stderr.strip() else []
             return f"exit code {self.exit_code}" + (f": {tail[0][:200]}" if tail else "")
         return "ok"
+
+
+# -- one memory budget per run: the run's own cgroup v2 ------------------------------------------
+# A delegated cgroup v2 dir (not root): writable by you, "memory" in its cgroup.controllers and
+# cgroup.subtree_control, and holding no process itself; each run gets a child cgroup there.
+CGROUP_ENV = "SCALERL_SANDBOX_CGROUP"
+CGROUP_DIR_NAME = "scalerl-sandbox"  # as root: <cgroup2 mount>/scalerl-sandbox/scalerl-run-<pid>
+_memcg: Optional[dict] = None
+_memcg_lock = threading.Lock()
+_warned = False
+log = logging.getLogger(__name__)
+
+
+def _words(path: str) -> Optional[list]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return None
+
+
+def decide_memory_controller(euid: int, mounts: str, env: Mapping[str, str], fs_root: str = "") -> dict:
+    """Where runs get their own cgroup with a memory limit: {"parent": dir or None, "reason",
+    "enable": [cgroup.subtree_control files to write "+memory" to, in order], "create": [dirs]}.
+
+    `mounts` is /proc/self/mounts; `fs_root` prefixes every path read (tests). A delegated dir
+    named by ``$SCALERL_SANDBOX_CGROUP`` is used as it is (it must offer and enable memory for
+    its children, and be writable); as root, ``<cgroup2 mount>/scalerl-sandbox`` is made,
+    with the memory controller enabled on the way. Otherwise (no cgroup v2, its memory
+    controller bound to cgroup v1, not root and nothing delegated) there is none."""
+    mount = next((f[1] for f in (line.split() for line in mounts.splitlines()) if len(f) > 2 and f[2] == "cgroup2"), None)
+    if mount is None:
+        return {"parent": None, "reason": "no cgroup v2 hierarchy is mounted", "enable": [], "create": []}
+    delegated = env.get(CGROUP_ENV)
+    if delegated:
+        d = os.path.normpath(delegated)
+        if not (os.path.isabs(d) and (d == mount or d.startswith(mount.rstrip("/") + "/"))):
+            return {"parent": None, "reason": f"${CGROUP_ENV}={delegated!r} is not a dir of the cgroup v2 hierarchy at {mount}",
+                    "enable": [], "create": []}
+        if "memory" not in (_words(fs_root + d + "/cgroup.controllers") or []):
+            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) has no memory controller", "enable": [], "create": []}
+        if "memory" not in (_words(fs_root + d + "/cgroup.subtree_control") or []):
+            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) does not enable memory for its children "
+                    "(echo +memory > cgroup.subtree_control)", "enable": [], "create": []}
+        if not os.access(fs_root + d, os.W_OK):
+            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) is not writable", "enable": [], "create": []}
+        return {"parent": d, "reason": f"delegated cgroup {d}", "enable": [], "create": []}
+    if euid != 0:
+        return {"parent": None, "reason": f"not root and no delegated cgroup v2 subtree (${CGROUP_ENV})", "enable": [], "create": []}
+    if "memory" not in (_words(fs_root + mount + "/cgroup.controllers") or []):
+        return {"parent": None, "reason": f"the cgroup v2 hierarchy at {mount} has no memory controller "
+                "(cgroup v1 holds it here)", "enable": [], "create": []}
+    parent = os.path.join(mount, CGROUP_DIR_NAME)
+    enable = []
+    if "memory" not in (_words(fs_root + mount + "/cgroup.subtree_control") or []):
+        enable.append(mount + "/cgroup.subtree_control")
+    if "memory" not in (_words(fs_root + parent + "/cgroup.subtree_control") or []):
+        enable.append(parent + "/cgroup.subtree_control")
+    create = [] if os.path.isdir(fs_root + parent) else [parent]
+    return {"parent": parent, "reason": f"root: runs in {parent}", "enable": enable, "create": create}
+
+
+def apply_memory_controller(plan: dict, fs_root: str = "") -> dict:
+    """Make `plan`'s dirs and enable its controllers; on failure the plan without a parent."""
+    try:
+        for d in plan["create"]:
+            os.makedirs(fs_root + d, 0o755, exist_ok=True)
+        for path in plan["enable"]:
+            with open(fs_root + path, "w") as f:
+                f.write("+memory")
+    except OSError as err:
+        return {**plan, "parent": None, "reason": f"cannot set up the memory controller ({err})"}
+    return plan
+
+
+def memory_controller() -> dict:
+    """{"parent", "reason"} of this machine, decided and set up once (`decide_memory_controller`)."""
+    global _memcg
+    with _memcg_lock:
+        if _memcg is None:
+            try:
+                with open("/proc/self/mounts") as f:
+                    mounts = f.read()
+            except OSError:
+                mounts = ""
+            _memcg = apply_memory_controller(decide_memory_controller(os.geteuid(), mounts, os.environ))
+        return dict(_memcg)
+
+
+def residual_memory_risk() -> Optional[str]:
+    """None where each run gets its own cgroup with memory.max; else the sentence naming the risk."""
+    mc = memory_controller()
+    if mc["parent"]:
+        return None
+    return (f"sandbox: no cgroup v2 memory controller for sandboxed runs ({mc['reason']}): a run's memory is "
+            "bounded only per process (RLIMIT_AS, which does not count memfd / shared-memory pages) and by its "
+            "tmpfs sizes, so the processes of one run together (up to max_processes) can hold several times "
+            "memory_mb of host memory, and a few hostile programs could get the trainer OOM-killed; run as root "
+            f"where cgroup v2 has the memory controller, or set {CGROUP_ENV} to a delegated cgroup v2 subtree")
+
+
+def sandbox_used() -> bool:
+    """Has this process created a sandbox (a code task checks the sandbox when it is built)?"""
+    return _warned
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        risk = residual_memory_risk()
+        if risk:
+            log.warning(risk)
 
 
 # -- capabilities ------------------------------------------------------------------------
@@ -290,6 +432,59 @@ def hidden_paths(config: SandboxConfig, python: str, *more_interpreters: str) ->
     return out
 
 
+_interp_cache: dict = {}
+_INTERP_QUERY = r"""
+import json, os, sys, sysconfig
+dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+paths = sysconfig.get_paths()
+dirs |= {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+dirs |= {os.path.dirname(os.path.join(d, "x")) for d in sys.path if d and os.path.isdir(d)}
+links = set()
+for d in (paths.get("stdlib"), paths.get("platstdlib")):  # Debian: sitecustomize.py -> /etc/python3.X/
+    if d and os.path.isdir(d):
+        for n in os.listdir(d):
+            if os.path.islink(os.path.join(d, n)):
+                links.add(os.path.realpath(os.path.join(d, n)))
+print(json.dumps(sorted(dirs | links)))
+"""
+
+
+def interpreter_paths(python: str) -> list[str]:
+    """What the interpreter `python` reads to start (cached): its prefixes, standard library,
+    site-packages and what the standard library's own symbolic links point to. Asked of the
+    interpreter itself (``-I``: no environment, no user site)."""
+    key = os.path.abspath(python)
+    if key not in _interp_cache:
+        try:
+            proc = subprocess.run([python, "-I", "-c", _INTERP_QUERY], capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
+            found = json.loads(proc.stdout) if proc.returncode == 0 else []
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            found = []
+        _interp_cache[key] = [p for p in found if isinstance(p, str) and os.path.isabs(p)]
+    return list(_interp_cache[key])
+
+
+def allowed_paths(config: SandboxConfig, program: str, *interpreters: str) -> list[str]:
+    """The host paths of the run's filesystem view (read-only): `DEFAULT_ALLOWED`, the program
+    (argv[0]) and each interpreter with what it reads to start, `config.allow_paths`. Never "/"
+    nor this repository (when hidden), nor anything inside a hidden path (those are covered)."""
+    paths = list(DEFAULT_ALLOWED) + [program] + [str(p) for p in config.allow_paths]
+    for interp in (program, *interpreters):
+        if interp and os.path.basename(interp).startswith("python"):
+            paths += [interp] + interpreter_paths(interp)
+    out = []
+    for p in paths:
+        if not p or not os.path.isabs(p):
+            continue
+        real = os.path.realpath(p)
+        if real == "/" or (config.hide_repo and real != REPO_ROOT and os.path.commonpath([real, REPO_ROOT]) == real):
+            continue  # an ancestor of the repository: it would show the repository's neighbours
+        if p not in out:
+            out.append(p)
+    return out
+
+
 def control_hidden(control: str, *interpreters: Optional[str]) -> list[str]:
     """What to cover so the program sees no control dir: the temp dir holding every run's
     control dir (other runs' too: queued ones hold their spec and program there, and under
@@ -352,6 +547,7 @@ def run_program(
     even when they are undumpable; a child drops it with ``setresgid(gid, gid, gid)``.
     (Bubblewrap's /proc hides nothing of the run's own uid.)"""
     plan = _plan or isolation_plan(config)
+    _warn_once()
     if not argv or not os.path.isabs(argv[0]):
         raise ValueError(f"argv[0] must be an absolute path, got {list(argv)[:1]}")
     for name in files:
@@ -387,9 +583,13 @@ def run_program(
             "output_bytes": limits.output_bytes,
             "max_open_files": limits.max_open_files,
             "tmpfs_bytes": limits.tmpfs_bytes,
+            "run_cpu_seconds": limits.run_cpu(),
+            "cgroup": ({"parent": memory_controller()["parent"], "memory_max": limits.run_memory()}
+                       if memory_controller()["parent"] else None),
             "uid_base": config.uid_base,
             "readonly_empty": list(READONLY_EMPTY_DIRS),
             "hide_paths": hidden_paths(config, argv[0], supervisor or "") + control_hidden(control, argv[0], supervisor),
+            "allow_paths": allowed_paths(config, argv[0], *([supervisor] if supervisor else [])),
             "supervisor_python": supervisor,
             "process_view": bool(process_view),
             **plan,
@@ -454,7 +654,7 @@ def _launch_now(control: str, limits: SandboxLimits, config: SandboxConfig, plan
         return SandboxResult(stdout, stderr, None, None, launcher_timeout, False, False, 0.0, None, f"{why}: {log_text}")
     sig = res.get("signal")
     cpu_s = res.get("cpu_s")
-    cpu_limit = sig == signal.SIGXCPU or (
+    cpu_limit = bool(res.get("cpu_limit")) or sig == signal.SIGXCPU or (
         sig == signal.SIGKILL and cpu_s is not None and cpu_s >= max(1.0, limits.cpu_seconds) - 0.05
     )
     return SandboxResult(
