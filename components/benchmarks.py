@@ -110,9 +110,15 @@ def read_rows(spec: Union[str, Mapping[str, Any]]) -> tuple[list[dict], list[str
         raise FileNotFoundError(f"benchmark file {path!r} does not exist")
     try:
         rows, columns, _ = load_rows(path, None, spec.get("split") or "train", name=spec.get("subset"))
-    except (FileNotFoundError, ValueError):
-        raise
-    except Exception as err:  # datasets' own errors (no such split, unreadable file, not on the hub)
+    except Exception as err:
+        # a JSON file that does not parse: name its first broken line, counted from 1 (datasets
+        # says only "position N" of a block, or a 0-based row in a log line)
+        broken = json_syntax_error(p) if p.suffix.lower() in (".jsonl", ".json") and p.is_file() else None
+        if broken:
+            raise ValueError(f"benchmark {path!r}: {broken}") from err
+        if isinstance(err, (FileNotFoundError, ValueError)):
+            raise
+        # datasets' own errors (no such split, unreadable file, not on the hub)
         raise ValueError(f"benchmark {path!r} could not be loaded with datasets: {type(err).__name__}: {err}") from err
     if spec.get("limit") is not None:
         limit = int(spec["limit"])
@@ -122,6 +128,39 @@ def read_rows(spec: Union[str, Mapping[str, Any]]) -> tuple[list[dict], list[str
     if not rows:
         raise ValueError(f"benchmark {path!r} has no rows")
     return rows, columns
+
+
+def json_syntax_error(path: Union[str, Path]) -> Optional[str]:
+    """Where a .jsonl / .json file first fails to parse, as "line N (column C): <why>: <the line>"
+    with N counted from 1; None when it parses. A file whose text starts with '[' is one JSON
+    document; any other is JSON Lines (one value per line, blank lines skipped)."""
+    import json
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return f"cannot be read as UTF-8 text: {err}"
+    lines = text.splitlines()
+
+    def where(lineno: int, colno: int, msg: str) -> str:
+        line = lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        shown = line if len(line) <= 120 else line[:117] + "..."
+        return f"line {lineno} (column {colno}) is not valid JSON: {msg}: {shown!r}"
+
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            return where(err.lineno, err.colno, err.msg)
+        return None
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as err:
+            return where(i, err.colno, err.msg)
+    return None
 
 
 def _pick(columns: Sequence[str], given: Optional[str], candidates: Sequence[str], what: str, path: str) -> Optional[str]:

@@ -50,18 +50,20 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"families": table, "import_errors": failures}, indent=2))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # every text cell is escaped: a description's "[low, high]" is text, not rich markup
     console = Console()
     for fam, entries in table.items():
-        t = Table(title=f"{fam} ({len(entries)})", title_justify="left", show_lines=False)
+        t = Table(title=escape(f"{fam} ({len(entries)})"), title_justify="left", show_lines=False)
         t.add_column("name", style="bold cyan")
         t.add_column("parameters (defaults)")
         t.add_column("description")
         for name, info in entries.items():
             params = ", ".join(f"{k}={v!r}" if v != "<required>" else f"{k} (required)" for k, v in info["params"].items())
-            t.add_row(name, params or "-", info["doc"])
+            t.add_row(escape(name), escape(params or "-"), escape(info["doc"] or ""))
         console.print(t)
     for mod, err in failures.items():
-        console.print(f"[yellow]note:[/] {mod} not loaded ({err})")
+        console.print(f"[yellow]note:[/] {escape(mod)} not loaded ({escape(str(err))})")
     return 0

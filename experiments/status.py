@@ -249,6 +249,13 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
+    if not rows:  # as `scalerl fit` does: nothing to show is an error a script can see
+        if args.json:
+            print("[]")
+        Console(stderr=True).print(f"[red]error:[/red] no runs under {args.path} (a run directory holds run.json, "
+                                   "metrics.jsonl or slurm.json; a sweep's runs are in runs/<sweep>/)",
+                                   highlight=False, soft_wrap=True)
+        return 1
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2, default=str))
     else:

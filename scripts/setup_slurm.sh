@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Install and start a real single-node Slurm (Debian slurm-wlm + munge + slurmdbd/MariaDB
-# for sacct) using shared/slurm/start_slurm.sh. Run as root. Idempotent.
+# Install and start the tests' single-node Slurm: Debian's slurm-wlm, munge, and slurmdbd with
+# MariaDB for accounting (sacct, which submitit polls). Run as root. Idempotent: installs only
+# what is missing and starts only the daemons that are down. Everything it needs is in this
+# repository: scripts/slurm/ (config templates, start.sh, stop.sh).
+#   bash scripts/setup_slurm.sh          # install + start
+#   bash scripts/slurm/stop.sh           # stop every daemon it started
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SLURM_DIR=${SCALERL_SLURM_DIR:-}
-for d in "$SLURM_DIR" ../shared/slurm shared/slurm; do
-  if [ -n "$d" ] && [ -f "$d/start_slurm.sh" ]; then SLURM_DIR=$d; break; fi
+[ "$(id -u)" = 0 ] || { echo "[slurm] error: run as root (it installs packages and starts daemons)" >&2; exit 1; }
+missing=0
+for cmd in slurmctld slurmd sinfo sbatch munged slurmdbd mariadbd; do
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing=1
 done
-if [ ! -f "$SLURM_DIR/start_slurm.sh" ]; then echo "[slurm] start_slurm.sh not found (looked in ../shared/slurm, shared/slurm)"; exit 1; fi
-if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmdbd >/dev/null 2>&1; then
-  echo "[slurm] installing slurm-wlm, munge, slurmdbd, mariadb-server"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmctld slurmd munge slurmdbd mariadb-server >/dev/null
+if [ "$missing" = 1 ]; then
+  command -v apt-get >/dev/null 2>&1 || { echo "[slurm] error: Slurm is not installed and there is no apt-get (Debian/Ubuntu) to install it" >&2; exit 1; }
+  echo "[slurm] installing slurm-wlm, munge, slurmdbd, mariadb-server (log: /tmp/scalerl-slurm-apt.log)"
+  log=/tmp/scalerl-slurm-apt.log
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      slurm-wlm slurmctld slurmd slurm-client munge slurmdbd mariadb-server mariadb-client; } >"$log" 2>&1 \
+    || { tail -n 30 "$log" >&2; echo "[slurm] error: apt-get failed (log: $log)" >&2; exit 1; }
 fi
-# A MariaDB that was killed leaves its socket behind; start_slurm.sh would then query too early.
-if ! pidof mariadbd >/dev/null 2>&1; then rm -f /run/mysqld/mysqld.sock; fi
-# setsid: start_slurm.sh starts MariaDB with `nohup ... &`, which would otherwise die with the
-# calling shell's session (slurmctld, slurmd and slurmdbd daemonize themselves).
-setsid -w bash "$SLURM_DIR/start_slurm.sh"
+exec bash scripts/slurm/start.sh

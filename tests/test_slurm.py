@@ -1,4 +1,5 @@
-"""Sweeps on a REAL single-node Slurm cluster (shared/slurm/start_slurm.sh; `.ci/run` starts it).
+"""Sweeps on a REAL single-node Slurm cluster (the repository's own: scripts/setup_slurm.sh installs
+and starts it from scripts/slurm/, as root; `scripts/test.sh` and `.ci/run` do that first).
 
 - the tiny `loss_type` sweep through `scalerl sweep --executor slurm`: one job array of 3 runs
   of the real trainer, each finishes and logs, `scalerl status` shows them, a re-run skips them;
@@ -236,18 +237,21 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
 def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatch):
     """A real Slurm time limit (1 minute, the smallest): submitit asks for USR2 `signal_delay`
     seconds before it, checkpoints, requeues; the next attempt resumes (stand-in trainer,
-    one step per second, so the first attempt cannot finish in time)."""
+    one step per second, so the first attempt cannot finish in time). slurmctld checks time
+    limits every 30 s and sends the warning up to 30 s early, so with 40 s before the 1-minute
+    limit USR2 comes 0-30 s into an attempt: 40 steps (40 s) are more than one attempt can do
+    (with 30, an attempt that got its signal at 30 s had already finished)."""
     from _helpers_sweep import FAKE_RECIPE
 
     monkeypatch.setenv("SCALERL_FAKE_STEP_S", "1.0")
     (tmp_path / "recipe.gin").write_text(FAKE_RECIPE)
     spec = L.parse_spec_text('sweep.name = "tl"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
-                             "sweep.values = [30]" % (tmp_path / "recipe.gin"))
+                             "sweep.values = [40]" % (tmp_path / "recipe.gin"))
     runs = L.expand(spec, "paper")
     root = tmp_path / "runs"
     opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=1, signal_delay_s=40, target=FAKE)
     ((planned, job),) = L.submit(L.plan(runs, root), opts, root, "tl")
-    deadline = time.time() + 200
+    deadline = time.time() + 300
     released = set()
     held_since: dict[int, float] = {}
     while True:
@@ -268,7 +272,7 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
     assert [a["restart_count"] for a in starts] == list(range(len(starts))) and len(starts) >= 2
     assert any(a.get("event") == "interrupted" for a in lines)
     assert json.loads((planned.run_dir / "run.json").read_text())["status"] == "done"
-    assert _steps(planned.run_dir / "metrics.jsonl") == list(range(1, 31))
+    assert _steps(planned.run_dir / "metrics.jsonl") == list(range(1, 41))
     log = "".join(p.read_text() for p in (root / "tl" / ".submitit").glob("*_log.err"))
     assert "timed-out" in log, "submitit did not see a time-out"
 

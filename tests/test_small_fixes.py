@@ -1,0 +1,129 @@
+"""Issue 33, item 9: small things a newcomer meets in the first hour.
+
+- `scalerl status` of a directory with no runs is an error (exit 1), as `scalerl fit` is;
+- `scalerl components` prints bracketed text of a description as text, not rich markup;
+- `scalerl sweep --help` says the default executor is slurm;
+- a sweep spec copied out of the repository still finds its overlays and recipes;
+- a benchmark file with a broken JSON line names that line, counted from 1, in the error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments import launch as L
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_status_of_a_directory_without_runs_is_an_error(tmp_path, capsys):
+    from experiments.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["status", str(tmp_path / "empty"), "--no-slurm"]) == 1
+    err = capsys.readouterr().err
+    assert f"no runs under {tmp_path / 'empty'}" in err, err
+    assert main(["status", str(tmp_path / "empty"), "--no-slurm", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == [] and "no runs under" in captured.err
+    # a missing directory stays a usage error (2), a directory with a run is shown (0)
+    assert main(["status", str(tmp_path / "missing"), "--no-slurm"]) == 2
+    run = tmp_path / "sweep" / "r0"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "r0", "status": "done"}))
+    assert main(["status", str(tmp_path / "sweep"), "--no-slurm"]) == 0
+
+
+def test_components_prints_bracketed_text_of_descriptions(monkeypatch, capsys):
+    from experiments.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line: the text is not wrapped
+    assert main(["components", "--family", "losses"]) == 0
+    out = capsys.readouterr().out
+    assert "zero gradient where rho is outside [low, high]" in out, out
+
+
+def test_sweep_help_names_the_default_executor(capsys):
+    from experiments.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "slurm (the default)" in text, text
+
+
+def _copy_spec(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(L.SWEEPS_DIR / "loss_type.gin", dest / "my_loss_type.gin"))
+
+
+def test_a_copied_spec_finds_the_repository_overlays_and_recipes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository: nothing is found relative to the working directory
+    spec = _copy_spec(tmp_path / "elsewhere")
+    for scale, recipe in (("paper", "scalerl.gin"), ("tiny", "tiny_cpu.gin")):
+        runs = L.expand(L.load_spec(spec), scale)
+        assert runs
+        for run in runs:
+            assert run.config_files == (str((L.CONFIGS_DIR / recipe).resolve()),
+                                        str((L.SWEEPS_DIR / "overlays" / "baseline.gin").resolve())), run
+
+
+def test_a_spec_prefers_files_next_to_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = _copy_spec(tmp_path / "mine")
+    (tmp_path / "mine" / "overlays").mkdir()
+    own = tmp_path / "mine" / "overlays" / "baseline.gin"
+    own.write_text("train.seed = 0\n")
+    (run, *_) = L.expand(L.load_spec(spec), "tiny")
+    assert run.config_files[1] == str(own.resolve())
+
+
+def test_an_unresolvable_config_names_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = _copy_spec(tmp_path / "mine")
+    spec.write_text(spec.read_text().replace("overlays/baseline.gin", "overlays/nope.gin"))
+    with pytest.raises(L.SweepError) as err:
+        L.expand(L.load_spec(spec), "tiny")
+    msg = str(err.value)
+    assert "'overlays/nope.gin' not found" in msg, msg
+    for place in (tmp_path / "mine", L.SWEEPS_DIR, L.CONFIGS_DIR):
+        assert str(place / "overlays" / "nope.gin") in msg, msg
+    assert "overlays/baseline.gin" in msg  # what there is
+
+
+BROKEN = '{"problem": "1+1", "answer": "2"}\n\n{"problem": "2+2", "answer": "4"}\n{"problem": "3+3", "answer": \n' \
+         '{"problem": "4+4", "answer": "8"}\n'
+
+
+def test_a_broken_json_line_of_a_benchmark_is_named_from_1(tmp_path):
+    from components.benchmarks import json_syntax_error, load_benchmark
+
+    bad = tmp_path / "bench.jsonl"
+    bad.write_text(BROKEN)
+    with pytest.raises(ValueError) as err:
+        load_benchmark(str(bad))
+    msg = str(err.value)
+    assert "line 4 (column" in msg and "is not valid JSON" in msg and '"3+3"' in msg, msg
+    # a single JSON document: the line and column of its error, from 1
+    doc = tmp_path / "bench.json"
+    doc.write_text('[\n  {"problem": "1+1", "answer": "2"},\n  {"problem": "2+2" "answer": "4"}\n]\n')
+    assert json_syntax_error(doc).startswith("line 3 (column 21)"), json_syntax_error(doc)
+    good = tmp_path / "good.jsonl"
+    good.write_text(BROKEN.replace('"answer": \n', '"answer": "6"}\n'))
+    assert json_syntax_error(good) is None
+    assert len(load_benchmark(str(good)).problems) == 4
+
+
+def test_scalerl_eval_reports_the_broken_line(tmp_path, capsys):
+    from experiments.cli import main
+
+    bad = tmp_path / "bench.jsonl"
+    bad.write_text(BROKEN)
+    assert main(["eval", str(tmp_path), "--benchmark", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 4 (column" in err and "bench.jsonl" in err, err
