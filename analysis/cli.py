@@ -1,4 +1,6 @@
-"""`scalerl fit RUNS` and `scalerl figures RUNS --out DIR` (dispatched by experiments/cli.py)."""
+"""`scalerl fit RUNS`, `scalerl compare RUNS` and `scalerl figures RUNS --out DIR` (dispatched by
+experiments/cli.py). All three go through `analysis.study.summarize`, so a verdict printed by one
+is the verdict of the others and of the reproduction report."""
 
 from __future__ import annotations
 
@@ -28,14 +30,25 @@ def _margin_arg(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _equivalence_arg(text: str) -> float:
+    from analysis.compare import parse_equivalence
+
+    try:
+        return parse_equivalence(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     from analysis.protocol import PROTOCOLS
+    from analysis.runs import COMPUTE_AXES
 
     parser.add_argument("runs", help="a run directory, a sweep directory or a directory of sweeps")
-    parser.add_argument("--compute", choices=["compute_hours", "flops", "cpu_hours"], default="compute_hours",
-                        help="compute axis (default: compute_hours = devices reserved × training wall-clock hours; "
-                             "cpu_hours = the run's CPU time, a second view: blind to idle time, and itself moved by "
-                             "neighbours' cache use; BENCHMARKS.md)")
+    parser.add_argument("--compute", choices=list(COMPUTE_AXES), default="auto",
+                        help="compute axis: auto (default) = flops at tiny scale (every run on CPU: identical runs "
+                             "differ 0.2%% in FLOPs, 3.7%% in wall-clock), compute_hours otherwise (devices reserved × "
+                             "training wall-clock hours, the paper's GPU-hours); cpu_hours = the run's CPU time, a "
+                             "second view (BENCHMARKS.md)")
     parser.add_argument("--min-compute", type=_min_compute_arg, default="paper", metavar="paper|epoch|none|C",
                         help="where each fit starts: 'paper' (default) = where the paper starts it: a "
                              "whole-run fit at the end of the run's first epoch (first metrics line with "
@@ -46,20 +59,26 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="fit protocol: auto (default) = the paper's for each sweep (whole run for forward "
                              "ablations, the first half for leave-one-out, seeds, recipes and scaling axes)")
     parser.add_argument("--margin", type=_margin_arg, default="auto", metavar="auto|FLOAT",
-                        help="margin on A for the paper's comparison rule: auto (default) = measured from the "
-                             "seeds (t(0.975, df)·s_A·sqrt(1/n_a+1/n_b); the scalerl_seeds sweep beside a sweep "
-                             "without seeds), the paper's 0.02 where no seeds exist; or a number")
+                        help="margin on A of the paper's rule, used only for the `rank` column: auto (default) = "
+                             "measured from the seeds (t(0.975, df)·s_A·sqrt(1/n_a+1/n_b)), the paper's 0.02 where "
+                             "no seeds exist; or a number. Verdicts come from intervals (--equivalence)")
+    parser.add_argument("--equivalence", type=_equivalence_arg, default=0.02, metavar="DELTA",
+                        help="δ of the equivalence test: two configurations are `equivalent` when the two one-sided "
+                             "tests put their difference inside ±δ (default 0.02, the paper's margin)")
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
-    parser.add_argument("--csv", default="fits.csv",
-                        help="per-run table (default: ./fits.csv); beside it <stem>_configs.csv (per "
-                             "configuration: mean A, B and 3-seed intervals) and <stem>_claims.csv (the paper's "
-                             "findings judged)")
+    parser.add_argument("--csv", default=None,
+                        help="per-run table (default: RUNS/fits.csv, next to the runs); beside it <stem>_configs.csv "
+                             "(per configuration: A, B and tail with intervals over seeds), <stem>_claims.csv (the "
+                             "paper's findings judged on each metric) and <stem>_pairs.csv (every pair compared)")
     parser.add_argument("--fraction", type=float, default=None,
                         help="fit only the first FRACTION of each run's compute and predict its end "
-                             "(overrides the protocol's range)")
+                             "(overrides the protocol's range): the sigmoid's prediction with its bootstrap "
+                             "interval (--predict-boot) beside a log-linear baseline on the same points")
+    parser.add_argument("--predict-boot", type=int, default=100, metavar="N",
+                        help="with --fraction: bootstrap resamples behind each prediction interval (default 100; 0: none)")
     parser.add_argument("--min-points", type=int, default=6, help="runs with fewer evaluations are not fitted")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N",
                         help="add N-resample bootstrap 95%% intervals for A, B, C_mid (seeded)")
@@ -70,9 +89,10 @@ def fit_kwargs(args: argparse.Namespace) -> dict:
     """The keyword arguments of `analysis.study.summarize` that `scalerl fit` passes (the report uses
     the same defaults)."""
     return dict(compute=args.compute, protocol=None if args.protocol == "auto" else args.protocol,
-                min_compute=args.min_compute, margin=args.margin,
+                min_compute=args.min_compute, margin=args.margin, equivalence=getattr(args, "equivalence", 0.02),
                 min_points=getattr(args, "min_points", 6), fraction=getattr(args, "fraction", None),
-                bootstrap=getattr(args, "bootstrap", 0), seed=getattr(args, "seed", 0))
+                bootstrap=getattr(args, "bootstrap", 0), seed=getattr(args, "seed", 0),
+                predict_boot=getattr(args, "predict_boot", 0))
 
 
 def fit_tables(summaries: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -97,6 +117,9 @@ def fit_main(args: argparse.Namespace) -> int:
     if args.fraction is not None and not 0.0 < args.fraction < 1.0:
         console.print(f"[red]--fraction must be in (0, 1), got {args.fraction}")
         return 2
+    if args.predict_boot < 0:
+        console.print(f"[red]--predict-boot must be >= 0, got {args.predict_boot}")
+        return 2
     try:
         summaries = summarize(args.runs, **fit_kwargs(args))
     except FileNotFoundError as e:
@@ -107,11 +130,14 @@ def fit_main(args: argparse.Namespace) -> int:
         return 1
     runs, configs, claims = fit_tables(summaries)
     out = runs.drop(columns=["fit"])
-    csv = Path(args.csv)
+    root = Path(args.runs)
+    csv = Path(args.csv) if args.csv else (root if root.is_dir() else root.parent) / "fits.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(csv, index=False)
     configs.to_csv(csv.with_name(f"{csv.stem}_configs.csv"), index=False)
     claims.to_csv(csv.with_name(f"{csv.stem}_claims.csv"), index=False)
+    pd.DataFrame([p.as_dict() for s in summaries.values() for p in s.pairs]).to_csv(
+        csv.with_name(f"{csv.stem}_pairs.csv"), index=False)
     _print_tables(console, out, summaries, args)
     contended = out[out["contended"].fillna(False).astype(bool)]
     if len(contended):
@@ -120,7 +146,8 @@ def fit_main(args: argparse.Namespace) -> int:
         names = ", ".join(f"{r.sweep}/{r.run} ({r.contention_run:.0%})" for r in contended.itertuples())
         console.print(f"[yellow]warning: {len(contended)} run(s) with CPU contention above {CONTENTION_LIMIT:.0%} "
                       f"(their compute axis is stretched; re-run them alone): {names}", highlight=False)
-    console.print(f"wrote {csv}, {csv.with_name(csv.stem + '_configs.csv')}, {csv.with_name(csv.stem + '_claims.csv')}")
+    console.print(f"wrote {csv}, {csv.with_name(csv.stem + '_configs.csv')}, {csv.with_name(csv.stem + '_claims.csv')}, "
+                  f"{csv.with_name(csv.stem + '_pairs.csv')}")
     return 0
 
 
@@ -149,9 +176,12 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
     cols = [("label", "run", ""), ("status", "status", ""), ("n_evals", "evals", ""), ("A", "A", ".3f"),
             ("B", "B", ".2f"), ("C_mid", "C_mid", ".3g"), ("rank", "rank", ".0f"),
             ("B_at_common_A", "B@common A", ".2f"), ("predicted_final", "pred. final", ".3f"),
-            ("observed_final", "obs. final", ".3f"), ("A_lo", "A lo", ".3f"), ("A_hi", "A hi", ".3f"),
-            ("contention", "contention", "")]
+            ("predicted_low", "pred. lo", ".3f"), ("predicted_high", "pred. hi", ".3f"),
+            ("observed_final", "obs. final", ".3f"), ("baseline_final", "log-lin. final", ".3f"),
+            ("A_profile", "A 95% profile", ""), ("tail", "tail", ".3f"), ("A_lo", "A lo (boot)", ".3f"),
+            ("A_hi", "A hi (boot)", ".3f"), ("contention", "contention", "")]
     n_seeds = out.groupby(["sweep", "config"], dropna=False)["seed"].transform("nunique") if "seed" in out else 0
+    out = out.assign(A_profile=[_profile_text(r) for _, r in out.iterrows()])
     out = out.assign(label=[_label(r, n > 1) for (_, r), n in zip(out.iterrows(), np.broadcast_to(n_seeds, len(out)))],
                      contention=[("" if pd.isna(c) else f"{c:.0%}" + (" !" if k else ""))
                                  for c, k in zip(out["contention_run"], out["contended"].fillna(False))])
@@ -159,7 +189,7 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
     for sweep, g in out.groupby("sweep", sort=True):
         s = summaries[sweep]
         rules = g["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
-        console.print(f"[bold]{sweep}[/]: fit protocol {s.protocol.name} "
+        console.print(f"[bold]{sweep}[/]: compute axis {s.compute}; fit protocol {s.protocol.name} "
                       f"({s.protocol.range_text(g['fit_fraction'].iloc[0])}); min_compute: "
                       + ", ".join(f"{r or '-'} ({n})" for r, n in rules.items())
                       + f"; margin on A {s.margin.describe()}", highlight=False)
@@ -178,21 +208,51 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
             console.print(n, style="yellow", highlight=False)
         cfg = s.configs
         if (cfg["n_runs"] > 1).any():
-            tc = Table(title=f"{sweep}: per configuration (mean over seeds, 95% t-interval)")
-            for head in ("config", "seeds", "A [95% CI]", "B [95% CI]", "C_mid", "rank", "B@common A"):
+            tc = Table(title=f"{sweep}: per configuration (mean over seeds, 95% t-interval; tail over the last 20% "
+                             f"of the common window, to {s.tail_end:.4g})")
+            for head in ("config", "seeds fitted", "A identified", "A [95% CI]", "B [95% CI]", "C_mid",
+                         "tail [95% CI]", "rank (paper's rule)"):
                 tc.add_column(head)
             for r in cfg.sort_values("rank").itertuples():
-                tc.add_row(str(r.config), f"{r.n_fitted}/{r.n_runs}", _interval(r.A, r.A_lo, r.A_hi, ".3f"),
-                           _interval(r.B, r.B_lo, r.B_hi, ".2f"), _fmt(r.C_mid, ".3g"), _fmt(r.rank, ".0f"),
-                           _fmt(r.B_at_common_A, ".2f"))
+                tc.add_row(config_label(r.config, r.paper_config), f"{r.n_fitted}/{r.n_runs}",
+                           f"{r.n_identified}/{r.n_fitted}", _interval(r.A, r.A_lo, r.A_hi, ".3f"),
+                           _interval(r.B, r.B_lo, r.B_hi, ".2f"), _fmt(r.C_mid, ".3g"),
+                           _interval(r.tail, r.tail_lo, r.tail_hi, ".3f"), _fmt(r.rank, ".0f"))
             console.print(tc)
+        if s.pairs:
+            tp = Table(title=f"{sweep}: every pair (a − b, 95% interval; equivalent = inside ±{s.equivalence:g} by TOST)")
+            for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict"):
+                tp.add_column(head, overflow="fold")
+            for p in s.pairs:
+                tp.add_row(p.a, p.b, p.metric, _interval(p.diff.delta, p.diff.low, p.diff.high, "+.3f"),
+                           p.diff.method, p.verdict + (f" ({p.reason})" if p.reason else ""))
+            console.print(tp)
         if len(s.claims):
-            tv = Table(title=f"{sweep}: the paper's finding, judged (margin {s.margin.source})")
-            for head in ("claim", "ours", "verdict"):
+            tv = Table(title=f"{sweep}: the paper's finding, judged on A and on tail")
+            for head in ("claim", "A: ours", "A: verdict", "tail: ours", "tail: verdict"):
                 tv.add_column(head, overflow="fold")
             for r in s.claims.itertuples():
-                tv.add_row(r.claim, str(r.ours), f"{r.verdict}" + (f" ({r.why})" if isinstance(r.why, str) and r.why else ""))
+                tv.add_row(r.claim, str(r.ours_A), _verdict_text(r.verdict_A, r.why_A), str(r.ours_tail),
+                           _verdict_text(r.verdict_tail, r.why_tail))
             console.print(tv)
+
+
+def _verdict_text(verdict, why) -> str:
+    return f"{verdict}" + (f" ({why})" if isinstance(why, str) and why else "")
+
+
+def _profile_text(row: pd.Series) -> str:
+    lo, hi = row.get("A_profile_lo"), row.get("A_profile_hi")
+    if lo is None or pd.isna(lo):
+        return ""
+    return f"[{lo:.3f}, {hi:.3f}]" + ("" if bool(row.get("A_identified")) else " not identified")
+
+
+def config_label(config: str, paper_config) -> str:
+    """'k1 (paper: k4)' where the run's name says what ran and the paper named it otherwise."""
+    if isinstance(paper_config, str) and paper_config and paper_config != config:
+        return f"{config} (paper: {paper_config})"
+    return str(config)
 
 
 def _interval(m, lo, hi, spec: str) -> str:
@@ -245,3 +305,54 @@ def figures_main(args: argparse.Namespace) -> int:
         console.print(f"[red]failed[/] {fig_id}: {err}")
     console.print(f"{len(written)} drawn, {len(missing)} missing, {len(failed)} failed -> {args.out}")
     return 1 if failed else 0
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+    parser.add_argument("--metric", choices=["A", "tail", "both"], default="both",
+                        help="A = the law's asymptote (counts only where every run's 95%% profile interval is at most "
+                             "0.1 wide); tail = the mean held-out pass rate over the last 20%% of the sweep's common "
+                             "compute window; both (default)")
+    parser.add_argument("--min-points", type=int, default=6, help="runs with fewer evaluations are not fitted")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON list, one object per pair and metric: sweep, a, b, metric, delta (a − b), "
+                             "low, high, n, paired, identified, verdict (better | worse | equivalent | inconclusive, "
+                             "relative to a), and n_a, n_b, equivalence, reason")
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    """Every pair of configurations of every sweep under RUNS, on A and/or tail."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.study import summarize
+
+    console = Console(width=max(Console().width, 120), stderr=args.json)
+    try:
+        summaries = summarize(args.runs, **fit_kwargs(args))
+    except FileNotFoundError as e:
+        console.print(f"[red]{e}")
+        return 2
+    if not summaries:
+        console.print(f"[red]no runs under {args.runs}")
+        return 1
+    metrics = ("A", "tail") if args.metric == "both" else (args.metric,)
+    pairs = [p for s in summaries.values() for p in s.pairs if p.metric in metrics]
+    if args.json:
+        print(json.dumps([p.as_dict() for p in pairs], indent=1))
+        return 0
+    for sweep, s in summaries.items():
+        mine = [p for p in s.pairs if p.metric in metrics]
+        t = Table(title=f"{sweep}: a − b on {s.compute} (95% interval; equivalent = inside ±{s.equivalence:g} by TOST)")
+        for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict"):
+            t.add_column(head, overflow="fold")
+        for p in mine:
+            t.add_row(p.a, p.b, p.metric, _interval(p.diff.delta, p.diff.low, p.diff.high, "+.3f"), p.diff.method,
+                      p.verdict + (f" ({p.reason})" if p.reason else ""))
+        console.print(t)
+    counts = pd.Series([p.verdict for p in pairs]).value_counts()
+    console.print("verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in
+                                           ("better", "worse", "equivalent", "inconclusive")), highlight=False)
+    return 0

@@ -31,16 +31,32 @@ import numpy as np
 import pandas as pd
 
 from analysis.protocol import epoch1_compute, fit_with_protocol, get_protocol, is_contended
-from analysis.scaling_law import FitError, FitResult, fit
+from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, prediction_interval, profile_A
 
 log = logging.getLogger(__name__)
 
-__all__ = ["find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
+__all__ = ["resolve_compute", "COMPUTE_AXES", "find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
            "config_name", "is_benchmark_row", "epoch_info", "run_contention"]
 
 # Columns that identify a run in every frame.
 RUN_KEYS = ["sweep", "run", "factor", "value", "recipe", "seed", "status"]
 COMPUTE_COLUMNS = ("compute_hours", "flops", "cpu_hours")
+COMPUTE_AXES = ("auto", *COMPUTE_COLUMNS)
+
+
+def resolve_compute(frame: pd.DataFrame | None, compute: str = "auto") -> str:
+    """The compute axis to fit on. "auto": FLOPs at tiny scale (every run on CPU, where identical
+    runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs), device-hours otherwise
+    (the paper's GPU-hours). Any other name must be one of COMPUTE_COLUMNS."""
+    if compute not in COMPUTE_AXES:
+        raise ValueError(f"unknown compute axis {compute!r}; choose from: {', '.join(COMPUTE_AXES)}")
+    if compute != "auto":
+        return compute
+    if frame is None or frame.empty or "device" not in frame:
+        return "compute_hours"
+    devices = {str(d).lower() for d in frame["device"].dropna()}
+    flops = pd.to_numeric(frame["flops"], errors="coerce") if "flops" in frame else pd.Series(dtype=float)
+    return "flops" if devices == {"cpu"} and bool((flops > 0).any()) else "compute_hours"
 
 
 def find_run_dirs(path: str | Path) -> list[Path]:
@@ -117,6 +133,9 @@ def _read_run_json(run_dir: Path) -> dict[str, Any]:
         "sweep": meta.get("sweep") or run_dir.parent.name,
         "run": name,
         "config": config_name(name),
+        # what the paper called this configuration, where the run's name says what ran instead
+        # (at tiny scale `k1` runs the paper's `k4`): run.json's `paper_name`
+        "paper_config": meta.get("paper_name") or config_name(name),
         "factor": meta.get("factor"),
         "value": _hashable(meta.get("value")),
         "recipe": meta.get("recipe"),
@@ -321,6 +340,8 @@ def fit_runs(
     bootstrap: int = 0,
     seed: int = 0,
     keep_fits: bool = False,
+    profile: bool = True,
+    predict_boot: int = 0,
 ) -> pd.DataFrame:
     """One row per run, each fitted by the paper's protocol (analysis/protocol.py):
     RUN_KEYS, config, n_evals, A, B, C_mid, R0, sse, rmse, r2, n_points, fit_from, fit_to, flags,
@@ -340,6 +361,12 @@ def fit_runs(
     (predicted − observed at the last evaluation).
     bootstrap: N > 0 adds seeded percentile 95% intervals A_lo/A_hi, B_lo/B_hi, C_mid_lo/C_mid_hi.
     keep_fits: add a `fit` column holding each FitResult (None where not fitted).
+    profile: add each fit's 95% profile-likelihood interval of A (`A_profile_lo`, `A_profile_hi`,
+    inside [.., 1] for pass rates), `A_at_cap` and `A_identified` (that interval no wider than
+    0.1: `analysis.scaling_law.profile_A`).
+    With `fraction`, the row also holds the log-linear baseline's prediction of the same end from the
+    same points (`baseline_final`, `baseline_error`), and with predict_boot > 0 the sigmoid's
+    bootstrap prediction interval (`predicted_low`, `predicted_high`, `covered`).
     """
     from analysis.protocol import sweep_protocol
     from analysis.scaling_law import bootstrap as bootstrap_fit
@@ -366,10 +393,20 @@ def fit_runs(
         res = pf.fit
         if res is not None:
             row.update(res.summary())
+            if profile:
+                prof = profile_A(res)
+                row.update(A_profile_lo=prof.low, A_profile_hi=prof.high, A_profile_width=prof.width,
+                           A_at_cap=prof.at_cap, A_identified=prof.identified)
             if fraction is not None:
                 row["predicted_final"] = float(res(c[-1]))
                 row["observed_final"] = float(r[-1])
                 row["prediction_error"] = row["predicted_final"] - row["observed_final"]
+                a0, a1 = loglinear_fit(res.compute, res.reward)
+                row["baseline_final"] = a0 + a1 * math.log(float(c[-1]))
+                row["baseline_error"] = row["baseline_final"] - row["observed_final"]
+                if predict_boot:
+                    lo, hi = prediction_interval(res, float(c[-1]), n_boot=predict_boot, seed=seed, level=0.95)
+                    row.update(predicted_low=lo, predicted_high=hi, covered=bool(lo <= float(r[-1]) <= hi))
             if bootstrap:
                 keep = c <= pf.cutoff * (1.0 + 1e-12)
                 bs = bootstrap_fit(c[keep], r[keep], n_boot=bootstrap, seed=seed, r0=float(r[0]),
@@ -379,6 +416,8 @@ def fit_runs(
             row["fit_error"] = ""
         else:
             row["fit_error"] = pf.reason
+            if profile:
+                row["A_identified"] = False
         if keep_fits:
             row["fit"] = res
         rows.append(row)

@@ -45,6 +45,11 @@ __all__ = [
     "loo_transform",
     "bootstrap",
     "predict",
+    "AProfile",
+    "profile_A",
+    "loglinear_fit",
+    "prediction_interval",
+    "A_IDENTIFIED_WIDTH",
     "PAPER_A_GRID",
     "PAPER_C_MID_GRID",
     "A_MARGIN",
@@ -62,6 +67,9 @@ N_C_MID_DEFAULT = 100
 B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 128
 _WORK_ELEMENTS = 2_000_000  # size of the solver's work arrays (memory bound for large grids)
 MIN_POINTS = 4  # three free parameters (A, B, C_mid) need at least four points
+# A run's A counts only where its 95% profile interval is at most this wide (issue 30; DESIGN.md
+# "Comparing configurations"): wider, the data cannot tell the asymptote from the climb to it.
+A_IDENTIFIED_WIDTH = 0.1
 
 
 class FitError(ValueError):
@@ -346,6 +354,97 @@ def refit_at(result: FitResult, A: float, c_mid_grid: np.ndarray | None = None) 
     )
 
 
+# ----------------------------------------------------------------------------- profile interval of A
+
+
+@dataclasses.dataclass(frozen=True)
+class AProfile:
+    """The profile-likelihood interval of A for one fit (beyond the paper).
+
+    `low`/`high` lie inside the valid range of A: [grid bottom, cap] with cap = 1.0 for pass
+    rates. `at_cap`: the interval reaches the cap (fine when it is narrow: a curve that truly
+    saturates near 1.0). `identified`: width <= A_IDENTIFIED_WIDTH.
+    """
+
+    low: float
+    high: float
+    level: float
+    cap: float
+    at_cap: bool
+    at_floor: bool  # the interval reaches the bottom of the searched grid (a lower bound only)
+    a_grid: np.ndarray  # [m] the A values profiled
+    sse: np.ndarray  # [m] the least squared error at each A (B and C_mid free)
+    threshold: float  # SSE <= threshold is inside the interval
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+    @property
+    def identified(self) -> bool:
+        return bool(np.isfinite(self.width) and self.width <= A_IDENTIFIED_WIDTH + 1e-12)
+
+    def describe(self) -> str:
+        flag = "" if self.identified else f" (A not identified: wider than {A_IDENTIFIED_WIDTH})"
+        return f"A in [{self.low:.3f}, {self.high:.3f}]{flag}"
+
+
+def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 161) -> AProfile:
+    """The profile-likelihood interval of A of `result` (its points, R0 and C_mid grid).
+
+    For each A on a grid from R0 + 0.3·(best − R0) to the cap, B and C_mid are refitted (the
+    paper's grid solver); A is inside the interval where that least squared error stays within
+    the F-test bound of nonlinear least squares (Bates & Watts):
+        SSE(A) <= SSE_min · (1 + F(level; 1, n − 3) / (n − 3)).
+    The cap is 1.0 for pass rates (R0 >= 0 and rewards <= 1), else the fit's own A grid top.
+    """
+    from scipy.stats import f as f_dist
+
+    n = result.n_points
+    c, r, r0 = result.compute, result.reward, result.R0
+    best = float(np.max(r[c > 0])) if np.any(c > 0) else float(np.max(r))
+    gain = best - r0
+    cap = 1.0 if (best <= 1.0 and r0 >= 0.0) else float(result.a_grid.max())
+    lo = r0 + 0.3 * gain
+    pos = c > 0
+    t = r - r0
+    w = np.ones_like(c)
+    const_sse = float(np.sum(t[~pos] ** 2))
+    b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
+    cm = result.c_mid_grid
+
+    def profile(a_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [m] -> (A [m], least SSE at each A [m])
+        a_values = a_values[np.abs(a_values - r0) > 1e-12]
+        chunk = max(1, _WORK_ELEMENTS // (max(a_values.size, b_grid.size) * max(int(pos.sum()), 1)))
+        out = np.full(a_values.size, np.inf)
+        for i in range(0, cm.size, chunk):
+            _, part = _best_b(np.log(c[pos]), t[pos], w[pos], const_sse, a_values - r0, cm[i:i + chunk], b_grid)
+            out = np.minimum(out, part.min(axis=1))  # min over this chunk of C_mid
+        return a_values, out
+
+    grid, sse = profile(np.linspace(lo, cap, n_grid))  # [m]
+    dof = n - 3
+    if dof < 1:
+        return AProfile(float(grid[0]), cap, level, cap, True, True, grid, sse, math.inf)
+    sse_min = min(float(sse.min()), result.sse)
+    threshold = sse_min * (1.0 + float(f_dist.ppf(level, 1, dof)) / dof)
+    inside = np.flatnonzero(sse <= threshold * (1.0 + 1e-12))
+    if inside.size:
+        # refine: the coarse step (~0.005) is as wide as a well-identified interval; profile again
+        # on a fine grid from the last point outside to the first point outside each end
+        a0, a1 = grid[max(inside[0] - 1, 0)], grid[min(inside[-1] + 1, grid.size - 1)]
+        floor_hit = inside[0] == 0
+        grid, sse = profile(np.linspace(a0, a1, n_grid))
+        sse_min = min(sse_min, float(sse.min()))
+        threshold = sse_min * (1.0 + float(f_dist.ppf(level, 1, dof)) / dof)
+        inside = np.flatnonzero(sse <= threshold * (1.0 + 1e-12))
+    if inside.size == 0:  # the grid missed the optimum by a hair: the interval is the fitted A
+        return AProfile(result.A, result.A, level, cap, result.A >= cap - 1e-12, False, grid, sse, threshold)
+    low, high = float(grid[inside[0]]), float(grid[inside[-1]])
+    low, high = min(low, result.A), max(high, min(result.A, cap))
+    return AProfile(low, high, level, cap, high >= cap - 1e-9, bool(floor_hit and inside[0] == 0), grid, sse, threshold)
+
+
 # ----------------------------------------------------------------------------- comparison
 
 
@@ -481,6 +580,18 @@ def bootstrap(
 # ----------------------------------------------------------------------------- prediction
 
 
+def loglinear_fit(compute: Any, reward: Any) -> tuple[float, float]:
+    """(intercept, slope) of reward = intercept + slope · ln C by least squares over the points
+    with C > 0: the baseline a sigmoid prediction must beat."""
+    c = np.asarray(compute, dtype=np.float64)
+    r = np.asarray(reward, dtype=np.float64)
+    keep = c > 0
+    if keep.sum() < 2:
+        raise FitError("the log-linear baseline needs two points with compute > 0")
+    slope, intercept = np.polyfit(np.log(c[keep]), r[keep], 1)
+    return float(intercept), float(slope)
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     fit: FitResult  # fitted on compute <= cutoff
@@ -494,8 +605,22 @@ class Prediction:
     heldout_reward: np.ndarray
     heldout_predicted: np.ndarray
     heldout_mae: float
+    # the log-linear baseline on the same points (reward = a + b·ln C)
+    baseline_final: float = math.nan
+    baseline_error: float = math.nan
+    # the sigmoid's prediction interval for the observed end (bootstrap; NaN when n_boot = 0)
+    low: float = math.nan
+    high: float = math.nan
+    level: float = 0.95
 
-    def summary(self) -> dict[str, float]:
+    @property
+    def covered(self) -> bool | None:
+        """Whether the observed end falls inside the prediction interval (None: no interval)."""
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return None
+        return bool(self.low <= self.observed_final <= self.high)
+
+    def summary(self) -> dict[str, Any]:
         return {
             "fraction": self.fraction,
             "cutoff": self.cutoff,
@@ -506,14 +631,44 @@ class Prediction:
             "abs_error": abs(self.error),
             "heldout_mae": self.heldout_mae,
             "n_heldout": int(self.heldout_compute.size),
+            "baseline_final": self.baseline_final,
+            "baseline_error": self.baseline_error,
+            "predicted_low": self.low,
+            "predicted_high": self.high,
+            "covered": self.covered,
         }
 
 
-def predict(compute: Any, reward: Any, *, fraction: float = 0.5, **fit_kwargs: Any) -> Prediction:
+def prediction_interval(res: FitResult, at: float, *, n_boot: int, seed: int, level: float) -> tuple[float, float]:
+    """Bootstrap prediction interval of one new observation at compute `at`: resample the fitted
+    points (seeded), refit, predict, and add a residual of the full fit drawn at random (the
+    observed end is itself a noisy evaluation). Percentile interval, clipped to the A grid's
+    valid range."""
+    rng = np.random.default_rng(seed)
+    n = res.n_points
+    resid = res.reward - res(res.compute)  # [n]
+    preds = np.empty(n_boot)
+    for k in range(n_boot):
+        w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)  # [n] counts
+        A, B, C_mid, _, _ = _fit_core(res.compute, res.reward, w, res.R0, res.a_grid, res.c_mid_grid)
+        preds[k] = float(sigmoid(at, A, B, C_mid, res.R0)) + float(rng.choice(resid))
+    q = (1.0 - level) / 2.0
+    lo, hi = np.quantile(preds, [q, 1.0 - q])
+    floor = min(0.0, float(np.min(res.reward))) if res.R0 >= 0 else -math.inf
+    ceil = 1.0 if float(np.max(res.reward)) <= 1.0 and res.R0 >= 0 else math.inf
+    return float(max(lo, floor)), float(min(hi, ceil))
+
+
+def predict(
+    compute: Any, reward: Any, *, fraction: float = 0.5, n_boot: int = 0, seed: int = 0, level: float = 0.95,
+    **fit_kwargs: Any,
+) -> Prediction:
     """Fit on compute <= fraction × final compute; predict the final pass rate.
 
     The error is predicted − observed at the last point; `heldout_mae` averages over all points
-    after the cutoff (the paper's "×" markers).
+    after the cutoff (the paper's "×" markers). Beside it, the log-linear baseline (reward =
+    a + b·ln C) fitted on the same points (those the sigmoid used) predicts the same end.
+    n_boot > 0 adds the sigmoid's bootstrap prediction interval (`low`, `high`, `covered`).
     """
     if not 0.0 < fraction < 1.0:
         raise FitError(f"fraction must be in (0, 1), got {fraction!r}")
@@ -529,9 +684,14 @@ def predict(compute: Any, reward: Any, *, fraction: float = 0.5, **fit_kwargs: A
     res = fit(c[head], r[head], **fit_kwargs)
     tail_c, tail_r = c[~head], r[~head]
     pred = res(tail_c)
+    a0, a1 = loglinear_fit(res.compute, res.reward)
+    base = a0 + a1 * math.log(float(c[-1]))
+    lo, hi = (prediction_interval(res, float(c[-1]), n_boot=n_boot, seed=seed, level=level)
+              if n_boot > 0 else (math.nan, math.nan))
     return Prediction(
         fit=res, fraction=float(fraction), cutoff=cutoff, final_compute=float(c[-1]),
         predicted_final=float(pred[-1]), observed_final=float(tail_r[-1]),
         error=float(pred[-1] - tail_r[-1]), heldout_compute=tail_c, heldout_reward=tail_r,
         heldout_predicted=pred, heldout_mae=float(np.mean(np.abs(pred - tail_r))),
+        baseline_final=float(base), baseline_error=float(base - tail_r[-1]), low=lo, high=hi, level=level,
     )

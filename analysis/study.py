@@ -2,21 +2,31 @@
 
     summaries = summarize("results/tiny")                   # {sweep: SweepSummary}
     s = summaries["fp32_head"]
-    s.runs      # one row per run: the protocol fit (A, B, C_mid, R0, min_compute rule, contention)
-    s.configs   # one row per configuration (run name without -s<seed>): mean A and B over
-                # seeds with 95% t-intervals, rank by the paper's rule
-    s.claims    # one row per claim of the paper's finding (analysis/findings.py): ours, verdict
-    s.margin    # the margin on A used, and where it came from
+    s.runs      # one row per run: the protocol fit (A, B, C_mid, R0, min_compute rule, contention),
+                # A's profile interval and whether it is identified, and `tail` (the measured metric)
+    s.configs   # one row per configuration (run name without -s<seed>): A, B and tail over seeds
+                # with 95% t-intervals (inside [0, 1] for A and tail), rank by the paper's rule
+    s.pairs     # every pair of configurations on both metrics (analysis/compare.py)
+    s.claims    # one row per claim of the paper's finding (analysis/findings.py), judged on each
+                # metric: verdict_A and verdict_tail (agree / disagree / inconclusive / not run)
 
-Comparing two configurations (`compare_configs`), the paper's rule with seeds:
-1. |mean A(a) − mean A(b)| > margin (`Margin.for_pair(n_a, n_b)`): the higher A wins.
-2. Otherwise refit every seed of both at the common A = the mean of the two means and compare
-   the mean B: higher wins when the difference exceeds the B noise, t(0.975, df)·s_B·
-   sqrt(1/n_a + 1/n_b) with s_B the pooled std of the refit B across seeds (both configs with
-   >= 2 seeds), else the paper's tie tolerance 0.01 (`analysis.scaling_law.compare`).
-3. Then C_mid (smaller wins; on log C_mid with the same seed noise, else 1% relative).
-4. Otherwise a tie.
-With one seed each this is exactly `analysis.scaling_law.compare`.
+Verdicts come from intervals (analysis/compare.py): a configuration pair is `better`, `worse`,
+`equivalent` (two one-sided tests inside ±`equivalence`) or `inconclusive`, paired by seed when
+the configurations share seeds. A paper claim maps onto them:
+- "A(a) > A(b)" (`a_higher_A`): agrees on `better`, disagrees on `worse`;
+- "A(a) ≈ A(b)" (`same_A`): agrees only on `equivalent`, disagrees on `better` / `worse`;
+- "a better than b" (`a_better`): on `tail`, `better` / `worse`; on A, `better` / `worse`, and when
+  A is `equivalent` the efficiency at the common A decides (B and ln C_mid, each with its own
+  paired interval, never a bare point difference);
+- "a not worse than b" (`a_not_worse`): agrees on `better` or `equivalent`, disagrees on `worse`;
+- `peak_A`: the interior configuration with the highest mean is `better` than both ends;
+- `seed_spread`: the seeds' values lie within ±0.02 (half their range).
+Anything else is `inconclusive`; on A, so is every comparison involving a run whose A is not
+identified ("A not identified: run longer").
+
+The `rank` column keeps the paper's own rule (A within a margin measured from the seeds, then B,
+then C_mid; `compare_configs`): it orders configurations the way the paper's tables do, and
+decides no verdict.
 """
 
 from __future__ import annotations
@@ -29,16 +39,20 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, Efficiency, PairComparison, common_window,
+                              compare_pair, compare_sweep, efficiency, parse_equivalence, tail_values)
 from analysis.findings import FINDINGS, Claim
 from analysis.protocol import Margin, Protocol, get_protocol, margin_from_seed_fits, sweep_protocol, t_quantile
-from analysis.runs import fit_runs, load_runs
+from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import A_MARGIN, FitResult, refit_at
 
 __all__ = ["SweepSummary", "ConfigComparison", "compare_configs", "summarize", "summarize_sweep",
-           "seed_interval", "judge_claim", "parse_margin", "SEED_SWEEP", "VERDICTS"]
+           "seed_interval", "judge_claim", "claim_verdict", "parse_margin", "SEED_SWEEP", "VERDICTS", "CLAIM_METRICS"]
 
 SEED_SWEEP = "scalerl_seeds"  # the paper's Fig 8a: where a sweep without seeds takes its margin from
 VERDICTS = ("agree", "disagree", "inconclusive", "not run")
+CLAIM_METRICS = ("A", "tail")
+SEED_SPREAD = A_MARGIN  # the paper's seeds fall within ±0.015; it adopts ±0.02
 B_TOL = 0.01  # the paper's rule has no margin on B; without seeds a |ΔB| <= 0.01 is a tie (scaling_law.compare)
 C_MID_RTOL = 0.01
 
@@ -56,8 +70,10 @@ def parse_margin(value: Any) -> str | float:
     return x
 
 
-def seed_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, lo, hi): the t-interval of the mean over seeds; lo = hi = mean with one seed."""
+def seed_interval(values: Sequence[float], level: float = 0.95,
+                  bounds: tuple[float, float] | None = None) -> tuple[float, float, float]:
+    """(mean, lo, hi): the t-interval of the mean over seeds; lo = hi = mean with one seed.
+    `bounds` clips the interval to the quantity's valid range (e.g. (0, 1) for A and pass rates)."""
     x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
     if x.size == 0:
         return math.nan, math.nan, math.nan
@@ -65,7 +81,10 @@ def seed_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, 
     if x.size == 1:
         return m, m, m
     h = t_quantile(x.size - 1, level) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return m, m - h, m + h
+    lo, hi = m - h, m + h
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return m, lo, hi
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -158,25 +177,42 @@ def compare_configs(
 
 # ----------------------------------------------------------------------------- claims
 
+# How a pair's verdict (a relative to b) reads for each kind of claim; anything else is inconclusive.
+_CLAIM_READING = {
+    "a_higher_A": {"better": "agree", "worse": "disagree"},
+    "same_A": {"equivalent": "agree", "better": "disagree", "worse": "disagree"},
+    "a_better": {"better": "agree", "worse": "disagree"},
+    "a_not_worse": {"better": "agree", "equivalent": "agree", "worse": "disagree"},
+}
 
-def judge_claim(claim: Claim, comp: ConfigComparison | None) -> tuple[str, str]:
-    """(verdict, why) of a two-config claim from our comparison (None: a config is missing)."""
-    if comp is None:
+
+def claim_verdict(kind: str, pair_verdict: str) -> str:
+    """The claim's verdict from a pair verdict (better/worse/equivalent/inconclusive of a vs b)."""
+    if kind not in _CLAIM_READING:
+        raise ValueError(f"claim kind {kind!r} does not compare two configs; choose from {', '.join(_CLAIM_READING)}")
+    return _CLAIM_READING[kind].get(pair_verdict, "inconclusive")
+
+
+def judge_claim(claim: Claim, pair: PairComparison | None, eff: Efficiency | None = None) -> tuple[str, str]:
+    """(verdict, why) of a two-config claim on one metric from the pair's comparison (None: a
+    config is missing). On A, `a_better` with A `equivalent` goes to the efficiency at the common
+    A (`eff`): B higher or C_mid lower, each by its own interval."""
+    if pair is None:
         return "not run", ""
-    w, by = comp.winner, comp.decided_by
-    if claim.kind == "a_higher_A":
-        if by == "A":
-            return ("agree", "") if w == "a" else ("disagree", f"A({claim.b}) is higher by more than the margin")
-        return "inconclusive", "A within the margin"
-    if claim.kind == "same_A":
-        return ("agree", "") if by != "A" else ("disagree", f"A differs by more than the margin ({comp._name()} higher)")
-    if claim.kind == "a_better":
-        if w == "a":
-            return "agree", ""
-        return ("disagree", f"{claim.b} wins by {by}") if w == "b" else ("inconclusive", "a tie at our noise")
-    if claim.kind == "a_not_worse":
-        return ("disagree", f"{claim.b} wins by {by}") if w == "b" else ("agree", "")
-    raise ValueError(f"claim kind {claim.kind!r} does not compare two configs")
+    if pair.metric == "A" and not pair.identified:
+        return "inconclusive", A_NOT_IDENTIFIED
+    v = claim_verdict(claim.kind, pair.verdict)
+    if claim.kind == "a_better" and pair.metric == "A" and pair.verdict == "equivalent":
+        side = eff.favours() if eff is not None else ""
+        if side == "a":
+            return "agree", "A equivalent; more efficient at the common A"
+        if side == "b":
+            return "disagree", f"A equivalent; {claim.b} more efficient at the common A"
+        return "inconclusive", "A equivalent; efficiency not shown different"
+    if v == "inconclusive":
+        why = {"equivalent": "equivalent, not higher", "better": "", "worse": ""}.get(pair.verdict, "")
+        return v, why or (pair.reason or "the interval includes 0 and leaves ±δ")
+    return v, ""
 
 
 def _order_key(value: Any, config: str) -> tuple:
@@ -189,38 +225,48 @@ def _order_key(value: Any, config: str) -> tuple:
         return (0, float(m.group(1)), config) if m else (1, 0.0, config)
 
 
-def _judge_peak(configs: pd.DataFrame, margin: Margin) -> tuple[str, str, str, float]:
-    """peak_A over the configs ordered by value: (verdict, ours, why, margin used)."""
-    c = configs.dropna(subset=["A"])
+def _judge_peak(configs: pd.DataFrame, runs: pd.DataFrame, sweep: str, metric: str,
+                equivalence: float) -> tuple[str, str, str]:
+    """peak_A over the configs ordered by value, on `metric`: (verdict, ours, why). The interior
+    configuration with the highest mean must be `better` than both ends."""
+    col = metric
+    c = configs.dropna(subset=[col])
     if len(c) < 3:
-        return "not run", f"{len(c)} fitted configs (need 3)", "", math.nan
+        return "not run", f"{len(c)} configs with {metric} (need 3)", ""
     c = c.assign(_k=[_order_key(v, n) for v, n in zip(c["value"], c["config"])]).sort_values("_k")
-    a = c["A"].to_numpy()
-    n = c["n_fitted"].to_numpy()
-    i = int(np.argmax(a))
-    names = c["config"].tolist()
-    ours = ", ".join(f"{nm} {x:.3f}" for nm, x in zip(names, a))
-    if 0 < i < len(a) - 1:
-        m_first, m_last = margin.for_pair(n[i], n[0]), margin.for_pair(n[i], n[-1])
-        if a[i] - a[0] > m_first and a[i] - a[-1] > m_last:
-            return "agree", ours, "", max(m_first, m_last)
-        return "inconclusive", ours, "the interior peak is within the margin of an end", max(m_first, m_last)
-    inner = int(np.argmax(a[1:-1])) + 1
-    m = margin.for_pair(n[i], n[inner])
-    if a[i] - a[inner] > m:
-        return "disagree", ours, f"A is highest at the end value {names[i]}", m
-    return "inconclusive", ours, "the highest A is at an end, within the margin of the interior", m
+    names, means = c["config"].tolist(), c[col].to_numpy()
+    ours = ", ".join(f"{nm} {x:.3f}" for nm, x in zip(names, means))
+    if metric == "A":
+        sub = runs[runs["config"].isin(names) & runs["A"].notna()]
+        if not bool(sub["A_identified"].fillna(False).all()):
+            return "inconclusive", ours, A_NOT_IDENTIFIED
+    i = int(np.argmax(means))
+    pair = lambda a, b: compare_pair(runs, sweep, a, b, metric, equivalence=equivalence)  # noqa: E731
+    if 0 < i < len(names) - 1:
+        first, last = pair(names[i], names[0]), pair(names[i], names[-1])
+        ours += f"; {names[i]} vs {names[0]}: {first.diff.text()}, vs {names[-1]}: {last.diff.text()}"
+        if first.verdict == "better" and last.verdict == "better":
+            return "agree", ours, ""
+        return "inconclusive", ours, "the interior peak is not shown above both ends"
+    inner = int(np.argmax(means[1:-1])) + 1
+    p = pair(names[i], names[inner])
+    ours += f"; {names[i]} vs {names[inner]}: {p.diff.text()}"
+    if p.verdict == "better":
+        return "disagree", ours, f"highest at the end value {names[i]}"
+    return "inconclusive", ours, "the highest mean is at an end, not shown above the interior"
 
 
-def _judge_seed_spread(configs: pd.DataFrame, runs: pd.DataFrame) -> tuple[str, str, str]:
-    a = runs["A"].dropna().to_numpy()
-    if a.size < 2:
-        return "not run", f"{a.size} fitted seed(s)", ""
-    half = 0.5 * float(a.max() - a.min())
-    ours = f"A {a.mean():.3f}, seeds within ±{half:.3f} (std {a.std(ddof=1):.3f}, {a.size} seeds)"
-    if half <= A_MARGIN:
+def _judge_seed_spread(runs: pd.DataFrame, metric: str) -> tuple[str, str, str]:
+    x = runs[metric].dropna().to_numpy()
+    if x.size < 2:
+        return "not run", f"{x.size} run(s) with {metric}", ""
+    half = 0.5 * float(x.max() - x.min())
+    ours = f"{metric} {x.mean():.3f}, seeds within ±{half:.3f} (std {x.std(ddof=1):.3f}, {x.size} seeds)"
+    if metric == "A" and not bool(runs.loc[runs["A"].notna(), "A_identified"].fillna(False).all()):
+        return "inconclusive", ours, A_NOT_IDENTIFIED
+    if half <= SEED_SPREAD:
         return "agree", ours, ""
-    return "disagree", ours, f"our seeds spread ±{half:.3f} > the paper's ±{A_MARGIN}"
+    return "disagree", ours, f"our seeds spread ±{half:.3f} > the paper's ±{SEED_SPREAD}"
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -231,33 +277,46 @@ class SweepSummary:
     sweep: str
     protocol: Protocol
     margin: Margin
-    runs: pd.DataFrame  # per run (fit_runs columns + margin)
+    runs: pd.DataFrame  # per run (fit_runs columns + margin, tail, paper_config)
     configs: pd.DataFrame  # per config
-    claims: pd.DataFrame  # per claim of the paper's finding
+    claims: pd.DataFrame  # per claim of the paper's finding, judged on each metric
     fits: dict[str, list[FitResult]]  # config -> fits of its seeds
+    pairs: list[PairComparison] = dataclasses.field(default_factory=list)  # every pair, both metrics
+    compute: str = "compute_hours"  # the compute axis the fits and the tail window use
+    tail_end: float = math.nan  # the end of the sweep's common compute window
+    equivalence: float = DEFAULT_EQUIVALENCE
 
     @property
     def contended(self) -> list[str]:
         return self.runs.loc[self.runs["contended"].fillna(False).astype(bool), "run"].tolist()
+
+    def fits_by_seed(self, config: str) -> dict[Any, FitResult | None]:
+        return _fits_by_seed(self.runs, config)
 
 
 def _config_table(runs: pd.DataFrame, margin: Margin) -> pd.DataFrame:
     rows = []
     for config, g in runs.groupby("config", sort=False):
         ok = g.dropna(subset=["A"])
-        A, A_lo, A_hi = seed_interval(ok["A"])
+        A, A_lo, A_hi = seed_interval(ok["A"], bounds=(0.0, 1.0))
         B, B_lo, B_hi = seed_interval(ok["B"])
+        T, T_lo, T_hi = seed_interval(g["tail"] if "tail" in g else [], bounds=(0.0, 1.0))
+        ident = ok["A_identified"].fillna(False).astype(bool) if "A_identified" in ok else pd.Series([], dtype=bool)
         rows.append({
             "sweep": g["sweep"].iloc[0], "config": config, "value": g["value"].iloc[0],
-            "n_runs": len(g), "n_fitted": len(ok), "seeds": ",".join(str(s) for s in g["seed"].tolist()),
+            "paper_config": g["paper_config"].iloc[0] if "paper_config" in g else config,
+            "n_runs": len(g), "n_fitted": len(ok), "n_identified": int(ident.sum()),
+            "seeds": ",".join(str(s) for s in g["seed"].tolist()),
             "A": A, "A_lo": A_lo, "A_hi": A_hi, "B": B, "B_lo": B_lo, "B_hi": B_hi,
             "C_mid": float(np.exp(np.mean(np.log(ok["C_mid"])))) if len(ok) else math.nan,
             "A_sd": float(ok["A"].std(ddof=1)) if len(ok) > 1 else math.nan,
+            "tail": T, "tail_lo": T_lo, "tail_hi": T_hi,
             "contended_runs": ",".join(g.loc[g["contended"].fillna(False).astype(bool), "run"]),
             "protocol": g["protocol"].iloc[0], "margin": margin.value, "margin_source": margin.source,
         })
-    cols = ["sweep", "config", "value", "n_runs", "n_fitted", "seeds", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi",
-            "C_mid", "A_sd", "contended_runs", "protocol", "margin", "margin_source"]
+    cols = ["sweep", "config", "value", "paper_config", "n_runs", "n_fitted", "n_identified", "seeds", "A", "A_lo",
+            "A_hi", "B", "B_lo", "B_hi", "C_mid", "A_sd", "tail", "tail_lo", "tail_hi", "contended_runs", "protocol",
+            "margin", "margin_source"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -286,7 +345,17 @@ def _rank(configs: pd.DataFrame, fits: dict[str, list[FitResult]], margin: Margi
     return c
 
 
-def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, fits: dict[str, list[FitResult]],
+def _config_of(runs: pd.DataFrame, name: str) -> str | None:
+    """The configuration a claim's name (the paper's) refers to: the run names at tiny scale say
+    what ran (`k1`), run.json's `paper_name` says what the paper called it (`k4`)."""
+    if "paper_config" in runs:
+        hit = runs.loc[runs["paper_config"] == name, "config"]
+        if len(hit):
+            return str(hit.iloc[0])
+    return name if name in set(runs["config"]) else None
+
+
+def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: float,
             margin: Margin) -> pd.DataFrame:
     finding = FINDINGS.get(sweep)
     rows = []
@@ -294,30 +363,63 @@ def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, fits: dict[st
         rec = {"sweep": sweep, "figure": finding.figure, "claim_id": claim.id(sweep), "kind": claim.kind,
                "claim": claim.text(), "paper": claim.note, "a": claim.a, "b": claim.b,
                "protocol": get_protocol(runs["protocol"].iloc[0]).name if len(runs) else "",
-               "margin_source": margin.source}
+               "equivalence": equivalence}
         if claim.kind == "peak_A":
-            verdict, ours, why, m = _judge_peak(configs, margin)
-            rec.update(ours=ours, verdict=verdict, why=why, margin=m)
+            for m in CLAIM_METRICS:
+                v, ours, why = _judge_peak(configs, runs, sweep, m, equivalence)
+                rec.update({f"verdict_{m}": v, f"ours_{m}": ours, f"why_{m}": why})
         elif claim.kind == "seed_spread":
-            verdict, ours, why = _judge_seed_spread(configs, runs)
-            rec.update(ours=ours, verdict=verdict, why=why, margin=A_MARGIN)
+            for m in CLAIM_METRICS:
+                v, ours, why = _judge_seed_spread(runs, m)
+                rec.update({f"verdict_{m}": v, f"ours_{m}": ours, f"why_{m}": why})
         else:
-            fa, fb = fits.get(claim.a, []), fits.get(claim.b, [])
-            missing = [x for x, f in ((claim.a, fa), (claim.b, fb)) if not f]
+            ca, cb = _config_of(runs, claim.a), _config_of(runs, claim.b)
+            rec.update(config_a=ca, config_b=cb)
+            fitted = set(runs.dropna(subset=["A"])["config"])
+            missing = [(x, c) for x, c in ((claim.a, ca), (claim.b, cb)) if c is None]
             if missing:
-                known = set(configs["config"])
-                what = ", ".join(f"{x} ({'not fitted' if x in known else 'no runs'})" for x in missing)
-                rec.update(ours=f"missing: {what}", verdict="not run", why="", margin=margin.value)
+                what = ", ".join(f"{x} (no runs)" for x, _ in missing)
+                for m in CLAIM_METRICS:
+                    rec.update({f"verdict_{m}": "not run", f"ours_{m}": f"missing: {what}", f"why_{m}": ""})
             else:
-                comp = compare_configs(claim.a, fa, claim.b, fb, margin)
-                verdict, why = judge_claim(claim, comp)
-                rec.update(ours=comp.text(), verdict=verdict, why=why, margin=comp.margin,
-                           A_a=comp.A_a, A_b=comp.A_b, B_a=comp.B_a, B_b=comp.B_b, decided_by=comp.decided_by,
-                           winner=comp.winner)
+                for m in CLAIM_METRICS:
+                    if m == "A" and not {ca, cb} <= fitted:
+                        unfit = ", ".join(c for c in (ca, cb) if c not in fitted)
+                        rec.update({"verdict_A": "not run", "ours_A": f"not fitted: {unfit}", "why_A": ""})
+                        continue
+                    pair = compare_pair(runs, sweep, ca, cb, m, equivalence=equivalence)
+                    eff = None
+                    ours = pair.text()
+                    if m == "A" and claim.kind == "a_better" and pair.identified and pair.verdict == "equivalent":
+                        eff = efficiency(_fits_by_seed(runs, ca), _fits_by_seed(runs, cb))
+                        ours += f"; {eff.text()}" if eff is not None else ""
+                    v, why = judge_claim(claim, pair, eff)
+                    rec.update({f"verdict_{m}": v, f"ours_{m}": ours, f"why_{m}": why,
+                                f"delta_{m}": pair.diff.delta, f"low_{m}": pair.diff.low, f"high_{m}": pair.diff.high,
+                                f"n_{m}": pair.diff.n, f"paired_{m}": pair.diff.paired, f"pair_verdict_{m}": pair.verdict})
         rows.append(rec)
-    cols = ["sweep", "figure", "claim_id", "kind", "claim", "paper", "a", "b", "ours", "verdict", "why", "margin",
-            "margin_source", "protocol", "A_a", "A_b", "B_a", "B_b", "decided_by", "winner"]
+    cols = ["sweep", "figure", "claim_id", "kind", "claim", "paper", "a", "b", "config_a", "config_b",
+            "verdict_A", "ours_A", "why_A", "verdict_tail", "ours_tail", "why_tail", "pair_verdict_A",
+            "pair_verdict_tail", "delta_A", "low_A", "high_A", "n_A", "paired_A", "delta_tail", "low_tail",
+            "high_tail", "n_tail", "paired_tail", "equivalence", "protocol"]
     return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def _fits_by_seed(runs: pd.DataFrame, config: str) -> dict[Any, FitResult | None]:
+    g = runs[runs["config"] == config]
+    return {(s if pd.notna(s) else f"#{i}"): f for i, (s, f) in enumerate(zip(g["seed"], g["fit"]))}
+
+
+def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.DataFrame, float]:
+    """Add `tail` (analysis/compare.py) to each run of one sweep: the window ends at the smallest
+    final compute among the runs that finished (all runs when none has)."""
+    groups = {p: g for p, g in ev.groupby("path", sort=False)} if not ev.empty else {}
+    curves = {p: run_curve(g, compute) for p, g in groups.items()}
+    curves = {p: cr for p, cr in curves.items() if len(cr[0])}
+    done = set(table.loc[table["status"] == "done", "path"]) & set(curves)
+    end = common_window(float(curves[p][0][-1]) for p in (done or curves))
+    tails = tail_values(curves, end)
+    return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end), end
 
 
 def _margin(runs: pd.DataFrame, seed_runs: pd.DataFrame | None, fixed: str | float, sweep: str) -> Margin:
@@ -344,25 +446,36 @@ def summarize_sweep(
     *,
     seed_ev: pd.DataFrame | None = None,
     seed_runs: pd.DataFrame | None = None,
-    compute: str = "compute_hours",
+    compute: str = "auto",
     protocol: Any = None,
     min_compute: str | float = "paper",
     margin: str | float = "auto",
+    equivalence: float = DEFAULT_EQUIVALENCE,
     min_points: int = 6,
     fraction: float | None = None,
     bootstrap: int = 0,
+    predict_boot: int = 0,
     seed: int = 0,
     judge: bool = True,
     _seed_cache: dict | None = None,
 ) -> SweepSummary:
-    """Fit every run of one sweep by its protocol, group seeds into configs, measure the margin
-    and judge the paper's claims (judge=False: skip the claims). ev/runs: that sweep's evaluation
-    rows and run table (None: the runs that have evaluations); seed_ev/seed_runs: the seed
-    sweep's (the margin's fallback when this sweep has no seeds). protocol: None = the sweep's
-    (`sweep_protocol`); fraction overrides the protocol's fitted range."""
+    """Fit every run of one sweep by its protocol, add each run's A profile interval and `tail`,
+    group seeds into configs, compare every pair on both metrics and judge the paper's claims
+    (judge=False: skip the claims). ev/runs: that sweep's evaluation rows and run table (None:
+    the runs that have evaluations); seed_ev/seed_runs: the seed sweep's (the rank's margin when
+    this sweep has no seeds). compute: "auto" = FLOPs at tiny scale (every run on CPU), device-
+    hours otherwise. protocol: None = the sweep's (`sweep_protocol`); fraction overrides the
+    protocol's fitted range; with it, predict_boot > 0 adds each run's bootstrap prediction interval
+    of its end (and the log-linear baseline is always there)."""
+    equivalence = parse_equivalence(equivalence)
+    compute = resolve_compute(runs if runs is not None else ev, compute)
     proto = get_protocol(protocol) if protocol is not None else sweep_protocol(sweep)
     table = fit_runs(ev, runs=runs, compute=compute, min_points=min_points, fraction=fraction,
-                     min_compute=min_compute, protocol=proto, bootstrap=bootstrap, seed=seed, keep_fits=True)
+                     min_compute=min_compute, protocol=proto, bootstrap=bootstrap, seed=seed, keep_fits=True,
+                     predict_boot=predict_boot if fraction is not None else 0)
+    table, tail_end = _with_tail(table, ev, compute)
+    paper = runs.set_index("path")["paper_config"] if runs is not None and "paper_config" in runs else None
+    table["paper_config"] = [paper.get(p, c) if paper is not None else c for p, c in zip(table["path"], table["config"])]
     seed_table = None
     if seed_runs is not None and sweep != SEED_SWEEP and len(seed_runs):
         key = (proto.name, compute, min_points, fraction, str(min_compute))
@@ -371,7 +484,7 @@ def summarize_sweep(
         else:  # the seed sweep fitted by THIS sweep's protocol: the noise of the fits compared here
             seed_table = fit_runs(seed_ev if seed_ev is not None else ev.iloc[0:0], runs=seed_runs,
                                   compute=compute, min_points=min_points, fraction=fraction,
-                                  min_compute=min_compute, protocol=proto)
+                                  min_compute=min_compute, protocol=proto, profile=False)
             if _seed_cache is not None:
                 _seed_cache[key] = seed_table
     m = _margin(table, seed_table, parse_margin(margin), sweep)
@@ -379,9 +492,11 @@ def summarize_sweep(
     for config, g in table.groupby("config", sort=False):
         fits[config] = [f for f in g["fit"] if f is not None]
     configs = _rank(_config_table(table, m), fits, m)
-    claims = _claims(sweep if judge else "", configs, table, fits, m)
+    order = sorted(dict.fromkeys(table["config"]), key=lambda c: _order_key(table.loc[table["config"] == c, "value"].iloc[0], c))
+    pairs = compare_sweep(table, sweep, equivalence=equivalence, order=order)
+    claims = _claims(sweep if judge else "", configs, table, equivalence, m)
     table = table.assign(margin=m.value, margin_source=m.source)
-    return SweepSummary(sweep, proto, m, table, configs, claims, fits)
+    return SweepSummary(sweep, proto, m, table, configs, claims, fits, pairs, compute, tail_end, equivalence)
 
 
 def _load(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -390,13 +505,14 @@ def _load(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def summarize(path: str | Path, *, sweeps: Sequence[str] | None = None, **kwargs: Any) -> dict[str, SweepSummary]:
     """Every sweep under `path` (a run, a sweep directory or a results root), each summarised by
-    `summarize_sweep`. A sweep directory without seeds takes its margin from the seed sweep
+    `summarize_sweep`. A sweep directory without seeds takes the rank's margin from the seed sweep
     beside it (`<path>/../scalerl_seeds`) when that exists: so `scalerl fit results/tiny/<sweep>`
     and the report built from `results/tiny` give the same numbers."""
     root = Path(path)
     ev, runs = _load(root)
     if runs.empty:
         return {}
+    kwargs["compute"] = resolve_compute(runs, kwargs.get("compute", "auto"))
     seed_ev, seed_runs = ev[ev["sweep"] == SEED_SWEEP] if not ev.empty else ev, runs[runs["sweep"] == SEED_SWEEP]
     if seed_runs.empty:
         beside = root.parent / SEED_SWEEP

@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str, str]] = {
     "sweep": ("experiments.launch", "add_arguments", "main", "launch a one-factor-at-a-time sweep (slurm | local | debug)"),
     "status": ("experiments.status", "add_arguments", "main", "table of the runs of a sweep: state, step, compute, pass rate, fit"),
     "fit": ("analysis.cli", "add_fit_arguments", "fit_main", "fit the sigmoid law to logged runs; table + CSV"),
+    "compare": ("analysis.cli", "add_compare_arguments", "compare_main",
+                "every pair of configurations of every sweep: interval, paired by seed, verdict"),
     "figures": ("analysis.cli", "add_figures_arguments", "figures_main", "draw every paper figure whose runs exist"),
     "components": ("experiments.components_cli", "add_arguments", "main", "list every registry, its entries and their parameters"),
     "export": ("experiments.export", "add_arguments", "main", "write a run's policy (final or any checkpoint) in Hugging Face format"),

@@ -10,6 +10,7 @@ A sweep spec is a small `.gin` file in `experiments/sweeps/` made only of bindin
     sweep.seeds = [0]
     sweep.tiny_base = "tiny_cpu.gin"          # `--scale tiny`: the CPU setting (default)
     sweep.tiny_values = [...]                 # optional: values mapped onto the CPU scale
+                                              # (run names then carry the value that ran: k1, not k4)
 
 Instead of `factor` + `values`, a sweep may list named override sets (leave-one-out, or a
 factor that moves several bindings together)::
@@ -19,9 +20,10 @@ factor that moves several bindings together)::
 
 and `sweep.factor = "recipe"` with `sweep.values = ["scalerl.gin", "minimax.gin", ...]`
 swaps the recipe itself. Optional keys: `overrides` / `tiny_overrides` (bindings added to
-every run; a run's bindings are, in order, overrides, the factor's, at tiny scale the
-tiny compute budget (`TINY_SCALE_BINDINGS`) and tiny_overrides, the seed), `tiny_variants`,
-`description`. `base` and `tiny_base` may list several files
+every run; a run's bindings are, in order, at tiny scale the tiny compute budget
+(`TINY_SCALE_BINDINGS`), overrides, the factor's, at tiny scale tiny_overrides, the seed), `tiny_variants`,
+`tiny_names` (variant -> the name its tiny-scale runs take, saying what ran: {"gen8": "gen4"}),
+`description`. At tiny scale run.json records `paper_name`, the paper's name of what ran. `base` and `tiny_base` may list several files
 (e.g. a recipe and an overlay from experiments/sweeps/overlays/).
 
 The spec is NOT parsed into gin's global config (a run's own gin config is): it is read
@@ -90,7 +92,7 @@ COMPONENT_PARAMS = {
 
 SPEC_KEYS = (
     "name", "description", "base", "factor", "values", "variants", "seeds", "overrides",
-    "tiny_base", "tiny_values", "tiny_variants", "tiny_overrides", "seed_binding",
+    "tiny_base", "tiny_values", "tiny_variants", "tiny_names", "tiny_overrides", "seed_binding",
 )
 
 
@@ -113,6 +115,7 @@ class SweepSpec:
     tiny_base: tuple = ("tiny_cpu.gin",)
     tiny_values: tuple | None = None
     tiny_variants: dict | None = None
+    tiny_names: dict = field(default_factory=dict)  # variant -> its name at tiny scale (what ran)
     tiny_overrides: tuple = ()
     seed_binding: str = "train.seed"
     description: str = ""
@@ -131,10 +134,14 @@ class RunSpec:
     seed: int
     config_files: tuple
     bindings: tuple
+    paper_name: str = ""  # the paper's name of this configuration where the run's name says what ran
 
     def run_info(self) -> dict:
-        return {"name": self.name, "sweep": self.sweep, "factor": self.factor,
+        info = {"name": self.name, "sweep": self.sweep, "factor": self.factor,
                 "value": self.value, "recipe": self.recipe, "seed": self.seed}
+        if self.paper_name:
+            info["paper_name"] = self.paper_name
+        return info
 
 
 class _SpecDelegate:
@@ -245,6 +252,7 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
         tiny_base=_files(raw.get("tiny_base", "tiny_cpu.gin"), "tiny_base"),
         tiny_values=_values(raw["tiny_values"], "tiny_values") if "tiny_values" in raw else None,
         tiny_variants=_variants(raw["tiny_variants"], "tiny_variants") if "tiny_variants" in raw else None,
+        tiny_names=_names(raw.get("tiny_names", {}), where),
         tiny_overrides=_bindings(raw.get("tiny_overrides", []), "tiny_overrides"),
         seed_binding=str(raw.get("seed_binding", "train.seed")),
         description=str(raw.get("description", "")),
@@ -260,7 +268,21 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
                          f"({', '.join(spec.variants)})")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.name):
         raise SweepError(f"{where}: sweep.name {spec.name!r} must use letters, digits, '.', '_' or '-'")
+    unknown = sorted(set(spec.tiny_names) - set(spec.variants))
+    if unknown:
+        raise SweepError(f"{where}: sweep.tiny_names names {unknown}, which are not variants; choose from "
+                         f"{', '.join(spec.variants) or '(no variants)'}")
     return spec
+
+
+def _names(raw: Any, where: str) -> dict:
+    """sweep.tiny_names: {variant: name at tiny scale}, names usable as run names."""
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise SweepError(f"{where}: sweep.tiny_names must map variant names to names, got {raw!r}")
+    for v in raw.values():
+        if not re.fullmatch(r"[A-Za-z0-9._+=-]+", v):
+            raise SweepError(f"{where}: sweep.tiny_names value {v!r} must use letters, digits and . _ + = -")
+    return dict(raw)
 
 
 def load_spec(spec: str | os.PathLike) -> SweepSpec:
@@ -309,18 +331,29 @@ def gin_literal(value: Any) -> str:
 
 
 def resolve_config(name: str, relative_to: Path | None = None) -> str:
-    """A recipe path as given, next to the spec, or in experiments/configs/."""
-    p = Path(name)
-    candidates = [p]
-    if relative_to is not None:
-        candidates.append(relative_to / p)
-    candidates.append(CONFIGS_DIR / p)
+    """A config path named by a spec (a recipe, an overlay such as overlays/baseline.gin) or by a
+    config's include: an absolute path as it is; a relative one next to the naming file
+    (`relative_to`: the spec's or the config's own directory; without it, the path as given) first,
+    then in the repository's experiments/sweeps/ and experiments/configs/, then relative to the
+    working directory. A spec copied out of the repository therefore still finds the
+    repository's recipes and overlays."""
+    p = Path(name).expanduser()
+    if p.is_absolute():
+        candidates = [p]
+    else:
+        first = [relative_to / p] if relative_to is not None else [p]  # no naming file: the path as given
+        candidates = first + [SWEEPS_DIR / p, CONFIGS_DIR / p, p]
+    seen: list[Path] = []
     for c in candidates:
+        if c not in seen:
+            seen.append(c)
+    for c in seen:
         if c.is_file():
             return str(c.resolve())
     known = ", ".join(sorted(q.name for q in CONFIGS_DIR.glob("*.gin"))) or "(none yet)"
-    raise SweepError(f"recipe {name!r} not found (looked at {', '.join(map(str, candidates))}); "
-                     f"recipes in {CONFIGS_DIR}: {known}")
+    overlays = ", ".join(sorted(str(q.relative_to(SWEEPS_DIR)) for q in SWEEPS_DIR.glob("overlays/*.gin"))) or "(none)"
+    raise SweepError(f"config {name!r} not found; looked in: {', '.join(str(c) for c in seen)}. "
+                     f"Recipes in {CONFIGS_DIR}: {known}; overlays in {SWEEPS_DIR}: {overlays}")
 
 
 class _Raw(str):
@@ -424,16 +457,19 @@ def _json_value(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-# Every run at `--scale tiny` gets the same training compute budget, as every forward
-# ablation of the paper gets 3.5-4k GPU-hours (PAPER.md, "Compute unit"): 0.075 compute-hours
-# is 135 s of training clock for the tiny run's 2 processes. On the 2-core machine the study
-# ran on, tiny_cpu.gin's 500 steps take 100-130 s of it, so the budget stops only the runs whose
-# steps cost more (larger batches, PPO-off-policy, PipelineRL with k = 1, math + code), at the
-# compute of the others, and keeps every tiny run (start-up and evaluation included) within 3
-# minutes. On a slower machine it stops every run at the same compute, earlier than 500 steps.
-# It comes before the spec's tiny_overrides, so a spec may change it.
-TINY_COMPUTE_BUDGET_HOURS = 0.075
-TINY_SCALE_BINDINGS = (f"train.compute_budget_hours = {TINY_COMPUTE_BUDGET_HOURS}",)
+# Every run at `--scale tiny` trains to the same compute, as every forward ablation of the paper
+# gets 3.5-4k GPU-hours (PAPER.md, "Compute unit"): the budget is the stopping rule, not the step
+# count. It is counted in FLOPs (2N per generated token, 6N per trained token), which identical
+# runs reproduce to 0.2%, where their wall-clock compute varies by a median 3.7% (max 10.8%) on
+# a shared 2-core machine. 5e12 FLOPs is tiny_cpu.gin's baseline at about 500 steps (the tiny
+# study's length before this budget); a run whose steps cost more (a larger batch, PPO-off-
+# policy's extra rounds) stops at fewer steps, one whose steps cost less runs more of them.
+# `train.total_steps` is raised to a safety cap only. Both come before the spec's tiny_overrides,
+# so a spec (or `--gin`) may change them.
+TINY_COMPUTE_BUDGET_FLOPS = 5.0e12
+TINY_MAX_STEPS = 5000
+TINY_SCALE_BINDINGS = (f"train.compute_budget_flops = {TINY_COMPUTE_BUDGET_FLOPS:g}",
+                       f"train.total_steps = {TINY_MAX_STEPS}")
 
 
 def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
@@ -442,16 +478,19 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
         raise SweepError(f"unknown scale {scale!r}; choose from: paper, tiny")
     spec_dir = Path(spec.path).parent if spec.path else None
     tiny = scale == "tiny"
-    # binding order (later wins): overrides, the factor's bindings, tiny_overrides (they map
-    # sizes onto the CPU, also a recipe's), the seed
-    tiny_overrides = (TINY_SCALE_BINDINGS + tuple(spec.tiny_overrides)) if tiny else ()
-    # (value name, value recorded in run.json, config files, factor bindings)
-    cells: list[tuple[str, Any, tuple, tuple]] = []
+    # binding order (later wins): the tiny scale's stopping rule (first, so that any spec may change
+    # it), overrides, the factor's bindings, tiny_overrides (they map sizes onto the CPU, also a
+    # recipe's), the seed
+    scale_bindings = TINY_SCALE_BINDINGS if tiny else ()
+    tiny_overrides = tuple(spec.tiny_overrides) if tiny else ()
+    # (value name, value recorded in run.json, config files, factor bindings, the paper's name)
+    cells: list[tuple[str, Any, tuple, tuple, str]] = []
     base = tuple(resolve_config(f, spec_dir) for f in (spec.tiny_base if tiny else spec.base))
     if spec.variants:
         variants = spec.tiny_variants if (tiny and spec.tiny_variants is not None) else spec.variants
         for vname in spec.variants:  # spec order
-            cells.append((vname, vname, base, tuple(variants[vname])))
+            shown = spec.tiny_names.get(vname, vname) if tiny else vname
+            cells.append((shown, shown, base, tuple(variants[vname]), vname if shown != vname else ""))
     elif spec.factor == "recipe":
         # The recipe itself is the factor: each value is a gin file, applied before the
         # rest of the base (at tiny scale the tiny base maps sizes onto the CPU).
@@ -464,18 +503,21 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
             recipe = resolve_config(str(value), spec_dir)
             label = Path(str(shown)).stem if str(shown).endswith(".gin") else str(shown)
             if tiny:
-                cells.append((label, label, base, tuple(algorithm_bindings(recipe)) + tuple(tiny_batch_bindings(recipe, base))))
+                cells.append((label, label, base, tuple(algorithm_bindings(recipe)) + tuple(tiny_batch_bindings(recipe, base)), ""))
             else:
-                cells.append((label, label, (recipe,) + base, ()))
+                cells.append((label, label, (recipe,) + base, (), ""))
     else:
         values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
         param = spec.factor.rsplit(".", 1)[-1]
+        # a number alone makes a poor name: prefix the parameter ("k8", "eps_max4.0"); the name
+        # says the value that RAN (at tiny scale the tiny value: "k1" runs the paper's "k4")
+        named = lambda v: f"{param}{slug(v)}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v  # noqa: E731
         for shown, value in zip(spec.values, values):
-            # a number alone makes a poor name: prefix the parameter ("k8", "eps_max4.0")
-            vname = f"{param}{slug(shown)}" if isinstance(shown, (int, float)) and not isinstance(shown, bool) else shown
-            cells.append((vname, _json_value(value), base, (f"{spec.factor} = {gin_literal(value)}",)))
+            vname, paper = named(value), named(shown)
+            cells.append((vname, _json_value(value), base, (f"{spec.factor} = {gin_literal(value)}",),
+                          paper if paper != vname else ""))
     runs, seen = [], {}
-    for vname, value, files, bindings in cells:
+    for vname, value, files, bindings, paper_name in cells:
         for seed in spec.seeds:
             name = run_name(vname, seed)
             if name in seen:
@@ -486,7 +528,8 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
             runs.append(RunSpec(
                 name=name, sweep=spec.name, factor=spec.factor, value=value,
                 recipe="+".join(Path(f).stem for f in files), seed=int(seed), config_files=files,
-                bindings=tuple(spec.overrides) + tuple(bindings) + tiny_overrides + seed_b,
+                bindings=scale_bindings + tuple(spec.overrides) + tuple(bindings) + tiny_overrides + seed_b,
+                paper_name=paper_name,
             ))
     return runs
 
@@ -1371,7 +1414,7 @@ def _outcome(p: Planned, job: Any) -> tuple[str, str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep spec (.gin), or the name of one in experiments/sweeps/")
     parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
-                        help="slurm: one job array; local: subprocesses here; debug: in this process")
+                        help="slurm (the default): one job array; local: subprocesses here; debug: in this process")
     parser.add_argument("--scale", choices=("paper", "tiny"), default="paper",
                         help="paper: the spec's recipe at paper scale; tiny: mapped onto the CPU setting")
     parser.add_argument("--runs", default="runs", help="runs root; runs land in RUNS/<sweep>/<run>/ (default runs/)")

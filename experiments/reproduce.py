@@ -135,7 +135,7 @@ def run_contention(run_dir: Path) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-_BUDGET_KEY = "train.compute_budget_hours"
+_BUDGET_KEY = "train.compute_budget_flops"  # launch.TINY_SCALE_BINDINGS: the tiny scale's stopping rule
 
 
 def _budget_of(bindings: Sequence[str]) -> float | None:
@@ -168,10 +168,10 @@ def over_budget(run_dir: Path, budget: float | None) -> str | None:
         return None
     if _logged_budget(run_dir) == budget:
         return None
-    used = _last_metrics(run_dir).get("compute_hours")
+    used = _last_metrics(run_dir).get("flops")
     if not isinstance(used, (int, float)) or not math.isfinite(used) or used <= budget:
         return None
-    return f"trained {used:.4f} compute-hours without the budget of {budget:g}: re-run under it"
+    return f"trained {used:.4g} FLOPs without the budget of {budget:g}: re-run under it"
 
 
 def _set_aside(run_dir: Path, work_root: Path, sweep: str, run: str, folder: str = CONTENDED_DIR) -> Path:
@@ -458,6 +458,10 @@ def _ci(m, lo, hi, spec: str) -> str:
     return f"{format(m, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
 
 
+def _why(why: Any) -> str:
+    return f" ({why})" if isinstance(why, str) and why else ""
+
+
 def _md_escape(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -473,7 +477,7 @@ def run_times(out: Path) -> list[dict]:
     resumes, the time between an interruption and its resume is not in them); span_s = run.json's
     start to finish, which adds process launch and the final export (7-11 s in the tiny study)
     and, for a run interrupted and resumed, the time in between (`resumed`: span beyond own by
-    more than a minute). `budget`: train.compute_budget_hours in its config.gin (None: ran
+    more than a minute). `budget`: train.compute_budget_flops in its config.gin (None: ran
     without one); `stopped_on_budget`: it ended before train.total_steps."""
     from experiments.launch import read_json
 
@@ -512,8 +516,8 @@ def _run_time_text(rows: list[dict]) -> str:
     without = [r for r in rows if r["budget"] is None]
     txt = (f"{len(stopped)} run(s) stopped on the budget before their last step"
            + (f" ({', '.join(sorted({r['run'].split('/')[0] for r in stopped}))})" if stopped else "")
-           + f"; {len(rows) - len(without)} ran under a budget ({', '.join(f'{b:g}' for b in sorted(budgets)) or '-'} "
-           f"compute-hours) and {len(without)} ran before it existed and stayed within it. Time a run took: its own "
+           + f"; {len(rows) - len(without)} ran under a FLOP budget ({', '.join(f'{b:g}' for b in sorted(budgets)) or '-'}) "
+           f"and {len(without)} ran without one (before it existed). Time a run took: its own "
            f"time (training + evaluation + start-up) median {statistics.median(own):.0f} s, max {max(own):.0f} s")
     if straight:
         txt += (f"; start to finish for the {len(straight)} runs never interrupted, median "
@@ -527,21 +531,48 @@ def _run_time_text(rows: list[dict]) -> str:
     return txt
 
 
-def report_tables(out: Path) -> tuple[dict, Any]:
+PREDICT_BOOT = 100  # bootstrap resamples behind each prediction interval of the report
+
+
+def report_tables(out: Path, *, predict_boot: int = PREDICT_BOOT) -> tuple[dict, Any]:
     """(summaries by sweep, prediction table) of the collected results: the numbers of the report,
-    computed as `scalerl fit OUT` / `scalerl fit OUT --fraction 0.5` compute them."""
-    from analysis.runs import fit_runs, load_runs
+    computed as `scalerl fit OUT` / `scalerl fit OUT --fraction 0.5` compute them (compute axis
+    "auto": FLOPs at tiny scale)."""
+    from analysis.runs import fit_runs, load_runs, resolve_compute
     from analysis.study import summarize
 
     summaries = summarize(out)
     ev, runs = load_runs(out, what="eval"), load_runs(out, what="runs")
-    pred = fit_runs(ev, runs=runs, fraction=0.5) if len(runs) else None
+    pred = (fit_runs(ev, runs=runs, fraction=0.5, compute=resolve_compute(runs), profile=False,
+                     predict_boot=predict_boot) if len(runs) else None)
     return summaries, pred
+
+
+def _paired_noise(summaries: dict) -> tuple[float, float] | None:
+    """(median sd of per-seed differences of `tail`, median sd of `tail` across seeds) over the
+    pairs of configurations sharing >= 2 seeds: what pairing by seed buys, in numbers."""
+    import numpy as np
+
+    paired, unpaired = [], []
+    for s in summaries.values():
+        t = s.runs.pivot_table(index="seed", columns="config", values="tail", aggfunc="first")
+        for c in t.columns:
+            if t[c].notna().sum() >= 2:
+                unpaired.append(float(t[c].std(ddof=1)))
+        cols = list(t.columns)
+        for i in range(len(cols)):
+            for j in range(i + 1, len(cols)):
+                d = (t[cols[i]] - t[cols[j]]).dropna()
+                if len(d) >= 2:
+                    paired.append(float(d.std(ddof=1)) / math.sqrt(2.0))
+    if not paired or not unpaired:
+        return None
+    return float(np.median(paired)), float(np.median(unpaired))
 
 
 def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
                  collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
-                 kept_contended: Sequence[str] = ()) -> Path:
+                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT) -> Path:
     """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT."""
     import pandas as pd
 
@@ -550,7 +581,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     from analysis.study import SEED_SWEEP
 
     out = Path(out)
-    summaries, pred = report_tables(out)
+    summaries, pred = report_tables(out, predict_boot=predict_boot)
     if not summaries:
         raise ReproduceError(f"no runs under {out}: nothing to report")
     tables = out / TABLES_DIR
@@ -561,18 +592,21 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     runs = pd.concat([s.runs.drop(columns=["fit"]) for s in summaries.values()], ignore_index=True)
     reasons_path = out / REASONS_FILE
     reasons = _load_reasons(reasons_path)
-    disagreeing = claims.loc[claims["verdict"] == "disagree", "claim_id"].tolist()
+    disagreeing = claims.loc[(claims["verdict_A"] == "disagree") | (claims["verdict_tail"] == "disagree"),
+                             "claim_id"].tolist()
     _append_reason_ids(reasons_path, disagreeing, reasons)
     claims = claims.assign(reason=[reasons.get(i, "") for i in claims["claim_id"]])
     configs.to_csv(tables / "configs.csv", index=False)
     claims.to_csv(tables / "claims.csv", index=False)
     runs.to_csv(tables / "runs.csv", index=False)
+    pairs = pd.DataFrame([p.as_dict() for sm in summaries.values() for p in sm.pairs])
+    pairs.to_csv(tables / "pairs.csv", index=False)
     if pred is not None:
         pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)
 
     n_runs = len(runs)
     seeds = runs.groupby(["sweep", "config"])["seed"].nunique()
-    counts = claims["verdict"].value_counts()
+    counts = {m: claims[f"verdict_{m}"].value_counts() for m in ("A", "tail")}
     L: list[str] = []
     w = L.append
     w(f"# ScaleRL ablations at {scale} scale: the study, its figures and our verdicts\n")
@@ -581,8 +615,8 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       f"{n_runs} runs in {len(summaries)} sweeps, {int(seeds.median()) if len(seeds) else 0} seeds per configuration "
       f"(min {int(seeds.min()) if len(seeds) else 0}). Re-generate this file with `scalerl reproduce --scale {scale} "
       f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
-      "`analysis.study.summarize`). Tables: `report/configs.csv`, `report/claims.csv`, `report/runs.csv`, "
-      "`report/predictions.csv`.\n")
+      "`analysis.study.summarize`; every pair: `scalerl compare " + str(out) + "`). Tables: `report/configs.csv`, "
+      "`report/claims.csv`, `report/runs.csv` (with `A_identified`), `report/pairs.csv`, `report/predictions.csv`.\n")
     shipped = [p.stem for p in select_specs(None)]
     absent = [n for n in shipped if n not in summaries]
     unfinished_runs = list(collected.missing) if collected is not None else []
@@ -596,41 +630,81 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
           + f" `scalerl reproduce --scale {scale} --executor slurm --seeds 3` goes on from here (done runs are "
           "skipped).\n")
     w("## Verdicts\n")
-    w("| verdict | claims |\n|---|---|")
+    w("Each claim of the paper is judged twice: on the law's asymptote **A** (counted only where every run's A is "
+      "identified) and on **tail**, the measured mean held-out pass rate over the last 20% of the sweep's common "
+      "compute window.\n")
+    w("| verdict | on A | on tail |\n|---|---|---|")
     for v in ("agree", "disagree", "inconclusive", "not run"):
-        w(f"| {v} | {int(counts.get(v, 0))} |")
+        w(f"| {v} | {int(counts['A'].get(v, 0))} | {int(counts['tail'].get(v, 0))} |")
     w("")
+    n_fit = int(runs["A"].notna().sum())
+    n_ident = int(runs["A_identified"].fillna(False).astype(bool).sum()) if "A_identified" in runs else 0
+    widths = runs["A_profile_width"].dropna() if "A_profile_width" in runs else pd.Series(dtype=float)
+    at_cap = int(runs["A_at_cap"].fillna(False).astype(bool).sum()) if "A_at_cap" in runs else 0
+    pair_counts = pairs["verdict"].groupby(pairs["metric"]).value_counts() if len(pairs) else None
+    noise = _paired_noise(summaries)
+    w("## What this study can and cannot tell\n")
+    w(f"- **A is identified in {n_ident} of {n_fit} fitted runs** (95% profile interval at most 0.1 wide"
+      + (f"; median width {widths.median():.2f}, {at_cap} intervals reach the 1.0 cap" if len(widths) else "")
+      + "). Where it is not, every A comparison reads `inconclusive (A not identified: run longer)`: the runs "
+      "stop while still climbing, so the asymptote is an extrapolation the data cannot pin down.")
+    if pair_counts is not None:
+        for m in ("A", "tail"):
+            if m in pair_counts.index.get_level_values(0):
+                c = pair_counts[m]
+                w(f"- Every pair of configurations on **{m}**: " + ", ".join(
+                    f"{v} {int(c.get(v, 0))}" for v in ("better", "worse", "equivalent", "inconclusive")) + ".")
+    if noise is not None:
+        w(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd of "
+          f"{noise[0]:.3f} (per configuration), against {noise[1]:.3f} for `tail` across seeds unpaired: a seed fixes "
+          "the data split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
+    w("- `equivalent` needs the two one-sided tests to put the difference inside ±0.02: with 3 seeds that takes a "
+      "paired sd of the difference below about 0.01. 'Not shown different' is `inconclusive`, never `agree`.")
+    w("")
+    renamed = runs[runs["paper_config"].fillna(runs["config"]) != runs["config"]] if "paper_config" in runs else runs.iloc[0:0]
+    if len(renamed):
+        w("## Names: what ran, and what the paper called it\n")
+        w("At tiny scale a run's name says the value that ran; the paper's name is in run.json's `paper_name` and "
+          "in the claims below.\n")
+        w("| sweep | ran (run name) | the paper's |\n|---|---|---|")
+        for (sw, cfg, pc) in sorted({(r.sweep, r.config, r.paper_config) for r in renamed.itertuples()}):
+            w(f"| {sw} | {cfg} | {pc} |")
+        w("")
     w("## How the numbers are made\n")
+    w("- **Compute axis**: " + ", ".join(sorted({sm.compute for sm in summaries.values()})) + " (`--compute auto`: "
+      "FLOPs at tiny scale, where identical runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs; "
+      "device-hours otherwise). Every run of a sweep is compared over the sweep's **common compute window**, cut at "
+      "the smallest final compute among its runs.")
     w("- **Fit protocol** (docs/PAPER.md §1; per figure in `paper_figures/spec.py`): "
       + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
       "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
-      "a whole-run fit at the **end of the first epoch** (the compute at the first metrics line with epoch >= 1; "
-      "the paper's forward ablations end it at 0.40 of the run, the tiny runs at ~0.37), a first-half fit at the "
-      "**paper's cutoff as the same fraction of the fitted range** (`loo` 0.19, `recipes` 0.094, `scaling` 0.03, "
-      "a whole-protocol run cut to its first half 0.40): the paper's long runs end epoch 1 after ~9% of the run, "
-      "a tiny run only after ~37%, past most of its first half (analysis/protocol.py). R0 = the run's first "
-      "evaluation.")
-    w("- **Ours per configuration**: the mean of the fitted A (and B) over seeds with its 95% t-interval "
-      "(mean ± t(0.975, n−1)·sd/√n); C_mid is the geometric mean.")
-    w("- **Margin on A** (analysis/README.md): measured from the seeds, t(0.975, df)·s_A·√(1/n_a + 1/n_b) with "
-      "s_A the pooled standard deviation of A across seeds of the same configuration in the sweep (df = Σ(n−1)); "
-      f"a sweep without seeds takes s_A from `{SEED_SWEEP}`; the paper's 0.02 only where no seeds exist.")
-    w("- **Comparison rule**: |ΔA| > margin → the higher A wins; else both are refitted at their common A and the "
-      "higher mean B wins when ΔB exceeds its own seed noise (t·s_B·√(1/n_a+1/n_b); 0.01 without seeds), then the "
-      "smaller C_mid; else a tie (`analysis.study.compare_configs`).")
-    w("- **Verdicts**: a claim of a higher A agrees when our A decides for the same side, disagrees when it decides "
-      "for the other, and is inconclusive when our A difference is within the margin; 'similar A' agrees when "
-      "within the margin; 'better' uses the whole rule (a tie is inconclusive); 'not worse' agrees unless the other "
-      "side wins. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
+      "a whole-run fit at the **end of the first epoch**, a first-half fit at the **paper's cutoff as the same "
+      "fraction of the fitted range** (analysis/protocol.py). R0 = the run's first evaluation.")
+    w("- **A identified**: each run's 95% profile-likelihood interval of A (B and C_mid refitted at each A; "
+      "SSE(A) <= SSE_min·(1 + F(0.95; 1, n−3)/(n−3)); A <= 1 for a pass rate) must be at most 0.1 wide; an "
+      "interval that ends at the cap is fine when narrow.")
+    w("- **Comparisons** (`analysis/compare.py`, the same function behind `scalerl compare`, `scalerl fit` and the "
+      "figures): configurations that share seeds are compared on per-seed differences (paired t interval, mean Δ ± "
+      "t(0.975, n−1)·sd(Δ)/√n), otherwise by Welch's interval. Verdicts: `better` / `worse` when the 95% interval "
+      "excludes 0, `equivalent` when the two one-sided tests (statsmodels TOST, α = 0.05) put it inside ±0.02, else "
+      "`inconclusive`.")
+    w("- **Claims**: 'A(a) > A(b)' agrees on `better` and disagrees on `worse`; 'A(a) ≈ A(b)' agrees only on "
+      "`equivalent`; 'a better than b' agrees on `better` (on A, an `equivalent` A goes to B and ln C_mid at the "
+      "common A, each with its own paired interval); 'not worse' agrees on `better` or `equivalent`; anything "
+      "else is `inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
+    w("- **Ours per configuration**: the mean over seeds with its 95% t-interval, inside [0, 1] for A and tail; "
+      "C_mid is the geometric mean. `rank` orders configurations by the paper's own rule (A within a margin "
+      "measured from the seeds, then B); it decides no verdict.")
     w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time (`contention_run`, "
       "from /proc/stat) had "
       "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
       "left are listed below, marked in the tables and drawn faded in the figures.")
-    w("- **Compute budget and run time**: at tiny scale every run gets the same training compute budget, "
-      "`train.compute_budget_hours` (experiments/launch.py `TINY_SCALE_BINDINGS`), as every forward ablation of the "
-      "paper gets 3.5-4k GPU-h: runs whose steps cost more (larger batches, PPO-off-policy, PipelineRL-1, math + code) "
-      "stop at the compute of the others instead of running 500 steps. A run trained without it past it is re-run "
-      "under it. " + _run_time_text(run_times(out)))
+    w("- **Compute budget and run time**: at tiny scale every run trains to the same compute, "
+      "`train.compute_budget_flops` (experiments/launch.py `TINY_SCALE_BINDINGS`; the budget is the stopping rule, "
+      "`train.total_steps` only a safety cap), as every forward ablation of the paper gets 3.5-4k GPU-h. Runs "
+      "collected before it existed (under a wall-clock budget, or at a fixed step count) end at different "
+      "compute; every comparison above holds compute equal by cutting the sweep at its common window. A run "
+      "trained past the budget without it is re-run under it by `scalerl reproduce`. " + _run_time_text(run_times(out)))
     thin = collected.thin if collected is not None else _thinned_every(out)
     if thin > 1:
         w(f"- **Collected logs**: metrics.jsonl keeps every {thin}-th step line (plus the line where "
@@ -649,12 +723,15 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
         w(f"**Fit:** {s.protocol.range_text()} ({s.protocol.name} protocol); fit start: "
           + ", ".join(f"{k} ({n} runs)" for k, n in rules.items() if k) + f". **Margin on A:** {s.margin.describe()}.\n")
-        w("| config | seeds fitted | A [95% CI] | B [95% CI] | C_mid | rank | contended |")
-        w("|---|---|---|---|---|---|---|")
+        w(f"**Compute axis:** {s.compute}; common window ends at {s.tail_end:.4g} (tail = its last 20%).\n")
+        w("| config (ran) | paper's name | seeds fitted | A identified | A [95% CI] | B [95% CI] | C_mid | "
+          "tail [95% CI] | rank | contended |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
         for r in s.configs.sort_values(["rank", "config"], na_position="last").itertuples():
-            w(f"| {r.config} | {r.n_fitted}/{r.n_runs} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
-              f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_fmt(r.rank, '.0f')} | "
-              f"{r.contended_runs or '—'} |")
+            w(f"| {r.config} | {r.paper_config if r.paper_config != r.config else '—'} | {r.n_fitted}/{r.n_runs} | "
+              f"{r.n_identified}/{r.n_fitted} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
+              f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_ci(r.tail, r.tail_lo, r.tail_hi, '.3f')} | "
+              f"{_fmt(r.rank, '.0f')} | {r.contended_runs or '—'} |")
         errs = s.runs[s.runs["fit_error"].fillna("") != ""]
         unfinished = s.runs[s.runs["status"].fillna("unknown") != "done"]
         if len(errs) or len(unfinished):
@@ -665,41 +742,65 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
                 w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
         w("")
         if len(s.claims):
-            w("| claim | paper | ours | verdict | reason (reasons.yaml) |")
-            w("|---|---|---|---|---|")
+            w("| claim | paper | ours on A | verdict on A | ours on tail | verdict on tail | reason (reasons.yaml) |")
+            w("|---|---|---|---|---|---|---|")
             for c in s.claims.itertuples():
                 reason = reasons.get(c.claim_id, "")
-                if c.verdict == "disagree" and not reason:
+                if "disagree" in (c.verdict_A, c.verdict_tail) and not reason:
                     reason = f"_to fill: `{c.claim_id}`_"
-                why = f" ({c.why})" if isinstance(c.why, str) and c.why else ""
-                w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {_md_escape(c.ours)} | "
-                  f"**{c.verdict}**{_md_escape(why)} | {_md_escape(reason) or '—'} |")
+                w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {_md_escape(c.ours_A)} | "
+                  f"**{c.verdict_A}**{_md_escape(_why(c.why_A))} | {_md_escape(c.ours_tail)} | "
+                  f"**{c.verdict_tail}**{_md_escape(_why(c.why_tail))} | {_md_escape(reason) or '—'} |")
                 verdict_rows.append((sweep, f.figure if f else "", c))
             w("")
 
     w("## All verdicts\n")
-    w("| ablation | figure | claim | verdict | margin | reason |")
+    w("| ablation | figure | claim | on A | on tail | reason |")
     w("|---|---|---|---|---|---|")
     for sweep, fig, c in verdict_rows:
         reason = reasons.get(c.claim_id, "")
-        w(f"| {sweep} | {fig} | {_md_escape(c.claim)} | {c.verdict} | {_fmt(c.margin, '.3f')} | "
-          f"{_md_escape(reason) or ('_to fill_' if c.verdict == 'disagree' else '—')} |")
+        dis = "disagree" in (c.verdict_A, c.verdict_tail)
+        w(f"| {sweep} | {fig} | {_md_escape(c.claim)} | {c.verdict_A} | {c.verdict_tail} | "
+          f"{_md_escape(reason) or ('_to fill_' if dis else '—')} |")
     w("")
 
     w("## Predicting the end from the first half\n")
     if pred is not None and "prediction_error" in pred and pred["prediction_error"].notna().any():
         p = pred.dropna(subset=["prediction_error"]).copy()
         p["abs_error"] = p["prediction_error"].abs()
-        worst = p.loc[p["abs_error"].idxmax()]
-        w(f"Every run fitted on its first 50% of compute (from the paper's start, its protocol's fraction of that half), its final pass rate predicted "
-          f"and compared with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`): "
-          f"{len(p)} of {len(pred)} runs predicted; **median |error| {p['abs_error'].median():.3f}, worst "
-          f"{worst['abs_error']:.3f}** ({worst['sweep']}/{worst['run']}).\n")
-        w("| sweep | run | fitted to | predicted end | observed end | error |")
-        w("|---|---|---|---|---|---|")
+        p["baseline_abs"] = p["baseline_error"].abs()
+        sig_med, base_med = p["abs_error"].median(), p["baseline_abs"].median()
+        beats = float((p["abs_error"] < p["baseline_abs"]).mean())
+        cov = p["covered"].dropna().astype(bool) if "covered" in p else pd.Series(dtype=bool)
+        w(f"Every run fitted on its first 50% of compute ({summaries and next(iter(summaries.values())).compute} axis; "
+          "from the paper's start, its protocol's fraction of that half), its final pass rate predicted and compared "
+          f"with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`); beside it a straight line in log C "
+          f"fitted on the same points. {len(p)} of {len(pred)} runs predicted.\n")
+        w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
+        w("|---|---|---|---|---|")
+        w(f"| sigmoid (the law) | {sig_med:.3f} | {p['prediction_error'].mean():+.3f} | {p['abs_error'].max():.3f} | "
+          f"{beats:.0%} of runs |")
+        w(f"| log-linear baseline | {base_med:.3f} | {p['baseline_error'].mean():+.3f} | {p['baseline_abs'].max():.3f} | "
+          f"{1 - beats:.0%} of runs |")
+        w("")
+        if len(cov):
+            w(f"The sigmoid's 95% prediction interval (bootstrap over the fitted points, {PREDICT_BOOT} resamples, "
+              f"plus a resampled residual for the end's own evaluation noise) covers the observed end in "
+              f"**{cov.mean():.0%}** of {len(cov)} runs (nominal 95%).\n")
+        if base_med < sig_med:
+            w(f"**At this scale the sigmoid loses to the log-linear baseline** (median |error| {sig_med:.3f} against "
+              f"{base_med:.3f}): the first half of a tiny run does not pin down the curve's bend, and the law's "
+              "extrapolation is worse than a straight line in log compute.\n")
+        else:
+            w(f"The sigmoid beats the log-linear baseline (median |error| {sig_med:.3f} against {base_med:.3f}).\n")
+        w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | observed end | error | covered |")
+        w("|---|---|---|---|---|---|---|---|")
         for r in p.sort_values(["sweep", "run"]).itertuples():
-            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f} | "
-              f"{r.observed_final:.3f} | {r.prediction_error:+.3f} |")
+            pi = (f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if hasattr(r, "predicted_low")
+                  and pd.notna(r.predicted_low) else "")
+            cv = ("yes" if r.covered else "no") if hasattr(r, "covered") and pd.notna(r.covered) else "—"
+            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f}{pi} | "
+              f"{r.baseline_final:.3f} | {r.observed_final:.3f} | {r.prediction_error:+.3f} | {cv} |")
         nofit = pred[pred["prediction_error"].isna()]
         if len(nofit):
             w("")
@@ -775,6 +876,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="submit nothing: collect the runs that are done (and uncontended), draw, report "
                              "(a study part-way through; run without it later to finish)")
     parser.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    parser.add_argument("--predict-boot", type=int, default=PREDICT_BOOT, metavar="N",
+                        help=f"bootstrap resamples behind each run's prediction interval in the report (default "
+                             f"{PREDICT_BOOT}; 0: no interval)")
     parser.add_argument("--allow-contention", action="store_true",
                         help="keep done runs whose CPU contention exceeded 10%% (default: set aside and re-run)")
     parser.add_argument("--max-reruns", type=int, default=2,
@@ -802,6 +906,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ReproduceError(f"--max-reruns must be >= 0, got {args.max_reruns}")
     if args.max_mb <= 0:
         raise ReproduceError(f"--max-mb must be > 0, got {args.max_mb}")
+    if args.predict_boot < 0:
+        raise ReproduceError(f"--predict-boot must be >= 0, got {args.predict_boot}")
     if args.collect_only and (args.report_only or args.dry_run):
         raise ReproduceError("--collect-only cannot be combined with --report-only or --dry-run")
     if args.wait_hours <= 0:
@@ -822,7 +928,7 @@ def _draw_figures(out: Path, console) -> tuple[dict, dict, dict]:
     from paper_figures.common import Options
     from paper_figures.render import render_all
 
-    written, missing, failed = render_all(out, out / FIGURES_DIR, Options(formats=("png",), dpi=110))
+    written, missing, failed = render_all(out, out / FIGURES_DIR, Options(compute="auto", formats=("png",), dpi=110))
     for fig_id, err in failed.items():
         console.print(f"[red]figure {fig_id} failed:[/red] {err}", highlight=False)
     console.print(f"figures: {len(written)} drawn, {len(missing)} missing, {len(failed)} failed -> {out / FIGURES_DIR}")
@@ -901,6 +1007,7 @@ def main(args: argparse.Namespace) -> int:
             raise ReproduceError(f"no results folder {args.out}: run the study first (without --report-only)")
         figures = None if args.no_figures else _draw_figures(args.out, console)
         report = write_report(args.out, figures=figures, collected=collected, scale=args.scale, command=command,
+                              predict_boot=args.predict_boot,
                               kept_contended=kept)
         total = _dir_bytes(args.out)
         console.print(f"wrote {report}; {args.out} holds {total / 1e6:.1f} MB")

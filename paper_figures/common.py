@@ -45,7 +45,7 @@ class MissingRuns(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    compute: str = "compute_hours"  # or "flops"
+    compute: str = "compute_hours"  # a column, or "auto" (render_all: flops at tiny scale, device-hours otherwise)
     fit_fraction: float | None = None  # None: the figure's protocol; else fit compute <= this × the final
     min_compute: str | float = "paper"  # "paper": the paper's start per protocol (analysis/protocol.py); "epoch"; or a compute value
     margin: str | float = "auto"  # the margin on A: measured from seeds, or a number
@@ -323,12 +323,20 @@ def _config_text(cfg: pd.Series, which: str) -> str:
     """Legend entry of a configuration with several seeds: mean A (95% interval) and B over its seeds."""
     if pd.isna(cfg["A"]):
         return f"{cfg['config']} ({cfg['n_runs']} seeds): no fit"
-    parts = [f"A={cfg['A']:.3f} [{cfg['A_lo']:.3f}, {cfg['A_hi']:.3f}]" if cfg["n_fitted"] > 1 else f"A={cfg['A']:.3f}"]
+    # the interval over seeds is clipped to [0, 1] (analysis.study.seed_interval); "A n.i." where a
+    # seed's A is not identified (its profile interval is wider than 0.1: an extrapolation)
+    ident = "" if cfg.get("n_identified", cfg["n_fitted"]) >= cfg["n_fitted"] else " (A n.i.)"
+    parts = [f"A={cfg['A']:.3f} [{cfg['A_lo']:.3f}, {cfg['A_hi']:.3f}]{ident}" if cfg["n_fitted"] > 1
+             else f"A={cfg['A']:.3f}{ident}"]
+    if pd.notna(cfg.get("tail", math.nan)):
+        parts.append(f"tail={cfg['tail']:.3f}")
     if "B" in which:
         parts.append(f"B={cfg['B']:.2f}")
     if "C" in which:
         parts.append(f"C_mid={cfg['C_mid']:.3g}")
-    return f"{cfg['config']} ({cfg['n_fitted']}/{cfg['n_runs']} seeds): " + ", ".join(parts)
+    name = cfg["config"] if cfg.get("paper_config", cfg["config"]) == cfg["config"] else \
+        f"{cfg['config']} (paper {cfg['paper_config']})"
+    return f"{name} ({cfg['n_fitted']}/{cfg['n_runs']} seeds): " + ", ".join(parts)
 
 
 def draw_curves_with_summaries(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Options,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import traceback
@@ -23,7 +24,7 @@ def figure_module(fig_id: str):
 def render_all(
     runs: str | Path,
     out_dir: str | Path,
-    opts: Options = Options(),
+    opts: Options = Options(),  # compute "auto" (the default) resolves from the runs
     only: Iterable[str] | None = None,
     progress: bool = False,
 ) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
@@ -32,6 +33,10 @@ def render_all(
     for i in ids:
         figure_module(i)  # unknown ids fail before any drawing
     data = RunData(runs)
+    if opts.compute == "auto":  # one axis for every figure: FLOPs at tiny scale, device-hours otherwise
+        from analysis.runs import resolve_compute
+
+        opts = dataclasses.replace(opts, compute=resolve_compute(data.runs, "auto"))
     written, missing, failed = {}, {}, {}
     it: Iterable[str] = ids
     if progress:

@@ -1,6 +1,6 @@
 """The paper's fit protocol (issue 12 item 3): where a fit starts (the end of the first epoch),
-which part of a run each figure fits, the margin on A measured from seeds, the comparison of
-configurations with seeds, and the verdict of each kind of claim."""
+which part of a run each figure fits, the margin on A measured from seeds (the paper's rank), and
+the verdict of each kind of claim from a pair's interval verdict (analysis/compare.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from analysis.protocol import (PROTOCOLS, Margin, epoch1_compute, fit_with_proto
                                margin_from_seed_fits, parse_min_compute, sweep_protocol)
 from analysis.runs import fit_runs, load_runs, read_jsonl
 from analysis.scaling_law import A_MARGIN, compare, fit, sigmoid
-from analysis.study import (ConfigComparison, _judge_peak, compare_configs, judge_claim, parse_margin, seed_interval,
-                            summarize)
+from analysis.compare import Difference, PairComparison
+from analysis.study import _judge_peak, compare_configs, judge_claim, parse_margin, seed_interval, summarize
 from analysis.synthetic import write_run
 from paper_figures.spec import FIGURES
 
@@ -256,32 +256,56 @@ def test_with_seeds_b_must_beat_its_own_noise():
     assert (by_a.winner, by_a.decided_by) == ("a", "A") and by_a.margin == pytest.approx(margin.for_pair(3, 3))
 
 
-def _comp(winner, by):
-    return ConfigComparison("a", "b", 3, 3, 0.6, 0.5, 0.02, winner, by)
+def _pair(verdict, metric="tail", identified=True):
+    d = Difference(0.03, 0.01, 0.05, 3, 3, 3, True, 0.5, 0.02, verdict)
+    return PairComparison("s", "a", "b", metric, d, identified, verdict if identified else "inconclusive")
 
 
-@pytest.mark.parametrize("kind,winner,by,verdict", [
-    ("a_higher_A", "a", "A", "agree"), ("a_higher_A", "b", "A", "disagree"), ("a_higher_A", "a", "B", "inconclusive"),
-    ("a_higher_A", "tie", "tie", "inconclusive"),
-    ("same_A", "a", "B", "agree"), ("same_A", "tie", "tie", "agree"), ("same_A", "b", "A", "disagree"),
-    ("a_better", "a", "B", "agree"), ("a_better", "a", "A", "agree"), ("a_better", "b", "C_mid", "disagree"),
-    ("a_better", "tie", "tie", "inconclusive"),
-    ("a_not_worse", "tie", "tie", "agree"), ("a_not_worse", "a", "A", "agree"), ("a_not_worse", "b", "B", "disagree"),
+@pytest.mark.parametrize("kind,pair_verdict,verdict", [
+    ("a_higher_A", "better", "agree"), ("a_higher_A", "worse", "disagree"), ("a_higher_A", "equivalent", "inconclusive"),
+    ("a_higher_A", "inconclusive", "inconclusive"),
+    ("same_A", "equivalent", "agree"), ("same_A", "inconclusive", "inconclusive"), ("same_A", "better", "disagree"),
+    ("same_A", "worse", "disagree"),
+    ("a_better", "better", "agree"), ("a_better", "worse", "disagree"), ("a_better", "inconclusive", "inconclusive"),
+    ("a_not_worse", "equivalent", "agree"), ("a_not_worse", "better", "agree"), ("a_not_worse", "worse", "disagree"),
+    ("a_not_worse", "inconclusive", "inconclusive"),
 ])
-def test_claim_verdicts(kind, winner, by, verdict):
-    assert judge_claim(Claim(kind, "a", "b"), _comp(winner, by))[0] == verdict
+def test_claim_verdicts(kind, pair_verdict, verdict):
+    """A claim reads a pair's interval verdict; "≈" agrees only on `equivalent` (a wide interval that
+    merely includes 0 is inconclusive, never agreement)."""
+    for metric in ("A", "tail"):
+        assert judge_claim(Claim(kind, "a", "b"), _pair(pair_verdict, metric))[0] == verdict
     assert judge_claim(Claim(kind, "a", "b"), None)[0] == "not run"
+    # on A, a run whose A is not identified makes every claim inconclusive
+    assert judge_claim(Claim(kind, "a", "b"), _pair(pair_verdict, "A", identified=False)) == \
+        ("inconclusive", "A not identified: run longer")
 
 
-def test_peak_verdict():
-    def cfg(a_values):
-        return pd.DataFrame({"config": [f"eps_high{v}" for v in (0.2, 0.28, 0.4)], "value": [0.2, 0.28, 0.4],
-                             "A": a_values, "n_fitted": [3, 3, 3]})
-    m = Margin.fixed(0.02)
-    assert _judge_peak(cfg([0.50, 0.56, 0.51]), m)[0] == "agree"
-    assert _judge_peak(cfg([0.50, 0.52, 0.51]), m)[0] == "inconclusive"
-    assert _judge_peak(cfg([0.50, 0.53, 0.58]), m)[0] == "disagree"
-    assert _judge_peak(cfg([0.50, 0.53, math.nan]), m)[0] == "not run"
+def _peak_runs(means, noise=0.002, seeds=(0, 1, 2)):
+    rng = np.random.default_rng(0)
+    shared = {s: rng.normal(0, 0.05) for s in seeds}  # the seed effect every config shares
+    rows = [{"config": f"eps_high{v}", "value": v, "seed": s, "A": m + shared[s] + rng.normal(0, noise),
+             "tail": m + shared[s] + rng.normal(0, noise), "A_identified": True}
+            for v, m in zip((0.2, 0.28, 0.4), means) for s in seeds]
+    runs = pd.DataFrame(rows)
+    cfg = runs.groupby(["config", "value"], as_index=False)[["A", "tail"]].mean()
+    return cfg, runs
+
+
+@pytest.mark.parametrize("metric", ["A", "tail"])
+def test_peak_verdict(metric):
+    """peak_A: the interior configuration must be `better` (paired interval) than both ends."""
+    judge = lambda means, **kw: _judge_peak(*_peak_runs(means, **kw), "dapo_clip", metric, 0.02)[0]  # noqa: E731
+    assert judge([0.50, 0.56, 0.51]) == "agree"
+    assert judge([0.50, 0.56, 0.51], noise=0.2) == "inconclusive"  # the same means, buried in run noise
+    assert judge([0.50, 0.5005, 0.501]) == "inconclusive"
+    assert judge([0.50, 0.53, 0.58]) == "disagree"
+    cfg, runs = _peak_runs([0.50, 0.53, math.nan])
+    assert _judge_peak(cfg, runs, "dapo_clip", metric, 0.02)[0] == "not run"
+    if metric == "A":
+        cfg, runs = _peak_runs([0.50, 0.56, 0.51])
+        runs.loc[0, "A_identified"] = False
+        assert _judge_peak(cfg, runs, "dapo_clip", "A", 0.02)[:3:2] == ("inconclusive", "A not identified: run longer")
 
 
 def test_every_sweep_spec_has_the_papers_finding():
@@ -304,12 +328,16 @@ def test_every_finding_names_configs_its_sweep_runs():
 
 
 def test_summary_judges_the_papers_claims_with_seeds(tmp_path):
-    _seeded_sweep(tmp_path, "fp32_head", {"bf16": (0.52, 1.8, 1.0), "bf16_fp32_head": (0.61, 1.8, 1.0)})
+    _seeded_sweep(tmp_path, "fp32_head", {"bf16": (0.52, 1.8, 1.0), "bf16_fp32_head": (0.61, 1.8, 1.0)},
+                  final_compute=10.0, epochs=15.0)  # epoch 1 ends at C = 0.67, as with the default 4 and 6
     s = summarize(tmp_path)["fp32_head"]
     cfg = s.configs.set_index("config")
     assert cfg.loc["bf16_fp32_head", "n_fitted"] == 3 and cfg.loc["bf16_fp32_head", "rank"] == 1
     assert cfg.loc["bf16", "A_lo"] < cfg.loc["bf16", "A"] < cfg.loc["bf16", "A_hi"]
     assert abs(cfg.loc["bf16_fp32_head", "A"] - 0.61) < 0.02 and abs(cfg.loc["bf16", "A"] - 0.52) < 0.02
     (claim,) = s.claims.itertuples()
-    assert claim.verdict == "agree" and claim.decided_by == "A" and claim.margin == pytest.approx(s.margin.value)
+    # the runs saturate within their compute (C_mid 1.0 of 10): A is identified, and 0.61 vs 0.52 is `better`
+    assert s.runs["A_identified"].all() and cfg.loc["bf16", "n_identified"] == 3
+    assert (claim.verdict_A, claim.pair_verdict_A, claim.paired_A, claim.n_A) == ("agree", "better", True, 3)
+    assert claim.low_A > 0.05 and claim.verdict_tail == "agree"
     assert json.dumps(claim.claim_id) and claim.claim_id == "fp32_head/a_higher_A:bf16_fp32_head,bf16"

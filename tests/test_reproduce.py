@@ -168,24 +168,29 @@ def test_report_on_a_synthetic_study_and_scalerl_fit_reproduces_it(tmp_path, cap
                 laws={("fp32_head", "bf16_fp32_head"): (0.45, 1.8, 2600)},  # the paper's finding reversed
                 run_kwargs={("loss_type", "cispo-s1"): {"contention": 0.25}})
     assert scalerl(["reproduce", "--report-only", "--out", str(out), "--runs", str(tmp_path / "runs"),
-                    "--no-figures"]) == 0, capsys.readouterr().out
+                    "--no-figures", "--predict-boot", "10"]) == 0, capsys.readouterr().out
     text = (out / "REPORT.md").read_text()
     claims = pd.read_csv(out / "report" / "claims.csv")
     for sweep, finding in FINDINGS.items():
         assert f"(`{sweep}`)" in text, sweep
         for claim in finding.claims:
             row = claims[claims["claim_id"] == claim.id(sweep)]
-            assert len(row) == 1 and row["verdict"].iloc[0] in ("agree", "disagree", "inconclusive"), claim
             line = next(ln for ln in text.splitlines() if ln.startswith(f"| {claim.text()} |"))
-            assert f"**{row['verdict'].iloc[0]}**" in line
+            for m in ("A", "tail"):  # judged on both metrics, each verdict in its own column
+                assert len(row) == 1 and row[f"verdict_{m}"].iloc[0] in ("agree", "disagree", "inconclusive"), claim
+                assert f"**{row[f'verdict_{m}'].iloc[0]}**" in line
+    counts = re.search(r"\| disagree \| (\d+) \| (\d+) \|", text)  # the verdict counts per metric
+    assert counts and int(counts.group(2)) == int((claims["verdict_tail"] == "disagree").sum())
     bad = "fp32_head/a_higher_A:bf16_fp32_head,bf16"
-    assert claims.set_index("claim_id").loc[bad, "verdict"] == "disagree"
+    assert claims.set_index("claim_id").loc[bad, "verdict_tail"] == "disagree"  # 0.45 vs 0.52, paired by seed
     assert f"_to fill: `{bad}`_" in text
     assert "- loss_type/cispo-s1: 25" in text and "cispo-s1" in text.split("### Fig 5a")[1].split("###")[0]
-    m = re.search(r"median \|error\| (\d\.\d+), worst (\d\.\d+)", text)
-    assert m and 0 <= float(m.group(1)) <= float(m.group(2))
+    m = re.search(r"\| sigmoid \(the law\) \| (\d\.\d+) \| [-+]\d\.\d+ \| (\d\.\d+) \|", text)
+    assert m and 0 <= float(m.group(1)) <= float(m.group(2)) and "| log-linear baseline |" in text
     pred = pd.read_csv(out / "report" / "predictions.csv")
     assert len(pred) == len(list(out.glob("*/*/run.json")))  # every run, predicted or with its reason
+    assert {"baseline_final", "predicted_low", "predicted_high", "covered"} <= set(pred.columns)
+    assert "A_identified" in pd.read_csv(out / "report" / "runs.csv").columns
     assert "| fig11 |" in text  # figures the tiny scale cannot draw, with the reason
 
     # the lead fills the reason by hand; re-generating keeps it and appends nothing twice
@@ -195,7 +200,7 @@ def test_report_on_a_synthetic_study_and_scalerl_fit_reproduces_it(tmp_path, cap
     reasons.write_text("# read the runs on 2026-11-20\n" + original.replace(
         f'{json.dumps(bad)}: ""', f'{json.dumps(bad)}: "bf16 emulation off in the tiny runs"'))
     assert scalerl(["reproduce", "--report-only", "--out", str(out), "--runs", str(tmp_path / "runs"),
-                    "--no-figures"]) == 0
+                    "--no-figures", "--predict-boot", "0"]) == 0
     text2 = (out / "REPORT.md").read_text()
     assert "bf16 emulation off in the tiny runs" in text2 and f"_to fill: `{bad}`_" not in text2
     kept = reasons.read_text()
@@ -212,12 +217,15 @@ def test_report_on_a_synthetic_study_and_scalerl_fit_reproduces_it(tmp_path, cap
         rep = rep[rep["sweep"] == sweep].set_index("config")
         cols = ["A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "margin", "rank"]
         pd.testing.assert_frame_equal(ours.loc[rep.index, cols], rep[cols])
-        v_fit = pd.read_csv(csv.with_name(f"{csv.stem}_claims.csv"))[["claim_id", "ours", "verdict"]]
-        v_rep = claims[claims["sweep"] == sweep][["claim_id", "ours", "verdict"]].reset_index(drop=True)
+        keys = ["claim_id", "ours_A", "verdict_A", "ours_tail", "verdict_tail"]
+        v_fit = pd.read_csv(csv.with_name(f"{csv.stem}_claims.csv"))[keys]
+        v_rep = claims[claims["sweep"] == sweep][keys].reset_index(drop=True)
         pd.testing.assert_frame_equal(v_fit, v_rep)
         section = text2.split(f"(`{sweep}`)")[1].split("\n### ")[0]
         for config, r in rep.iterrows():
-            assert f"| {config} | 3/3 | {r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]" in section
+            line = next(ln for ln in section.splitlines() if ln.startswith(f"| {config} | "))
+            assert f"| 3/3 | {r['n_identified']}/3 | {r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]" in line
+            assert 0.0 <= r["A_lo"] <= r["A_hi"] <= 1.0 and 0.0 <= r["tail_lo"] <= r["tail_hi"] <= 1.0
         assert f"margin on A ±{rep['margin'].iloc[0]:.3g}" in printed
     fits = pd.read_csv(tmp_path / "fit_fp32_head.csv")
     assert {"protocol", "min_compute_rule", "margin", "margin_source", "contended"} <= set(fits.columns)
@@ -259,22 +267,26 @@ def test_done_run_trained_past_the_tiny_budget_without_it_is_set_aside_and_run_a
     """A run collected before the tiny scale's compute budget existed is re-run only when its
     training compute went past the budget; one that stayed within it, or ran under it, is kept."""
     res = tmp_path / "results"
-    budget = launch.TINY_COMPUTE_BUDGET_HOURS
-    kw = dict(B=1.8, C_mid=0.02, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision")
-    write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", final_compute=2 * budget, **kw)
-    write_run(res, "fp32_head", "bf16-s1", A=0.52, value="bf16", seed=1, final_compute=0.9 * budget, **kw)
-    write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", final_compute=1.01 * budget, **kw)
+    budget = launch.TINY_COMPUTE_BUDGET_FLOPS
+    steps = 30
+    # write_run logs flops = step x 8 x params_per_token_flops x 1,536,000 tokens: a run's FLOPs by its parameter count
+    per = lambda frac: frac * budget / (steps * 8 * 1536000)  # noqa: E731
+    kw = dict(B=1.8, C_mid=0.02, steps=steps, eval_every=2, device="cpu", count=2, factor="train.precision")
+    write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", params_per_token_flops=per(2.0), **kw)
+    write_run(res, "fp32_head", "bf16-s1", A=0.52, value="bf16", seed=1, params_per_token_flops=per(0.9), **kw)
+    write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", params_per_token_flops=per(1.01),
+              **kw)
     cfg = res / "fp32_head" / "bf16_fp32_head-s0" / "config.gin"  # this one ran under the budget: one step past it
-    cfg.write_text(cfg.read_text() + f"train.compute_budget_hours = {budget}\n")
+    cfg.write_text(cfg.read_text() + f"train.compute_budget_flops = {budget:g}\n")
     write_run(res, "fp32_head", "bf16_fp32_head-s1", A=0.61, value="bf16_fp32_head", seed=1,
-              final_compute=1.5 * budget, **kw)
+              params_per_token_flops=per(1.5), **kw)
     cfg = res / "fp32_head" / "bf16_fp32_head-s1" / "config.gin"  # ... and this one with a larger budget
-    cfg.write_text(cfg.read_text() + "train.compute_budget_hours = None\ntrain.compute_budget_hours = 0.5\n")
+    cfg.write_text(cfg.read_text() + "train.compute_budget_flops = None\ntrain.compute_budget_flops = 5e13\n")
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=2)
     dry = {p.run.name: p for p in R.plan_study(ns, act=False)[0].planned}
     assert {n: p.action for n, p in dry.items()} == {
         "bf16-s0": "rerun", "bf16-s1": "skip-done", "bf16_fp32_head-s0": "skip-done", "bf16_fp32_head-s1": "rerun"}
-    assert f"without the budget of {budget:g}" in dry["bf16-s0"].reason and "0.1500" in dry["bf16-s0"].reason
+    assert f"without the budget of {budget:g}" in dry["bf16-s0"].reason and "1e+13 FLOPs" in dry["bf16-s0"].reason
     assert (res / "fp32_head" / "bf16-s0" / "run.json").is_file()  # a dry run moves nothing
     (sp,) = R.plan_study(ns, act=True)
     assert sorted(sp.set_aside) == ["bf16-s0 (over budget)", "bf16_fp32_head-s1 (over budget)"]
@@ -282,8 +294,9 @@ def test_done_run_trained_past_the_tiny_budget_without_it_is_set_aside_and_run_a
     assert (tmp_path / "runs" / "fp32_head" / ".over_budget" / "bf16-s0-1" / "run.json").is_file()
     # at paper scale (no budget binding) nothing is over budget
     assert R.over_budget(res / "fp32_head" / "bf16-s1", None) is None
-    assert R._budget_of(["train.lr = 1", "train.compute_budget_hours = 0.075"]) == 0.075
-    assert R._budget_of(["train.compute_budget_hours = 0.075", "train.compute_budget_hours = None"]) is None
+    assert R._budget_of(["train.lr = 1", "train.compute_budget_flops = 5e12"]) == 5e12
+    assert R._budget_of(["train.compute_budget_flops = 5e12", "train.compute_budget_flops = None"]) is None
+    assert R._budget_of(["train.compute_budget_hours = 0.075"]) is None  # a wall-clock budget is not the tiny rule
 
 
 def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_what_is_left(tmp_path, capsys):

@@ -53,6 +53,8 @@ def write_fake_sweep(tmp: Path, *, values=("dapo", "gspo", "cispo"), extra: str 
         'sweep.tiny_base = "recipe.gin"\n'
         'sweep.factor = "train.loss"\n'
         f"sweep.values = {json.dumps(list(values))}\n"
+        # the tiny scale's step cap (launch.TINY_SCALE_BINDINGS) would outlast the fake recipe's 3 steps
+        'sweep.tiny_overrides = ["train.total_steps = 3"]\n'
         "sweep.seeds = [0]\n" + extra
     )
     return spec
@@ -87,7 +89,8 @@ def test_shipped_spec_expands_at_paper_scale(name):
     runs = _expand_or_skip(spec, "paper")
     L.validate_runs(runs)
     tiny = L.expand(spec, "tiny")
-    assert [r.name for r in runs] == [r.name for r in tiny], "run names must not depend on the scale"
+    # a tiny run's name says what ran (k1 for the paper's k4); its paper_name maps it back one to one
+    assert [r.name for r in runs] == [(f"{r.paper_name}-s{r.seed}" if r.paper_name else r.name) for r in tiny]
 
 
 def test_loss_type_spec_runs_one_run_per_loss_with_its_binding():
@@ -120,31 +123,51 @@ def test_binding_order_and_tiny_mapping():
     tiny = L.expand(spec, "tiny")
     assert [r.name for r in paper] == ["k4-s3", "k4-s4", "k8-s3", "k8-s4"]
     assert paper[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 4", "train.seed = 3")
-    assert tiny[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 1", "train.compute_budget_hours = 0.075",
+    assert tiny[0].bindings == (*L.TINY_SCALE_BINDINGS, "train.lr = 0.1", "pipeline_rl.k = 1",
                                 "train.total_steps = 2", "train.seed = 3")
     assert tiny[3].value == 2 and paper[3].value == 8
+    # at tiny scale the name says the value that ran; run.json keeps the paper's name
+    assert [r.name for r in tiny] == ["k1-s3", "k1-s4", "k2-s3", "k2-s4"]
+    assert tiny[0].run_info()["paper_name"] == "k4" and "paper_name" not in paper[0].run_info()
 
 
 def test_every_tiny_run_has_the_tiny_compute_budget_and_a_spec_may_change_it():
-    """The tiny scale gives every run one training compute budget (the paper's equal budget per
-    forward ablation); the paper scale adds none; a spec's tiny_overrides come after it."""
+    """The tiny scale gives every run one training compute budget in FLOPs (the paper's equal budget
+    per forward ablation; FLOPs reproduce, wall-clock does not), with the step count only a safety
+    cap; the paper scale adds none; a spec's tiny_overrides come after it."""
     spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
                              'sweep.values = ["dapo"]\n', default_name="b")
     (tiny,) = L.expand(spec, "tiny")
     (paper,) = L.expand(spec, "paper")
-    assert L.TINY_SCALE_BINDINGS == ("train.compute_budget_hours = 0.075",)
-    assert "train.compute_budget_hours = 0.075" in tiny.bindings
-    assert not any("compute_budget_hours" in b for b in paper.bindings)
+    assert L.TINY_SCALE_BINDINGS == ("train.compute_budget_flops = 5e+12", "train.total_steps = 5000")
+    assert set(L.TINY_SCALE_BINDINGS) <= set(tiny.bindings)
+    assert not any("compute_budget" in b or "total_steps" in b for b in paper.bindings)
     spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["dapo"]\n'
-                             'sweep.tiny_overrides = ["train.compute_budget_hours = 0.2"]\n', default_name="b")
+                             'sweep.tiny_overrides = ["train.compute_budget_flops = 2e13"]\n', default_name="b")
     (tiny,) = L.expand(spec, "tiny")
-    budget = [b for b in tiny.bindings if b.startswith("train.compute_budget_hours")]
-    assert budget == ["train.compute_budget_hours = 0.075", "train.compute_budget_hours = 0.2"]  # the last wins
+    budget = [b for b in tiny.bindings if b.startswith("train.compute_budget_flops")]
+    assert budget == ["train.compute_budget_flops = 5e+12", "train.compute_budget_flops = 2e13"]  # the last wins
     # every shipped sweep at tiny scale carries it
     for spec_path in sorted(Path(L.__file__).parent.joinpath("sweeps").glob("*.gin")):
         for run in L.expand(L.load_spec(spec_path), "tiny"):
-            assert "train.compute_budget_hours = 0.075" in run.bindings, (spec_path.name, run.name)
+            assert "train.compute_budget_flops = 5e+12" in run.bindings, (spec_path.name, run.name)
 
+
+def test_tiny_run_names_say_what_ran_and_record_the_papers_name():
+    """At tiny scale a run's name carries the value that ran (`k1`, `gen4`), run.json the paper's."""
+    for sweep, expected in {"pipeline_k": {"k1": "k4", "k2": "k8"},
+                            "generations_per_prompt": {"gen4": "gen8", "gen8": "gen16", "gen12": "gen24",
+                                                       "gen16": "gen32"},
+                            "off_policy": {"ppo_off_policy-k1": "", "ppo_off_policy-k2": "ppo_off_policy-k8",
+                                           "pipeline_rl-k2": "pipeline_rl-k8"}}.items():
+        tiny = L.expand(L.load_spec(sweep), "tiny")
+        assert {r.name.rsplit("-s", 1)[0]: r.paper_name for r in tiny} == expected, sweep
+        for r in tiny:
+            assert r.run_info().get("paper_name", "") == r.paper_name
+        assert all(not r.paper_name for r in L.expand(L.load_spec(sweep), "paper"))
+    with pytest.raises(L.SweepError, match="tiny_names names \\['nope'\\]"):
+        L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "f"\nsweep.variants = {"a": []}\n'
+                          'sweep.tiny_names = {"nope": "b"}\n', default_name="b")
 
 @pytest.mark.parametrize("value,name", [("cispo", "cispo"), (0.28, "0.28"), (True, "on"), ("a b/c", "a_b_c"),
                                         (["uniform", "zero_variance_filter"], "uniform_zero_variance_filter"),
@@ -164,9 +187,8 @@ def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
     (run,) = L.expand(L.load_spec(spec), "tiny")
     assert run.name == "myrecipe-s0" and run.value == "myrecipe"
     assert [Path(f).name for f in run.config_files] == ["tiny_cpu.gin"]
-    assert run.bindings == ('train.loss = "dapo"', "dapo.eps_high = 0.26",
-                            'train.curriculum = ["uniform", "zero_variance_filter"]',
-                            "train.compute_budget_hours = 0.075", "train.total_steps = 2",
+    assert run.bindings == (*L.TINY_SCALE_BINDINGS, 'train.loss = "dapo"', "dapo.eps_high = 0.26",
+                            'train.curriculum = ["uniform", "zero_variance_filter"]', "train.total_steps = 2",
                             "train.seed = 0")
     (paper,) = L.expand(L.load_spec(spec), "paper")
     assert [Path(f).name for f in paper.config_files] == ["myrecipe.gin"]
@@ -537,6 +559,8 @@ def test_tiny_scalerl_seeds_are_tiny_cpu_itself():
     base's configuration: every bound value equals tiny_cpu.gin's."""
     for run in L.expand(L.load_spec("scalerl_seeds"), "tiny"):
         for b in run.bindings[:-1]:  # the last one is the seed
+            if b in L.TINY_SCALE_BINDINGS:  # the tiny scale's stopping rule, on every sweep alike
+                continue
             scope, sel, p, _ = L.parse_binding(b)
             base, got = L.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
             assert base is None or base == got, f"{run.name}: {sel}.{p} = {got!r}, tiny_cpu.gin binds {base!r}"

@@ -1,0 +1,341 @@
+"""Comparing configurations: the statistics every verdict of the zoo goes through.
+
+A seed is a common random number: it fixes the data split, the warm start and the prompt order
+for every configuration of a sweep, so two configurations run with the same seed differ only by
+the configuration (and the run's own noise). Comparing them seed by seed removes the seed's
+share of the variance (88-92% of it for the tiny study's pass rate):
+
+    d = difference({0: 0.81, 1: 0.79, 2: 0.83}, {0: 0.78, 1: 0.77, 2: 0.80})  # seed -> value of a, of b
+    d.verdict        # 'better' (a − b > 0), 'worse', 'equivalent' (inside ±δ) or 'inconclusive'
+    d.low, d.high    # the 95% interval of a − b; d.paired, d.n say how it was made
+
+- `difference`: configurations sharing at least two seeds are compared on the per-seed
+  differences (paired t interval: mean Δ ± t(0.975, n−1)·sd(Δ)/√n, `scipy.stats.ttest_rel`);
+  otherwise Welch's interval (`scipy.stats.ttest_ind(equal_var=False)`).
+- `verdict_of`: `better` / `worse` when the 95% interval excludes 0; `equivalent` when the two
+  one-sided tests put a − b inside ±δ (`statsmodels` `ttost_paired` / `ttost_ind`, α = 0.05:
+  the 90% interval inside ±δ; δ = `equivalence`, default 0.02, the paper's margin); else
+  `inconclusive`. "Not shown different" is never "equal".
+- Two metrics, both always reported (`METRICS`):
+  - `A`, the law's asymptote. It counts only where identified: each run's 95% profile interval of
+    A (`analysis.scaling_law.profile_A`, inside [.., 1.0] for pass rates) no wider than 0.1; a
+    comparison that involves a run whose A is not identified is `inconclusive` whatever the
+    numbers say (reason: "A not identified: run longer"). B and log C_mid (refitted at the
+    pair's common A, as the paper does) get their own paired intervals for efficiency claims.
+  - `tail`, measured: the mean held-out pass rate over the last 20% of the sweep's common compute
+    window, every configuration cut at the smallest final compute among them (`tail_values`).
+- `compare_sweep` compares every pair of configurations of one sweep on both metrics;
+  `scalerl compare`, `scalerl fit`, the figures and the reproduction report all call it (through
+  `analysis.study.summarize_sweep`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from itertools import combinations
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
+    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of",
+    "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep", "Efficiency", "efficiency",
+]
+
+VERDICTS = ("better", "worse", "equivalent", "inconclusive")
+METRICS = ("A", "tail")
+DEFAULT_EQUIVALENCE = 0.02  # the paper's margin on A (Fig 8a: three seeds within ±0.015)
+LEVEL = 0.95
+ALPHA = 0.05  # the TOST's level: equivalent when p < 0.05 (the 90% interval inside ±δ)
+TAIL_FRACTION = 0.2  # `tail` averages the last 20% of the common compute window
+A_NOT_IDENTIFIED = "A not identified: run longer"
+
+
+def parse_equivalence(value: Any) -> float:
+    """δ of the equivalence test: a number > 0."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"equivalence must be a number > 0, got {value!r}") from None
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"equivalence must be a number > 0, got {value!r}")
+    return x
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """a − b between two configurations, with its interval and verdict."""
+
+    delta: float  # mean of a − b (paired) or mean(a) − mean(b) (Welch)
+    low: float  # the `level` interval of a − b (NaN when it cannot be computed)
+    high: float
+    n: int  # pairs (paired) or runs of both (Welch)
+    n_a: int
+    n_b: int
+    paired: bool
+    p_equivalent: float  # the TOST p-value of |a − b| < equivalence (NaN: no test)
+    equivalence: float
+    verdict: str
+    reason: str = ""  # why inconclusive, when there is more to say than the interval
+
+    @property
+    def method(self) -> str:
+        return f"paired by seed (n={self.n})" if self.paired else f"Welch (n={self.n_a}+{self.n_b})"
+
+    def text(self, spec: str = "+.3f") -> str:
+        if not math.isfinite(self.low):
+            return f"Δ {format(self.delta, spec)} ({self.method}; no interval)"
+        return f"Δ {format(self.delta, spec)} [{format(self.low, spec)}, {format(self.high, spec)}] ({self.method})"
+
+
+def _clean(values: Iterable[float]) -> np.ndarray:
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    return x
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(mean Δ, low, high): the paired t interval of a − b (a[i] and b[i] share seed i).
+
+    mean Δ ± t(level, n − 1)·sd(Δ)/√n; a zero sd gives a zero-width interval."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError(f"a paired interval needs two equal-length samples of >= 2, got {x.size} and {y.size}")
+    d = x - y  # [n]
+    if float(np.std(d)) == 0.0:
+        return float(d.mean()), float(d.mean()), float(d.mean())
+    ci = stats.ttest_rel(x, y).confidence_interval(level)
+    return float(d.mean()), float(ci.low), float(ci.high)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(mean(a) − mean(b), low, high): Welch's t interval (unequal variances)."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.size < 2 or y.size < 2:
+        raise ValueError(f"Welch's interval needs >= 2 values on each side, got {x.size} and {y.size}")
+    delta = float(x.mean() - y.mean())
+    if float(np.var(x)) == 0.0 and float(np.var(y)) == 0.0:
+        return delta, delta, delta
+    ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(level)
+    return delta, float(ci.low), float(ci.high)
+
+
+def equivalence_p(a: Sequence[float], b: Sequence[float], equivalence: float, *, paired: bool) -> float:
+    """The p-value of the two one-sided tests that −δ < a − b < δ (statsmodels' TOST).
+
+    p < 0.05 is equivalence at the 5% level: the 90% interval of a − b lies inside ±δ."""
+    from statsmodels.stats.weightstats import ttost_ind, ttost_paired
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    spread = float(np.var(x - y)) if paired else float(np.var(x)) + float(np.var(y))
+    if spread == 0.0:  # no noise at all: the difference is what it is
+        d = float(np.mean(x - y)) if paired else float(x.mean() - y.mean())
+        return 0.0 if abs(d) < equivalence else 1.0
+    if paired:
+        p = ttost_paired(x, y, -equivalence, equivalence)[0]
+    else:
+        p = ttost_ind(x, y, -equivalence, equivalence, usevar="unequal")[0]
+    return float(p)
+
+
+def verdict_of(low: float, high: float, p_equivalent: float, alpha: float = ALPHA) -> str:
+    """`better` / `worse` (the interval excludes 0), `equivalent` (TOST p < alpha), else
+    `inconclusive` (also when there is no interval)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "inconclusive"
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    if math.isfinite(p_equivalent) and p_equivalent < alpha:
+        return "equivalent"
+    return "inconclusive"
+
+
+def difference(
+    a: Mapping[Any, float],
+    b: Mapping[Any, float],
+    *,
+    equivalence: float = DEFAULT_EQUIVALENCE,
+    level: float = LEVEL,
+    bounds: tuple[float, float] | None = None,
+    pair: bool = True,
+) -> Difference:
+    """a − b from per-seed values (seed -> value; NaN / None values are dropped).
+
+    Paired by seed when at least two seeds have a value on both sides (only those seeds are
+    used), else Welch's interval over all values; `pair=False` forces Welch. `bounds` clips the
+    interval to the difference's valid range (e.g. (−1, 1) for pass rates). Fewer than two values
+    on a side: no interval, `inconclusive`."""
+    va = {k: float(v) for k, v in a.items() if v is not None and np.isfinite(v)}
+    vb = {k: float(v) for k, v in b.items() if v is not None and np.isfinite(v)}
+    common = sorted(set(va) & set(vb), key=str)
+    if pair and len(common) >= 2:
+        x, y = [va[k] for k in common], [vb[k] for k in common]
+        delta, low, high = paired_interval(x, y, level)
+        p = equivalence_p(x, y, equivalence, paired=True)
+        n, paired = len(common), True
+    elif len(va) >= 2 and len(vb) >= 2:
+        x, y = list(va.values()), list(vb.values())
+        delta, low, high = welch_interval(x, y, level)
+        p = equivalence_p(x, y, equivalence, paired=False)
+        n, paired = len(va) + len(vb), False
+    else:
+        delta = (float(np.mean(list(va.values()))) - float(np.mean(list(vb.values())))) if va and vb else math.nan
+        return Difference(delta, math.nan, math.nan, len(va) + len(vb), len(va), len(vb), False, math.nan,
+                          equivalence, "inconclusive", f"too few runs ({len(va)} and {len(vb)}; need 2 each)")
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence, verdict_of(low, high, p))
+
+
+# ----------------------------------------------------------------------------- the tail metric
+
+
+def common_window(final_compute: Iterable[float]) -> float:
+    """The end of a sweep's common compute window: the smallest final compute among its runs."""
+    x = _clean(final_compute)
+    return float(x.min()) if x.size else math.nan
+
+
+def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float | None = None,
+                fraction: float = TAIL_FRACTION) -> dict[Any, float]:
+    """Per run: the mean held-out pass rate over the last `fraction` of the common window.
+
+    curves: run -> (compute [n], pass rate [n]) sorted by compute. end: the window's end (default:
+    the smallest final compute among the runs, `common_window`). A run's evaluations inside
+    [(1 − fraction)·end, end] are averaged; a run with none there (sparse evaluations) takes its
+    curve interpolated linearly in log compute at the window's midpoint."""
+    if end is None:
+        end = common_window(float(c[-1]) for c, _ in curves.values() if len(c))
+    out: dict[Any, float] = {}
+    if not math.isfinite(end):
+        return {k: math.nan for k in curves}
+    start = (1.0 - fraction) * end
+    for key, (c, r) in curves.items():
+        c, r = np.asarray(c, dtype=np.float64), np.asarray(r, dtype=np.float64)
+        inside = (c >= start * (1 - 1e-12)) & (c <= end * (1 + 1e-12))
+        if inside.any():
+            out[key] = float(r[inside].mean())
+        elif c.size >= 2 and c[-1] >= end:
+            pos = c > 0
+            mid = 0.5 * (start + end)
+            out[key] = float(np.interp(math.log(mid), np.log(c[pos]), r[pos]))
+        else:
+            out[key] = math.nan
+    return out
+
+
+# ----------------------------------------------------------------------------- pairs of a sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class PairComparison:
+    """One pair of configurations on one metric: the JSON object of `scalerl compare`."""
+
+    sweep: str
+    a: str
+    b: str
+    metric: str  # "A" | "tail"
+    diff: Difference
+    identified: bool  # A: every run of both is identified; tail: always True
+    verdict: str
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        num = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731
+        return {"sweep": self.sweep, "a": self.a, "b": self.b, "metric": self.metric,
+                "delta": num(self.diff.delta), "low": num(self.diff.low), "high": num(self.diff.high),
+                "n": int(self.diff.n), "paired": bool(self.diff.paired), "identified": bool(self.identified),
+                "verdict": self.verdict, "n_a": int(self.diff.n_a), "n_b": int(self.diff.n_b),
+                "equivalence": float(self.diff.equivalence), "reason": self.reason}
+
+    def text(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.metric}: {self.diff.text()} → {self.verdict}{why}"
+
+
+def _by_seed(runs: pd.DataFrame, config: str, column: str) -> dict[Any, float]:
+    g = runs[runs["config"] == config]
+    out = {}
+    for i, (seed, v) in enumerate(zip(g["seed"], g[column])):
+        key = seed if seed is not None and not (isinstance(seed, float) and math.isnan(seed)) else f"#{i}"
+        out[key] = float(v) if v is not None and pd.notna(v) else math.nan
+    return out
+
+
+def compare_pair(runs: pd.DataFrame, sweep: str, a: str, b: str, metric: str, *,
+                 equivalence: float = DEFAULT_EQUIVALENCE, level: float = LEVEL) -> PairComparison:
+    """a vs b on `metric`, from the per-run table (`config`, `seed`, `A`, `A_identified`, `tail`)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from: {', '.join(METRICS)}")
+    diff = difference(_by_seed(runs, a, metric), _by_seed(runs, b, metric), equivalence=equivalence,
+                      level=level, bounds=(-1.0, 1.0))
+    if metric == "tail":
+        return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, diff.reason)
+    involved = runs[runs["config"].isin([a, b]) & runs["A"].notna()]
+    ident = "A_identified" in involved and len(involved) > 0 and bool(involved["A_identified"].fillna(False).all())
+    if not ident:
+        return PairComparison(sweep, a, b, metric, diff, False, "inconclusive", A_NOT_IDENTIFIED)
+    return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, diff.reason)
+
+
+def compare_sweep(runs: pd.DataFrame, sweep: str, *, metrics: Sequence[str] = METRICS,
+                  equivalence: float = DEFAULT_EQUIVALENCE, level: float = LEVEL,
+                  order: Sequence[str] | None = None) -> list[PairComparison]:
+    """Every pair of configurations of one sweep on each metric; `order` (default: as they first
+    appear) decides which of a pair is `a`."""
+    configs = list(order) if order is not None else list(dict.fromkeys(runs["config"]))
+    return [compare_pair(runs, sweep, a, b, m, equivalence=equivalence, level=level)
+            for a, b in combinations(configs, 2) for m in metrics]
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+    """B and ln C_mid of two configurations refitted at their common A (the paper's rule)."""
+
+    common_A: float
+    B: Difference  # higher B is more efficient
+    log_C_mid: Difference  # lower C_mid is more efficient
+
+    def favours(self) -> str:
+        """'a', 'b', 'both' (the two disagree) or '' (neither is decided)."""
+        for_a = self.B.verdict == "better" or self.log_C_mid.verdict == "worse"
+        for_b = self.B.verdict == "worse" or self.log_C_mid.verdict == "better"
+        return "both" if for_a and for_b else "a" if for_a else "b" if for_b else ""
+
+    def text(self) -> str:
+        return (f"at A={self.common_A:.3f}: B {self.B.text('+.2f')} → {self.B.verdict}; "
+                f"ln C_mid {self.log_C_mid.text('+.2f')} → {self.log_C_mid.verdict}")
+
+
+def efficiency(fits_a: Mapping[Any, Any], fits_b: Mapping[Any, Any], *, level: float = LEVEL) -> Efficiency | None:
+    """The paper's efficiency comparison at a common A: every run of both refitted with A fixed
+    at the mean A of all of them, then B (higher is more efficient) and ln C_mid (lower is) each
+    compared by its own paired (else Welch) interval. fits_*: seed -> FitResult (None: not
+    fitted). No equivalence margin applies (the paper has none for B)."""
+    from analysis.scaling_law import refit_at
+
+    allf = [f for f in (*fits_a.values(), *fits_b.values()) if f is not None]
+    if not allf:
+        return None
+    common = float(np.mean([f.A for f in allf]))
+    grid = np.unique(np.concatenate([f.c_mid_grid for f in allf]))
+    ra = {k: refit_at(f, common, grid) for k, f in fits_a.items() if f is not None}
+    rb = {k: refit_at(f, common, grid) for k, f in fits_b.items() if f is not None}
+    tiny = 1e-12  # no margin: equivalence never decides an efficiency difference
+    return Efficiency(
+        common,
+        difference({k: f.B for k, f in ra.items()}, {k: f.B for k, f in rb.items()}, equivalence=tiny, level=level),
+        difference({k: math.log(f.C_mid) for k, f in ra.items()}, {k: math.log(f.C_mid) for k, f in rb.items()},
+                   equivalence=tiny, level=level),
+    )
