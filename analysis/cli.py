@@ -1,11 +1,11 @@
-"""`scalerl fit RUNS`, `scalerl compare RUNS` and `scalerl figures RUNS --out DIR` (dispatched by
-experiments/cli.py). All three go through `analysis.study.summarize`, so a verdict printed by one
-is the verdict of the others and of the reproduction report."""
+"""`scalerl fit RUNS` and `scalerl compare RUNS` (dispatched by experiments/cli.py), and the
+arguments they share with `scalerl figures RUNS --out DIR` (paper_figures/cli.py). All three go
+through `analysis.study.summarize`, so a verdict printed by one is the verdict of the others and
+of the reproduction report."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ def _equivalence_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     from analysis.protocol import PROTOCOLS
     from analysis.runs import COMPUTE_AXES
 
@@ -68,7 +68,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common_arguments(parser)
     parser.add_argument("--csv", default=None,
                         help="per-run table (default: RUNS/fits.csv, next to the runs); beside it <stem>_configs.csv "
                              "(per configuration: A, B and tail with intervals over seeds), <stem>_claims.csv (the "
@@ -263,52 +263,8 @@ def _interval(m, lo, hi, spec: str) -> str:
     return f"{format(m, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
 
 
-def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
-    parser.add_argument("--out", default="paper_figures/out", help="output directory (PNG + PDF per figure)")
-    parser.add_argument("--only", default=None, help="comma-separated figure ids (e.g. fig4a,fig7,table1)")
-    parser.add_argument("--fit-fraction", type=float, default=None,
-                        help="fit each run on compute <= this fraction of its final compute, dashed beyond "
-                             "(1: all); default: each figure's protocol (paper_figures/spec.py)")
-    parser.add_argument("--dpi", type=int, default=150)
-    parser.add_argument("--formats", default="png,pdf", help="comma-separated output formats")
-
-
-def figures_main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from paper_figures.common import Options
-    from paper_figures.render import render_all
-    from paper_figures.spec import FIGURES
-
-    console = Console(width=max(Console().width, 120))
-    if not Path(args.runs).exists():
-        console.print(f"[red]no such run directory: {args.runs}")
-        return 2
-    if args.fit_fraction is not None and not 0.0 < args.fit_fraction <= 1.0:
-        console.print(f"[red]--fit-fraction must be in (0, 1], got {args.fit_fraction}")
-        return 2
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    unknown = [i for i in (only or []) if i not in FIGURES]
-    if unknown:
-        console.print(f"[red]unknown figure id(s) {unknown}; choose from: {', '.join(FIGURES)}")
-        return 2
-    opts = Options(compute=args.compute, fit_fraction=args.fit_fraction, min_compute=args.min_compute,
-                   margin=args.margin, protocol=None if args.protocol == "auto" else args.protocol, dpi=args.dpi,
-                   formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()))
-    written, missing, failed = render_all(args.runs, args.out, opts, only=only, progress=sys.stderr.isatty())
-    for fig_id, paths in written.items():
-        console.print(f"[green]drew[/] {fig_id}: " + ", ".join(str(p) for p in paths))
-    for fig_id, why in missing.items():
-        console.print(f"[yellow]missing[/] {fig_id} ({FIGURES[fig_id].title}): {why}")
-    for fig_id, err in failed.items():
-        console.print(f"[red]failed[/] {fig_id}: {err}")
-    console.print(f"{len(written)} drawn, {len(missing)} missing, {len(failed)} failed -> {args.out}")
-    return 1 if failed else 0
-
-
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    add_common_arguments(parser)
     parser.add_argument("--metric", choices=["A", "tail", "both"], default="both",
                         help="A = the law's asymptote (counts only where every run's 95%% profile interval is at most "
                              "0.1 wide); tail = the mean held-out pass rate over the last 20%% of the sweep's common "
@@ -355,4 +311,65 @@ def compare_main(args: argparse.Namespace) -> int:
     counts = pd.Series([p.verdict for p in pairs]).value_counts()
     console.print("verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in
                                            ("better", "worse", "equivalent", "inconclusive")), highlight=False)
+    return 0
+
+
+def _rungs_arg(text: str):
+    from analysis.adaptive import parse_rungs
+
+    try:
+        return parse_rungs(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    from analysis.runs import COMPUTE_AXES
+
+    parser.add_argument("runs", help="a sweep directory or a directory of sweeps (finished runs)")
+    parser.add_argument("--rungs", type=_rungs_arg, default=(0.25, 0.5, 1.0), metavar="R1,R2,...,1.0",
+                        help="shares of the sweep's compute budget at which the rule decides (default 0.25,0.5,1.0)")
+    parser.add_argument("--equivalence", type=_equivalence_arg, default=0.02, metavar="DELTA",
+                        help="δ of the equivalence test that stops a tie (default 0.02)")
+    parser.add_argument("--keep-equivalent", action="store_true", help="keep ties running (stop only losers)")
+    parser.add_argument("--compute", choices=list(COMPUTE_AXES), default="auto",
+                        help="compute axis: auto (default) = flops at tiny scale, compute_hours otherwise")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON list, one object per sweep: sweep, compute_fraction, full_best, "
+                             "adaptive_best, agrees, stopped [{config, rung}]")
+
+
+def replay_main(args: argparse.Namespace) -> int:
+    """The adaptive rule replayed on finished sweeps: each run's logs cut at each rung."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.adaptive import replay
+
+    console = Console(width=max(Console().width, 120), stderr=args.json)
+    if not Path(args.runs).exists():
+        console.print(f"[red]no such run directory: {args.runs}")
+        return 2
+    results = replay(args.runs, rungs=args.rungs, equivalence=args.equivalence,
+                     keep_equivalent=args.keep_equivalent, compute=args.compute)
+    if not results:
+        console.print(f"[red]no sweep with two or more configurations under {args.runs}")
+        return 1
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=1))
+        return 0
+    t = Table(title=f"adaptive rule replayed (rungs {', '.join(f'{r:g}' for r in args.rungs)}; ties "
+                    f"{'kept' if args.keep_equivalent else 'stopped'}; ±{args.equivalence:g})")
+    for head in ("sweep", "compute", "full best", "adaptive best", "agrees", "stopped (rung: verdict)"):
+        t.add_column(head, overflow="fold")
+    for r in results:
+        t.add_row(r.sweep, f"{r.compute_fraction:.0%}", r.full_best, r.adaptive_best, "yes" if r.agrees else "NO",
+                  "; ".join(f"{s['config']} ({s['rung']:g}: {s['verdict']})" for s in r.stopped) or "—")
+    console.print(t)
+    frac = float(np.mean([r.compute_fraction for r in results]))
+    agree = sum(r.agrees for r in results)
+    console.print(f"{agree} of {len(results)} sweeps agree with the full sweep; mean compute {frac:.0%} of the full "
+                  "sweeps'", highlight=False)
     return 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Claim", "Finding", "FINDINGS", "CLAIM_KINDS", "NOT_AT_TINY_SCALE", "finding_for"]
+__all__ = ["Claim", "Finding", "FINDINGS", "CLAIM_KINDS", "NOT_AT_TINY_SCALE"]
 
 CLAIM_KINDS = ("a_higher_A", "same_A", "a_better", "a_not_worse", "peak_A", "seed_spread")
 
@@ -167,7 +167,7 @@ FINDINGS: dict[str, Finding] = {f.sweep: f for f in [
             (Claim("seed_spread", note="±0.015 [paper]"),)),
 ]}
 
-# Figures the tiny scale cannot draw, and why (issue 12 item 6). Keyed by arXiv v1 figure id.
+# Figures the tiny scale cannot draw, and why. Keyed by arXiv v1 figure id.
 NOT_AT_TINY_SCALE: dict[str, str] = {
     "fig1a": "model size: the paper compares an 8B dense model with Llama-4 Scout (17B×16 MoE); the tiny "
              "scale has one ~0.4M-parameter model and no model-size sweep (no experiments/sweeps spec).",
@@ -186,7 +186,3 @@ NOT_AT_TINY_SCALE: dict[str, str] = {
     "table1 (Scout, math+code rows)": "the -Scout row needs the MoE model; the math+code rows come from the "
                                       "math_code sweep's stand-in mixture (as Fig 11).",
 }
-
-
-def finding_for(sweep: str) -> Finding | None:
-    return FINDINGS.get(sweep)

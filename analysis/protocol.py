@@ -10,7 +10,7 @@ Protocols (PAPER.md §1 "Fitting procedure" and "Extrapolation protocols"):
 | `scaling` | first half of the run       | Section 5 axes and the large runs (Figs 1a, 9, 10, 17, Table 1)      |
 | `recipes` | first half of the run       | Fig 2: fitted, then extended (cutoff not in the text)                |
 
-Which figure uses which protocol is set per figure in `paper_figures/spec.py`; a sweep takes
+Which figure uses which protocol is set per figure in `analysis/figure_specs.py`; a sweep takes
 the protocol of the figures that draw it (`sweep_protocol`).
 
 `min_compute` (where the fit starts), rule "paper" (the default): the paper skips its first
@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from analysis.figure_specs import FIGURES
 from analysis.scaling_law import A_MARGIN, FitError, FitResult, fit
 
 __all__ = [
@@ -128,14 +129,12 @@ def get_protocol(name: str | Protocol | None) -> Protocol:
 
 
 def sweep_protocol(sweep: Any) -> Protocol:
-    """The protocol of the figures that draw `sweep` (paper_figures/spec.py); `whole` (a
+    """The protocol of the figures that draw `sweep` (analysis/figure_specs.py); `whole` (a
     forward ablation) for a sweep that no fitted figure draws."""
-    from paper_figures.spec import FIGURES
-
     names = {f.protocol for f in FIGURES.values() if not f.synthetic and f.protocol and sweep in f.sweeps}
     if len(names) > 1:
         raise ValueError(f"figures drawing sweep {sweep!r} disagree on the fit protocol: {sorted(names)} "
-                         "(paper_figures/spec.py)")
+                         "(analysis/figure_specs.py)")
     return get_protocol(names.pop() if names else DEFAULT_PROTOCOL)
 
 

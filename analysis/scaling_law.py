@@ -67,7 +67,7 @@ N_C_MID_DEFAULT = 100
 B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 128
 _WORK_ELEMENTS = 2_000_000  # size of the solver's work arrays (memory bound for large grids)
 MIN_POINTS = 4  # three free parameters (A, B, C_mid) need at least four points
-# A run's A counts only where its 95% profile interval is at most this wide (issue 30; DESIGN.md
+# A run's A counts only where its 95% profile interval is at most this wide (DESIGN.md
 # "Comparing configurations"): wider, the data cannot tell the asymptote from the climb to it.
 A_IDENTIFIED_WIDTH = 0.1
 

@@ -9,12 +9,12 @@ CPU and run-queue time, `contention`, `eval_wall_s`, `startup_s`; eval: `eval_wa
     write_run(root, "loss_type", "cispo-seed0", A=0.6, B=1.8, C_mid=0.05, factor="train.loss", value="cispo")
     write_sweep(root, "batch_size", "train.prompts_per_step", {"bs512": (0.605, 1.77, 2818), "bs2048": (0.645, 1.70, 10909)})
     write_paper_sweeps(root)   # every sweep the paper figures need (SYNTHETIC_SWEEPS)
-    write_study(root, seeds=(0, 1, 2))   # every shipped sweep spec, run names as `scalerl sweep` gives them
+
+`experiments.synthetic_study.write_study` writes the whole study (every shipped sweep spec) with them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import zlib
@@ -25,8 +25,8 @@ import numpy as np
 
 from analysis.scaling_law import sigmoid
 
-__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "write_study", "SYNTHETIC_SWEEPS", "SYNTHETIC_SEEDS",
-           "DEFAULT_LAW", "run_name", "launch_config_name"]
+__all__ = ["write_run", "write_sweep", "write_paper_sweeps", "SYNTHETIC_SWEEPS", "SYNTHETIC_SEEDS", "DEFAULT_LAW",
+           "run_name"]
 
 # sweep -> (factor, {value: (A, B, C_mid in units of the scale, i.e. GPU-hours at scale 1)}).
 # Sweep names, factors and values mirror experiments/sweeps/*.gin; (A, B, C_mid) follow the
@@ -257,62 +257,3 @@ def write_paper_sweeps(
 
 # The law of a configuration SYNTHETIC_SWEEPS does not list (A, B, C_mid at scale 1).
 DEFAULT_LAW = (0.60, 1.85, 2600.0)
-
-
-def launch_config_name(factor: str, value: Any) -> str:
-    """The configuration name `scalerl sweep` gives a value of SYNTHETIC_SWEEPS (its run
-    names are `<config>-s<seed>`): a recipe file's stem, `<param><number>` for a number
-    (`k4`, `eps_max4.0`), else the value's slug."""
-    from experiments.launch import slug
-
-    if isinstance(value, str) and value.endswith(".gin"):
-        return slug(Path(value).stem)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{factor.rsplit('.', 1)[-1]}{slug(value)}"
-    return slug(value)
-
-
-def write_study(
-    root: str | Path,
-    *,
-    seeds: Iterable[int] = (0, 1, 2),
-    sweeps: Iterable[str] | None = None,
-    scale: float = 1e-4,
-    laws: Mapping[tuple[str, str], tuple[float, float, float]] | None = None,
-    run_kwargs: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
-    spec_scale: str = "paper",
-    **kwargs: Any,
-) -> dict[str, list[Path]]:
-    """A synthetic results folder of the whole study: every shipped sweep spec
-    (experiments/sweeps/*.gin, or the named ones) expanded by `scalerl sweep`'s own `expand`
-    with `seeds`, one run directory per (config, seed) named exactly as a real sweep names it,
-    run.json carrying the run's sweep/factor/value/recipe/seed.
-
-    Each config follows its SYNTHETIC_SWEEPS law (by `launch_config_name`), else DEFAULT_LAW;
-    `laws[(sweep, config)]` overrides one (A, B, C_mid). C_mid is multiplied by `scale`.
-    `run_kwargs[(sweep, run name)]` passes extra `write_run` keywords to one run (e.g.
-    {"contention": 0.2}). spec_scale: the scale the specs are expanded at (names are the same
-    at both; "paper" avoids importing the trainer's components).
-    """
-    from analysis.runs import config_name
-    from experiments.launch import SWEEPS_DIR, expand, load_spec
-
-    names = sorted(p.stem for p in SWEEPS_DIR.glob("*.gin")) if sweeps is None else list(sweeps)
-    seeds = tuple(seeds)
-    out: dict[str, list[Path]] = {}
-    for name in names:
-        spec = load_spec(name)
-        spec = dataclasses.replace(spec, seeds=seeds)
-        known = {}
-        if spec.name in SYNTHETIC_SWEEPS:
-            factor, values = SYNTHETIC_SWEEPS[spec.name]
-            known = {launch_config_name(factor, v): law for v, law in values.items()}
-        out[spec.name] = []
-        for run in expand(spec, spec_scale):
-            config = config_name(run.name)
-            A, B, C_mid = (laws or {}).get((spec.name, config), known.get(config, DEFAULT_LAW))
-            kw = {**kwargs, **dict((run_kwargs or {}).get((spec.name, run.name), {}))}
-            out[spec.name].append(write_run(
-                root, spec.name, run.name, A=A, B=B, C_mid=C_mid * scale, factor=run.factor,
-                value=run.value, recipe=run.recipe, seed=run.seed, **kw))
-    return out

@@ -101,7 +101,7 @@ def learner_bench(size: str, args) -> dict:
     from components.trainer.config import TrainConfig
     from components.trainer.learner import Learner
 
-    from components.trainer.forward import resolve_attn_implementation
+    from components.trainer.attention import resolve_attn_implementation
 
     load_builtin_components()
     device = args.device

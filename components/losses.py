@@ -14,33 +14,26 @@ The result is the LOSS to minimise (the negative objective), exactly 0 where mas
 Aggregation (components/aggregation.py) turns it into a scalar.
 
 Token ratio rho[b, t] = exp(logp - gen_logp). Per-loss diagnostics (clip fraction, IS ratio
-stats) come from `loss_diagnostics`, never from a changed loss signature.
+stats) come from `loss_diagnostics`, never from a changed loss signature. A loss reports its
+own diagnostics through the hook registered with it::
+
+    @LOSSES.register("cispo", diagnostics=cispo_diagnostics)
+
+    cispo_diagnostics(logp, gen_logp, advantages, mask, **hparams) -> {"clip_frac": float, ...}
+
+called with the same hyper-parameters the loss gets (its registry entry's defaults and gin
+bindings). ``clip_frac`` is the fraction of trained tokens whose gradient the loss clips
+(zeroes) or whose importance weight it truncates; any other key is reported as a metric too.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-import gin
 import torch
 from torch import Tensor
 
 from components.registry import LOSSES
 
-__all__ = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop", "loss_diagnostics", "token_ratio"]
-
-# name -> function(logp, gen_logp, advantages, mask, **hparams) -> bool [B, T]: tokens whose
-# gradient the loss clips (zeroes) or whose importance weight it truncates.
-_CLIPPED_TOKENS: dict[str, Callable[..., Tensor]] = {}
-
-
-def _clipped_tokens(name: str):
-    def deco(fn):
-        _CLIPPED_TOKENS[name] = fn
-        return fn
-
-    return deco
-
+__all__ = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop", "loss_diagnostics", "token_ratio", "STANDARD_DIAGNOSTICS"]
 
 # ---------------------------------------------------------------------------------------
 # shared pieces
@@ -72,9 +65,43 @@ def _ppo_clip_active(ratio: Tensor, adv: Tensor, low: float, high: float) -> Ten
     return ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
 
 
+def _clip_frac(clipped: Tensor, mask: Tensor) -> dict:
+    """{"clip_frac": fraction of the trained tokens in the bool [B, T] `clipped`}."""
+    return {"clip_frac": float((clipped & mask).sum()) / max(int(mask.sum()), 1)}
+
+
+# diagnostics hooks (registered with their losses below): the tokens each loss clips
+def grpo_diagnostics(logp, gen_logp, advantages, mask, *, eps=0.2) -> dict:
+    return _clip_frac(_ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps, 1.0 + eps), mask)
+
+
+def dapo_diagnostics(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.28) -> dict:
+    return _clip_frac(_ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps_low, 1.0 + eps_high), mask)
+
+
+def cispo_diagnostics(logp, gen_logp, advantages, mask, *, eps_max=4.0) -> dict:
+    return _clip_frac(token_ratio(logp, gen_logp) > eps_max, mask)
+
+
+def gspo_diagnostics(logp, gen_logp, advantages, mask, *, eps_low=3e-3, eps_high=5e-3) -> dict:
+    seq_ratio = _sequence_ratio(logp, gen_logp, mask)[:, None].expand_as(logp)  # [B, T]
+    return _clip_frac(_ppo_clip_active(seq_ratio, advantages[:, None], 1.0 - eps_low, 1.0 + eps_high), mask)
+
+
+def ppo_dual_clip_diagnostics(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2, dual_clip=3.0) -> dict:
+    ratio = token_ratio(logp, gen_logp)
+    adv = advantages[:, None]
+    return _clip_frac(_ppo_clip_active(ratio, adv, 1.0 - eps_low, 1.0 + eps_high) | ((adv < 0) & (ratio > dual_clip)), mask)
+
+
+def icepop_diagnostics(logp, gen_logp, advantages, mask, *, low=0.5, high=2.0) -> dict:
+    ratio = token_ratio(logp, gen_logp)
+    return _clip_frac((ratio < low) | (ratio > high), mask)
+
+
 # ---------------------------------------------------------------------------------------
 # GRPO (DeepSeekMath; ScaleRL Eq. 7 without KL): symmetric token-level clip
-@LOSSES.register("grpo", ranges={"eps": "[0, 1)"})  # the low clip 1 - eps must stay > 0
+@LOSSES.register("grpo", ranges={"eps": "[0, 1)"}, diagnostics=grpo_diagnostics)  # the low clip 1 - eps must stay > 0
 def grpo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps: float = 0.2) -> Tensor:
     """GRPO clipped surrogate, symmetric clip [1-eps, 1+eps], no KL term."""
     logp, gen_logp = _sanitize(logp, gen_logp, mask)
@@ -83,14 +110,9 @@ def grpo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, ep
     return _masked(_clipped_surrogate(ratio, adv, 1.0 - eps, 1.0 + eps), mask)  # [B, T]
 
 
-@_clipped_tokens("grpo")
-def _grpo_clipped(logp, gen_logp, advantages, mask, *, eps=0.2):
-    return _ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps, 1.0 + eps) & mask
-
-
 # ---------------------------------------------------------------------------------------
 # DAPO: asymmetric "clip-higher" [1-eps_low, 1+eps_high]
-@LOSSES.register("dapo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"})
+@LOSSES.register("dapo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"}, diagnostics=dapo_diagnostics)
 def dapo(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28
 ) -> Tensor:
@@ -101,25 +123,15 @@ def dapo(
     return _masked(_clipped_surrogate(ratio, adv, 1.0 - eps_low, 1.0 + eps_high), mask)  # [B, T]
 
 
-@_clipped_tokens("dapo")
-def _dapo_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.28):
-    return _ppo_clip_active(token_ratio(logp, gen_logp), advantages[:, None], 1.0 - eps_low, 1.0 + eps_high) & mask
-
-
 # ---------------------------------------------------------------------------------------
 # CISPO (MiniMax-M1), ScaleRL Eq. 4 form: sg(min(rho, eps_max)) * A * log pi
-@LOSSES.register("cispo", ranges={"eps_max": "> 0"})  # a cap <= 0 flips or zeroes the gradient
+@LOSSES.register("cispo", ranges={"eps_max": "> 0"}, diagnostics=cispo_diagnostics)  # a cap <= 0 flips or zeroes the gradient
 def cispo(logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_max: float = 4.0) -> Tensor:
     """CISPO: truncated IS weight sg(min(rho, eps_max)) times A times log-prob (absolute cap, ScaleRL Eq. 4)."""
     logp, gen_logp = _sanitize(logp, gen_logp, mask)
     ratio = token_ratio(logp, gen_logp)  # [B, T]
     weight = torch.clamp(ratio, max=eps_max).detach()  # [B, T]  no gradient through the weight
     return _masked(-weight * advantages[:, None] * logp, mask)  # [B, T]
-
-
-@_clipped_tokens("cispo")
-def _cispo_clipped(logp, gen_logp, advantages, mask, *, eps_max=4.0):
-    return (token_ratio(logp, gen_logp) > eps_max) & mask
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,7 +143,7 @@ def _sequence_ratio(logp: Tensor, gen_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(log_ratio.sum(dim=1) / lengths)  # [B]
 
 
-@LOSSES.register("gspo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"})
+@LOSSES.register("gspo", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0"}, diagnostics=gspo_diagnostics)
 def gspo(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-3, eps_high: float = 5e-3
 ) -> Tensor:
@@ -143,15 +155,10 @@ def gspo(
     return _masked(_clipped_surrogate(token_ratio_, adv, 1.0 - eps_low, 1.0 + eps_high), mask)  # [B, T]
 
 
-@_clipped_tokens("gspo")
-def _gspo_clipped(logp, gen_logp, advantages, mask, *, eps_low=3e-3, eps_high=5e-3):
-    seq_ratio = _sequence_ratio(logp, gen_logp, mask)[:, None].expand_as(logp)  # [B, T]
-    return _ppo_clip_active(seq_ratio, advantages[:, None], 1.0 - eps_low, 1.0 + eps_high) & mask
-
-
 # ---------------------------------------------------------------------------------------
 # Extras beyond the paper's four
-@LOSSES.register("ppo_dual_clip", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0", "dual_clip": "> 1"})
+@LOSSES.register("ppo_dual_clip", ranges={"eps_low": "[0, 1)", "eps_high": ">= 0", "dual_clip": "> 1"},
+                 diagnostics=ppo_dual_clip_diagnostics)
 def ppo_dual_clip(
     logp: Tensor,
     gen_logp: Tensor,
@@ -173,14 +180,7 @@ def ppo_dual_clip(
     return _masked(torch.where(adv < 0, capped, loss), mask)  # [B, T]
 
 
-@_clipped_tokens("ppo_dual_clip")
-def _dual_clipped(logp, gen_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2, dual_clip=3.0):
-    ratio = token_ratio(logp, gen_logp)
-    adv = advantages[:, None]
-    return (_ppo_clip_active(ratio, adv, 1.0 - eps_low, 1.0 + eps_high) | ((adv < 0) & (ratio > dual_clip))) & mask
-
-
-@LOSSES.register("icepop", ranges={"low": ">= 0", "high": "> 0"})
+@LOSSES.register("icepop", ranges={"low": ">= 0", "high": "> 0"}, diagnostics=icepop_diagnostics)
 def icepop(
     logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, *, low: float = 0.5, high: float = 2.0
 ) -> Tensor:
@@ -192,45 +192,37 @@ def icepop(
     return _masked(-weight * advantages[:, None] * logp, mask)  # [B, T]
 
 
-@_clipped_tokens("icepop")
-def _icepop_clipped(logp, gen_logp, advantages, mask, *, low=0.5, high=2.0):
-    ratio = token_ratio(logp, gen_logp)
-    return ((ratio < low) | (ratio > high)) & mask
-
-
 # ---------------------------------------------------------------------------------------
-def _bound_hparams(name: str) -> dict:
-    """Hyper-parameters gin binds for loss `name` (so diagnostics see the values training uses)."""
-    try:
-        return dict(gin.get_bindings(f"{LOSSES.gin_module}.{name}"))
-    except (ValueError, KeyError):
-        return {}
+STANDARD_DIAGNOSTICS = ("clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean")
 
 
 @torch.no_grad()
 def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tensor, mask: Tensor, **hparams) -> dict:
     """Per-step diagnostics of loss `name` over the masked tokens.
 
-    Returns {"clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean"}.
-    clip_frac is the fraction of trained tokens whose gradient the loss clips or whose IS weight
-    it truncates (NaN for a loss that declares no such rule). Hyper-parameters default to the
-    values bound in gin, overridden by `hparams`.
+    Returns {"clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean"}
+    plus whatever else the loss's diagnostics hook reports. clip_frac comes from the hook
+    (``LOSSES.register(name, diagnostics=fn)``); NaN for a loss that registers none. The hook gets
+    the hyper-parameters the loss gets (its registry entry's defaults and gin bindings,
+    `Registry.bound_values`), overridden by `hparams`.
     """
-    LOSSES.get(name)  # clear error for an unknown name
-    hp = {**_bound_hparams(name), **hparams}
+    hook = LOSSES.diagnostics_of(name)  # clear error for an unknown name
     logp, gen_logp = logp.detach(), gen_logp.detach()
     n = int(mask.sum())
+    nan = float("nan")
     if n == 0:
-        nan = float("nan")
-        return {"clip_frac": nan, "is_ratio_mean": nan, "is_ratio_min": nan, "is_ratio_max": nan, "log_ratio_abs_mean": nan}
+        return {key: nan for key in STANDARD_DIAGNOSTICS}
     log_ratio = (logp - gen_logp)[mask]  # [N]
     ratio = torch.exp(log_ratio)  # [N]
-    clipped_fn = _CLIPPED_TOKENS.get(name)
-    clip_frac = float(clipped_fn(logp, gen_logp, advantages, mask, **hp).sum()) / n if clipped_fn else float("nan")
-    return {
-        "clip_frac": clip_frac,
+    out = {
+        "clip_frac": nan,
         "is_ratio_mean": float(ratio.mean()),
         "is_ratio_min": float(ratio.min()),
         "is_ratio_max": float(ratio.max()),
         "log_ratio_abs_mean": float(log_ratio.abs().mean()),
     }
+    if hook is not None:
+        hp = {**LOSSES.bound_values(name), **hparams}
+        reported = hook(logp, gen_logp, advantages, mask, **hp)
+        out.update({str(k): float(v) for k, v in dict(reported or {}).items()})
+    return out

@@ -68,6 +68,8 @@ __all__ = [
     "TASKS",
     "ENGINES",
     "REWARDS",
+    "TRACKERS",
+    "WEIGHT_SYNC_BACKENDS",
     "ALL_REGISTRIES",
     "load_builtin_components",
 ]
@@ -293,11 +295,13 @@ class Registry:
         self._entries: dict[str, Callable] = {}
         self._originals: dict[str, Callable] = {}
         self._ranges: dict[str, dict[str, Range]] = {}
+        self._diagnostics: dict[str, Callable] = {}
         self._lock = threading.Lock()
 
     # -- registration -------------------------------------------------------------
     def register(self, name: str, *, gin_configurable: bool = True,
-                 ranges: Optional[Mapping[str, "str | Range"]] = None) -> Callable[[Callable], Callable]:
+                 ranges: Optional[Mapping[str, "str | Range"]] = None,
+                 diagnostics: Optional[Callable] = None) -> Callable[[Callable], Callable]:
         """Decorator: register a function or class under `name`.
 
         The returned object is the gin-configurable wrapper (what `get` returns), so the
@@ -306,44 +310,66 @@ class Registry:
         `ranges` declares the allowed values of numeric parameters, {param: "> 0" | "[0, 1)" | ...}
         (`parse_range`); every numeric parameter must be finite whether declared or not
         (`check_params`). A range naming no parameter of the component is refused here.
+
+        `diagnostics` is the entry's diagnostics hook (`diagnostics_of`), called by whoever runs
+        the entry with the entry's own inputs and hyper-parameters (for a loss,
+        ``fn(logp, gen_logp, advantages, mask, **hparams) -> {metric: float}``; see
+        `components.losses.loss_diagnostics`).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.family} registry: a component name must be a non-empty string, got {name!r}")
+        if diagnostics is not None and not callable(diagnostics):
+            raise TypeError(f"{self.family} {name!r}: diagnostics must be callable, got {diagnostics!r}")
 
         def decorator(obj: Callable) -> Callable:
-            parsed = _parse_ranges(f"{self.family} {name!r}", obj, ranges)
+            wrapped = self._register(name, obj, gin_configurable, ranges)
             with self._lock:
-                previous = self._originals.get(name)
-                if previous is not None:
-                    if previous is obj:
-                        self._ranges[name] = parsed or self._ranges.get(name, {})
-                        return self._entries[name]
-                    if _same_definition(previous, obj) and not inspect.isclass(obj):
-                        # The same function redefined (importlib.reload, a notebook cell):
-                        # the gin wrapper dispatches through _originals, so updating the
-                        # entry makes every existing reference run the new body.
-                        self._originals[name] = obj
-                        self._ranges[name] = parsed
-                        return self._entries[name]
-                    raise DuplicateComponentError(
-                        f"{self.family} {name!r} is already registered by "
-                        f"{_where(previous)}; refusing to register {_where(obj)} under the same name. "
-                        f"Pick another name (registered {self.family} names: {', '.join(sorted(self._entries))})."
-                    )
-                target = obj if inspect.isclass(obj) else self._dispatcher(name, obj)
-                wrapped = _gin_register(target, name, self.gin_module) if gin_configurable else target
-                self._entries[name] = wrapped
-                self._originals[name] = obj
-                self._ranges[name] = parsed
+                if diagnostics is not None:
+                    self._diagnostics[name] = diagnostics
+                else:
+                    self._diagnostics.pop(name, None)
             return wrapped
 
         return decorator
+
+    def _register(self, name: str, obj: Callable, gin_configurable: bool,
+                  ranges: Optional[Mapping[str, "str | Range"]]) -> Callable:
+        parsed = _parse_ranges(f"{self.family} {name!r}", obj, ranges)
+        with self._lock:
+            previous = self._originals.get(name)
+            if previous is not None:
+                if previous is obj:
+                    self._ranges[name] = parsed or self._ranges.get(name, {})
+                    return self._entries[name]
+                if _same_definition(previous, obj) and not inspect.isclass(obj):
+                    # The same function redefined (importlib.reload, a notebook cell):
+                    # the gin wrapper dispatches through _originals, so updating the
+                    # entry makes every existing reference run the new body.
+                    self._originals[name] = obj
+                    self._ranges[name] = parsed
+                    return self._entries[name]
+                raise DuplicateComponentError(
+                    f"{self.family} {name!r} is already registered by "
+                    f"{_where(previous)}; refusing to register {_where(obj)} under the same name. "
+                    f"Pick another name (registered {self.family} names: {', '.join(sorted(self._entries))})."
+                )
+            target = obj if inspect.isclass(obj) else self._dispatcher(name, obj)
+            wrapped = _gin_register(target, name, self.gin_module) if gin_configurable else target
+            self._entries[name] = wrapped
+            self._originals[name] = obj
+            self._ranges[name] = parsed
+        return wrapped
 
     def declare_ranges(self, name: str, ranges: Mapping[str, "str | Range"]) -> None:
         """Add ranges to an entry already registered (e.g. a class from another package)."""
         parsed = _parse_ranges(f"{self.family} {name!r}", self.original(name), ranges)
         with self._lock:
             self._ranges[name] = {**self._ranges.get(name, {}), **parsed}
+
+    def diagnostics_of(self, name: str) -> Optional[Callable]:
+        """The diagnostics hook registered with entry `name` (``register(..., diagnostics=fn)``), or None."""
+        self.get(name)
+        return self._diagnostics.get(name)
 
     def _dispatcher(self, name: str, fn: Callable) -> Callable:
         """A function with `fn`'s signature that calls the entry's current definition."""
@@ -452,6 +478,7 @@ class Registry:
             del self._entries[name]
             del self._originals[name]
             self._ranges.pop(name, None)
+            self._diagnostics.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         if name not in self._entries:
@@ -540,6 +567,11 @@ TASKS = Registry("task", "tasks", autoload=True)
 ENGINES = Registry("engine", "engines", autoload=True)
 # Plain-function rewards: fn(prompt: str, completion: str, **row) -> float | bool (components/rewards.py).
 REWARDS = Registry("reward", "rewards", autoload=True)
+# Experiment trackers, chosen by train.trackers (components/trainer/tracking.py).
+TRACKERS = Registry("tracker", "trackers", autoload=True)
+# How learner-0's weights reach the generators, chosen by train.weight_sync_backend
+# (components/trainer/weight_sync.py; "auto" picks one of them).
+WEIGHT_SYNC_BACKENDS = Registry("weight-sync backend", "weight_sync_backends", autoload=True)
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "losses": LOSSES,
@@ -552,6 +584,8 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS,
     "engines": ENGINES,
     "rewards": REWARDS,
+    "trackers": TRACKERS,
+    "weight_sync_backends": WEIGHT_SYNC_BACKENDS,
 }
 
 # Modules whose import fills the registries. A module that cannot be imported here
@@ -567,6 +601,9 @@ BUILTIN_MODULES = (
     "components.tasks",
     "components.engines",
     "components.rewards",
+    "components.trainer.tracking",
+    "components.trainer.weight_sync",
+    "components.trainer.weight_sync_backends",
 )
 
 

@@ -33,6 +33,7 @@ from typing import Any, Mapping, Optional
 from components.registry import REWARDS
 from components.tasks.base import Verdict
 from components.tasks.common import strip_special_tokens, strip_thinking
+from components.tasks.math_answers import math_equal, parse_gold, plain_answer
 
 __all__ = ["reward_verdict", "value_to_verdict", "check_reward", "math_answer_matches", "math_verify", "exact_match"]
 
@@ -100,8 +101,6 @@ def math_answer_matches(completion: str, answer: Any, max_answer_chars: int = 40
     No answer (a thinking part left open, or nothing after it) is wrong. A gold answer that
     math-verify cannot parse is compared as text with the last boxed answer / last line.
     """
-    from components.tasks.math_file import _plain_answer, math_equal, parse_gold
-
     final = strip_thinking(completion)
     if final is None or not final.strip():
         return False
@@ -109,7 +108,7 @@ def math_answer_matches(completion: str, answer: Any, max_answer_chars: int = 40
     gold_text = str(answer).strip()
     gold = parse_gold(gold_text)
     if not gold:
-        return _plain_answer(final) == gold_text
+        return plain_answer(final) == gold_text
     return math_equal(gold, final)
 
 

@@ -14,12 +14,14 @@ import sys
 # subcommand -> (module, add_arguments function, main function, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str, str, str]] = {
     "train": ("experiments.train", "add_arguments", "main", "train one run from a gin recipe"),
-    "sweep": ("experiments.launch", "add_arguments", "main", "launch a one-factor-at-a-time sweep (slurm | local | debug)"),
+    "sweep": ("experiments.sweep_cli", "add_arguments", "main", "launch a one-factor-at-a-time sweep (slurm | local | debug)"),
     "status": ("experiments.status", "add_arguments", "main", "table of the runs of a sweep: state, step, compute, pass rate, fit"),
     "fit": ("analysis.cli", "add_fit_arguments", "fit_main", "fit the sigmoid law to logged runs; table + CSV"),
     "compare": ("analysis.cli", "add_compare_arguments", "compare_main",
                 "every pair of configurations of every sweep: interval, paired by seed, verdict"),
-    "figures": ("analysis.cli", "add_figures_arguments", "figures_main", "draw every paper figure whose runs exist"),
+    "replay": ("analysis.cli", "add_replay_arguments", "replay_main",
+               "replay the adaptive-sweep rule on finished sweeps: compute saved, same best?"),
+    "figures": ("paper_figures.cli", "add_figures_arguments", "figures_main", "draw every paper figure whose runs exist"),
     "components": ("experiments.components_cli", "add_arguments", "main", "list every registry, its entries and their parameters"),
     "export": ("experiments.export", "add_arguments", "main", "write a run's policy (final or any checkpoint) in Hugging Face format"),
     "plan": ("experiments.plan", "add_arguments", "main", "memory plan of a config per learner and generator GPU, before submission"),

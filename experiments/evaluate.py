@@ -7,7 +7,7 @@ per benchmark, mean@k and the unbiased pass@k (Chen et al. 2021) for k = 1, 2, 4
 MODEL_OR_RUN_DIR is
 - a model directory (``save_pretrained``: config.json, weights, tokenizer), or
 - a run directory: its ``final/`` policy when there is one, else (or with ``--step N``) the
-  newest (or step N) checkpoint, exported to a temporary directory by `experiments.export`.
+  newest (or step N) checkpoint, exported to a temporary directory by `components.trainer.export`.
 
 The records are printed as a table and appended, one JSON line per benchmark, to
 ``RUN_DIR/downstream.jsonl`` (a run) or ``MODEL_DIR/downstream.jsonl`` (a model), or to
@@ -71,10 +71,8 @@ def resolve_model(path: str | Path, step: Optional[int] = None) -> Iterator[dict
     if step is None and _is_model_dir(final):
         yield {"model": final.resolve(), "run_dir": p.resolve(), "step": _final_step(p), "checkpoint": None}
         return
-    try:
-        from experiments.export import ExportError, export_policy, resolve_checkpoint
-    except ImportError as err:  # pragma: no cover - export ships with the zoo
-        raise EvalInputError(f"{p} has no {FINAL_DIR}/ policy and checkpoints cannot be exported here ({err})") from err
+    from components.trainer.export import ExportError, export_policy, resolve_checkpoint
+
     try:
         ckpt = resolve_checkpoint(p, step)
     except ExportError as err:
@@ -99,7 +97,7 @@ def _checkpoint_step(ckpt: Path) -> Optional[int]:
 def _final_step(run_dir: Path) -> Optional[int]:
     """The step final/ was written at: the newest checkpoint's step, else the last metrics step."""
     try:
-        from experiments.export import resolve_checkpoint
+        from components.trainer.export import resolve_checkpoint
 
         return _checkpoint_step(resolve_checkpoint(run_dir))
     except Exception:  # noqa: BLE001

@@ -1,6 +1,6 @@
 """`scalerl plan CONFIG [CONFIG...] [--gin BINDING]... [--gpu-memory-gb 80]`: memory per GPU before submission.
 
-Parses the run's gin config exactly as `scalerl train` does (`experiments.train._parse_gin`),
+Parses the run's gin config exactly as `scalerl train` does (`components.trainer.config.parse_gin_files`),
 reads the model's `config.json` only (no weights, no model built), reads the run's layout
 (`train.learner_ranks`, `train.num_generators`, the engine's knobs such as
 `vllm.tensor_parallel_size`, `vllm.max_num_seqs`, `vllm.max_model_len`,
@@ -249,7 +249,7 @@ def planned_attention(attn_implementation: Optional[str], device: str, precision
     Assumed: the training torch has the varlen kernel if this one has, and its GPUs are sm_80 or newer."""
     if attn_implementation != "auto":
         return attn_implementation
-    from components.trainer.forward import auto_attn_implementation
+    from components.trainer.attention import auto_attn_implementation
 
     return auto_attn_implementation(device, _policy(precision, device).compute_dtype, model_config)
 
@@ -370,7 +370,7 @@ def generator_memory(shape: ModelShape, layout: GeneratorLayout, gpu_bytes: int)
     h, a, k, d, i, V = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size, shape.vocab_size
     cpu = str(layout.device).startswith("cpu")
     out: dict[str, int] = {}
-    if layout.engine == "vllm":
+    if engine_memory_model(layout.engine) == "paged":
         tp = int(layout.tensor_parallel_size)
         if tp < 1:
             raise PlanError(f"vllm.tensor_parallel_size must be >= 1, got {tp}")
@@ -387,7 +387,7 @@ def generator_memory(shape: ModelShape, layout: GeneratorLayout, gpu_bytes: int)
             out["reserved"] = int(float(layout.gpu_memory_utilization) * gpu_bytes)
             out["kv_budget"] = out["reserved"] - out["weights"] - out["activations"] - out["overhead"]
         out["total"] = out["reserved"]
-    elif layout.engine == "torch":
+    else:  # "dense"
         out["weights"] = (P - Ph) * c + Ph * hb
         out["kv_per_token"] = kv_bytes_per_token(shape, c, 1)
         slots = layout.max_cache_tokens if layout.max_cache_tokens is not None else layout.max_num_seqs * layout.max_model_len
@@ -395,9 +395,22 @@ def generator_memory(shape: ModelShape, layout: GeneratorLayout, gpu_bytes: int)
         out["activations"] = 3 * layout.max_num_seqs * V * 4 + out["kv_needed"]  # logits + the merge's second copy
         out["overhead"] = 0 if cpu else GENERATOR_GPU_OVERHEAD
         out["total"] = out["weights"] + out["kv_needed"] + out["activations"] + out["overhead"]
-    else:
-        raise PlanError(f"engine {layout.engine!r}: the plan knows the 'vllm' and 'torch' engines")
     return out
+
+
+def engine_memory_model(engine: str) -> str:
+    """How the plan estimates a generator running `engine`: its registered class's `memory_model`
+    ("paged": vLLM's KV cache in a reserved fraction of the GPU; "dense": the torch engine's)."""
+    from components.registry import ENGINES, UnknownComponentError
+
+    try:
+        model = getattr(ENGINES.original(engine), "memory_model", None)
+    except UnknownComponentError as err:
+        raise PlanError(str(err)) from None
+    if model not in ("paged", "dense"):
+        raise PlanError(f"engine {engine!r}: the plan knows engines whose memory_model is 'paged' (vllm) or 'dense' "
+                        f"(torch); this one declares {model!r}")
+    return model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +556,7 @@ class MemoryPlan:
             return f"CPU run, not checked: learner ~{_size(lt)}, generator ~{_size(gt)}"
         head = "fits" if self.fits else "DOES NOT FIT: " + "; ".join(self.problems)
         kv = ""
-        if self.engine == "vllm":
+        if engine_memory_model(self.engine) == "paged":
             kv = f", KV need {_gib(self.generator['kv_needed'])} of {_gib(self.generator['kv_budget'])} GiB"
         return (f"{head} (GPU {_gib(self.gpu_bytes)} GiB: learner {_gib(lt)} GiB x {self.learner_ranks}, "
                 f"generator {_gib(gt)} GiB x {self.num_generators * self.tensor_parallel_size}{kv})")
@@ -569,16 +582,14 @@ def plan_config(
     gpu_memory_gb: memory of one GPU in GiB; None: 80 for GPU runs, and CPU runs
     (train.device = "cpu") are estimated but not checked.
     """
-    import components.trainer.config  # noqa: F401  (registers `train` and `model` with gin)
-    from components.trainer.config import ConfigError, train_config, validate
-    from experiments.train import _parse_gin
+    from components.trainer.config import ConfigError, parse_gin_files, train_config, validate
 
     if int(prompt_tokens) < 1:
         raise PlanError(f"--prompt-tokens must be >= 1, got {prompt_tokens!r}")
     if gpu_memory_gb is not None and not float(gpu_memory_gb) > 0:
         raise PlanError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb!r}")
     try:
-        files, _ = _parse_gin(config_files, bindings)
+        files, _ = parse_gin_files(config_files, bindings)
     except (FileNotFoundError, ValueError, KeyError, ImportError, SyntaxError) as err:
         raise PlanError(f"the gin config does not parse: {type(err).__name__}: {err}") from None
     config, source = _model_config()
@@ -598,7 +609,7 @@ def plan_config(
     # sequence lengths
     cap = _generation_cap(cfg)
     max_pos = shape.max_position_embeddings
-    is_vllm = cfg.engine == "vllm"
+    is_vllm = engine_memory_model(cfg.engine) == "paged"  # vLLM's knobs and memory model
     max_model_len = knobs.get("max_model_len") if is_vllm else None
     context = max_model_len or max_pos or (cap + int(prompt_tokens))
     longest = min(context, cap + int(prompt_tokens))
@@ -641,7 +652,7 @@ def plan_config(
         if shape.num_heads % tp:
             problems.append(f"vllm.tensor_parallel_size ({tp}) does not divide the {shape.num_heads} attention heads")
         layout_g = GeneratorLayout(
-            engine="vllm", precision=cfg.precision, device="cpu" if cpu else "cuda", tensor_parallel_size=tp,
+            engine=cfg.engine, precision=cfg.precision, device="cpu" if cpu else "cuda", tensor_parallel_size=tp,
             gpu_memory_utilization=float(knobs.get("gpu_memory_utilization") or 0.9), max_num_seqs=int(seqs),
             max_model_len=int(max_model_len or max_pos or longest),
             max_num_batched_tokens=knobs.get("max_num_batched_tokens"),
@@ -730,7 +741,7 @@ def render(plan: MemoryPlan) -> str:
         row("total", lm["total"]),
         "",
     ]
-    if plan.engine == "vllm":
+    if engine_memory_model(plan.engine) == "paged":
         lines += [
             f"per generator {dev} (vllm, tensor_parallel_size {tp}, max_num_seqs {gl.max_num_seqs}, max_model_len {gl.max_model_len}"
             + (")" if plan.cpu else f", gpu_memory_utilization {gl.gpu_memory_utilization})"),

@@ -6,8 +6,8 @@
     scalerl reproduce --scale tiny --collect-only                  # collect the runs done so far, draw, report
 
 1. Every sweep spec of experiments/sweeps/ (or `--sweeps a,b`) is expanded with seeds
-   0..N-1 and planned by `scalerl sweep`'s own functions (`experiments.launch.prepare`,
-   `plan`, `validate_runs`, `submit`, `wait`): done runs are skipped, interrupted ones resume
+   0..N-1 and planned by `scalerl sweep`'s own functions (`sweep_spec.select_runs`,
+   `run_state.plan`, `run_config.validate_runs`, `submission.submit`, `submission.wait`): done runs are skipped, interrupted ones resume
    from their checkpoint, failed ones are retried only with `--retry-failed`. A run whose
    logs were already collected as done into OUT is skipped too (a fresh clone holding
    results/tiny does not re-run the study).
@@ -46,6 +46,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from experiments.recipes import SWEEPS_DIR, SweepError
+from experiments.run_config import DEFAULT_TARGET, validate_runs
+from experiments.run_state import Planned, plan, read_json
+from experiments.slurm import check_partition
+from experiments.submission import LaunchOptions, submit, wait
+from experiments.sweep_cli import add_slurm_arguments, options_from_args, print_plan
+from experiments.sweep_spec import RunSpec, SweepSpec, select_runs
+
 __all__ = ["add_arguments", "main", "select_specs", "plan_study", "collect", "write_report", "COLLECTED_FILES",
            "REPORT_FILE", "REASONS_FILE"]
 
@@ -67,8 +75,6 @@ class ReproduceError(RuntimeError):
 
 def select_specs(names: str | Sequence[str] | None) -> list[Path]:
     """The shipped sweep specs (experiments/sweeps/*.gin), or the named ones."""
-    from experiments.launch import SWEEPS_DIR
-
     shipped = {p.stem: p for p in sorted(SWEEPS_DIR.glob("*.gin"))}
     if names is None:
         return list(shipped.values())
@@ -81,34 +87,18 @@ def select_specs(names: str | Sequence[str] | None) -> list[Path]:
     return [shipped[n] for n in wanted]
 
 
-def _launch_namespace(spec: Path, args: argparse.Namespace) -> argparse.Namespace:
-    """The options `scalerl sweep SPEC ...` would get (parsed by launch's own parser, so every
-    executor option launch knows, e.g. reserved CPUs, is available through --launch-arg)."""
-    from experiments import launch
-
-    parser = argparse.ArgumentParser(prog="scalerl sweep", add_help=False)
-    launch.add_arguments(parser)
-    argv = [str(spec), "--executor", args.executor, "--scale", args.scale, "--runs", str(args.runs),
-            "--seeds", *[str(s) for s in range(args.seeds)], "--trainer", args.trainer]
-    if args.partition:
-        argv += ["--partition", args.partition]
-    if args.time:
-        argv += ["--time", args.time]
-    if args.retry_failed:
-        argv.append("--retry-failed")
-    argv += list(args.launch_arg or [])
-    try:
-        return parser.parse_args(argv)
-    except SystemExit:
-        raise ReproduceError(f"launch options not understood: {' '.join(argv[1:])}") from None
+def _prepare(spec: Path, args: argparse.Namespace) -> tuple[SweepSpec, list[RunSpec], LaunchOptions]:
+    """The spec, its runs with seeds 0..N-1, and the launch options `scalerl sweep SPEC` would get."""
+    spec, runs = select_runs(spec, args.scale, seeds=range(args.seeds))
+    return spec, runs, options_from_args(args)
 
 
 @dataclasses.dataclass
 class SweepPlan:
-    spec: Any  # launch.SweepSpec
-    runs: list  # launch.RunSpec
-    opts: Any  # launch.LaunchOptions
-    planned: list  # launch.Planned
+    spec: SweepSpec
+    runs: list[RunSpec]
+    opts: LaunchOptions
+    planned: list[Planned]
     set_aside: list[str] = dataclasses.field(default_factory=list)  # contended runs moved away (to re-run)
     kept_contended: list[str] = dataclasses.field(default_factory=list)
 
@@ -125,8 +115,6 @@ def _last_metrics(run_dir: Path) -> dict:
 
 
 def _status(run_dir: Path) -> str | None:
-    from experiments.launch import read_json
-
     return (read_json(Path(run_dir) / "run.json") or {}).get("status")
 
 
@@ -135,7 +123,7 @@ def run_contention(run_dir: Path) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-_BUDGET_KEY = "train.compute_budget_flops"  # launch.TINY_SCALE_BINDINGS: the tiny scale's stopping rule
+_BUDGET_KEY = "train.compute_budget_flops"  # sweep_spec.TINY_SCALE_BINDINGS: the tiny scale's stopping rule
 
 
 def _budget_of(bindings: Sequence[str]) -> float | None:
@@ -193,14 +181,13 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
     """Expand and plan every selected sweep. act=True moves contended runs aside (so they are
     planned again); act=False (a dry run) only says what would happen."""
     from analysis.protocol import CONTENTION_LIMIT
-    from experiments import launch
 
     work, out = Path(args.runs), Path(args.out)
     plans = []
     for spec_path in select_specs(args.sweeps):
         try:
-            spec, runs, opts = launch.prepare(_launch_namespace(spec_path, args))
-        except launch.SweepError as err:
+            spec, runs, opts = _prepare(spec_path, args)
+        except SweepError as err:
             raise ReproduceError(f"{spec_path.stem}: {err}") from None
         set_aside, kept, forced = [], [], {}
         for r in runs:
@@ -234,12 +221,12 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
                 if collected.exists():  # the collected copy of the same logs: replaced after the re-run
                     shutil.rmtree(collected)
             forced[r.name] = why
-        planned = launch.plan(runs, work, retry_failed=args.retry_failed)
+        planned = plan(runs, work, retry_failed=args.retry_failed)
         for i, p in enumerate(planned):
             if p.run.name in forced:
-                planned[i] = launch.Planned(p.run, p.run_dir, "rerun", forced[p.run.name])
+                planned[i] = Planned(p.run, p.run_dir, "rerun", forced[p.run.name])
             elif not p.action.startswith("skip") and _status(out / p.run.sweep / p.run.name) == "done":
-                planned[i] = launch.Planned(p.run, p.run_dir, "skip-done", f"collected as done in {out}")
+                planned[i] = Planned(p.run, p.run_dir, "skip-done", f"collected as done in {out}")
         plans.append(SweepPlan(spec, runs, opts, planned, set_aside, kept))
     return plans
 
@@ -248,10 +235,9 @@ def _print_plans(plans: Sequence[SweepPlan], args: argparse.Namespace, console) 
     from rich.table import Table
 
     from analysis.runs import config_name
-    from experiments import launch
 
     for sp in plans:
-        launch.print_plan(sp.spec, sp.planned, Path(args.runs), args.scale, console)
+        print_plan(sp.spec, sp.planned, Path(args.runs), args.scale, console)
     t = Table(title=f"scalerl reproduce --scale {args.scale}: {len(plans)} sweeps, seeds 0..{args.seeds - 1}")
     for col in ("sweep", "configs", "seeds", "runs", "to run", "skipped", "set aside and re-run"):
         t.add_column(col)
@@ -273,8 +259,6 @@ def _wait(submitted: Sequence, deadline: float, console) -> dict[str, tuple[str,
     """Wait for the jobs (at most until `deadline`); {run: (outcome, error)}."""
     from submitit.local.debug import DebugJob
 
-    from experiments import launch
-
     if submitted and not isinstance(submitted[0][1], DebugJob):
         while True:
             pending = [p.run.name for p, job in submitted if not job.done()]
@@ -286,31 +270,33 @@ def _wait(submitted: Sequence, deadline: float, console) -> dict[str, tuple[str,
                     f"{' ...' if len(pending) > 20 else ''}. Their jobs keep running; run `scalerl reproduce` "
                     "again later to collect them (done runs are skipped).")
             time.sleep(5.0)
-    return launch.wait(submitted, poll_s=1.0)
+    return wait(submitted, poll_s=1.0)
+
+
+def _validate(sp: SweepPlan) -> dict:
+    """validate_runs of one sweep: {run name: RunConfig}, or ReproduceError naming the sweep."""
+    try:
+        return validate_runs(sp.runs, sp.opts.target)
+    except SweepError as err:
+        raise ReproduceError(f"{sp.spec.name}: {err}") from None
 
 
 def run_study(plans: list[SweepPlan], args: argparse.Namespace, console) -> dict[str, tuple[str, str]]:
     """Validate every sweep, then submit; local/debug sweeps run one after the other (a local
     executor must not start several sweeps' runs at once), Slurm arrays are all submitted and
     then waited for."""
-    from experiments import launch
-
     todo = [sp for sp in plans if sp.todo]
-    for sp in todo:
-        try:
-            launch.validate_runs(sp.runs, sp.opts.target)
-        except launch.SweepError as err:
-            raise ReproduceError(f"{sp.spec.name}: {err}") from None
+    configs = {sp.spec.name: _validate(sp) for sp in todo}
     if todo and args.executor == "slurm":
         try:
-            launch.check_partition(todo[0].opts.partition)
-        except launch.SweepError as err:
+            check_partition(todo[0].opts.partition)
+        except SweepError as err:
             raise ReproduceError(str(err)) from None
     deadline = time.time() + args.wait_hours * 3600.0
     outcomes: dict[str, tuple[str, str]] = {}
     pending: list = []  # (sweep, submitted): run names repeat across sweeps, so outcomes are per sweep
     for sp in todo:
-        submitted = launch.submit(sp.planned, sp.opts, Path(args.runs), sp.spec.name)
+        submitted = submit(sp.planned, sp.opts, Path(args.runs), sp.spec.name, configs=configs[sp.spec.name])
         console.print(f"{sp.spec.name}: submitted {len(submitted)} run(s) ({args.executor})")
         if args.executor == "slurm":
             pending.append((sp.spec.name, submitted))
@@ -466,7 +452,7 @@ def _md_escape(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-RUN_TIME_LIMIT_S = 180.0  # issue 12: each tiny run finishes within 3 minutes on 2 cores
+RUN_TIME_LIMIT_S = 180.0  # each tiny run finishes within 3 minutes on 2 cores
 _RESUMED_GAP_S = 60.0  # start-to-finish beyond the run's own time by more than this: it waited (a resume)
 
 
@@ -479,8 +465,6 @@ def run_times(out: Path) -> list[dict]:
     and, for a run interrupted and resumed, the time in between (`resumed`: span beyond own by
     more than a minute). `budget`: train.compute_budget_flops in its config.gin (None: ran
     without one); `stopped_on_budget`: it ended before train.total_steps."""
-    from experiments.launch import read_json
-
     rows = []
     for info_path in sorted(Path(out).glob("*/*/run.json")):
         run_dir = info_path.parent
@@ -675,7 +659,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "FLOPs at tiny scale, where identical runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs; "
       "device-hours otherwise). Every run of a sweep is compared over the sweep's **common compute window**, cut at "
       "the smallest final compute among its runs.")
-    w("- **Fit protocol** (docs/PAPER.md §1; per figure in `paper_figures/spec.py`): "
+    w("- **Fit protocol** (docs/PAPER.md §1; per figure in `analysis/figure_specs.py`): "
       + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
       "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
       "a whole-run fit at the **end of the first epoch**, a first-half fit at the **paper's cutoff as the same "
@@ -856,8 +840,6 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from experiments.launch import DEFAULT_TARGET
-
     parser.add_argument("--scale", choices=("tiny", "paper"), default="tiny",
                         help="tiny: every sweep mapped onto the CPU setting (default); paper: the paper's recipes")
     parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
@@ -890,13 +872,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thin-metrics", default="auto", metavar="auto|N",
                         help="collected metrics.jsonl keeps every N-th step line; auto (default): the smallest N "
                              "that fits --max-mb")
-    parser.add_argument("--trainer", default=DEFAULT_TARGET, metavar="MODULE:FUNCTION",
+    parser.add_argument("--trainer", dest="target", default=DEFAULT_TARGET, metavar="MODULE:FUNCTION",
                         help=f"the function each job calls (default {DEFAULT_TARGET})")
-    parser.add_argument("--partition", default=None, help="Slurm partition")
-    parser.add_argument("--time", default=None, help="Slurm time limit per job (as `scalerl sweep --time`)")
-    parser.add_argument("--launch-arg", action="append", default=[], metavar="ARG",
-                        help="any other `scalerl sweep` option, passed through (repeatable), e.g. "
-                             "--launch-arg=--cpus=2")
+    slurm = parser.add_argument_group("Slurm (as `scalerl sweep`)")
+    add_slurm_arguments(slurm)
+    slurm.add_argument("--array-parallelism", type=int, default=64,
+                       help="max runs of a sweep at once (default 64; the local executor also stops at this machine's "
+                            "cores)")
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -969,14 +951,9 @@ def main(args: argparse.Namespace) -> int:
             plans = plan_study(args, console, act=not args.dry_run)
             _print_plans(plans, args, console)
             if args.dry_run:
-                from experiments import launch
-
                 for sp in plans:
                     if sp.todo:
-                        try:
-                            launch.validate_runs(sp.runs, sp.opts.target)
-                        except launch.SweepError as err:
-                            raise ReproduceError(f"{sp.spec.name}: {err}") from None
+                        _validate(sp)
                 console.print("dry run: every run validated; nothing submitted")
                 return 0
             rounds = 0

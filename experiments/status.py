@@ -14,14 +14,16 @@ its first epoch, the first half for leave-one-out... from the paper's start).
 PATH may be one run directory, a sweep directory (its runs are the subdirectories) or a
 runs root (every sweep below it).
 
-The state is not only what run.json says (`experiments.launch.reconcile`): a run whose Slurm job
+The state is not only what run.json says (`experiments.run_state.reconcile`): a run whose Slurm job
 is queued or running is `queued` / `running`; a run that recorded no end (run.json `running`, or
 no run.json) whose job ended (CANCELLED, FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED,
 BOOT_FAIL, DEADLINE, COMPLETED, or GONE: known neither to squeue nor to sacct) is `interrupted`,
 the scheduler's state given as the reason; so is a local run whose process is gone (its
 run-directory lock free, its recorded pid dead). `scalerl sweep` resumes interrupted runs.
 run.json is read as the trainer reads it (`RunInfo`: a failure it could only record outside an
-unwritable run directory counts).
+unwritable run directory counts). A run of an adaptive sweep whose configuration the rule stopped
+(`<sweep dir>/adaptive.jsonl`, experiments/adaptive_sweep.py) is `stopped`, with the decision:
+`stopped (rung 0.25: worse than cispo by -0.120 [-0.150, -0.090])`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from experiments.launch import (SLURM_FILE, local_alive, read_json, read_run_info, reconcile, scheduler_state,
-                                slurm_job_states)
+from experiments.run_state import SLURM_FILE, local_alive, read_json, read_run_info, reconcile, scheduler_state
+from experiments.slurm import slurm_job_states
 
 MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are shown
 
@@ -43,7 +45,7 @@ MIN_FIT_POINTS = 5  # evaluation points (after the first) before A and B are sho
 class RunStatus:
     run: str
     path: str
-    state: str  # running | done | failed | interrupted | queued (no run.json yet) | unknown (see `reconcile`)
+    state: str  # running | done | failed | interrupted | queued (no run.json yet) | stopped (adaptive) | unknown
     slurm: str  # last job's Slurm state, "" when not on Slurm / unknown
     job_id: str
     step: int | None
@@ -76,11 +78,6 @@ def read_jsonl(path: Path) -> list[dict]:
     except OSError:
         pass
     return rows
-
-
-def last_jsonl(path: Path) -> dict | None:
-    rows = read_jsonl(path)
-    return rows[-1] if rows else None
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -123,10 +120,8 @@ def fit_ab(evals: Sequence[dict], min_points: int = MIN_FIT_POINTS, *, metrics: 
         dedup.append((c, r))
     if len(dedup) < min_points:
         return None, None, f"{len(dedup)}/{min_points} eval points"
-    try:
-        from analysis.protocol import epoch1_compute, fit_with_protocol, sweep_protocol
-    except ImportError as err:
-        return None, None, f"no analysis.protocol ({err})"
+    from analysis.protocol import epoch1_compute, fit_with_protocol, sweep_protocol
+
     ep1, max_epoch = epoch1_compute(metrics, "compute_hours")
     pf = fit_with_protocol([c for c, _ in dedup], [r for _, r in dedup], protocol=sweep_protocol(sweep),
                            epoch1=ep1, max_epoch=max_epoch)
@@ -144,7 +139,10 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
     root = Path(path)
     out = []
     from analysis.protocol import is_contended
+    from analysis.runs import config_name
+    from experiments.adaptive_sweep import stop_text, stopped_configs
 
+    stops = {sweep_dir: stopped_configs(sweep_dir) for sweep_dir in {d.parent for d in run_dirs}}
     for d in run_dirs:
         info = read_run_info(d)
         metrics = read_jsonl(d / "metrics.jsonl")
@@ -156,6 +154,9 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
         state, reason = reconcile(info.get("status"), job, slurm_state, local_alive(d, info, job))
         if state == "interrupted" and not reason:
             reason = str(info.get("error", "") or "")
+        stop = stops.get(d.parent, {}).get(config_name(info.get("name") or d.name))
+        if stop is not None and state in ("done", "interrupted"):  # the adaptive rule stopped its configuration
+            state, reason = "stopped", stop_text(stop)
         sweep = info.get("sweep") or (d.parent.name if d != root else None)
         A, B, note = fit_ab(evals, min_points, metrics=metrics, sweep=sweep) if evals else (None, None, "no evals")
         contention = _number(last.get("contention_run"))
@@ -186,7 +187,8 @@ def _fmt(x, spec: str) -> str:
         return str(x)
 
 
-STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "queued": "yellow", "interrupted": "magenta"}
+STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "queued": "yellow", "interrupted": "magenta",
+               "stopped": "blue"}
 
 
 def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
@@ -204,7 +206,8 @@ def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
     for r in rows:
         style = STATE_STYLE.get(r.state, "")
         note = (r.error.splitlines()[0][:40] if r.state == "failed" and r.error
-                else r.reason.splitlines()[0][:40] if r.state == "interrupted" and r.reason else r.fit_note[:40])
+                else r.reason.splitlines()[0][:40] if r.state == "interrupted" and r.reason
+                else r.reason if r.state == "stopped" else r.fit_note[:40])
         cont = "-" if r.contention is None else (f"[red]{r.contention:.0%} ![/red]" if r.contended
                                                   else f"{r.contention:.0%}")
         table.add_row(r.run, f"[{style}]{r.state}[/{style}]" if style else r.state, r.slurm or "-",

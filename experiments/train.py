@@ -13,10 +13,10 @@ import errno
 import logging
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
+from components.trainer.config import engine_gpus, parse_gin_files
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -24,48 +24,12 @@ from components.trainer.runlog import (
     EXIT_FAILURE_UNRECORDED,
     RunInfo,
     failure_in_run_dir,
+    record_exception,
 )
-from components.trainer.runlog import record_failure as _record_in_run_dir
 
 __all__ = ["run_training", "prepare", "add_arguments", "main"]
 
 log = logging.getLogger("scalerl.train")
-
-
-_GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path
-
-
-def _parse_gin(config_files: Sequence[str], bindings: Sequence[str]):
-    """Import paths + built-in components, then parse the gin files and bindings."""
-    import gin
-
-    from components.quiet import quiet_gin
-    from components.registry import load_builtin_components
-
-    files = []
-    for f in config_files:
-        p = Path(f).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(f"gin config file {str(f)!r} does not exist")
-        files.append(str(p.resolve()))
-    sys_path = []
-    for d in [str(Path(f).parent) for f in files] + [os.getcwd()]:
-        if d not in sys_path:
-            sys_path.append(d)
-    for d in reversed(sys_path):
-        if d not in sys.path:
-            sys.path.insert(0, d)
-    failures = load_builtin_components()
-    for mod, err in failures.items():
-        log.debug("built-in component module %s not loaded: %s", mod, err)
-    quiet_gin()
-    gin.clear_config()
-    for d in sys_path:  # `include 'base.gin'` resolves next to the including file
-        if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs
-            gin.add_config_file_search_path(d)
-            _GIN_SEARCH_PATHS.add(d)
-    gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False, skip_unknown=False)
-    return files, sys_path
 
 
 def validate_components(cfg) -> None:
@@ -138,7 +102,7 @@ def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
 
     from components.trainer.config import ConfigError, train_config
 
-    files, sys_path = _parse_gin(config_files, bindings)
+    files, sys_path = parse_gin_files(config_files, bindings)
     try:
         cfg = train_config()
     except (ValueError, TypeError, RuntimeError) as err:
@@ -171,21 +135,9 @@ def layout_of(cfg):
                   gpus_per_generator=engine_gpus(cfg))
 
 
-def engine_gpus(cfg) -> int:
-    """GPUs one generator's engine uses: vLLM's tensor_parallel_size (bound in gin), else 1."""
-    if cfg.engine != "vllm":
-        return 1
-    import gin
-
-    try:
-        return max(int(gin.query_parameter("vllm.tensor_parallel_size")), 1)
-    except (ValueError, KeyError):
-        return 1
-
-
 def attention_of(cfg) -> str:
     """The transformers attention implementation the learner uses (train.attn_implementation resolved)."""
-    from components.trainer.forward import learner_attn_implementation
+    from components.trainer.attention import learner_attn_implementation
 
     return learner_attn_implementation(cfg, "cuda" if on_gpu(cfg) else "cpu")
 
@@ -297,14 +249,14 @@ def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, p
             RunInfo(run_path).finish("interrupted", error="stopped by Ctrl-C (KeyboardInterrupt); resumes from its last checkpoint")
             raise
         except BaseException as err:  # noqa: BLE001 - record every failure
-            _record_failure(run_path, err)
+            record_exception(run_path, err)
             return "failed"
         info = RunInfo(run_path)  # learner-0 may have written it
         if code == 0:
             info.finish("done")
             return "done"
         if info.status == "running":
-            _record_failure(run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
+            record_exception(run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
         log.error("run %s failed: %s (traceback in %s)", run_path, info.data.get("error"), run_path / "error.txt")
         return "failed"
     finally:
@@ -384,7 +336,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
             RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
             raise
         except BaseException as err:  # noqa: BLE001
-            _record_failure(run_path, err)
+            record_exception(run_path, err)
             if isinstance(err, KeyboardInterrupt):
                 raise
             log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
@@ -419,7 +371,7 @@ def _bind_gpus_early(config_files, bindings, penv) -> None:
 
     try:
         try:
-            _parse_gin(config_files, bindings)
+            parse_gin_files(config_files, bindings)
             cfg = train_config(model_path="<resolved later>")
         except Exception:  # a bad config: `prepare` raises it again, where rank 0 records it in run.json
             return
@@ -467,14 +419,6 @@ def _lock_run_dir(run_path: Path):
     return f
 
 
-def _record_failure(run_path: Path, err: BaseException) -> bool:
-    """run.json failed with `err`, error.txt its traceback; never raises (runlog.record_failure:
-    a run directory that cannot be written gets the error on stderr and a fallback file).
-    True when run.json says failed."""
-    return _record_in_run_dir(Path(run_path), f"{type(err).__name__}: {err}",
-                              "".join(traceback.format_exception(type(err), err, err.__traceback__)))
-
-
 def _record_never_started(run_path: Path, run_info: Optional[dict], err: BaseException) -> None:
     """A sweep's run refused before it started: run.json failed with why (never raises)."""
     try:
@@ -482,13 +426,7 @@ def _record_never_started(run_path: Path, run_info: Optional[dict], err: BaseExc
         RunInfo(run_path).start(run_info, {"device": "unknown", "count": 0}, resumed=False)
     except Exception:  # noqa: BLE001 - an unwritable run directory: record_failure falls back
         pass
-    _record_failure(run_path, err)
-
-
-def record_failure(run_path: Path, err: BaseException) -> bool:
-    """run.json failed with the error, error.txt with its traceback (learner rank 0's end of a
-    failed run). Never raises; False when the run directory could not record it."""
-    return _record_failure(Path(run_path), err)
+    record_exception(run_path, err)
 
 
 # ---------------------------------------------------------------------------------------
@@ -502,14 +440,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("here", "slurm"), default="here",
                         help="here (default): run on this machine; slurm: submit this one run as a Slurm job")
     parser.add_argument("--wait", action="store_true", help="slurm: wait for the job and report")
-    from experiments.launch import add_slurm_arguments
+    from experiments.sweep_cli import add_slurm_arguments
 
     add_slurm_arguments(parser.add_argument_group("Slurm (with --executor slurm)"))
 
 
 def submit_run(args: argparse.Namespace) -> int:
     """`scalerl train CONFIG --executor slurm`: one run as one Slurm job (no sweep spec needed)."""
-    from experiments import launch as L
+    from experiments.recipes import SweepError
+    from experiments.run_config import validate_runs
+    from experiments.run_state import plan
+    from experiments.slurm import check_partition
+    from experiments.submission import submit, wait
+    from experiments.sweep_cli import options_from_args
+    from experiments.sweep_spec import RunSpec
 
     if args.run_dir is None and args.name:  # the name names the directory: runs/<config stem>/<name>
         args.run_dir = str(Path("runs") / Path(args.configs[-1]).stem / args.name)
@@ -519,25 +463,26 @@ def submit_run(args: argparse.Namespace) -> int:
               f"and --run-dir {str(run_dir)!r}", file=sys.stderr)
         return 2
     files = [str(Path(f).resolve()) for f in args.configs]
-    run = L.RunSpec(name=run_dir.name, sweep=run_dir.parent.name, factor=None, value=None,
-                    recipe=Path(files[0]).stem if files else None, seed=None, config_files=tuple(files), bindings=tuple(args.gin))
+    run = RunSpec(name=run_dir.name, sweep=run_dir.parent.name, factor=None, value=None,
+                  recipe=Path(files[0]).stem if files else None, seed=None, config_files=tuple(files), bindings=tuple(args.gin))
     try:
-        opts = L.options_from_args(args)
-        L.validate_runs([run], opts.target)
-        L.check_partition(opts.partition)
-        planned = L.plan([run], run_dir.parent.parent)
+        opts = options_from_args(args)
+        configs = validate_runs([run], opts.target)
+        check_partition(opts.partition)
+        planned = plan([run], run_dir.parent.parent)
         if planned[0].action.startswith("skip"):
             print(f"nothing to submit: {run_dir} is {planned[0].action[5:]} ({planned[0].reason})")
             return 0
-        submitted = L.submit(planned, opts, run_dir.parent.parent, run_dir.parent.name, folder=run_dir / ".submitit")
-    except L.SweepError as err:
+        submitted = submit(planned, opts, run_dir.parent.parent, run_dir.parent.name, folder=run_dir / ".submitit",
+                           configs=configs)
+    except SweepError as err:
         print(f"scalerl train: error: {err}", file=sys.stderr)
         return 2
     job = submitted[0][1]
     print(f"submitted run {run_dir} as Slurm job {job.job_id}; follow with: scalerl status {run_dir.parent}", flush=True)
     if not args.wait:
         return 0
-    outcomes = L.wait(submitted, poll_s=5.0)
+    outcomes = wait(submitted, poll_s=5.0)
     state, err = outcomes[run.name]
     print(f"run {state}: {run_dir}" + (f" ({err})" if err else ""), flush=True)
     return 0 if state == "done" else 1

@@ -6,8 +6,9 @@
   hollow circles: points before `min_compute` (where the paper's fit starts: analysis/protocol.py),
   excluded from the fit;
 - the legend carries the fitted A and B (and C_mid where the figure asks for it);
-- the fit protocol (whole run or first half, paper_figures/spec.py), where the fits start and
-  the margin on A are written under the title, and in `<figure>_fits.csv` beside the figure;
+- the fit protocol (whole run or first half, analysis/figure_specs.py), where the fits start and
+  whether A is identified and the `tail` window are written under the title, and in
+  `<figure>_fits.csv` beside the figure (with the paper's rank margin);
 - runs whose CPU contention exceeded 10% stay in the figure, drawn faded and labelled
   "[contention N%]" (their compute axis is stretched).
 
@@ -33,10 +34,10 @@ import seaborn as sns  # noqa: E402
 from matplotlib.legend import Legend  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from analysis.protocol import Protocol, fit_with_protocol, get_protocol  # noqa: E402
+from analysis.protocol import Protocol, get_protocol  # noqa: E402
 from analysis.runs import compute_label, load_runs, run_curve  # noqa: E402
 from analysis.scaling_law import FitResult  # noqa: E402
-from paper_figures.spec import FIGURES, FigureSpec  # noqa: E402
+from analysis.figure_specs import FIGURES, FigureSpec  # noqa: E402
 
 
 class MissingRuns(Exception):
@@ -49,7 +50,7 @@ class Options:
     fit_fraction: float | None = None  # None: the figure's protocol; else fit compute <= this × the final
     min_compute: str | float = "paper"  # "paper": the paper's start per protocol (analysis/protocol.py); "epoch"; or a compute value
     margin: str | float = "auto"  # the margin on A: measured from seeds, or a number
-    protocol: str | None = None  # None: each figure's own (paper_figures/spec.py)
+    protocol: str | None = None  # None: each figure's own (analysis/figure_specs.py)
     dpi: int = 150
     formats: tuple[str, ...] = ("png", "pdf")
 
@@ -163,15 +164,6 @@ def palette(n: int) -> list:
     return sns.color_palette("colorblind" if n <= 10 else "husl", n)
 
 
-def fit_points(c: np.ndarray, r: np.ndarray, opts: Options, *, protocol: Protocol | str | None = None,
-               epoch1: float | None = None, max_epoch: float | None = None) -> tuple[FitResult | None, float, str]:
-    """Fit a run by the protocol (default: Options.protocol, else the whole run) from
-    `opts.min_compute` (R0 = its first evaluation). Returns (fit or None, cutoff, reason when None)."""
-    pf = fit_with_protocol(c, r, protocol=protocol or opts.protocol, min_compute=opts.min_compute, epoch1=epoch1,
-                           max_epoch=max_epoch, fit_fraction=opts.fit_fraction)
-    return pf.fit, pf.cutoff, pf.reason
-
-
 def legend_text(res: FitResult | None, which: str = "AB", reason: str = "") -> str:
     if res is None:
         return f"no fit: {reason[:40]}" if reason else "no fit"
@@ -220,17 +212,6 @@ def _draw(ax, c: np.ndarray, r: np.ndarray, res: FitResult | None, cutoff: float
         ax.plot([], [], "-", color=color, alpha=alpha, label=entry)
 
 
-def draw_run(ax, c: np.ndarray, r: np.ndarray, label: str, color, opts: Options, legend: str = "AB", *,
-             protocol: Protocol | str | None = None, epoch1: float | None = None, max_epoch: float | None = None,
-             contention: float | None = None) -> FitResult | None:
-    """One run in the paper's conventions, fitted by `fit_with_protocol`. Returns its fit (None
-    when it could not be fitted)."""
-    pf = fit_with_protocol(c, r, protocol=protocol or opts.protocol, min_compute=opts.min_compute, epoch1=epoch1,
-                           max_epoch=max_epoch, fit_fraction=opts.fit_fraction)
-    _draw(ax, c, r, pf.fit, pf.cutoff, pf.min_compute, pf.reason, label, color, legend, contention)
-    return pf.fit
-
-
 def figure_summaries(spec: FigureSpec, ev: pd.DataFrame, opts: Options, data: "RunData | None" = None,
                      judge: bool = False) -> dict:
     """{sweep: analysis.study.SweepSummary} of the figure's runs, fitted by the figure's protocol,
@@ -260,21 +241,25 @@ def figure_summaries(spec: FigureSpec, ev: pd.DataFrame, opts: Options, data: "R
 
 
 def protocol_note(summaries: dict) -> str:
-    """'whole run (whole protocol), fit from end of epoch 1 (3 runs); margin on A ±0.02 (paper (no seeds))'."""
+    """'fit: whole run (whole protocol), from end of epoch 1 (3); A n.i. = not identified (95% profile
+    interval wider than 0.1); tail over the last 20% of the common window (to 2.3e+12)'."""
     parts = []
     for s in summaries.values():
         rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
         rule = ", ".join(f"{k} ({n})" for k, n in rules.items() if k) or "-"
         frac = float(s.runs["fit_fraction"].iloc[0]) if len(s.runs) else s.protocol.fit_fraction
-        parts.append(f"fit: {s.protocol.range_text(frac)} ({s.protocol.name} protocol), from {rule}; "
-                     f"margin on A ±{s.margin.value:.3g} ({s.margin.source})")
+        ident = "" if bool(s.runs["A_identified"].fillna(False).all()) else \
+            "; A n.i. = not identified (95% profile interval wider than 0.1)"
+        parts.append(f"fit: {s.protocol.range_text(frac)} ({s.protocol.name} protocol), from {rule}{ident}; "
+                     f"tail over the last 20% of the common window (to {s.tail_end:.3g})")
     return "\n".join(dict.fromkeys(parts))
 
 
 def fits_csv(summaries: dict, out_dir: str | Path, stem: str) -> Path:
     """Per run: the fit, the protocol, where the fit started and the margin (a figure's CSV column)."""
     cols = ["sweep", "run", "config", "seed", "status", "A", "B", "C_mid", "R0", "n_points", "protocol",
-            "fit_fraction", "fit_cutoff", "min_compute", "min_compute_rule", "margin", "margin_source",
+            "fit_fraction", "fit_cutoff", "min_compute", "min_compute_rule", "A_profile_lo", "A_profile_hi",
+            "A_identified", "tail", "margin", "margin_source",
             "contention_run", "contended", "fit_error"]
     frames = [s.runs.reindex(columns=cols) for s in summaries.values()]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)

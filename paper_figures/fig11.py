@@ -3,7 +3,7 @@ sigmoid fitted to each (solid over the fitted range, dashed beyond; stars fitted
 held out, hollow circles before the fitted range), plus any single-task run of the same sweep
 as a reference (the paper's math-only ScaleRL run, in grey).
 
-Runs: those of paper_figures/spec.py's fig11 entry, else every run trained on a task mixture
+Runs: those of analysis/figure_specs.py's fig11 entry, else every run trained on a task mixture
 (``train.task = {"math_file": 0.5, "code_file": 0.5}`` or any other mixture; eval.jsonl then
 carries ``per_task`` pass rates). Each task's curve is fitted on its own, like a run, by the
 figure's protocol (spec.py); the subtitle says which.
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 
 from paper_figures.common import (Options, RunData, _draw, curves, figure_protocol, marker_legend, palette, save,
                                   style, xlabel)
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 from paper_figures.task_curves import fit_task_curve, mixture_eval, per_task_columns, task_label
 
 FIGURE = "fig11"

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from paper_figures.common import MissingRuns, Options, RunData, curves, palette, save, select, style
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 
 FIGURE = "fig16"
 

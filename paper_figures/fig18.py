@@ -1,7 +1,7 @@
 """Fig 18: downstream benchmarks of the math + code run (the paper: LiveCodeBench and AIME-24)
 against training compute: one panel per benchmark, mean@k, one curve per run, no fit.
 
-Runs: those of Fig 11 (paper_figures/spec.py's fig11 entry, else every run trained on a task
+Runs: those of Fig 11 (analysis/figure_specs.py's fig11 entry, else every run trained on a task
 mixture), drawn from their downstream records (eval.jsonl lines with a "benchmark" key).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paper_figures.common import Options, RunData
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 from paper_figures.task_curves import draw_benchmark_figure, mixture_eval
 
 FIGURE = "fig18"

@@ -1,9 +1,9 @@
 """Fig 5b: FP32 LM head. Needs runs with sweep fp32_head or factor precision | fp32_head.
 
 Each run of the sweep is drawn with its sigmoid fitted by the figure's protocol (the whole
-run from the end of epoch 1, or its first half from the paper's start; paper_figures/spec.py), solid over
+run from the end of epoch 1, or its first half from the paper's start; analysis/figure_specs.py), solid over
 the fitted range and dashed beyond; stars are fitted points, "×" the points held out, hollow
-circles the points before the fit starts. Runs are selected by paper_figures/spec.py.
+circles the points before the fit starts. Runs are selected by analysis/figure_specs.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Eq. 1 rearranged: F(R_C) = C_mid^B / ((A − R0)/(R_C − R0) − 1) = C^B. Every LOO run is
 fitted by the figure's protocol (the paper: the first half, 8k of 16k GPU-h, from the end of
-the first epoch; paper_figures/spec.py), all are refitted at the mean of their A, and
+the first epoch; analysis/figure_specs.py), all are refitted at the mean of their A, and
 log F(R_C) is plotted against log C: a line of slope B. Beside it, the table of the paper:
 C_mid, B, A of the original fit and B after the refit at the common A (plus the slope of a
 least-squares line through the transformed fitted points). Also writes fig7.csv (with the
@@ -21,7 +21,7 @@ from analysis.runs import run_curve
 from analysis.scaling_law import loo_transform, refit_common_a
 from paper_figures.common import (MissingRuns, Options, RunData, curves, figure_summaries, palette, protocol_note,
                                   require_eval, save, style)
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 
 FIGURE = "fig7"
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from analysis.scaling_law import A_MARGIN
 from paper_figures.common import Options, RunData, draw_curves_with_summaries, fits_csv, require_eval, save, style
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 
 FIGURE = "fig8a"
 

@@ -1,6 +1,6 @@
 """Fig 9b: downstream benchmark pass rate (e.g. AIME-24) against training compute, generation length.
 
-The runs of Fig 9a (paper_figures/spec.py), drawn from their downstream records (eval.jsonl
+The runs of Fig 9a (analysis/figure_specs.py), drawn from their downstream records (eval.jsonl
 lines with a "benchmark" key, written by `train.downstream_every` + `train.downstream_benchmarks`):
 one panel per benchmark, mean@k against training compute on a log axis, one curve per run,
 no fit (as in the paper).

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from paper_figures.common import MissingRuns, Options, RunData
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.runs import load_runs
 from paper_figures.common import MissingRuns, Options, RunData, curves, palette, save, select, style, xlabel
-from paper_figures.spec import FIGURES, FigureSpec
+from analysis.figure_specs import FIGURES, FigureSpec
 
 __all__ = ["PER_TASK", "per_task_columns", "mixture_eval", "task_curve", "benchmark_rows", "draw_benchmark_figure",
            "task_label"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Sequence
 
 from analysis.runs import config_name
-from analysis.synthetic import DEFAULT_LAW, SYNTHETIC_SWEEPS, launch_config_name, write_run
+from analysis.synthetic import DEFAULT_LAW, SYNTHETIC_SWEEPS, write_run
+from experiments.synthetic_study import launch_config_name
 
 
 def fake_run(config_files: Sequence[str], bindings: Sequence[str] = (), run_dir: str | None = None, *,

@@ -292,7 +292,8 @@ def vllm_check(model_dir: str, out_dir: str) -> dict:
     import torch.multiprocessing as mp
 
     from components.engines import GenerationRequest, SamplingParams, make_engine
-    from components.trainer.weight_sync import VLLM_GLOO_BACKEND, WeightGroup, WeightReceiver
+    from components.trainer.weight_sync import WeightGroup, WeightReceiver
+    from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND
 
     ctx = mp.get_context("spawn")
     res: dict = {}
@@ -542,8 +543,8 @@ def nccl_standin_check(model_dir: str) -> dict:
     import torch
 
     from components.trainer.weight_sync import (
-        WeightGroup, WeightReceiver, WeightSender, WeightUpdate, generator_state_meta, iter_full_parameters,
-        register_vllm_gloo_engine)
+        WeightGroup, WeightReceiver, WeightSender, WeightUpdate, generator_state_meta, iter_full_parameters)
+    from components.trainer.weight_sync_vllm import register_vllm_gloo_engine
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
     import warnings
@@ -574,7 +575,8 @@ def nccl_standin_check(model_dir: str) -> dict:
 
     # the chunk boundaries a torch-engine receiver expects against those vLLM's packing makes,
     # with running sums that hit the buffer size exactly (a chunk closes only once it EXCEEDS it)
-    from components.trainer.weight_sync import ParamSpec, vllm_packed_chunks
+    from components.trainer.weight_sync import ParamSpec
+    from components.trainer.weight_sync_backends import vllm_packed_chunks
     from vllm.distributed.weight_transfer.packed_tensor import pack_tensors
 
     specs = [ParamSpec(f"t{i}", (n,), "bfloat16") for i, n in enumerate([10, 22, 32, 5, 27, 64, 1, 31, 40, 7])]

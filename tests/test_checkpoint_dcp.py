@@ -290,7 +290,7 @@ def test_one_rank_round_trip_is_bitwise(dcp_runs):
 def test_export_of_a_two_rank_checkpoint_in_one_process(dcp_runs, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from experiments.export import export_policy
+    from components.trainer.export import export_policy
 
     out = export_policy(dcp_runs["root"] / "run_t2", tmp_path / "hf")
     hf = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)

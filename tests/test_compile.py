@@ -270,7 +270,7 @@ def test_compiled_blocks_trace_torch_varlen_attention_with_checkpointing(monkeyp
     """attn_implementation "torch_varlen" + activation checkpointing + compile: the attention is
     inside the compiled block (a graph break there would make the checkpointed block run eagerly
     as a whole), and log-probs and gradients are sdpa's, packed and padded."""
-    import components.trainer.forward as forward_mod
+    import components.trainer.attention as forward_mod
     from components.trainer.forward import enable_activation_checkpointing
     from components.trainer.learner import compile_blocks
     from test_forward import assert_varlen_gives_sdpas, make_batch

@@ -20,7 +20,7 @@ from components.precision import get_precision, untie_lm_head
 from components.trainer.checkpoint import rng_state, save_checkpoint
 from components.trainer.learner import make_optimizer
 from experiments.cli import main as cli_main
-from experiments.export import FINAL_DIR, ExportError, export_policy, write_final_policy
+from components.trainer.export import FINAL_DIR, ExportError, export_policy, write_final_policy
 
 # head_dim 32: the smallest head size vLLM's CPU attention accepts
 TINY = dict(hidden_size=64, num_layers=2, num_heads=2, max_position_embeddings=64, seed=0)

@@ -17,7 +17,7 @@ from analysis.synthetic_tasks import DOWNSTREAM_SWEEPS, TASK_LAWS, write_task_sw
 from experiments.cli import main as scalerl  # noqa: E402
 from paper_figures.common import MissingRuns, Options, RunData, draw_curves_on, select  # noqa: E402
 from paper_figures.render import render_all  # noqa: E402
-from paper_figures.spec import FIGURES  # noqa: E402
+from analysis.figure_specs import FIGURES  # noqa: E402
 
 OPTS = Options(dpi=30)
 # The figures and tables the issue lists (arXiv v1 numbering).
@@ -67,10 +67,10 @@ def test_curve_figure_follows_the_paper_conventions(runs):
     assert len(ax.collections) == 9 and len(markers) == 3
     hollow = [c for c in ax.collections if len(c.get_facecolors()) == 0 or c.get_facecolors()[0][3] == 0]
     assert len(hollow) == 3
-    # the subtitle says how the runs were fitted and which margin applies
+    # the subtitle says how the runs were fitted, whether A is identified, and the tail window
     # (a prefix fit starts at the paper's fraction of the fitted range)
     assert "first 50% of the run" in ax.get_title() and "from 0.4 of the fitted range (3)" in ax.get_title()
-    assert "margin on A ±0.02 (paper (no seeds))" in ax.get_title()
+    assert "tail over the last 20% of the common window" in ax.get_title()
     styles = [line.get_linestyle() for line in ax.lines]
     assert styles.count("-") >= 3 and styles.count("--") == 3  # solid fit, dashed extrapolation
     labels = [t.get_text() for t in ax.get_legend().get_texts()]

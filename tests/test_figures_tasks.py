@@ -89,7 +89,7 @@ def test_table1_has_the_math_and_code_rows(root, tmp_path):
 
 def test_a_mixture_run_in_any_sweep_is_found(tmp_path):
     from paper_figures.task_curves import mixture_eval
-    from paper_figures.spec import FIGURES
+    from analysis.figure_specs import FIGURES
 
     write_mixture_run(tmp_path, "my_experiment", name="mix-seed0", scale=1e-4, **RUN)
     write_run(tmp_path, "other", "single-seed0", A=0.6, B=1.8, C_mid=0.3, **RUN)

@@ -21,7 +21,7 @@ from analysis.scaling_law import A_MARGIN, compare, fit, sigmoid
 from analysis.compare import Difference, PairComparison
 from analysis.study import _judge_peak, compare_configs, judge_claim, parse_margin, seed_interval, summarize
 from analysis.synthetic import write_run
-from paper_figures.spec import FIGURES
+from analysis.figure_specs import FIGURES
 
 
 def _run(root, sweep="loss_type", name="cispo-s0", **kw):

@@ -25,13 +25,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import components.losses  # noqa: F401  (fills LOSSES)
 from components.aggregation import token_weights, weighted_sum
-import components.trainer.forward as forward_mod
+import components.trainer.attention as forward_mod
 from components.engines.logprobs import build_batch, position_ids_from_mask, scaled_log_softmax
 from components.engines.logprobs import token_logprobs as shared_token_logprobs
 from components.precision import get_precision
 from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, LOSSES
+from components.trainer.attention import ATTN_IMPLEMENTATIONS, resolve_attn_implementation, varlen_layout
 from components.trainer.forward import (
-    ATTN_IMPLEMENTATIONS,
     PackedRow,
     chunked_token_logprobs,
     enable_activation_checkpointing,
@@ -39,11 +39,9 @@ from components.trainer.forward import (
     pack,
     pack_batch,
     plan_micro_batches,
-    resolve_attn_implementation,
     sequence_lengths,
     sequence_logprobs_packed,
     sequence_logprobs_padded,
-    varlen_layout,
 )
 from components.trainer.learner import token_logprobs as padded_token_logprobs
 from components.trainer.rollout import Batch
@@ -567,7 +565,7 @@ def test_learner_attn_implementation_reads_the_run_config_and_the_models_config(
 
     from transformers import AutoConfig, Qwen2Config
 
-    from components.trainer.forward import learner_attn_implementation
+    from components.trainer.attention import learner_attn_implementation
 
     Qwen2Config(num_hidden_layers=2).save_pretrained(tmp_path / "full")
     Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=32, max_window_layers=0).save_pretrained(tmp_path / "win")

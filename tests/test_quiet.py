@@ -52,9 +52,9 @@ def test_loading_the_tiny_model_prints_nothing_while_bars_and_errors_would_show(
 GIN_INCLUDE = """
     import logging, sys
     logging.basicConfig()
-    from experiments.train import _parse_gin
+    from components.trainer.config import parse_gin_files
     import gin
-    _parse_gin([{child!r}], [])
+    parse_gin_files([{child!r}], [])
     assert gin.query_parameter("train.seed") == 7  # the include was read
     print({mark!r}, file=sys.stderr, flush=True)
     logging.error("an unrelated error %s", "still prints")

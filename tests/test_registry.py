@@ -30,7 +30,7 @@ from components.registry import (
 )
 
 FAMILIES = ("LOSSES", "AGGREGATIONS", "ADVANTAGE_NORMS", "CURRICULA", "PRECISIONS", "LENGTH_CONTROLS",
-            "OFF_POLICY", "TASKS", "ENGINES", "REWARDS")
+            "OFF_POLICY", "TASKS", "ENGINES", "REWARDS", "TRACKERS", "WEIGHT_SYNC_BACKENDS")
 
 
 @pytest.fixture(autouse=True)

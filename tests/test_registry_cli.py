@@ -28,7 +28,7 @@ EXPECTED = {
     "advantage_norms": {"none": {"eps": 1e-6}, "prompt": {"eps": 1e-6}, "batch": {"eps": 1e-6}},
 }
 ALL_FAMILIES = {"losses", "aggregations", "advantage_norms", "curricula", "precisions", "length_controls",
-                "off_policy", "tasks", "engines", "rewards"}
+                "off_policy", "tasks", "engines", "rewards", "trackers", "weight_sync_backends"}
 
 
 def _scalerl(*args, cwd=REPO):
@@ -68,6 +68,19 @@ def test_json_lists_the_extra_losses(listing):
     assert losses["icepop"]["params"] == {"low": 0.5, "high": 2.0}
 
 
+def test_json_lists_the_trackers_weight_sync_backends_and_engines(listing):
+    """Every choice by name is a registry family: `scalerl components` lists them with a description."""
+    families = listing["families"]
+    assert {"wandb", "tensorboard", "mlflow"} == set(families["trackers"])
+    assert {"gloo", "nccl", "ipc"} == set(families["weight_sync_backends"])
+    assert {"torch", "vllm"} <= set(families["engines"])
+    for family in ("trackers", "weight_sync_backends"):
+        for name, entry in families[family].items():
+            assert entry["doc"], f"{family}/{name} has no one-line description"
+    for mod in ("components.trainer.tracking", "components.trainer.weight_sync"):
+        assert mod not in listing["import_errors"], listing["import_errors"][mod]
+
+
 def test_plain_output_shows_families_entries_and_defaults():
     out = _scalerl("components")
     assert out.returncode == 0, out.stderr[-4000:]
@@ -78,6 +91,8 @@ def test_plain_output_shows_families_entries_and_defaults():
             assert name in text, name
     for fragment in ("eps=0.2", "eps_low=0.2", "eps_high=0.28", "eps_max=4.0", "eps_low=0.003", "eps_high=0.005"):
         assert fragment in text, fragment
+    for family, name in (("trackers", "tensorboard"), ("weight_sync_backends", "gloo")):
+        assert family in text and name in text, (family, name)
 
 
 def test_json_lists_a_users_loss_imported_with_import(listing):

@@ -3,7 +3,7 @@ functions, contended runs re-run, the four log files collected under a size budg
 and REPORT.md whose numbers `scalerl fit OUT/<sweep>` reproduces.
 
 The runs here call a stand-in trainer (tests/_helpers_reproduce.py) or are written by
-analysis.synthetic: the real study is machine time scheduled separately."""
+analysis.synthetic / experiments.synthetic_study: the real study is machine time scheduled separately."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ import pytest
 
 from analysis.findings import FINDINGS
 from analysis.runs import read_jsonl
-from analysis.synthetic import write_run, write_study
+from analysis.synthetic import write_run
 from experiments import launch
 from experiments import reproduce as R
 from experiments.cli import main as scalerl
+from experiments.synthetic_study import write_study
 
 HERE = Path(__file__).resolve().parent
 FAKE = "_helpers_reproduce:fake_run"
@@ -242,7 +243,9 @@ def test_report_counts_runs_that_are_missing_as_not_run(tmp_path):
 
 def test_contended_collected_run_is_planned_again_and_set_aside(tmp_path):
     res = tmp_path / "results"
-    kw = dict(B=1.8, C_mid=0.01, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision")
+    # within the tiny FLOP budget (write_run logs 30 x 8 x 1,536,000 x params_per_token_flops)
+    kw = dict(B=1.8, C_mid=0.01, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision",
+              params_per_token_flops=5e3)
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)
     write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", contention=0.01, **kw)
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1)

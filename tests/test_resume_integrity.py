@@ -142,7 +142,7 @@ def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
     assert "no intact checkpoint" in msg and "truncated" in msg and "crc32" in msg, msg
     assert str(ckpts / "step_00000004" / "trainer.pt") in msg and str(ckpts / "step_00000002" / "ranks" / "rank_00000.pt") in msg
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002", "step_00000004"]  # nothing moved when none is intact
-    from experiments.export import ExportError, resolve_checkpoint
+    from components.trainer.export import ExportError, resolve_checkpoint
 
     with pytest.raises(ExportError, match="no intact checkpoint"):
         resolve_checkpoint(tmp_path / "run")
@@ -151,7 +151,7 @@ def test_no_intact_checkpoint_names_every_bad_file(tiny_gin, tmp_path):
 def test_export_takes_the_newest_intact_checkpoint(tiny_gin, tmp_path):
     """`scalerl export RUN_DIR` skips a damaged newest checkpoint (named in a warning) and exports
     the newest intact one; it read the damaged one before."""
-    from experiments.export import resolve_checkpoint
+    from components.trainer.export import resolve_checkpoint
 
     _, _, ckpts = _two_checkpoints(tiny_gin, tmp_path)
     _truncate(ckpts / "step_00000004" / "trainer.pt")

@@ -223,6 +223,7 @@ def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monk
     """Gloo advertises the address the node's own name resolves to: 127.0.1.1 (Debian's /etc/hosts)
     would leave the other nodes' ranks waiting minutes for a connection; the error says what to set."""
     import components.trainer.weight_sync as W
+    from components.trainer.weight_sync_backends import _join_gloo
     from components.trainer.worker import init_learner_group
 
     resolved = {"addr": "127.0.1.1"}
@@ -247,4 +248,4 @@ def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monk
         init_learner_group(1, 2, R.Endpoints("node0", 29400), "cpu", timeout_s=1.0)
     group = W.WeightGroup(master_addr="node0", master_port=29401, num_generators=1)
     with pytest.raises(W.WeightSyncError, match=r"weight group rank 1 \(gloo\): this node's name 'node1'"):
-        W._join_gloo(group, 1)
+        _join_gloo(group, 1)

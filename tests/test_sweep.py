@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from experiments import launch as L
+from experiments import run_state, slurm, submission
 from experiments import status as S
 
 HERE = Path(__file__).resolve().parent
@@ -255,7 +256,7 @@ def test_cli_reports_validation_errors_and_submits_nothing(tmp_path, capsys):
 
 
 def test_unknown_partition_is_an_error(monkeypatch):
-    monkeypatch.setattr(L, "slurm_partitions", lambda: ["debug", "gpu"])
+    monkeypatch.setattr(slurm, "slurm_partitions", lambda: ["debug", "gpu"])
     with pytest.raises(L.SweepError, match=r"unknown Slurm partition 'gpus'.*debug, gpu.*Did you mean 'gpu'"):
         L.check_partition("gpus")
     L.check_partition("gpu")
@@ -313,7 +314,7 @@ def test_plan_skips_done_resumes_checkpointed_and_retries_failed_only_when_asked
     _mkrun(tmp_path, "p", "c-s0", "failed")
     _mkrun(tmp_path, "p", "d-s0", "running", slurm={"executor": "slurm", "job_id": "77_3"})
     _mkrun(tmp_path, "p", "e-s0", "running", slurm={"executor": "slurm", "job_id": "77_4"})
-    monkeypatch.setattr(L, "slurm_job_states", lambda ids: {"77_3": "RUNNING"} if "77_3" in ids else {})
+    monkeypatch.setattr(run_state, "slurm_job_states", lambda ids: {"77_3": "RUNNING"} if "77_3" in ids else {})
     actions = {p.run.name: p.action for p in L.plan(runs, tmp_path)}
     assert actions == {"a-s0": "skip-done", "b-s0": "resume", "c-s0": "skip-failed", "d-s0": "skip-active",
                        "e-s0": "submit", "f-s0": "submit"}
@@ -485,7 +486,7 @@ def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
 
 def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
     node_cpus = {"gpu": 64}
-    monkeypatch.setattr(L, "partition_node_cpus", lambda partition: node_cpus.get(partition))
+    monkeypatch.setattr(submission, "partition_node_cpus", lambda partition: node_cpus.get(partition))
     res = L.RunResources(learner_ranks=2, num_generators=1)
     one_task = L.job_parameters(L.LaunchOptions(executor="slurm"), res)
     assert one_task == {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 3, "gpus_per_node": 0}
@@ -519,13 +520,13 @@ def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
 
 
 def test_local_executor_runs_as_many_runs_at_once_as_the_machine_has_cores_for(monkeypatch):
-    monkeypatch.setattr(L, "_usable_cores", lambda: 2)
+    monkeypatch.setattr(submission, "_usable_cores", lambda: 2)
     two_procs = [L.RunResources(1, 1)] * 3
     assert L.local_parallelism(L.LaunchOptions(executor="local"), two_procs) == 1
     assert L.local_parallelism(L.LaunchOptions(executor="local", cpus=1), two_procs) == 2
-    monkeypatch.setattr(L, "_usable_cores", lambda: 16)
+    monkeypatch.setattr(submission, "_usable_cores", lambda: 16)
     assert L.local_parallelism(L.LaunchOptions(executor="local", array_parallelism=3), two_procs) == 3
-    monkeypatch.setattr(L, "_visible_gpus", lambda: 4)
+    monkeypatch.setattr(submission, "_visible_gpus", lambda: 4)
     gpu_runs = [L.RunResources(1, 1, on_gpu=True)] * 3  # 2 GPUs each
     assert L.local_parallelism(L.LaunchOptions(executor="local"), gpu_runs) == 2
 

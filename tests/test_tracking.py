@@ -240,7 +240,9 @@ def test_check_trackers_and_config_validation(monkeypatch):
     assert check_trackers(["tensorboard", "mlflow", "tensorboard"]) == ("tensorboard", "mlflow")
     with pytest.raises(ValueError) as err:
         check_trackers(["wandb", "neptune"])
-    assert "'neptune'" in str(err.value) and "wandb, tensorboard, mlflow" in str(err.value)
+    # the registry's error: the name, every registered tracker, the closest
+    assert "Unknown tracker 'neptune'" in str(err.value) and "mlflow, tensorboard, wandb" in str(err.value)
+    assert "Did you mean" in str(err.value)
 
     import importlib.util
 
@@ -252,7 +254,7 @@ def test_check_trackers_and_config_validation(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", real)
 
     cfg = TrainConfig(model_path="/x", trackers=("tensorboard", "comet"))
-    with pytest.raises(ConfigError, match="unknown tracker 'comet'.*valid trackers: wandb, tensorboard, mlflow"):
+    with pytest.raises(ConfigError, match="Unknown tracker 'comet'.*tracker names: mlflow, tensorboard, wandb.*Did you mean"):
         validate(cfg)
     with pytest.raises(ConfigError, match="samples_every"):
         validate(TrainConfig(model_path="/x", samples_every=-1))

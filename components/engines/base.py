@@ -189,6 +189,17 @@ class Engine(ABC):
     #: policy version of the weights currently loaded
     version: int = 0
 
+    #: how `scalerl plan` estimates one generator's memory: "paged" (a KV cache inside a reserved
+    #: fraction of the GPU, tensor parallel: vLLM's), "dense" (the torch engine's own cache), or
+    #: None (the plan cannot estimate this engine)
+    memory_model: Optional[str] = None
+
+    @classmethod
+    def gpus_per_instance(cls, knobs: Mapping[str, Any]) -> int:
+        """GPUs one engine (one generator) spans, given its constructor's keyword values
+        (defaults and gin bindings: ``ENGINES.bound_values(name)``)."""
+        return 1
+
     @abstractmethod
     def add_requests(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> None:
         """Queue requests; they start at the engine's next opportunity."""

@@ -159,6 +159,8 @@ class TorchEngine(Engine):
             `model_path` (the engine applies the precision policy to the model in place).
     """
 
+    memory_model = "dense"
+
     def __init__(
         self,
         model_path: str,

@@ -299,6 +299,16 @@ class VllmEngine(Engine):
         llm_kwargs: any other vllm.LLM argument (not model, dtype, seed or logprobs_mode).
     """
 
+    memory_model = "paged"
+
+    @classmethod
+    def gpus_per_instance(cls, knobs) -> int:
+        """vLLM's tensor_parallel_size (gin: vllm.tensor_parallel_size), at least 1."""
+        try:
+            return max(int(knobs.get("tensor_parallel_size") or 1), 1)
+        except (TypeError, ValueError):
+            return 1
+
     def __init__(
         self,
         model_path: str,
@@ -524,14 +534,14 @@ class VllmEngine(Engine):
         """Hand the weight group to vLLM's weight-transfer API (once): vLLM's worker joins the group.
 
         gloo (CPU) and ipc (one node): this repo's engine registered in vLLM's WeightTransferEngineFactory
-        (`weight_sync.VLLM_GLOO_BACKEND`); nccl (GPU): vLLM's own NCCL engine. An engine built with
+        (`weight_sync_vllm.VLLM_GLOO_BACKEND`); nccl (GPU): vLLM's own NCCL engine. An engine built with
         `weight_transfer_config=` (llm_kwargs) keeps it when the backend agrees.
         """
         if getattr(self, "_weight_receiver", None) is receiver:
             return
         if getattr(self, "_weight_receiver", None) is not None:
             raise RuntimeError("vllm engine: already connected to another weight group")
-        from components.trainer.weight_sync import VLLM_GLOO_BACKEND
+        from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND
 
         backend = "nccl" if receiver.group.backend == "nccl" else VLLM_GLOO_BACKEND  # gloo and ipc: this repo's engine
         workers = self.llm.llm_engine.vllm_config.parallel_config.world_size
@@ -575,7 +585,7 @@ def _attach_weight_transfer(worker, backend: str) -> str:
         if have != backend:
             raise RuntimeError(f"vllm engine: built with weight transfer backend {have!r}, the weight group needs {backend!r}")
         return "configured"
-    from components.trainer.weight_sync import VLLM_GLOO_BACKEND, register_vllm_gloo_engine
+    from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND, register_vllm_gloo_engine
 
     if backend == VLLM_GLOO_BACKEND:
         register_vllm_gloo_engine()

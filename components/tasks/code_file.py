@@ -218,11 +218,6 @@ def _join(x: Any) -> str:
     return "\n".join(map(str, x)) if isinstance(x, list) else str(x)
 
 
-def outputs_match(got: str, expected: str) -> bool:
-    """Line-by-line equality ignoring trailing whitespace and trailing blank lines."""
-    return _grade_harness.normalize_output(got) == _grade_harness.normalize_output(expected)
-
-
 class CodeFileTask(SplitTask):
     """Programming problems with unit tests from a local JSONL file, graded in a sandbox.
 

@@ -16,7 +16,6 @@ by grading at most the last `max_answer_chars` characters of the answer part.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -24,27 +23,10 @@ from typing import Any, Optional
 from components.registry import TASKS
 from components.tasks.base import Problem, Verdict
 from components.tasks.common import SplitTask, resolve_eval_size, seeded_split, strip_special_tokens, strip_thinking
+from components.tasks.math_answers import math_equal, parse_gold, plain_answer
 
 DEFAULT_PROMPT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
-
-
-class _DropTimeoutWarning(logging.Filter):
-    """math-verify warns on every call made without a timeout; we bound the time ourselves."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Timeout is disabled" not in record.getMessage()
-
-
-_filter_installed = False
-
-
-def _install_log_filter() -> None:
-    global _filter_installed
-    if not _filter_installed:
-        for name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
-            logging.getLogger(name).addFilter(_DropTimeoutWarning())
-        _filter_installed = True
 
 
 def read_table(path: str | Path):
@@ -105,39 +87,6 @@ def _text(x: Any) -> str:
     except Exception:
         pass
     return str(x).strip()
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def parse_math(text: str, main_thread: Optional[bool] = None):
-    """math-verify's parse, with its alarm-based timeout only where that works."""
-    from math_verify import parse
-
-    _install_log_filter()
-    main = _in_main_thread() if main_thread is None else main_thread
-    return parse(text) if main else parse(text, parsing_timeout=None)
-
-
-def parse_gold(answer: str):
-    """Parse a gold answer written as bare LaTeX or plain text ("\\frac{3}{4}", "12")."""
-    for candidate in (f"${answer}$", f"\\boxed{{{answer}}}", answer):
-        parsed = parse_math(candidate)
-        if parsed:
-            return parsed
-    return []
-
-
-def math_equal(gold_parsed, answer_text: str) -> bool:
-    from math_verify import verify
-
-    pred = parse_math(answer_text)
-    if not pred:
-        return False
-    if _in_main_thread():
-        return bool(verify(gold_parsed, pred))
-    return bool(verify(gold_parsed, pred, timeout_seconds=None))
 
 
 class MathFileTask(SplitTask):
@@ -246,25 +195,10 @@ class MathFileTask(SplitTask):
             gold = self._gold_parsed(problem)
             if not gold:
                 # Gold that math-verify cannot parse (free text): exact match of the boxed / last line.
-                return self.verdict(_plain_answer(final) == str(problem.answer).strip())
+                return self.verdict(plain_answer(final) == str(problem.answer).strip())
             return self.verdict(math_equal(gold, final))
         except Exception as err:  # includes math-verify's TimeoutException
             return self.verdict(False, error=f"{type(err).__name__}: {err}")
-
-
-def _plain_answer(text: str) -> str:
-    idx = text.rfind("\\boxed{")
-    if idx >= 0:
-        depth, start = 0, idx + len("\\boxed{")
-        for j in range(start, len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                if depth == 0:
-                    return text[start:j].strip()
-                depth -= 1
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
 
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a

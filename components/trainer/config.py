@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
+from components.quiet import quiet_gin
+from components.registry import ENGINES, WEIGHT_SYNC_BACKENDS, UnknownComponentError, load_builtin_components
+
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
-           "check_train_values", "check_components"]
+           "check_train_values", "check_components", "parse_gin_files", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
 
@@ -57,7 +63,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile each decoder block and the log-prob head's per-chunk math (learner only)
     compile_backend: str = "inductor"  # the torch.compile backend of train.compile ("aot_eager": no code generation)
     logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
-    attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; "auto": torch_varlen where it runs, else sdpa; forward.ATTN_IMPLEMENTATIONS)
+    attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; "auto": torch_varlen where it runs, else sdpa; attention.ATTN_IMPLEMENTATIONS)
     # -- optimizer ----------------------------------------------------------------------
     lr: float = 5e-7
     warmup_steps: int = 100
@@ -137,8 +143,6 @@ def model_config(
     configurable. `build_if_missing` is the deprecated name of `new_model`, kept so saved
     configs still parse (it warns). Returns the absolute path.
     """
-    from pathlib import Path
-
     from components.models import ensure_new_model
 
     p = Path(str(path)).expanduser().absolute()
@@ -498,8 +502,11 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.compile_backend not in backends:
             raise ConfigError(f"train.compile_backend = {cfg.compile_backend!r} is not a torch.compile backend; "
                               f"valid: {backends}")
-    if cfg.weight_sync_backend not in ("auto", "gloo", "nccl", "ipc"):
-        raise ConfigError(f"train.weight_sync_backend must be one of auto, gloo, nccl, ipc; got {cfg.weight_sync_backend!r}")
+    if cfg.weight_sync_backend != "auto":  # "auto" picks a registered backend at start
+        try:
+            WEIGHT_SYNC_BACKENDS.get(cfg.weight_sync_backend)
+        except UnknownComponentError as err:
+            raise ConfigError(f"train.weight_sync_backend: {err} (or 'auto')") from None
     if len(cfg.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.adam_betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {cfg.adam_betas!r}")
     if cfg.device not in ("auto", "cpu", "cuda", "cuda:0"):
@@ -520,3 +527,43 @@ def validate(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_components(cfg)
+
+
+_GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path
+
+
+def parse_gin_files(config_files: Sequence[str], bindings: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Import paths + built-in components, then parse the gin files and bindings (as `scalerl train`,
+    `scalerl plan` and a sweep read a run's config). Returns (absolute config files, sys_path)."""
+    files = []
+    for f in config_files:
+        p = Path(f).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"gin config file {str(f)!r} does not exist")
+        files.append(str(p.resolve()))
+    sys_path = []
+    for d in [str(Path(f).parent) for f in files] + [os.getcwd()]:
+        if d not in sys_path:
+            sys_path.append(d)
+    for d in reversed(sys_path):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    failures = load_builtin_components()
+    for mod, err in failures.items():
+        log.debug("built-in component module %s not loaded: %s", mod, err)
+    quiet_gin()
+    gin.clear_config()
+    for d in sys_path:  # `include 'base.gin'` resolves next to the including file
+        if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs
+            gin.add_config_file_search_path(d)
+            _GIN_SEARCH_PATHS.add(d)
+    gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False, skip_unknown=False)
+    return files, sys_path
+
+
+def engine_gpus(cfg) -> int:
+    """GPUs one generator's engine uses, as its registered class says (`Engine.gpus_per_instance`
+    with its defaults and gin bindings: vLLM's tensor_parallel_size; 1 for the torch engine)."""
+    engine_cls = ENGINES.original(cfg.engine)  # an unknown name: the registry's error
+    gpus = getattr(engine_cls, "gpus_per_instance", None)
+    return max(int(gpus(ENGINES.bound_values(cfg.engine))), 1) if gpus is not None else 1

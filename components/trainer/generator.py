@@ -1,14 +1,13 @@
 """Generator process: owns one engine and the task's verifier; talks to learner rank 0 (the hub).
 
-Messages (components/trainer/transport.py, ZeroMQ; in order per direction):
-- hub -> generator: ("work", WorkOrder), ("weights", WeightUpdate), ("drain",), ("eval", EvalOrder),
-  ("downstream", step), ("stop",)
-- generator -> hub: ("ready", index, info), ("rollout", Rollout, proc_stats),
-  ("drained", index, proc_stats, groups), ("eval_done", index, record, proc_stats),
-  ("downstream_done", index, records, proc_stats), ("config", index, operative config),
-  ("error", index, traceback)
+Messages (the dataclasses of messages.py, on components/trainer/transport.py, ZeroMQ; in order
+per direction):
+- hub -> generator: Work(WorkOrder), PushWeights(WeightUpdate), Drain(), Evaluate(EvalOrder),
+  RunDownstream(step), Stop()
+- generator -> hub: Ready, GroupDone(Rollout, proc), Drained(groups), EvalDone(record),
+  DownstreamDone(records), OperativeConfig(operative config), Failed(traceback)
 
-Weights do not travel on the transport: a ("weights", update) announcement makes the
+Weights do not travel on the transport: a PushWeights(update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
 decode steps. The run's off-policy scheme decides what happens to the sequences in flight
 (`takes_weights_mid_sequence`): they keep their KV cache and continue under the new weights,
@@ -21,7 +20,7 @@ marks that sample failed and is counted), so a slow verifier never delays a weig
 An evaluation (EvalOrder) runs on this generator's engine at the weights it holds (the hub
 pushes the version to evaluate first and sends no new weights until every generator answered):
 its requests join the engine's batch under their own group ids. Before it, the hub has every
-generator drain its in-flight training sequences on the training clock ("drain"), so the
+generator drain its in-flight training sequences on the training clock (`Drain`), so the
 evaluation's time, which is not billed as training, holds no training decoding.
 """
 
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.offpolicy import make_scheme
+from components.trainer import messages as M
 
 __all__ = [
     "WorkerSetup",
@@ -309,13 +309,13 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
         signal.signal(sig, signal.SIG_IGN)
     from components.trainer.accounting import proc_stats
     from components.trainer.transport import Aborted, HubLost, Peer, TransportError
-    from components.trainer.worker import exit_code_of
+    from components.trainer.exits import exit_code_of
 
     cfg = setup.cfg
     name = f"generator-{index}"
 
     def lost(error) -> None:  # the heartbeat thread: the hub is gone while we may be stuck in a collective
-        from components.trainer.worker import exit_process, record_hub_lost
+        from components.trainer.exits import exit_process, record_hub_lost
 
         print(f"[{name}] {error}; exiting", file=sys.stderr, flush=True)
         first = index == 0 and layout.learner_ranks == 1
@@ -337,7 +337,7 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
         try:
             tb = traceback.format_exc()
             print(f"[{name}] failed:\n{tb}", file=sys.stderr, flush=True)
-            peer.send(("error", index, tb), timeout_s=10.0)
+            peer.send(M.Failed(index, tb), timeout_s=10.0)
             time.sleep(1.0)  # let the message leave; no goodbye: the hub must see a failure, not a clean leave
         finally:
             os._exit(1)
@@ -350,7 +350,7 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     from components.engines.base import SamplingParams
     from components.models import load_tokenizer
     from components.tasks import make_task
-    from components.trainer.loop import weight_group_of
+    from components.trainer.weight_group import weight_group_of
     from components.trainer.weight_sync import WeightReceiver
 
     cfg = setup.cfg
@@ -383,14 +383,14 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
         busy[0] = 0.0
 
     def send(rollout) -> None:
-        peer.send(("rollout", rollout, proc_stats()))
+        peer.send(M.GroupDone(rollout, proc_stats()))
         outstanding[0] -= 1
 
     import gin
 
     # the bindings this process read (the engine's are read nowhere else): learner-0 merges them into config.gin
-    peer.send(("ready", index, {"pid": os.getpid(), "device": setup.device, "proc": proc_stats(),
-                                "operative_config": gin.operative_config_str()}))
+    peer.send(M.Ready(index, pid=os.getpid(), proc=proc_stats(), device=setup.device,
+                      operative_config=gin.operative_config_str()))
     while True:
         if scorer.error is not None:
             raise RuntimeError(f"scoring failed:\n{scorer.error}")
@@ -411,25 +411,24 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
         else:
             msg = peer.recv(timeout_s=0.5 if idle else 0.0)
         while msg is not None:
-            kind = msg[0]
-            if kind == "stop":
+            if isinstance(msg, M.Stop):
                 scorer.inbox.put(None)
                 engine.close()
                 receiver.close()
                 return
-            if kind == "weights":
+            if isinstance(msg, M.PushWeights):
                 if not weights_mid_sequence:  # the scheme's choice: finish the sequences in flight first
                     drain_training(engine, to_scorer, busy)
                 t0 = time.perf_counter()
-                engine.receive_weights(receiver, msg[1])
+                engine.receive_weights(receiver, msg.update)
                 busy[0] += time.perf_counter() - t0
-            elif kind == "work":
-                work = msg[1]
+            elif isinstance(msg, M.Work):
+                work = msg.order
                 for order_id, problem in work.orders:
                     problems[int(order_id)] = problem
                 requests = build_requests(work, tokenizer, length_control, cfg)
                 engine.add_requests(requests, dataclasses.replace(base_params, seed=int(work.seed)))
-            elif kind == "drain":  # an evaluation comes next: finish the training sequences in flight first
+            elif isinstance(msg, M.Drain):  # an evaluation comes next: finish the training sequences in flight first
                 groups = drain_training(engine, to_scorer, busy)
                 while outstanding[0] > 0:  # ... scored and sent too: no verifier runs on the evaluation's time
                     if scorer.error is not None:
@@ -438,25 +437,25 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
                         send(scorer.outbox.get(timeout=0.05))
                     except queue.Empty:
                         pass
-                peer.send(("drained", index, proc_stats(), groups))
-            elif kind == "eval":
-                record = _run_eval(msg[1], engine, task, tokenizer, length_control, cfg, to_scorer)
-                peer.send(("eval_done", index, record, proc_stats()))
-            elif kind == "downstream":  # every benchmark, at the weights this generator holds
+                peer.send(M.Drained(index, proc_stats(), groups))
+            elif isinstance(msg, M.Evaluate):
+                record = _run_eval(msg.order, engine, task, tokenizer, length_control, cfg, to_scorer)
+                peer.send(M.EvalDone(index, record, proc_stats()))
+            elif isinstance(msg, M.RunDownstream):  # every benchmark, at the weights this generator holds
                 from components.trainer.evaluation import evaluate_downstream
 
                 if benchmarks is None:
                     from components.benchmarks import load_benchmarks
 
                     benchmarks = load_benchmarks(cfg.downstream_benchmarks)
-                records = evaluate_downstream(_EvalView(engine, to_scorer), benchmarks, tokenizer, cfg, step=int(msg[1]),
+                records = evaluate_downstream(_EvalView(engine, to_scorer), benchmarks, tokenizer, cfg, step=int(msg.step),
                                               length_control=length_control)
                 # the benchmarks' bindings were first read just now: learner-0's config.gin gets them too
                 # (sent first: the hub has it once it has the results it waits for)
-                peer.send(("config", index, gin.operative_config_str()))
-                peer.send(("downstream_done", index, records, proc_stats()))
+                peer.send(M.OperativeConfig(index, gin.operative_config_str()))
+                peer.send(M.DownstreamDone(index, records, proc_stats()))
             else:
-                raise RuntimeError(f"generator-{index}: unknown message {kind!r}")
+                raise RuntimeError(f"generator-{index}: unknown message {type(msg).__name__}")
             msg = peer.recv(timeout_s=0.0)
         if engine.has_unfinished():
             step_engine(engine, to_scorer, busy)

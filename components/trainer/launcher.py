@@ -38,13 +38,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from components.trainer.exits import EXIT_HUB_LOST
 from components.trainer.roles import GPUS_SHARED_ENV, Endpoints, Layout, assign_gpus, free_port_base, gpus_shared
 
 __all__ = ["launch_local", "child_env", "AFTER_HUB_S", "HUB_LOST_S", "POLL_S"]
 
 REPO = Path(__file__).resolve().parents[2]
 POLL_S = 0.2  # how often the supervisor looks at its children
-AFTER_HUB_S = 15.0  # learner-0 ended: the others got ("stop",) or an abort; SIGKILL after this long
+AFTER_HUB_S = 15.0  # learner-0 ended: the others got Stop() or an abort; SIGKILL after this long
 HUB_LOST_S = 5.0  # a peer found learner-0 silent for heartbeat_timeout_s: SIGKILL learner-0 after this long
 KILL_WAIT_S = 10.0  # after SIGKILL: how long to wait for the kernel to reap everything
 
@@ -133,8 +134,6 @@ def describe_exit(code: int) -> str:
 
 def _supervise(procs: list, layout: Layout, run_dir: Path, grace: float) -> int:
     """Wait for the run's processes; enforce the deadlines of the module docstring. Returns learner-0's code."""
-    from components.trainer.worker import EXIT_HUB_LOST
-
     names = [f"{layout.role(r).name} (pid {p.pid})" for r, p in enumerate(procs)]
     deadline, reason = math.inf, ""  # events so far: when everything left is SIGKILLed, and the failure it records
     noted: set = set()  # events already taken into account (ranks that exited, "peers")

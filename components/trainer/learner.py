@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
-from components.losses import loss_diagnostics
+from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
 from components.precision import get_precision, untie_lm_head
 from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, LOSSES
+from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
+                                       sequence_logprobs_packed)
 from components.trainer.rollout import Batch, Rollout, collate
 
 __all__ = [
@@ -252,21 +254,8 @@ def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list
     if budget is None:
         n = max(int(cfg.micro_batch_size), 1)
         return [rows[i : i + n] for i in range(0, len(rows), n)]
-    try:
-        from components.trainer.forward import plan_micro_batches
-    except ImportError:  # pragma: no cover - until the packing module exists
-        plan_micro_batches = None
-    if plan_micro_batches is not None:
-        groups = plan_micro_batches([int(lengths[r]) for r in rows], int(budget))
-        return [[rows[i] for i in g] for g in groups]
-    out, cur, used = [], [], 0
-    for r in rows:
-        if cur and used + int(lengths[r]) > budget:
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(r)
-        used += int(lengths[r])
-    return out + ([cur] if cur else [])
+    groups = plan_micro_batches([int(lengths[r]) for r in rows], int(budget))
+    return [[rows[i] for i in g] for g in groups]
 
 
 def sharded_grad_norm(grads: Sequence[torch.Tensor], ranks: int) -> torch.Tensor:
@@ -379,7 +368,7 @@ class Learner:
                 "between. Use train.compile = False, train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)"
             )
         if cfg.activation_checkpointing:
-            _enable_activation_checkpointing(model)
+            enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
         if self.ranks > 1:
             full = model.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
@@ -418,8 +407,6 @@ class Learner:
         """logp [b, T] (grad) and entropy [b, T] of a micro-batch's completion tokens."""
         cfg = self.cfg
         batch = mb.batch.to(self.device)
-        from components.trainer.forward import pack_batch, sequence_logprobs_packed
-
         rows = pack_batch(batch) if cfg.max_tokens_per_micro_batch is not None else batch
         with self.compute_context():
             return sequence_logprobs_packed(
@@ -572,15 +559,6 @@ class Learner:
         self.version = int(state["version"])
 
 
-def _enable_activation_checkpointing(model) -> None:
-    try:
-        from components.trainer.forward import enable_activation_checkpointing
-    except ImportError:  # pragma: no cover - until the forward module exists
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return
-    enable_activation_checkpointing(model)
-
-
 # ---------------------------------------------------------------------------------------
 # statistics (learner rank 0)
 def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_train: float) -> dict:
@@ -624,6 +602,8 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
         version=version,
         time_train=time_train,
     )
+    # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
+    stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
     return stats
 
 

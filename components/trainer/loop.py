@@ -1,11 +1,13 @@
 """The hub: learner rank 0 runs the training loop and drives every other process of the run.
 
-    learner-0 (this) ──("work", prompts)────────────► generator-i: engine + verifier
-                     ──("weights", update) + broadcast ► (weight group: learner-0 + generators)
-                     ──("eval", prompts, version)────►
-                     ◄──("rollout", group) ────────────┘
-                     ──("step", its micro-batches)──► learner-k (k >= 1): FSDP2 forward/backward
-                     ◄──("step_done", partial stats)──┘   (collectives among the learner ranks)
+    learner-0 (this) ──Work(prompts)────────────────► generator-i: engine + verifier
+                     ──PushWeights(update) + broadcast ► (weight group: learner-0 + generators)
+                     ──Evaluate(prompts, version)─────►
+                     ◄──GroupDone(group) ──────────────┘
+                     ──TrainStep(its micro-batches)──► learner-k (k >= 1): FSDP2 forward/backward
+                     ◄──StepDone(partial stats)───────┘   (collectives among the learner ranks)
+
+(messages: the dataclasses of messages.py)
 
 Learner rank 0 owns the curriculum (it orders prompts and sees every group's rewards, so the
 pass-rate history lives in one place and is checkpointed), plans each step on the WHOLE
@@ -39,12 +41,15 @@ from components.curricula import build_curriculum
 from components.offpolicy import LoopState, derive_seed, make_scheme
 from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
+from components.trainer.export import write_final_policy
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
+from components.trainer import messages as M
 from components.trainer.learner import Learner, finish_stats, plan_step
 from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
                                       resume_log, write_text_atomic)
+from components.trainer.weight_group import weight_group_of
 
 log = logging.getLogger(__name__)
 
@@ -94,61 +99,6 @@ def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
     return out
 
 
-def weight_sync_backend(choice: str, device: str, gpus_shared: Optional[bool] = None, workers_per_generator: int = 1) -> str:
-    """`train.weight_sync_backend` resolved (the same on every member of the group): "auto" is
-    nccl on GPU when vLLM (whose weight-transfer engine the nccl path uses) is installed and no
-    two processes share a GPU, else gloo. `gpus_shared` (default: SCALERL_GPUS_SHARED, set where
-    the GPUs were bound, `roles.gpus_shared`): NCCL refuses two ranks on one GPU, so "nccl"
-    there is refused with the choices that work. "ipc" on GPU needs every receiver on the
-    learner's GPU, so it is refused for tensor-parallel generators (`workers_per_generator` > 1:
-    each worker has its own GPU)."""
-    from components.trainer.roles import GPUS_SHARED_ENV, step_nodes
-
-    on_gpu = str(device).startswith("cuda")
-    if gpus_shared is None:
-        gpus_shared = os.environ.get(GPUS_SHARED_ENV) == "1"
-    tensor_parallel = int(workers_per_generator) > 1
-    ipc_hint = "" if tensor_parallel else "'ipc' (CUDA IPC, one node), "  # ipc needs every receiver on the learner's GPU
-    if choice == "nccl" and on_gpu and gpus_shared:
-        raise ValueError("train.weight_sync_backend = 'nccl' but this run's processes share GPUs (NCCL refuses two ranks "
-                         f"on one GPU); use {ipc_hint}'gloo' or 'auto'")
-    nodes = step_nodes()
-    if choice == "ipc" and nodes > 1:
-        raise ValueError(f"train.weight_sync_backend = 'ipc' hands the generators handles to learner-0's memory, which "
-                         f"exist on its node only, but this run spans {nodes} nodes; use 'auto', 'nccl' or 'gloo'")
-    if choice == "ipc" and on_gpu and tensor_parallel:
-        raise ValueError(f"train.weight_sync_backend = 'ipc' shares the learner's GPU buffers, but each generator's "
-                         f"{int(workers_per_generator)} tensor-parallel workers (vllm.tensor_parallel_size) sit on GPUs of their "
-                         f"own; use 'nccl', 'gloo' or 'auto'")
-    if choice != "auto":
-        return choice
-    if not on_gpu:
-        return "gloo"
-    if gpus_shared:
-        log.warning("the run's processes share GPUs: weights go to the generators over gloo, staged through host memory%s",
-                    " (train.weight_sync_backend = 'ipc' passes CUDA IPC handles instead)" if ipc_hint else "")
-        return "gloo"
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        log.warning("vLLM is not installed: weights go to the generators over gloo, staged through host memory")
-        return "gloo"
-    return "nccl"
-
-
-def weight_group_of(cfg, endpoints, layout, device: str):
-    """The run's weight group (learner-0 + every generator's receiving workers: vLLM's tensor-parallel
-    workers each join it); every member builds the same one."""
-    from components.trainer.weight_sync import WeightGroup
-
-    host = endpoints.host if endpoints.host not in ("", "0.0.0.0") else "127.0.0.1"
-    return WeightGroup(master_addr=host, master_port=endpoints.weight_port, num_generators=layout.num_generators,
-                       backend=weight_sync_backend(cfg.weight_sync_backend, device,
-                                                   workers_per_generator=layout.gpus_per_generator),
-                       timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb,
-                       workers_per_generator=layout.gpus_per_generator)
-
-
 def _count_by_generator(rollouts: list) -> dict:
     counts: dict = {}
     for r in rollouts:
@@ -196,7 +146,7 @@ class Trainer:
     def _build(self) -> None:
         from components.models import load_tokenizer
         from components.tasks import make_task
-        from components.trainer.forward import learner_attn_implementation
+        from components.trainer.attention import learner_attn_implementation
         from components.models import load_causal_lm
 
         cfg = self.cfg
@@ -289,36 +239,33 @@ class Trainer:
         if got is None:
             return
         peer, msg = got
-        kind = msg[0]
-        if kind == "rollout":
-            rollout, stats = msg[1], msg[2]
-            self.procs[peer] = stats
-            self.rollouts.append(rollout)
-        elif kind == "step_done":
-            self.procs[peer] = msg[3]
-            self.step_parts[int(msg[1])] = msg[2]
-        elif kind == "drained":
-            self.procs[peer] = msg[2]
+        if isinstance(msg, M.GroupDone):
+            self.procs[peer] = msg.proc
+            self.rollouts.append(msg.rollout)
+        elif isinstance(msg, M.StepDone):
+            self.procs[peer] = msg.proc
+            self.step_parts[int(msg.index)] = msg.part
+        elif isinstance(msg, M.Drained):
+            self.procs[peer] = msg.proc
             self.drained.add(peer)
-            self.drain_groups += int(msg[3]) if len(msg) > 3 else 0
-        elif kind == "config":  # a generator's operative config after it read more bindings
-            self.peer_configs[peer] = msg[2]
-        elif kind == "eval_done":
-            self.procs[peer] = msg[3]
-            self.eval_done[int(msg[1])] = msg[2]
-        elif kind == "downstream_done":
-            self.procs[peer] = msg[3]
-            self.downstream_done = msg[2]
-        elif kind == "ready":  # its CPU time so far is start-up: the baseline of its accounting
+            self.drain_groups += int(msg.groups)
+        elif isinstance(msg, M.OperativeConfig):  # a generator's operative config after it read more bindings
+            self.peer_configs[peer] = msg.operative_config
+        elif isinstance(msg, M.EvalDone):
+            self.procs[peer] = msg.proc
+            self.eval_done[int(msg.index)] = msg.record
+        elif isinstance(msg, M.DownstreamDone):
+            self.procs[peer] = msg.proc
+            self.downstream_done = msg.records
+        elif isinstance(msg, M.Ready):  # its CPU time so far is start-up: the baseline of its accounting
             self.ready.add(peer)
-            if isinstance(msg[2], dict) and "proc" in msg[2]:
-                self.procs[peer] = msg[2]["proc"]
-            if isinstance(msg[2], dict) and msg[2].get("operative_config"):
-                self.peer_configs[peer] = msg[2]["operative_config"]
-        elif kind == "error":
-            raise GeneratorError(f"{peer} failed:\n{msg[2]}")
+            self.procs[peer] = msg.proc
+            if msg.operative_config:
+                self.peer_configs[peer] = msg.operative_config
+        elif isinstance(msg, M.Failed):
+            raise GeneratorError(f"{peer} failed:\n{msg.traceback}")
         else:
-            raise GeneratorError(f"unexpected message {kind!r} from {peer}")
+            raise GeneratorError(f"unexpected message {type(msg).__name__} from {peer}")
 
     def _receive(self) -> Rollout:
         """The next finished group from any generator; fails clearly if no rollout comes for queue_timeout_s."""
@@ -347,9 +294,9 @@ class Trainer:
             return  # the generators already hold these weights (e.g. pushed for an evaluation)
         t0 = time.perf_counter()
         update = WeightUpdate.plan(self.learner.version, self.weight_meta, self.cfg.weight_sync_bucket_mb)
-        self.hub.broadcast(("weights", update), peers=self.generators)
+        self.hub.broadcast(M.PushWeights(update), peers=self.generators)
         if self.followers:
-            self.hub.broadcast(("sync", update), peers=self.followers)
+            self.hub.broadcast(M.JoinWeightSync(update), peers=self.followers)
         push_weights(self.learner.model, self.cfg.precision, update, self.sender)
         self.pushed_version = self.learner.version
         self._since["time_sync"] += time.perf_counter() - t0
@@ -364,7 +311,7 @@ class Trainer:
         for g, name in enumerate(self.generators):
             chunk = [(oid, p) for j, (oid, p) in enumerate(zip(ids, problems)) if (start + j) % n == g]
             if chunk:
-                self.hub.send(name, ("work", WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
+                self.hub.send(name, M.Work(WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
         self.next_generator = (start + len(problems)) % n
         return ids
 
@@ -416,7 +363,7 @@ class Trainer:
         self.drained = set()
         self.drain_groups = 0
         for name in self.generators:
-            self.hub.send(name, ("drain",))
+            self.hub.send(name, M.Drain())
         progress = (len(self.rollouts), len(self.drained))
         deadline = time.monotonic() + self.cfg.queue_timeout_s  # since the last group or answer arrived
         while len(self.drained) < len(self.generators):
@@ -445,7 +392,7 @@ class Trainer:
                 order = EvalOrder(problems=share, version=self.learner.version, seed=seed if G == 1 else derive_seed(seed, g),
                                   k=cfg.eval_k, temperature=cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature,
                                   top_p=cfg.top_p, max_tokens=cfg.max_tokens, task_name=cfg.task if isinstance(cfg.task, str) else "mixture")
-                self.hub.send(name, ("eval", order))
+                self.hub.send(name, M.Evaluate(order))
                 asked.append(g)
         deadline = time.monotonic() + cfg.queue_timeout_s
         while len(self.eval_done) < len(asked):
@@ -479,7 +426,7 @@ class Trainer:
         self._pause_for_evaluation()
         t0 = time.time()
         self.downstream_done = None
-        self.hub.send(self.generators[0], ("downstream", self.step))
+        self.hub.send(self.generators[0], M.RunDownstream(self.step))
         deadline = time.monotonic() + cfg.queue_timeout_s
         while self.downstream_done is None:
             if time.monotonic() > deadline:
@@ -514,7 +461,7 @@ class Trainer:
             return self._finish_learn(plan, self.learner.train_as_ranks(plan.shards), t0)
         self.step_parts = {}
         for k, name in enumerate(self.followers, start=1):
-            self.hub.send(name, ("step", plan.shards[k]))
+            self.hub.send(name, M.TrainStep(plan.shards[k]))
         part0 = self.learner.train_shard(plan.shards[0])  # a collective with the followers when T > 1
         deadline = time.monotonic() + self.cfg.queue_timeout_s
         while len(self.step_parts) < len(self.followers):
@@ -618,7 +565,7 @@ class Trainer:
         # every log line so far on disk (fsync) before the checkpoint that counts on them is committed
         logs = {log_.path.name: log_.sync() for log_ in (self.metrics_log, self.eval_log)}
         if self.followers:
-            self.hub.broadcast(("checkpoint", self.step), peers=self.followers)
+            self.hub.broadcast(M.SaveCheckpoint(self.step), peers=self.followers)
         save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.learner.model, optimizer=self.learner.optimizer,
                         scheduler_state=self.learner.scheduler.state_dict(), trainer_state=self._trainer_state(),
                         rank_state=rng_state(), keep=self.cfg.keep_checkpoints, tokenizer=self.tokenizer, logs=logs)
@@ -636,7 +583,7 @@ class Trainer:
             resume_log(metrics_path, int(info["step"]), counted.get(metrics_path.name), every_step=True)
             resume_log(eval_path, int(info["step"]), counted.get(eval_path.name))
         if self.followers:
-            self.hub.broadcast(("load", None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
+            self.hub.broadcast(M.LoadCheckpoint(None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
         self.cpu_base_s = 0.0
         if ckpt_path is None:
             # nothing to resume from: any log lines belong to a run that never checkpointed
@@ -806,8 +753,6 @@ class Trainer:
                 self._train_loop()
             if self.last_checkpoint_step != self.step:
                 self._checkpoint()
-            from experiments.export import write_final_policy
-
             write_final_policy(self.run_dir)
             write_text_atomic(self.run_dir / "config.gin", self.operative_config())  # the run's operative config
             self._status = "done"
@@ -865,7 +810,7 @@ class Trainer:
             try:
                 for peer in self.generators + self.followers:
                     try:
-                        self.hub.send(peer, ("stop",), timeout_s=2.0)
+                        self.hub.send(peer, M.Stop(), timeout_s=2.0)
                     except Exception:  # noqa: BLE001 - a lost peer
                         pass
                 if self._failing.is_set():

@@ -24,12 +24,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["JsonlLog", "repair_jsonl", "resume_log", "LogLossError", "read_jsonl", "RunInfo", "write_json_atomic",
            "write_text_atomic", "merge_operative_configs",
-           "git_sha", "now_iso", "record_failure", "read_failure_fallback", "failure_fallback_paths", "failure_in_run_dir",
+           "git_sha", "now_iso", "record_failure", "record_exception", "read_failure_fallback", "failure_fallback_paths", "failure_in_run_dir",
            "EXIT_DONE", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_FAILURE_UNRECORDED"]
 
 log = logging.getLogger(__name__)
@@ -479,3 +480,11 @@ def record_failure(run_dir: Path, message: str, details: Optional[str] = None, *
     except Exception:  # noqa: BLE001 - stderr closed: nothing left to tell
         pass
     return False
+
+
+def record_exception(run_dir: Path, err: BaseException) -> bool:
+    """`record_failure` of an exception: run.json failed with `err`, error.txt its traceback
+    (learner rank 0's end of a failed run). Never raises; False when the run directory could
+    not record it."""
+    return record_failure(Path(run_dir), f"{type(err).__name__}: {err}",
+                          "".join(traceback.format_exception(type(err), err, err.__traceback__)))

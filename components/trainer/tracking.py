@@ -38,12 +38,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from components.registry import TRACKERS, UnknownComponentError
 from components.trainer.runlog import JsonlLog, read_jsonl, repair_jsonl, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "VALID_TRACKERS",
+    "TRACKERS",
     "check_trackers",
     "flatten_record",
     "pick_samples",
@@ -52,8 +53,6 @@ __all__ = [
     "SAMPLE_COLUMNS",
 ]
 
-VALID_TRACKERS = ("wandb", "tensorboard", "mlflow")
-_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
 EXTRA = "scalerl-zoo[track]"
 SAMPLES_FILE = "samples.jsonl"
 SAMPLE_COLUMNS = (
@@ -66,7 +65,8 @@ SAMPLE_COLUMNS = (
 # pure helpers
 def check_trackers(trackers: Any) -> tuple[str, ...]:
     """Normalise ``train.trackers`` to a tuple of names; raise ValueError on a name that is not a
-    tracker (listing the valid ones) or whose package is not installed (naming the pip extra)."""
+    registered tracker (the registry's error: the valid ones, the closest) or whose package is not
+    installed (naming the pip extra)."""
     if trackers is None:
         return ()
     if isinstance(trackers, str):
@@ -74,17 +74,20 @@ def check_trackers(trackers: Any) -> tuple[str, ...]:
     try:
         names = [t for t in trackers]
     except TypeError:
-        raise ValueError(f"train.trackers must be a list of tracker names from {list(VALID_TRACKERS)}, got {trackers!r}") from None
+        raise ValueError(f"train.trackers must be a list of tracker names from {TRACKERS.names()}, got {trackers!r}") from None
     out: list[str] = []
     for name in names:
-        if name not in VALID_TRACKERS:
-            raise ValueError(f"unknown tracker {name!r} in train.trackers; valid trackers: {', '.join(VALID_TRACKERS)}")
+        try:
+            TRACKERS.get(name)
+        except UnknownComponentError as err:
+            raise ValueError(f"train.trackers: {err}") from None
         if name not in out:
             out.append(name)
-    missing = [n for n in out if importlib.util.find_spec(_PACKAGES[n]) is None]
+    packages = {n: TRACKERS.original(n).package for n in out}
+    missing = [n for n in out if packages[n] and importlib.util.find_spec(packages[n]) is None]
     if missing:
         raise ValueError(
-            f"train.trackers = {out}: the package(s) {', '.join(_PACKAGES[n] for n in missing)} are not installed; "
+            f"train.trackers = {out}: the package(s) {', '.join(packages[n] for n in missing)} are not installed; "
             f"install the trackers with: pip install '{EXTRA}'"
         )
     return tuple(out)
@@ -167,9 +170,18 @@ def _indent(text: str) -> str:  # a markdown code block (TensorBoard's text plug
 
 
 # ---------------------------------------------------------------------------------------------
-# backends: one small class per tracker, the same five methods
+# backends: one small class per tracker, the same five methods, registered in TRACKERS
 class _Backend:
+    """A tracker: built once per run (process of learner rank 0) by `RunTracker`.
+
+    Constructed as ``cls(run_dir, ident, stored, cfg, resume_step)``: the run directory, the run's
+    identity (name, sweep, run.json, a stable id), the ids this tracker stored in run.json at an
+    earlier attempt, the TrainConfig as a dict, the step a resumed run continues from. Sets
+    ``self.ids`` (kept in run.json under "trackers"). `package` is the import its backend needs.
+    """
+
     name = "?"
+    package = ""
 
     def log(self, scalars: dict[str, float], step: int, kind: str) -> None: ...
 
@@ -180,10 +192,13 @@ class _Backend:
     def finish(self, status: str) -> None: ...
 
 
+@TRACKERS.register("wandb", gin_configurable=False)
 class _WandbBackend(_Backend):
-    name = "wandb"
+    """Weights & Biases: one W&B run per run (group = sweep), resumed by id."""
 
-    def __init__(self, run_dir: Path, ident: dict, stored: dict, cfg: Optional[dict]):
+    name = package = "wandb"
+
+    def __init__(self, run_dir: Path, ident: dict, stored: dict, cfg: Optional[dict], resume_step: Optional[int]):
         import wandb
 
         self._wandb = wandb
@@ -224,10 +239,13 @@ class _WandbBackend(_Backend):
         self.run.finish(exit_code=0 if status == "done" else 1)
 
 
+@TRACKERS.register("tensorboard", gin_configurable=False)
 class _TensorBoardBackend(_Backend):
-    name = "tensorboard"
+    """TensorBoard event files under <sweep dir>/tensorboard/<run name>/."""
 
-    def __init__(self, run_dir: Path, resume_step: Optional[int]):
+    name = package = "tensorboard"
+
+    def __init__(self, run_dir: Path, ident: dict, stored: dict, cfg: Optional[dict], resume_step: Optional[int]):
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = tensorboard_dir(run_dir)
@@ -257,11 +275,14 @@ class _TensorBoardBackend(_Backend):
         self.writer.close()
 
 
+@TRACKERS.register("mlflow", gin_configurable=False)
 class _MlflowBackend(_Backend):
-    name = "mlflow"
+    """MLflow: one MLflow run per run (experiment = sweep), resumed by id."""
+
+    name = package = "mlflow"
     MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
-    def __init__(self, run_dir: Path, ident: dict, stored: dict, cfg: Optional[dict]):
+    def __init__(self, run_dir: Path, ident: dict, stored: dict, cfg: Optional[dict], resume_step: Optional[int]):
         from mlflow import MlflowClient
 
         uri = os.environ.get("MLFLOW_TRACKING_URI") or stored.get("tracking_uri")
@@ -339,7 +360,7 @@ class RunTracker:
 
     Args:
         run_dir: the run directory (run.json and config.gin are read from it when present).
-        trackers: names from VALID_TRACKERS (``cfg.trackers``); () for none (samples.jsonl is
+        trackers: names registered in TRACKERS (``cfg.trackers``); () for none (samples.jsonl is
             still written).
         samples_every / samples_per_log: samples are logged at steps divisible by
             samples_every (0: never), samples_per_log of them.
@@ -407,11 +428,7 @@ class RunTracker:
                 "stable_id": f"{_slug(name)[:40]}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"}
 
     def _start(self, name: str, ident: dict, stored: dict, resume_step: Optional[int]) -> _Backend:
-        if name == "wandb":
-            return _WandbBackend(self.run_dir, ident, stored, self.cfg)
-        if name == "tensorboard":
-            return _TensorBoardBackend(self.run_dir, resume_step)
-        return _MlflowBackend(self.run_dir, ident, stored, self.cfg)
+        return TRACKERS.get(name)(self.run_dir, ident, stored, self.cfg, resume_step)
 
     def _store_ids(self, ids: dict) -> None:
         """run.json["trackers"][name] = ids (RunInfo.save keeps this key)."""

@@ -8,13 +8,13 @@ is the HUB: it binds two TCP ports; every other process is a PEER that connects 
 
     hub = Hub("learner-0", host="0.0.0.0", port=29600, peers=["learner-1", "generator-0"])
     hub.wait_for_peers(timeout_s=300)            # every peer said hello (or: names the missing)
-    hub.send("generator-0", ("work", order))     # any picklable object; CPU tensors zero-copy
-    hub.broadcast(("weights", version))          # encoded once, sent to every peer
+    hub.send("generator-0", Work(order))         # any picklable object (the trainer: messages.py); CPU tensors zero-copy
+    hub.broadcast(PushWeights(update))           # encoded once, sent to every peer
     got = hub.recv(timeout_s=1.0)                # (peer name, object) | None
     ...
     peer = Peer("generator-0", hub_host="node01", port=29600)
     msg = peer.recv(timeout_s=1.0)               # object | None
-    peer.send(("rollout", rollout))
+    peer.send(GroupDone(rollout, proc))
 
 `Hub(port=0)` binds a free pair (port, port + 1) and reports it in `hub.port` (local launches).
 
@@ -36,32 +36,13 @@ Weight tensors do NOT use this transport: a separate torch.distributed group bro
 
 Liveness
 --------
-Every process runs a heartbeat thread with its own sockets (ZeroMQ sockets are not
-thread-safe) that sends a beat carrying (name, pid, host) every `heartbeat_s`. A process whose
-main thread is busy (a long forward pass, a torch op, time.sleep, a Python loop) keeps beating;
-a process that is killed (kill -9) or stopped (SIGSTOP) stops. A peer silent for `timeout_s` is
-LOST; so is a peer whose heartbeat connection CLOSED (a dead process's kernel closes its sockets:
-kill -9, out of memory, a crash) and that sent no beat over a new one within `drop_grace_s`
-(2 heartbeats + 1 s): a dead peer is named in seconds, before Slurm, which kills a step's other
-tasks KillWait (default 30 s) after one died, ends the hub too. Either way `Hub.recv`,
-`Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and `on_lost(error)` is
-called ONCE (for the first loss) from the hub's heartbeat thread. Likewise a peer raises
-`HubLost` when the hub is silent for `timeout_s` (no beat and no message: a message from the
-hub proves it alive too, so a hub that dies before its first beat arrived is not waited on for
-`connect_timeout_s`), or never answered within `connect_timeout_s` of the Peer's creation, and
-calls its `on_lost(error)` once. A peer the hub declared lost that comes back (SIGCONT) is told
-so and raises `HubLost` at once.
-Heartbeats prove that a process is alive and scheduled, not that it makes progress: a main
-thread that deadlocks in Python still beats. Waits for progress are the caller's (`recv` always
-takes a timeout). A C extension that holds the GIL for longer than `timeout_s` stops the beats
-(torch ops, zmq and time.sleep release it). If the heartbeat thread itself was not scheduled for
-a while (the whole process stopped or starved), that gap is not counted against the others.
-
-`on_lost` runs in the heartbeat thread, typically while the main thread is stuck in a
-torch.distributed collective with the dead process, so it must not wait for the main thread.
-What a default handler does (the trainer decides): log the error to stderr; on the hub, write
-`run.json` with status "failed" and the error; then `os._exit(1)` (sys.exit would only end the
-heartbeat thread). A peer whose hub is lost does the same without touching the run directory.
+Every process runs a heartbeat thread (liveness.py) on its own socket. A peer that is killed,
+stopped or silent for `timeout_s` (or whose heartbeat connection closed: named within seconds) is
+LOST: `Hub.recv`, `Hub.send`, `Hub.check` raise `PeerLost` naming it (name, pid, host), and
+`on_lost(error)` is called once from the heartbeat thread; a peer raises `HubLost` when the hub is
+silent or never answered, and calls its `on_lost(error)`. `on_lost` must not wait for the main
+thread (it is typically stuck in a collective with the dead process): log, record the failure,
+`os._exit(1)`. The errors are liveness.py's, re-exported here.
 
 Shutdown and abort
 ------------------
@@ -72,7 +53,7 @@ later is stuck: its `on_lost(Aborted)` fires. `Peer.close()` tells the hub it le
 then not declared lost; `Hub.send` to it raises); a peer that exits WITHOUT close() (os._exit,
 a crash) is declared lost after `timeout_s`, so send your error message before exiting. `Hub.close()` tells every peer, after any
 message already sent: a peer's `recv` raises `HubLost` ("closed"); a peer stuck elsewhere
-sees the hub's silence after `timeout_s` (HubLost, on_lost). Send ("stop",) yourself first
+sees the hub's silence after `timeout_s` (HubLost, on_lost). Send your own stop message (the trainer's `messages.Stop`) first
 for an orderly end. `close()` joins the heartbeat thread and closes the sockets with a linger
 of `LINGER_S` seconds, so no process hangs at exit.
 
@@ -91,10 +72,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import pickle
 import random
-import socket as _socket
 import sys
 import threading
 import time
@@ -103,13 +82,29 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+
+from components.trainer.liveness import (
+    _ABORT,
+    _BYE,
+    _HELLO,
+    _MSG,
+    Aborted,
+    HubLost,
+    PeerLost,
+    PeersMissing,
+    TransportError,
+    _HubHeartbeats,
+    _identity,
+    _PeerHeartbeats,
+    _who,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "Hub",
     "Peer",
+    # liveness.py's errors, part of this module's API (Hub and Peer raise them)
     "TransportError",
     "PeerLost",
     "PeersMissing",
@@ -124,35 +119,6 @@ __all__ = [
 LINGER_S = 1.0  # how long close() may wait for messages still being sent
 OUT_OF_BAND_MIN_BYTES = 64 * 1024  # smaller buffers stay inside the pickle stream
 _POLL_SLICE_S = 0.1  # main-thread waits look at the heartbeat thread's verdict this often
-
-# message socket frame kinds (after the routing id on the hub side)
-_MSG, _HELLO, _BYE, _ABORT = b"msg", b"hello", b"bye", b"abort"
-# heartbeat socket frame kinds
-_BEAT, _LOST = b"beat", b"lost"
-
-
-class TransportError(RuntimeError):
-    """A message could not be delivered, or the set of processes is not what was expected."""
-
-
-class PeerLost(TransportError):
-    """A peer process died, hangs, or left: the message names it (name, pid, host)."""
-
-
-class PeersMissing(TransportError):
-    """Some peers never said hello within `Hub.wait_for_peers`'s timeout: the message names them."""
-
-
-class HubLost(TransportError):
-    """The hub (learner rank 0) died, hangs or closed."""
-
-
-class Aborted(TransportError):
-    """The hub aborted the run; `.reason` is the hub's reason."""
-
-    def __init__(self, reason: str):
-        super().__init__(f"the hub aborted the run: {reason}")
-        self.reason = reason
 
 
 # =========================================================================================
@@ -227,16 +193,6 @@ def decode(frames: list) -> Any:
 
 # =========================================================================================
 # helpers
-def _identity() -> dict:
-    return {"pid": os.getpid(), "host": _socket.gethostname()}
-
-
-def _who(name: str, pid, host) -> str:
-    if pid is None:
-        return f"{name} (pid unknown)"
-    return f"{name} (pid {pid} on host {host})"
-
-
 def _check_name(what: str, name) -> str:
     if not isinstance(name, str) or not name or not name.isprintable() or len(name.encode()) > 200:
         raise ValueError(f"{what} must be a non-empty printable string of at most 200 bytes, got {name!r}")
@@ -294,15 +250,6 @@ def _deadline(timeout_s: Optional[float]) -> Optional[float]:
     return time.monotonic() + timeout_s
 
 
-def _fire(callback: Optional[Callable], error: BaseException) -> None:
-    if callback is None:
-        return
-    try:
-        callback(error)
-    except BaseException:  # noqa: BLE001 - the heartbeat thread must survive a failing handler
-        log.exception("on_lost handler raised")
-
-
 # =========================================================================================
 # hub
 @dataclass
@@ -318,7 +265,7 @@ class _PeerState:
     dropped_at: Optional[float] = None  # monotonic time that connection closed, no beat since
 
 
-class Hub:
+class Hub(_HubHeartbeats):
     """The hub end, on learner rank 0: binds tcp://host:port (messages) and port + 1 (heartbeats).
 
     peers: the names of every other process of the run ("learner-1", "generator-0", ...).
@@ -563,156 +510,10 @@ class Hub:
             if self._fatal is None:
                 self._fatal = error
 
-    def _heartbeat_loop(self) -> None:
-        hb, period = self._hb, self.heartbeat_s
-        try:
-            me = json.dumps({"name": self.name, **_identity()}).encode()
-            poller = zmq.Poller()
-            poller.register(hb, zmq.POLLIN)
-            poller.register(self._monitor, zmq.POLLIN)
-            next_beat = last_iter = time.monotonic()
-            while not self._stop.is_set():
-                now = time.monotonic()
-                gap, last_iter = now - last_iter, now
-                lost_now = []
-                with self._lock:
-                    if gap > max(2 * period, 1.0):  # this thread was not scheduled: not their silence
-                        for st in self._peers.values():
-                            if st.last_seen is not None:
-                                st.last_seen = min(now, st.last_seen + gap - period)
-                    grace = self.drop_grace_s
-                    for st in self._peers.values():
-                        if st.state != "alive":
-                            continue
-                        if now - st.last_seen > self.timeout_s:
-                            error = PeerLost(
-                                f"{_who(st.name, st.pid, st.host)} sent no heartbeat for {now - st.last_seen:.1f} s "
-                                f"(limit {self.timeout_s:g} s): it died or hangs")
-                        elif st.dropped_at is not None and now - st.dropped_at > grace:
-                            error = PeerLost(
-                                f"{_who(st.name, st.pid, st.host)} closed its connection to the hub without saying goodbye "
-                                f"and sent no heartbeat for {now - st.last_seen:.1f} s: it died (killed, out of memory, "
-                                "or crashed) or its host became unreachable")
-                        else:
-                            continue
-                        st.state, st.error = "lost", error
-                        lost_now.append(error)
-                        if self._fatal is None:
-                            self._fatal = error
-                    beat_to = [p for p, st in self._peers.items() if st.state == "alive"]
-                    abort, self._pending_abort = self._pending_abort, None
-                for err in lost_now:
-                    log.error("%s", err)
-                    if not self._fired:
-                        self._fired = True
-                        _fire(self.on_lost, err)
-                if abort is not None:
-                    for p in beat_to:
-                        _try_send(hb, [p.encode(), _ABORT, abort.encode()])
-                if now >= next_beat:
-                    for p in beat_to:
-                        _try_send(hb, [p.encode(), _BEAT, me])
-                    next_beat = now + period
-                ready = dict(poller.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1))
-                if self._monitor in ready:  # closes first: a beat after them may come over a reused fd
-                    self._drain_drops()
-                if hb in ready:
-                    self._drain_beats()
-            with self._lock:  # close() right after abort(): still deliver it
-                abort, self._pending_abort = self._pending_abort, None
-                live = [p for p, st in self._peers.items() if st.state == "alive"]
-            if abort is not None:
-                for p in live:
-                    _try_send(hb, [p.encode(), _ABORT, abort.encode()])
-        except BaseException:  # noqa: BLE001 - a broken heartbeat thread must not pass silently
-            log.exception("hub heartbeat thread failed")
-            self._set_fatal(TransportError(f"hub {self.name}: its heartbeat thread failed (see the log)"))
-        finally:
-            try:
-                hb.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(linger=0)
-            hb.close()
-
-    def _drain_drops(self) -> None:
-        """Closed heartbeat connections (monitor events): the peer whose last beat came over it is
-        marked; it is lost if no beat follows within drop_grace_s (a reconnect beats again)."""
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event.get("event") != zmq.EVENT_DISCONNECTED:
-                continue
-            fd, now = int(event["value"]), time.monotonic()
-            with self._lock:
-                for st in self._peers.values():
-                    if st.fd == fd and st.state == "alive" and st.dropped_at is None:
-                        st.dropped_at = now
-
-    def _drain_beats(self) -> None:
-        while True:
-            try:
-                frames = self._hb.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if len(frames) != 3:  # malformed: ignore
-                continue
-            ident, kind, payload = (f.bytes for f in frames)
-            name = ident.decode(errors="replace")
-            st = self._peers.get(name)
-            if st is None:
-                info = json.loads(payload) if kind == _BEAT else {}
-                self._set_fatal(TransportError(
-                    f"hub {self.name} on port {self.port + 1}: heartbeats from an unexpected process {_who(name, info.get('pid'), info.get('host'))}; "
-                    f"expected {list(self._peers)} (two runs sharing a port, or a misnamed process?)"))
-                continue
-            with self._lock:
-                if st.state == "lost":
-                    reply = True
-                elif kind == _BEAT:
-                    self._claim(st, json.loads(payload))
-                    st.last_seen = time.monotonic()
-                    st.fd, st.dropped_at = _source_fd(frames[0]), None
-                    for other in self._peers.values():  # the fd is this connection's now: another
-                        if other is not st and st.fd is not None and other.fd == st.fd:  # peer's on it closed
-                            other.fd = None
-                            if other.state == "alive" and other.dropped_at is None:
-                                other.dropped_at = time.monotonic()
-                    if st.state == "waiting":
-                        st.state = "alive"
-                    reply = False
-                elif kind == _BYE:
-                    reply = False
-                    if st.state != "left":
-                        st.state = "left"
-                        st.error = PeerLost(f"{_who(st.name, st.pid, st.host)} closed its connection to the hub (it left)")
-                else:
-                    reply = False
-            if reply:  # a peer declared lost came back (SIGCONT): tell it, so it exits
-                _try_send(self._hb, [ident, _LOST, b""])
-
-
-def _source_fd(frame: zmq.Frame) -> Optional[int]:
-    """The file descriptor of the connection a received frame came over (ZMQ_SRCFD; None where
-    this libzmq no longer has it: closed connections are then only found by their silence)."""
-    try:
-        return int(frame.get(zmq.SRCFD))
-    except (AttributeError, zmq.ZMQError, ValueError, TypeError):
-        return None
-
-
-def _try_send(sock: zmq.Socket, parts: list) -> None:
-    try:
-        sock.send_multipart(parts, zmq.NOBLOCK)
-    except zmq.ZMQError:
-        pass  # a full queue or an unknown routing id: beats are best effort
-
 
 # =========================================================================================
 # peer
-class Peer:
+class Peer(_PeerHeartbeats):
     """A peer end (every process but learner rank 0): connects to tcp://hub_host:port and port + 1.
 
     connect_timeout_s: how long the hub may take to answer the first time (default timeout_s),
@@ -838,65 +639,3 @@ class Peer:
         with self._lock:
             if self._aborted is None:
                 self._aborted, self._aborted_at = reason, time.monotonic()
-
-    def _heartbeat_loop(self) -> None:
-        hb, period = self._hb, self.heartbeat_s
-        start = next_beat = last_iter = time.monotonic()
-        hub_seen: Optional[float] = None
-        try:
-            while not self._stop.is_set():
-                # checks first, right after the previous wait, so that a gap in this thread's own
-                # scheduling (SIGSTOP, starvation) is discounted before anything is judged
-                now = time.monotonic()
-                gap, last_iter = now - last_iter, now
-                heard = self._hub_heard  # a message counts as a beat: a hub that dies before its first
-                if heard is not None and (hub_seen is None or heard > hub_seen):  # beat reached us is
-                    hub_seen = heard  # then timed out after timeout_s, not after connect_timeout_s
-                if gap > max(2 * period, 1.0):  # this thread was not scheduled: not the hub's silence
-                    if hub_seen is not None:
-                        hub_seen = min(now, hub_seen + gap - period)
-                    start = min(now, start + gap - period)
-                if hub_seen is None and now - start > self.connect_timeout_s:
-                    self._lost(HubLost(
-                        f"{self.name}: the hub at tcp://{self.hub_host}:{self.port} never answered within {self.connect_timeout_s:g} s "
-                        f"(connect_timeout_s): is it running, and can this host reach that host and ports {self.port}, {self.port + 1}?"))
-                elif hub_seen is not None and now - hub_seen > self.timeout_s:
-                    self._lost(HubLost(
-                        f"the hub {self._hub_who()} sent no heartbeat for {now - hub_seen:.1f} s (limit {self.timeout_s:g} s): it died or hangs"))
-                if self._aborted_at is not None and now - self._aborted_at > self.timeout_s and not self._fired:
-                    self._fired = True  # told to abort, still open: stuck
-                    _fire(self.on_lost, Aborted(self._aborted))
-                if now >= next_beat:
-                    _try_send(hb, [_BEAT, self._me])
-                    next_beat = now + period
-                if hb.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1):
-                    while True:
-                        try:
-                            kind, payload = hb.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        except ValueError:
-                            continue
-                        if kind == _BEAT:
-                            hub_seen = time.monotonic()
-                            self._hub.update(json.loads(payload))
-                        elif kind == _ABORT:
-                            self._set_aborted(payload.decode(errors="replace"))
-                        elif kind == _LOST:
-                            self._lost(HubLost(
-                                f"the hub {self._hub_who()} declared {self.name} lost (no heartbeat of ours reached it for "
-                                f"{self.timeout_s:g} s: was this process stopped or starved?)"))
-            _try_send(hb, [_BYE, self._me])  # close(): not lost, left
-        except BaseException:  # noqa: BLE001
-            log.exception("peer heartbeat thread failed")
-            self._set_error(HubLost(f"peer {self.name}: its heartbeat thread failed (see the log)"))
-        finally:
-            hb.close()
-
-    def _lost(self, error: HubLost) -> None:
-        """Record the hub's loss; call on_lost once (from this thread)."""
-        if self._set_error(error):
-            log.error("%s", error)
-        if not self._fired:
-            self._fired = True
-            _fire(self.on_lost, self._error)

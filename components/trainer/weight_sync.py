@@ -1,4 +1,4 @@
-"""Weight sync by broadcast: learner rank 0 -> every generator (issue 10, item 4).
+"""Weight sync by broadcast: learner rank 0 -> every generator.
 
 The WEIGHT GROUP is learner rank 0 (rank 0) plus every generator's receiving workers: generator
 i is rank 1 + i, or with vLLM tensor parallelism of W its worker w is rank 1 + i x W + w (each TP
@@ -47,56 +47,59 @@ startup, or on none (then the first `send` / `receive_weights` joins): a rank th
 while the others wait for an update blocks until the group timeout, then raises naming the
 missing ranks.
 
-On CPU a vLLM generator also goes through vLLM's weight-transfer API: this module registers a
-gloo engine (``VLLM_GLOO_BACKEND``) in vLLM's ``WeightTransferEngineFactory`` that speaks the
-gloo (or ipc) protocol above and loads each bucket with the model's ``load_weights`` inside vLLM's
-layerwise reload (``start_weight_update`` ... ``finish_weight_update``).
+Modules: this one holds the protocol (the group, the announced update, the learner-side tensors,
+`WeightSender` / `WeightReceiver`); weight_sync_backends.py the backends they dispatch to by
+``group.backend`` (registered in ``WEIGHT_SYNC_BACKENDS``) and what moves the bytes (the gloo
+group, shared-buffer handles, vLLM's NCCL trainer engine); weight_sync_vllm.py the vLLM side of
+gloo and ipc: on CPU a vLLM generator also goes through vLLM's weight-transfer API, with a gloo
+engine (``VLLM_GLOO_BACKEND``) registered in vLLM's ``WeightTransferEngineFactory``.
 """
 
 from __future__ import annotations
 
-import datetime
 import math
-import pickle
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from components.precision import get_precision
+from components.registry import WEIGHT_SYNC_BACKENDS, UnknownComponentError
+from components.trainer.weight_sync_backends import (
+    _NCCL_NUM_BUFFERS,
+    _STORE_PREFIX,
+    WeightSyncError,
+    _generators,
+    _ipc_key,
+    _join_store,
+    _missing_ranks,
+    _open,
+    _share,
+    _timeout,
+    _views,
+    vllm_packed_chunks,
+)
 
 __all__ = [
-    "BACKENDS",
-    "VLLM_GLOO_BACKEND",
     "WeightGroup",
     "ParamSpec",
     "WeightUpdate",
     "SyncStats",
-    "WeightSyncError",
+    "WeightSyncError",  # weight_sync_backends.py's, raised by the sender and receiver too
     "hf_name",
     "generator_state_meta",
     "generator_state_names",
     "iter_full_parameters",
     "push_weights",
+    "same_device",
     "WeightSender",
     "WeightReceiver",
-    "register_vllm_gloo_engine",
-    "engine_worker_rank",
-    "vllm_packed_chunks",
 ]
 
-BACKENDS = ("gloo", "nccl", "ipc")
-VLLM_GLOO_BACKEND = "scalerl_gloo"  # the name of this module's engine in vLLM's WeightTransferEngineFactory
-_STORE_PREFIX = "scalerl_weights"
-_NCCL_NUM_BUFFERS = 2  # vLLM's packed broadcast: both sides must agree
 # Path components that wrappers insert into parameter names (torch.compile, FSDP1, activation
 # checkpointing); a leading "module." comes from DDP-style wrappers.
 _WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
-
-
-class WeightSyncError(RuntimeError):
-    """A weight update could not complete (a peer died, hung, or the data disagreed)."""
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -126,8 +129,10 @@ class WeightGroup:
     workers_per_generator: int = 1
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"weight group backend must be one of {BACKENDS}, got {self.backend!r}")
+        try:
+            WEIGHT_SYNC_BACKENDS.get(self.backend)
+        except UnknownComponentError as err:
+            raise ValueError(f"weight group: {err}") from None
         if int(self.num_generators) < 1:
             raise ValueError(f"weight group needs num_generators >= 1, got {self.num_generators!r}")
         if isinstance(self.workers_per_generator, bool) or not isinstance(self.workers_per_generator, int) \
@@ -397,149 +402,7 @@ def push_weights(model: torch.nn.Module, precision, update: WeightUpdate, sender
     return None
 
 
-def _checked(update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tensor]], clock: list) -> Iterator[tuple[ParamSpec, torch.Tensor]]:
-    """Pair each tensor with its spec, raising on the first disagreement; clock[0] += time spent in the source."""
-    it = iter(named_tensors)
-    for i, spec in enumerate(update.params):
-        t0 = time.perf_counter()
-        item = next(it, None)
-        clock[0] += time.perf_counter() - t0
-        if item is None:
-            raise WeightSyncError(f"weight update v{update.version}: the tensors ended after {i} of {len(update.params)} (next: {spec.name!r})")
-        name, tensor = item
-        if name != spec.name or tuple(tensor.shape) != spec.shape or tensor.dtype != spec.torch_dtype:
-            raise WeightSyncError(
-                f"weight update v{update.version}: tensor {i} is {name!r} {tuple(tensor.shape)} {tensor.dtype}, but the "
-                f"announced update says {spec.name!r} {spec.shape} {spec.torch_dtype}"
-            )
-        yield spec, tensor
-    t0 = time.perf_counter()
-    extra = next(it, None)
-    clock[0] += time.perf_counter() - t0
-    if extra is not None:
-        raise WeightSyncError(f"weight update v{update.version}: more tensors than the {len(update.params)} announced (first extra: {extra[0]!r})")
-
-
-# ----------------------------------------------------------------------------- gloo group
-def _timeout(group: WeightGroup) -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(group.timeout_s))
-
-
-def _join_store(group: WeightGroup, rank: int):
-    """The group's TCPStore (rank 0 hosts it), with this rank marked as joined."""
-    import torch.distributed as dist
-
-    is_master = rank == 0
-    try:
-        store = dist.TCPStore(group.master_addr, int(group.master_port), None, is_master, _timeout(group), wait_for_workers=False)
-    except Exception as err:  # noqa: BLE001
-        who = "host" if is_master else "reach"
-        raise WeightSyncError(
-            f"weight group rank {rank}: cannot {who} the weight group's TCPStore at {group.endpoint} "
-            f"(learner rank 0 hosts it) within {group.timeout_s:g} s: {err}"
-        ) from err
-    store.set(f"{_STORE_PREFIX}/joined/{rank}", "1")
-    return store
-
-
-def _missing_ranks(store, keys: dict) -> list[int]:
-    """The ranks whose store key (keys: {rank: key}) is not set; stops at the first store error."""
-    missing = []
-    for r, key in keys.items():
-        try:
-            if not store.check([key]):
-                missing.append(r)
-        except Exception:  # noqa: BLE001
-            break
-    return missing
-
-
-def _generators(group: WeightGroup, ranks: Sequence[int]) -> str:
-    return ", ".join(group.rank_name(r) for r in ranks) or "unknown"
-
-
-def _join_gloo(group: WeightGroup, rank: int):
-    """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
-    import torch.distributed as dist
-
-    from components.trainer.roles import gloo_interface_problem
-
-    problem = gloo_interface_problem()
-    if problem:
-        raise WeightSyncError(f"weight group rank {rank} (gloo): {problem}")
-    is_master = rank == 0
-    store = _join_store(group, rank)
-    try:
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(_STORE_PREFIX, store), rank, group.world_size, _timeout(group))
-    except Exception as err:  # noqa: BLE001
-        missing = []
-        if is_master:
-            missing = _missing_ranks(store, {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(group.world_size)})
-        names = _generators(group, missing)
-        raise WeightSyncError(
-            f"weight group rank {rank}: rendezvous of {group.world_size} ranks at {group.endpoint} failed within "
-            f"{group.timeout_s:g} s (missing: {names}): {err}"
-        ) from err
-    return store, pg
-
-
-# ----------------------------------------------------------------------------- ipc: handles to shared buffers
-def _ipc_key(round_: int, bucket: int, what: str, rank: int) -> str:
-    """Store key of one round's bucket: the handle for (`what`="h") or the ack of (`what`="ack") generator rank."""
-    return f"{_STORE_PREFIX}/ipc/{round_}/{bucket}/{what}/{rank}"
-
-
-def _gpu_uuid(device: torch.device) -> str:
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-def _share(flat: torch.Tensor) -> bytes:
-    """A handle (bytes) that another process on this node opens with `_open`; one handle per opener.
-
-    CUDA: reduce_tensor's CUDA IPC arguments plus the GPU's UUID. CPU: the tensor pickled by
-    torch's ForkingPickler under the ``file_system`` sharing strategy (the storage moves into
-    torch's shared-memory manager on first use; each handle holds one reference, which `_open`
-    releases, so every opener needs its own handle).
-    """
-    if flat.is_cuda:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        return pickle.dumps(("cuda", _gpu_uuid(flat.device), tuple(reduce_tensor(flat)[1])))
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing as tmp
-
-    previous = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")  # the fd strategy hands fds to children only
-    try:
-        buf = io.BytesIO()
-        ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
-    finally:
-        tmp.set_sharing_strategy(previous)
-    return pickle.dumps(("cpu", None, buf.getvalue()))
-
-
-def _open(handle: bytes, device: torch.device) -> torch.Tensor:
-    """The sender's buffer (no copy) from a `_share` handle; raises WeightSyncError if it is on another GPU."""
-    kind, uuid, payload = pickle.loads(handle)
-    if kind == "cpu":
-        return pickle.loads(payload)
-    if device.type != "cuda":
-        raise WeightSyncError("weight group ipc: the learner shares a CUDA buffer but this generator is on the CPU")
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _gpu_uuid(torch.device("cuda", index)) != uuid:
-        raise WeightSyncError(
-            f"weight group ipc: the learner's buffer is on GPU {uuid} and this generator on "
-            f"{_gpu_uuid(torch.device('cuda', index))}; ipc needs them on the same GPU (use nccl across GPUs)"
-        )
-    args = list(payload)
-    args[6] = index  # reduce_tensor's device index is the sender's numbering; the GPU is the same (UUID)
-    return rebuild_cuda_tensor(*args)
-
-
+# ----------------------------------------------------------------------------- the two ends: learner rank 0, generators
 def same_device(have: torch.device, want: torch.device) -> bool:
     """Whether a tensor on `have` is on `want`, where an index-less `want` ("cuda") means the current
     device: torch.device("cuda") != torch.device("cuda:0"), and a buffer reallocated (and re-exported
@@ -576,12 +439,7 @@ class WeightSender:
     def connect(self) -> None:
         if self.connected:
             return
-        if self.group.backend == "gloo":
-            self._store, self._pg = _join_gloo(self.group, 0)
-        elif self.group.backend == "ipc":
-            self._store = self._join_ipc()
-        else:
-            self._nccl = _nccl_trainer_engine(self.group)
+        WEIGHT_SYNC_BACKENDS.get(self.group.backend).connect_sender(self)
 
     def send(self, update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
         """Broadcast `named_tensors` (they must match `update.params` in order, shape and dtype)."""
@@ -590,21 +448,16 @@ class WeightSender:
         self.connect()
         t0 = time.perf_counter()
         clock = [0.0]
+        backend = WEIGHT_SYNC_BACKENDS.get(self.group.backend)
         try:
-            if self.group.backend == "gloo":
-                self._send_gloo(update, _checked(update, named_tensors, clock))
-            elif self.group.backend == "ipc":
-                self._send_ipc(update, _checked(update, named_tensors, clock))
-            else:
-                self._send_nccl(update, named_tensors, clock)
+            backend.send(self, update, named_tensors, clock)
         except BaseException as err:
             self._broken = f"{type(err).__name__}: {err}"
             raise
         return SyncStats(
             version=update.version,
             bytes=update.total_bytes,
-            num_buckets=len(update.buckets) if self.group.backend != "nccl"
-            else len(vllm_packed_chunks(update.params, self.group.bucket_bytes)),  # what went on the wire
+            num_buckets=backend.wire_buckets(update, self.group),  # what went on the wire
             seconds=time.perf_counter() - t0,
             source_seconds=clock[0],
         )
@@ -756,22 +609,17 @@ class WeightReceiver:
 
     @property
     def connected(self) -> bool:
-        return self._pg is not None or self._comm is not None or (self.group.backend == "ipc" and self._store is not None)
+        return self._pg is not None or self._comm is not None or (self._store is not None and self.shares_buffers)
+
+    @property
+    def shares_buffers(self) -> bool:
+        """The received tensors are views of the sender's buffers, refilled after each bucket (ipc)."""
+        return WEIGHT_SYNC_BACKENDS.get(self.group.backend).shares_buffers
 
     def connect(self) -> None:
         if self.connected:
             return
-        if self.group.backend == "gloo":
-            self._store, self._pg = _join_gloo(self.group, self.rank)
-        elif self.group.backend == "ipc":
-            self._store = _join_store(self.group, self.rank)
-        else:
-            from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
-
-            self._comm = stateless_init_process_group(
-                self.group.master_addr, int(self.group.master_port), self.rank, self.group.world_size,
-                device=self.device.index if self.device.index is not None else torch.cuda.current_device(),
-            )
+        WEIGHT_SYNC_BACKENDS.get(self.group.backend).connect_receiver(self)
 
     def receive_buckets(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Yield each bucket as a list of (name, tensor); tensors are views of that bucket's buffer.
@@ -782,12 +630,7 @@ class WeightReceiver:
             raise WeightSyncError(f"weight receiver of {self.group.rank_name(self.rank)} is unusable after an earlier failure: "
                                   f"{self._broken}")
         self.connect()
-        if self.group.backend == "gloo":
-            yield from self._receive_gloo(update)
-        elif self.group.backend == "ipc":
-            yield from self._receive_ipc(update)
-        else:
-            yield from self._receive_nccl(update)
+        yield from WEIGHT_SYNC_BACKENDS.get(self.group.backend).receive_buckets(self, update)
 
     def receive(self, update: WeightUpdate) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) in `update.params` order; holds one bucket at a time."""
@@ -857,8 +700,9 @@ class WeightReceiver:
 
     def vllm_init_info(self) -> dict:
         """`LLM.init_weight_transfer_engine` init_info for this receiver (gloo, ipc: our engine; nccl: vLLM's)."""
-        if self.group.backend != "nccl":
-            return {"group": asdict(self.group), "rank": self.rank}
+        return WEIGHT_SYNC_BACKENDS.get(self.group.backend).vllm_init_info(self)
+
+    def _vllm_nccl_init_info(self) -> dict:
         return {
             "master_address": self.group.master_addr,
             "master_port": int(self.group.master_port),
@@ -871,216 +715,9 @@ class WeightReceiver:
 
     def vllm_update_info(self, update: WeightUpdate) -> dict:
         """`LLM.update_weights` update_info for `update` on this receiver's backend."""
-        return update.to_dict() if self.group.backend != "nccl" else update.vllm_nccl_update_info()
+        return WEIGHT_SYNC_BACKENDS.get(self.group.backend).vllm_update_info(update)
 
     def close(self) -> None:
         if self._comm is not None:
             self._comm.destroy()
         self._pg = self._store = self._comm = None
-
-
-def _views(flat: torch.Tensor, specs: Sequence[ParamSpec]) -> list[tuple[str, torch.Tensor]]:
-    """(name, view) per spec of one bucket's flat buffer [numel], in order."""
-    out, offset = [], 0
-    for spec in specs:
-        out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
-        offset += spec.numel
-    return out
-
-
-def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of vLLM's packed broadcast: a chunk closes once its size EXCEEDS the buffer."""
-    chunks, start, size = [], 0, 0
-    for i, spec in enumerate(params):
-        size += spec.nbytes
-        if size > buffer_bytes:
-            chunks.append((start, i + 1))
-            start, size = i + 1, 0
-    if start < len(params):
-        chunks.append((start, len(params)))
-    return chunks
-
-
-# ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
-def listen_address(host: str) -> str:
-    """The address learner rank 0 gives vLLM's NCCL trainer endpoint, which listens on exactly that
-    address (torch's TCPStore, on the gloo and ipc paths, listens on every interface).
-
-    `host` is the node name every process was given. Listening on the address THIS node resolves
-    it to could shut out generators on other nodes: where the node resolves its own name to a
-    loopback address (Debian's "127.0.1.1 <hostname>" line), or where nodes resolve names
-    differently (/etc/hosts against DNS, a management against a fast network). So the endpoint
-    listens on every interface ("0.0.0.0"); only a loopback given as such (a one-machine run)
-    is kept, and stays private to the machine."""
-    from components.trainer.roles import is_loopback
-
-    if is_loopback(host):
-        return host
-    return "::" if ":" in host else "0.0.0.0"  # an IPv6 address: every IPv6 interface
-
-
-def _nccl_trainer_engine(group: WeightGroup):
-    """vLLM's NCCLTrainerWeightTransferEngine for learner rank 0 (GPU; on CPU only with gloo in NCCL's place)."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-    class _RoundSource(WeightSource):
-        """This round's tensors; the metadata is the announced update."""
-
-        update = tensors = clock = None
-
-        def set_round(self, update, tensors, clock):
-            self.update, self.tensors, self.clock = update, tensors, clock
-
-        def metadata(self):
-            return [ParamMeta(p.name, p.torch_dtype, tuple(p.shape)) for p in self.update.params]
-
-        def __iter__(self):
-            it = iter(self.tensors)
-            while True:
-                t0 = time.perf_counter()
-                item = next(it, None)
-                self.clock[0] += time.perf_counter() - t0
-                if item is None:
-                    return
-                yield item
-
-    class _AnnouncedClient:
-        """The generators are driven by the run's control transport (the announcement), not by this client."""
-
-        def init_weight_transfer_engine(self, init_info):
-            return None
-
-        def start_weight_update(self):
-            return None
-
-        def update_weights(self, update_info):
-            return None
-
-        def finish_weight_update(self, weight_version=None):
-            return None
-
-    source = _RoundSource()
-    info = NCCLTrainerInitInfo(
-        master_address=listen_address(group.master_addr),
-        master_port=int(group.master_port),
-        world_size=group.world_size,
-        packed=True,
-        packed_buffer_size_bytes=group.bucket_bytes,
-        packed_num_buffers=_NCCL_NUM_BUFFERS,
-        rank=0,
-    )
-    engine = WeightTransferTrainerFactory.trainer_init(info, client=_AnnouncedClient(), source=source)
-    return engine, source
-
-
-# ----------------------------------------------------------------------------- vLLM (CPU): a gloo weight-transfer engine
-_VLLM_GLOO_CLASS = None
-
-
-def register_vllm_gloo_engine() -> type:
-    """Register (once per process) the gloo engine in vLLM's WeightTransferEngineFactory; returns its class.
-
-    It speaks this module's gloo and ipc protocols: `init_transfer_engine` joins the weight group as the
-    receiver's rank, `update_weights` receives bucket by bucket into `model.load_weights`, inside
-    vLLM's layerwise reload (`start_weight_update` / `finish_weight_update`, checkpoint format).
-    """
-    global _VLLM_GLOO_CLASS
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
-    if _VLLM_GLOO_CLASS is None:
-        _VLLM_GLOO_CLASS = _make_vllm_gloo_engine_class()
-    if VLLM_GLOO_BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(VLLM_GLOO_BACKEND, _VLLM_GLOO_CLASS)
-    return _VLLM_GLOO_CLASS
-
-
-def engine_worker_rank(parallel_config, group: WeightGroup) -> int:
-    """This vLLM worker's place among its generator's `group.workers_per_generator` receivers: its
-    rank within the engine, counted as vLLM's NCCL engine counts it (data-parallel index x the
-    engine's world size + rank). Every tensor-parallel worker receives every full tensor;
-    `load_weights` keeps its shard."""
-    worker = int(getattr(parallel_config, "data_parallel_index", 0) or 0) * int(parallel_config.world_size) \
-        + int(parallel_config.rank)
-    if not 0 <= worker < group.workers_per_generator:
-        raise WeightSyncError(
-            f"vLLM worker {worker} of a generator (the engine's world size: {parallel_config.world_size}) has no place "
-            f"in the weight group, which counts {group.workers_per_generator} "
-            f"receiving worker(s) per generator: the run's layout and vllm.tensor_parallel_size disagree"
-        )
-    return worker
-
-
-def _make_vllm_gloo_engine_class() -> type:
-    from vllm.distributed.weight_transfer.base import (
-        WeightTransferEngine,
-        WeightTransferInitInfo,
-        WeightTransferUpdateInfo,
-    )
-
-    @dataclass
-    class GlooInitInfo(WeightTransferInitInfo):
-        group: dict = field(default_factory=dict)  # WeightGroup fields
-        rank: int = 1
-
-    @dataclass
-    class GlooUpdateInfo(WeightTransferUpdateInfo):
-        version: int = 0
-        params: list = field(default_factory=list)  # [[name, shape, dtype name], ...]
-        bucket_bytes: int = 1
-        buckets: list = field(default_factory=list)
-
-    class ScalerlGlooWeightTransferEngine(WeightTransferEngine):
-        """vLLM worker side of the scalerl gloo weight group (see register_vllm_gloo_engine)."""
-
-        init_info_cls = GlooInitInfo
-        update_info_cls = GlooUpdateInfo
-        supports_draft_weight_update = False
-
-        def __init__(self, config, vllm_config, device, model) -> None:
-            super().__init__(config, vllm_config, device, model)
-            self.receiver: Optional[WeightReceiver] = None
-
-        def init_transfer_engine(self, init_info) -> None:
-            group = WeightGroup(**init_info.group)
-            rank = init_info.rank + engine_worker_rank(self.parallel_config, group)
-            self.receiver = WeightReceiver(group, rank, device=str(self.device))
-            self.receiver.connect()
-
-        def start_weight_update(self) -> None:
-            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-            initialize_layerwise_reload(self.model)
-
-        def finish_weight_update(self) -> None:
-            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-            finalize_layerwise_reload(self.model, self.model_config)
-
-        def update_weights(self, update_info: dict) -> None:
-            # The base class ends with torch.accelerator.synchronize(), which raises on a CPU-only
-            # torch; gloo is synchronous, so only a CUDA model needs the sync.
-            self.receive_weights(self.parse_update_info(update_info))
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-
-        def receive_weights(self, update_info) -> None:
-            if self.receiver is None:
-                raise RuntimeError("scalerl gloo weight transfer: init_weight_transfer_engine() was not called")
-            update = WeightUpdate.from_dict(asdict(update_info))
-            shared = self.receiver.group.backend == "ipc"
-            for bucket in self.receiver.receive_buckets(update):
-                if shared:  # views of the learner's buffer, refilled after this bucket; vLLM's layerwise
-                    # reload keeps the tensors of a fused layer (qkv, gate_up) until all its parts came
-                    bucket = [(name, t.to(self.device, copy=True)) for name, t in bucket]
-                elif self.device.type != "cpu":
-                    bucket = [(name, t.to(self.device)) for name, t in bucket]
-                self.model.load_weights(bucket)
-
-        def shutdown(self) -> None:
-            if self.receiver is not None:
-                self.receiver.close()
-                self.receiver = None
-
-    return ScalerlGlooWeightTransferEngine

@@ -22,37 +22,11 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["run_role", "follower_main", "hub_main", "init_learner_group", "main", "EXIT_ABORTED", "EXIT_HUB_LOST",
-           "exit_code_of", "exit_process"]
+from components.trainer import messages as M
+from components.trainer.exits import exit_code_of, exit_process, record_hub_lost
+from components.trainer.runlog import record_exception
 
-# Exit codes of a peer (every process but learner-0) that ends because of the hub; the local
-# supervisor (launcher.py) reads them: EXIT_HUB_LOST means learner-0 is dead, stopped or hung.
-EXIT_ABORTED = 3  # the hub aborted the run (it is ending it), or the transport failed
-EXIT_HUB_LOST = 5  # the hub was silent for heartbeat_timeout_s, or closed
-RECORD_LIMIT_S = 10.0  # a dying process waits this long at most for its last words to be written
-
-
-def exit_code_of(error) -> int:
-    """The exit code of a peer that ends because of transport `error` (HubLost or not)."""
-    from components.trainer.transport import HubLost
-
-    return EXIT_HUB_LOST if isinstance(error, HubLost) else EXIT_ABORTED
-
-
-def exit_process(code: int, record=None) -> None:
-    """End this process from any thread (os._exit: also while the main thread is blocked inside a
-    collective), after `record()` if that returns within RECORD_LIMIT_S (a run directory on a hung
-    file system must not keep alive a process whose hub is gone)."""
-    timer = threading.Timer(RECORD_LIMIT_S, os._exit, (code,))
-    timer.daemon = True
-    timer.start()
-    try:
-        if record is not None:
-            record()
-    except BaseException:  # noqa: BLE001 - dying anyway
-        pass
-    finally:
-        os._exit(code)
+__all__ = ["run_role", "follower_main", "hub_main", "init_learner_group", "main", "exit_after"]
 
 
 def exit_after(grace_s: float) -> threading.Timer:
@@ -100,7 +74,7 @@ def _build_learner(setup):
     import torch
 
     from components.models import empty_causal_lm, load_tokenizer
-    from components.trainer.forward import learner_attn_implementation
+    from components.trainer.attention import learner_attn_implementation
     from components.trainer.learner import Learner
 
     cfg = setup.cfg
@@ -141,32 +115,31 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         torch.manual_seed(cfg.seed)
         init_learner_group(index, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
         learner, tokenizer = _build_learner(setup)
-        peer.send(("ready", index, {"pid": os.getpid(), "proc": proc_stats()}))
+        peer.send(M.Ready(index, pid=os.getpid(), proc=proc_stats()))
         while True:
             msg = peer.recv(timeout_s=1.0)
             if msg is None:
                 continue
-            kind = msg[0]
-            if kind == "stop":
+            if isinstance(msg, M.Stop):
                 break
-            if kind == "load":
-                if msg[1] is not None:
-                    loaded = load_checkpoint(Path(msg[1]), model=learner.model, optimizer=learner.optimizer)
+            if isinstance(msg, M.LoadCheckpoint):
+                if msg.path is not None:
+                    loaded = load_checkpoint(Path(msg.path), model=learner.model, optimizer=learner.optimizer)
                     learner.scheduler.load_state_dict(loaded["scheduler_state"])
                     learner.version = int(loaded["trainer_state"]["version"]) if loaded.get("trainer_state") else learner.version
                     if loaded.get("rank_state") is not None:
                         set_rng_state(loaded["rank_state"])
-            elif kind == "step":
-                part = learner.train_shard(msg[1])
-                peer.send(("step_done", index, part, proc_stats()))
-            elif kind == "sync":  # join the parameter gathers; learner-0 broadcasts
-                push_weights(learner.model, cfg.precision, msg[1], None)
-            elif kind == "checkpoint":
-                save_checkpoint(Path(setup.run_dir) / "checkpoints", int(msg[1]), model=learner.model, optimizer=learner.optimizer,
+            elif isinstance(msg, M.TrainStep):
+                part = learner.train_shard(msg.shard)
+                peer.send(M.StepDone(index, part, proc_stats()))
+            elif isinstance(msg, M.JoinWeightSync):  # join the parameter gathers; learner-0 broadcasts
+                push_weights(learner.model, cfg.precision, msg.update, None)
+            elif isinstance(msg, M.SaveCheckpoint):
+                save_checkpoint(Path(setup.run_dir) / "checkpoints", int(msg.step), model=learner.model, optimizer=learner.optimizer,
                                 scheduler_state=learner.scheduler.state_dict(), trainer_state=None, rank_state=rng_state(),
                                 keep=cfg.keep_checkpoints, tokenizer=None)
             else:
-                raise RuntimeError(f"{name}: unknown message {kind!r}")
+                raise RuntimeError(f"{name}: unknown message {type(msg).__name__}")
     except (HubLost, Aborted, TransportError) as err:
         print(f"[{name}] {err}; exiting", file=sys.stderr, flush=True)
         peer.close()
@@ -175,22 +148,11 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         try:
             tb = traceback.format_exc()
             print(f"[{name}] failed:\n{tb}", file=sys.stderr, flush=True)
-            peer.send(("error", index, tb), timeout_s=10.0)
+            peer.send(M.Failed(index, tb), timeout_s=10.0)
             time.sleep(1.0)  # let the message leave; no goodbye: the hub must see a failure, not a clean leave
         finally:
             os._exit(1)
     peer.close()
-
-
-def record_hub_lost(setup, error, first_peer: bool) -> None:
-    """learner-0 died (no supervisor under Slurm): the first peer marks the run failed, naming it."""
-    from components.trainer.transport import Aborted
-
-    if not first_peer or isinstance(error, Aborted) or not setup.run_dir:
-        return
-    from components.trainer.runlog import record_failure
-
-    record_failure(Path(setup.run_dir), f"learner-0 was lost: {error}", only_if_running=True)  # never raises
 
 
 def hub_main(setup, endpoints, layout) -> str:
@@ -256,12 +218,10 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    from experiments.train import record_failure
-
     try:
         run_role(penv.rank, setup, penv.endpoints, layout)
     except BaseException as err:  # noqa: BLE001 - the run directory says why
-        record_failure(Path(setup.run_dir), err)
+        record_exception(Path(setup.run_dir), err)
         print(f"[learner-0] run failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1
     return 0  # config.gin: the Trainer wrote the run's operative config (its own + the generators')

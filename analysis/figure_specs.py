@@ -1,4 +1,5 @@
-"""Which runs feed which paper figure: the one table to adjust.
+"""Which runs feed which paper figure: the one table to adjust (paper_figures/ draws the
+figures; analysis reads each sweep's fit protocol from it, `analysis.protocol.sweep_protocol`).
 
 A figure takes the runs whose run.json `sweep` is one of `sweeps`; when no run matches by sweep
 name, the runs whose `factor` is one of `factors`. A factor matches exactly or when one is a
