@@ -292,9 +292,30 @@ def xlabel(ev: pd.DataFrame, compute: str) -> str:
     return compute_label(compute, devs[0] if len(devs) == 1 else None)
 
 
+def _readable_log_ticks(fig) -> None:
+    """A log compute axis spanning one or two decades gets its labels at 1, 2 and 5 x 10^k only
+    (matplotlib would label every minor tick there, and they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    def label(x: float, _pos: int) -> str:
+        e = int(math.floor(math.log10(x) + 1e-9))
+        m = round(x / 10 ** e)
+        return f"$10^{{{e}}}$" if m == 1 else f"${m}\\times10^{{{e}}}$"
+
+    for ax in fig.axes:
+        if ax.get_xscale() != "log":
+            continue
+        lo, hi = ax.get_xlim()
+        if lo > 0 and hi / lo < 1e3:
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(label))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def save(fig, out_dir: str | Path, stem: str, opts: Options) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _readable_log_ticks(fig)
     paths = []
     for fmt in opts.formats:
         p = out / f"{stem}.{fmt}"
