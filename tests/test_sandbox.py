@@ -529,3 +529,24 @@ def test_run_limits_default_to_the_per_process_ones():
     from components.tasks import code_file
     g = code_file.grading_limits("stdio", 4, lim, 2, 300.0)
     assert g.run_cpu_seconds == g.wall_seconds + 2 * 2 * 2.0 and g.run_memory_bytes == 3 * 100 + 10
+
+
+def test_train_with_a_code_task_prints_the_memory_risk_at_start(monkeypatch, tmp_path, capsys):
+    """`scalerl train` with a code task names the residual memory risk on stderr before training
+    (experiments.train.validate_components builds the task, which checks the sandbox); a task that
+    builds no sandbox prints nothing."""
+    from _helpers_trainer import tiny_model
+
+    from components.trainer.config import TrainConfig
+    from experiments.train import validate_components
+
+    path = tmp_path / "code.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": f"sum {i}", "tests": SUM_TESTS}) for i in range(3)) + "\n")
+    model = tiny_model(tmp_path)
+    monkeypatch.setattr(sandbox, "_memcg", {"parent": None, "reason": "test: none", "enable": [], "create": []})
+    monkeypatch.setattr(sandbox, "_warned", False)
+    validate_components(TrainConfig(model_path=model, task="arithmetic", task_kwargs={"num_train": 20, "num_eval": 5}))
+    assert "no cgroup v2 memory controller" not in capsys.readouterr().err
+    validate_components(TrainConfig(model_path=model, task="code_file", task_kwargs={"path": str(path), "eval_size": 1}))
+    err = capsys.readouterr().err
+    assert "sandbox: no cgroup v2 memory controller for sandboxed runs (test: none)" in err
