@@ -17,15 +17,19 @@ The rule (`decide_rung`), at a rung r (a share of the sweep's compute budget W):
    stops a loser is widened for the many looks (`stop_level`): the best is SELECTED as the highest
    mean, so each comparison errs on either side, and a configuration is compared at every early
    rung with each of the others' best; Bonferroni over the (configurations − 1) comparisons and
-   the early rungs keeps the chance that a configuration equal to the best is ever stopped as a
-   loser at most ALPHA = 5% (measured by simulation in tests/test_adaptive.py).
+   the early rungs keeps the chance that a GIVEN configuration equal to the best is ever stopped as
+   a loser at most ALPHA = 5% (measured by simulation in tests/test_adaptive.py). It is a
+   per-configuration rate: with many equal configurations the chance that ANY one of them is
+   stopped is larger (about 7-12% for 5-8 configurations and two early rungs).
 4. At the last rung (r = 1) nothing is stopped: what is left ran the full budget, and the sweep's
    best is the best of it by measured `tail`.
 
 `replay` simulates the rule on finished sweeps by cutting each run's logs at each rung: the compute
 the adaptive sweep would have used (a stopped run costs r·W, a survivor W, against W for every run
-of the full sweep), the full sweep's best, the adaptive best, and whether they agree (the adaptive
-best is not `worse` than the full best on the full data, paired by seed).
+of the full sweep: the mean share of W a run uses, which is the share of the sweep's compute when
+every run trains to the same budget, as new tiny runs do), the full sweep's best, the adaptive
+best, and whether they agree (the adaptive best is not `worse` than the full best on the full
+data, paired by seed). Only finished runs are replayed.
 
     rows = replay("results/tiny", rungs=(0.25, 0.5, 1.0))     # one ReplayResult per sweep
     scalerl replay results/tiny --json
@@ -233,7 +237,10 @@ def replay_sweep(sweep: str, ev: pd.DataFrame, runs: pd.DataFrame | None = None,
     compute = resolve_compute(runs if runs is not None else ev, compute)
     curves, cfg_of, seed_of, ep1 = {}, {}, {}, {}
     metas = {m["path"]: m for m in runs.to_dict("records")} if runs is not None else {}
+    finished = set(runs.loc[runs["status"] == "done", "path"]) if runs is not None and "status" in runs else None
     for path, g in ev.groupby("path", sort=False):
+        if finished is not None and path not in finished:  # a failed or running run is no finished sweep's
+            continue
         c, r = run_curve(g, compute)
         if not len(c):
             continue

@@ -136,7 +136,7 @@ def fit_main(args: argparse.Namespace) -> int:
     out.to_csv(csv, index=False)
     configs.to_csv(csv.with_name(f"{csv.stem}_configs.csv"), index=False)
     claims.to_csv(csv.with_name(f"{csv.stem}_claims.csv"), index=False)
-    pd.DataFrame([p.as_dict() for s in summaries.values() for p in s.pairs]).to_csv(
+    pd.DataFrame([p.as_row() for s in summaries.values() for p in s.pairs]).to_csv(
         csv.with_name(f"{csv.stem}_pairs.csv"), index=False)
     _print_tables(console, out, summaries, args)
     contended = out[out["contended"].fillna(False).astype(bool)]
@@ -273,7 +273,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON list, one object per pair and metric: sweep, a, b, metric, delta (a − b), "
                              "low, high, n, paired, identified, verdict (better | worse | equivalent | inconclusive, "
-                             "relative to a), and n_a, n_b, equivalence, reason")
+                             "relative to a); fit's <stem>_pairs.csv adds n_a, n_b, equivalence and reason")
 
 
 def compare_main(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ import pandas as pd
 
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
-    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of",
+    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "seed_key",
     "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep", "Efficiency", "efficiency",
 ]
 
@@ -214,7 +214,8 @@ def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float 
     curves: run -> (compute [n], pass rate [n]) sorted by compute. end: the window's end (default:
     the smallest final compute among the runs, `common_window`). A run's evaluations inside
     [(1 − fraction)·end, end] are averaged; a run with none there (sparse evaluations) takes its
-    curve interpolated linearly in log compute at the window's midpoint."""
+    curve interpolated linearly in log compute at the window's midpoint. A run that stops before
+    `end` has no tail (NaN): part of a window is not the window."""
     if end is None:
         end = common_window(float(c[-1]) for c, _ in curves.values() if len(c))
     out: dict[Any, float] = {}
@@ -223,6 +224,9 @@ def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float 
     start = (1.0 - fraction) * end
     for key, (c, r) in curves.items():
         c, r = np.asarray(c, dtype=np.float64), np.asarray(r, dtype=np.float64)
+        if not c.size or c[-1] < end * (1 - 1e-9):
+            out[key] = math.nan
+            continue
         inside = (c >= start * (1 - 1e-12)) & (c <= end * (1 + 1e-12))
         if inside.any():
             out[key] = float(r[inside].mean())
@@ -252,11 +256,16 @@ class PairComparison:
     reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        """The object `scalerl compare --json` prints: exactly the fields of the contract."""
         num = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731
         return {"sweep": self.sweep, "a": self.a, "b": self.b, "metric": self.metric,
                 "delta": num(self.diff.delta), "low": num(self.diff.low), "high": num(self.diff.high),
                 "n": int(self.diff.n), "paired": bool(self.diff.paired), "identified": bool(self.identified),
-                "verdict": self.verdict, "n_a": int(self.diff.n_a), "n_b": int(self.diff.n_b),
+                "verdict": self.verdict}
+
+    def as_row(self) -> dict[str, Any]:
+        """`as_dict` and the rest of the evidence (runs per side, δ, why inconclusive): a CSV row."""
+        return {**self.as_dict(), "n_a": int(self.diff.n_a), "n_b": int(self.diff.n_b),
                 "equivalence": float(self.diff.equivalence), "reason": self.reason}
 
     def text(self) -> str:
@@ -264,11 +273,23 @@ class PairComparison:
         return f"{self.metric}: {self.diff.text()} → {self.verdict}{why}"
 
 
+def seed_key(seed: Any, run_id: Any) -> Any:
+    """The pairing key of a run: its seed, or (a run without one) a key of its own that pairs with
+    nothing, so configurations without seeds are compared by Welch's interval."""
+    return seed if seed is not None and not (isinstance(seed, float) and math.isnan(seed)) else ("unseeded", run_id)
+
+
 def _by_seed(runs: pd.DataFrame, config: str, column: str) -> dict[Any, float]:
+    """seed -> value of `column` for one configuration's runs. Two runs of one configuration with
+    the same seed are an error in the sweep (they would pair with the same run of the other)."""
     g = runs[runs["config"] == config]
-    out = {}
-    for i, (seed, v) in enumerate(zip(g["seed"], g[column])):
-        key = seed if seed is not None and not (isinstance(seed, float) and math.isnan(seed)) else f"#{i}"
+    ids = g["path"] if "path" in g else pd.Series(range(len(g)), index=g.index)
+    out: dict[Any, float] = {}
+    for seed, rid, v in zip(g["seed"], ids, g[column]):
+        key = seed_key(seed, rid)
+        if key in out:
+            raise ValueError(f"configuration {config!r} has two runs with seed {seed!r}: a seed fixes a run, "
+                             "so one of them is a duplicate")
         out[key] = float(v) if v is not None and pd.notna(v) else math.nan
     return out
 

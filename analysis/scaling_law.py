@@ -393,7 +393,8 @@ def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 161) -> A
     """The profile-likelihood interval of A of `result` (its points, R0 and C_mid grid).
 
     For each A on a grid from R0 + 0.3·(best − R0) to the cap, B and C_mid are refitted (the
-    paper's grid solver); A is inside the interval where that least squared error stays within
+    paper's grid solver, C_mid up to 1000x the largest compute); A is inside the interval where
+    that least squared error stays within
     the F-test bound of nonlinear least squares (Bates & Watts):
         SSE(A) <= SSE_min · (1 + F(level; 1, n − 3) / (n − 3)).
     The cap is 1.0 for pass rates (R0 >= 0 and rewards <= 1), else the fit's own A grid top.
@@ -411,7 +412,9 @@ def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 161) -> A
     w = np.ones_like(c)
     const_sse = float(np.sum(t[~pos] ** 2))
     b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
-    cm = result.c_mid_grid
+    # C_mid free far past the data (1000x the largest compute, not the fit's 4x): an A that needs
+    # its midpoint beyond the data must stay inside the interval, not be cut off by the grid
+    cm = np.union1d(result.c_mid_grid, np.geomspace(result.c_mid_grid.max(), float(c.max()) * 1e3, 40))
 
     def profile(a_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [m] -> (A [m], least SSE at each A [m])
         a_values = a_values[np.abs(a_values - r0) > 1e-12]
@@ -438,8 +441,8 @@ def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 161) -> A
         sse_min = min(sse_min, float(sse.min()))
         threshold = sse_min * (1.0 + float(f_dist.ppf(level, 1, dof)) / dof)
         inside = np.flatnonzero(sse <= threshold * (1.0 + 1e-12))
-    if inside.size == 0:  # the grid missed the optimum by a hair: the interval is the fitted A
-        return AProfile(result.A, result.A, level, cap, result.A >= cap - 1e-12, False, grid, sse, threshold)
+    if inside.size == 0:  # the grids missed the optimum: nothing can be said of A
+        return AProfile(float(lo), cap, level, cap, True, True, grid, sse, threshold)
     low, high = float(grid[inside[0]]), float(grid[inside[-1]])
     low, high = min(low, result.A), max(high, min(result.A, cap))
     return AProfile(low, high, level, cap, high >= cap - 1e-9, bool(floor_hit and inside[0] == 0), grid, sse, threshold)

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, Efficiency, PairComparison, common_window,
-                              compare_pair, compare_sweep, efficiency, parse_equivalence, tail_values)
+                              compare_pair, compare_sweep, efficiency, parse_equivalence, seed_key, tail_values)
 from analysis.findings import FINDINGS, Claim
 from analysis.protocol import Margin, Protocol, get_protocol, margin_from_seed_fits, sweep_protocol, t_quantile
 from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve
@@ -407,16 +407,30 @@ def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: 
 
 def _fits_by_seed(runs: pd.DataFrame, config: str) -> dict[Any, FitResult | None]:
     g = runs[runs["config"] == config]
-    return {(s if pd.notna(s) else f"#{i}"): f for i, (s, f) in enumerate(zip(g["seed"], g["fit"]))}
+    return {seed_key(s, p): f for s, p, f in zip(g["seed"], g["path"], g["fit"])}
+
+
+def _adaptive_stops(paths: Sequence[str]) -> set[str]:
+    """Configurations an adaptive sweep stopped (`<sweep dir>/adaptive.jsonl`, written by `scalerl
+    sweep --adaptive`): their runs end early by design and set no window."""
+    from analysis.runs import read_jsonl
+
+    stopped: set[str] = set()
+    for sweep_dir in {Path(p).parent for p in paths if p}:
+        rows, _ = read_jsonl(sweep_dir / "adaptive.jsonl")
+        stopped |= {str(r.get("config")) for r in rows if r.get("action") == "stop"}
+    return stopped
 
 
 def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.DataFrame, float]:
     """Add `tail` (analysis/compare.py) to each run of one sweep: the window ends at the smallest
-    final compute among the runs that finished (all runs when none has)."""
+    final compute among the runs that finished (all runs when none has), a configuration an
+    adaptive sweep stopped left out; a run that ends before the window does has no tail."""
     groups = {p: g for p, g in ev.groupby("path", sort=False)} if not ev.empty else {}
     curves = {p: run_curve(g, compute) for p, g in groups.items()}
     curves = {p: cr for p, cr in curves.items() if len(cr[0])}
-    done = set(table.loc[table["status"] == "done", "path"]) & set(curves)
+    stopped = _adaptive_stops(list(table["path"]))
+    done = set(table.loc[(table["status"] == "done") & ~table["config"].isin(stopped), "path"]) & set(curves)
     end = common_window(float(curves[p][0][-1]) for p in (done or curves))
     tails = tail_values(curves, end)
     return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end), end

@@ -69,10 +69,13 @@ def budget_of(bindings: Sequence[str]) -> float | None:
 
 
 def _append(sweep_dir: Path, rows: Sequence[dict]) -> None:
+    """A rung's decisions in ONE write (a crash cannot leave half a rung recorded), synced."""
+    import os
+
     with open(Path(sweep_dir) / ADAPTIVE_FILE, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
         f.flush()
+        os.fsync(f.fileno())
 
 
 def _reopen(run_dir: Path, rung: float) -> None:
@@ -108,7 +111,8 @@ def _evidence(sweep_dir: Path, configs: set[str], rung: float, budget: float, co
 
 
 def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs: Sequence[float],
-                 equivalence: float, keep_equivalent: bool, console: Any, poll_s: float = 10.0) -> int:
+                 equivalence: float, keep_equivalent: bool, console: Any, poll_s: float = 10.0,
+                 retry_failed: bool = False) -> int:
     """Run `runs` (one sweep, expanded) rung by rung; 0 when every rung is decided, 1 on a failed run
     (re-running the same command goes on from there), 2 when the sweep cannot be adaptive."""
     from analysis.adaptive import decide_rung, parse_rungs, stop_level
@@ -137,7 +141,7 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
         cut = rung * budget
         rung_runs = [dataclasses.replace(r, bindings=tuple(r.bindings) + (f"{BUDGET_KEY} = {cut:g}",)) for r in alive]
         planned = []
-        for p in plan(rung_runs, root):
+        for p in plan(rung_runs, root, retry_failed=retry_failed):
             logged = _logged_flops(p.run_dir)
             if p.action == "skip-done" and logged is not None and logged < cut * (1 - 1e-9):
                 _reopen(p.run_dir, rung)  # finished the previous rung: goes on from its checkpoint
@@ -154,6 +158,12 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
             console.print(f"rung {rung:g} not decided: {len(failed)} run(s) failed; the same command goes on from here "
                           "(--retry-failed to train them again)")
             return 1
+        short = _not_at(root, spec.name, alive, cut)
+        if short:  # still queued or running elsewhere, failed before, or cut short: decide on whole rungs only
+            console.print(f"rung {rung:g} not decided: {len(short)} run(s) have not reached {cut:.3g} FLOPs ("
+                          + ", ".join(short[:8]) + (" ..." if len(short) > 8 else "") + "); the same command goes on "
+                          "from here once they have (--retry-failed trains failed ones again)", highlight=False)
+            return 1
         evidence = _evidence(sweep_dir, {config_name(r.name) for r in alive}, rung, budget, "flops")
         decisions = decide_rung(evidence, rung, equivalence=equivalence, keep_equivalent=keep_equivalent, level=level)
         _append(sweep_dir, [{**d.as_dict(), "budget": budget, "cut": cut, "level": level if rung < 1 else 0.95,
@@ -163,6 +173,22 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
             if d.action == "stop":
                 stopped.add(d.config)
     return 0
+
+
+def _not_at(root: Path, sweep: str, runs: Sequence[Any], cut: float) -> list[str]:
+    """The runs (names, with why) that have not finished this rung: not done, or short of its FLOPs."""
+    from experiments.run_state import read_json
+
+    out = []
+    for r in runs:
+        run_dir = Path(root) / sweep / r.name
+        status = (read_json(run_dir / "run.json") or {}).get("status")
+        flops = _logged_flops(run_dir)
+        if status != "done":
+            out.append(f"{r.name} ({status or 'not started'})")
+        elif flops is None or flops < cut * (1 - 1e-9):
+            out.append(f"{r.name} (at {flops or 0:.3g} FLOPs)")
+    return out
 
 
 def _logged_flops(run_dir: Path) -> float | None:

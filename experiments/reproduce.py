@@ -583,7 +583,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     configs.to_csv(tables / "configs.csv", index=False)
     claims.to_csv(tables / "claims.csv", index=False)
     runs.to_csv(tables / "runs.csv", index=False)
-    pairs = pd.DataFrame([p.as_dict() for sm in summaries.values() for p in sm.pairs])
+    pairs = pd.DataFrame([p.as_row() for sm in summaries.values() for p in sm.pairs])
     pairs.to_csv(tables / "pairs.csv", index=False)
     if pred is not None:
         pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)

@@ -197,7 +197,7 @@ def _adaptive(spec: SweepSpec, runs: Sequence[RunSpec], opts: LaunchOptions, roo
     try:
         return run_adaptive(spec, runs, opts, root, rungs=args.rungs, equivalence=args.equivalence,
                             keep_equivalent=args.keep_equivalent, console=console,
-                            poll_s=2.0 if opts.executor != "slurm" else 5.0)
+                            poll_s=2.0 if opts.executor != "slurm" else 5.0, retry_failed=args.retry_failed)
     except AdaptiveError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2

@@ -590,3 +590,32 @@ def test_scalerl_fit_writes_its_tables_next_to_the_runs_and_predicts_with_an_int
     assert ok["predicted_low"].between(0, 1).all() and ok["predicted_high"].between(0, 1).all()
     assert main(["fit", str(sweep), "--predict-boot", "-1"]) == 2
     capsys.readouterr()
+
+
+def test_runs_without_seeds_are_never_paired_and_a_duplicate_seed_is_an_error():
+    rows = pd.DataFrame({"config": ["a"] * 3 + ["b"] * 3, "seed": [None] * 6, "path": [f"p{i}" for i in range(6)],
+                         "tail": [0.5, 0.6, 0.7, 0.51, 0.61, 0.71]})
+    pair = compare_pair(rows, "s", "a", "b", "tail")
+    assert not pair.diff.paired and pair.diff.n == 6 and pair.verdict == "inconclusive"
+    dup = rows.assign(seed=[0, 0, 1, 0, 1, 2])
+    with pytest.raises(ValueError, match="two runs with seed 0"):
+        compare_pair(dup, "s", "a", "b", "tail")
+
+
+def test_a_run_that_stops_before_the_window_has_no_tail():
+    from analysis.compare import tail_values
+
+    c = np.linspace(1, 10, 10)
+    out = tail_values({"done": (c, np.full(10, 0.8)), "short": (c[:9] - 0.5, np.full(9, 0.7))}, end=10.0)
+    assert out["done"] == pytest.approx(0.8) and math.isnan(out["short"])
+
+
+def test_compare_json_objects_carry_exactly_the_contract_fields(tmp_path, capsys):
+    from experiments.cli import main
+
+    write_sweep(tmp_path, "loss_type", "train.loss", {"cispo": (0.6, 1.8, 1.0), "gspo": (0.6, 1.8, 1.0)},
+                seeds=SEEDS3, noise=0.01, final_compute=10.0, **RUN_KW)
+    assert main(["compare", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(set(r) == {"sweep", "a", "b", "metric", "delta", "low", "high", "n", "paired", "identified",
+                                   "verdict"} for r in rows)
