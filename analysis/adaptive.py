@@ -46,12 +46,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import (ALPHA as TOST_ALPHA, DEFAULT_EQUIVALENCE, TAIL_FRACTION, Difference, common_window,
-                              difference, tail_values, verdict_of)
+                              difference, seed_key, tail_values, verdict_of)
 from analysis.runs import epoch_info, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import FitError, fit, profile_A, sigmoid
 
-__all__ = ["DEFAULT_RUNGS", "ALPHA", "stop_level", "parse_rungs", "blocked_differences", "Evidence", "Decision", "ReplayResult", "rung_evidence", "decide_rung",
-           "replay_sweep", "replay"]
+__all__ = ["DEFAULT_RUNGS", "ALPHA", "stop_level", "parse_rungs", "blocked_differences", "Evidence", "Decision",
+           "ReplayResult", "rung_evidence", "decide_rung", "sweep_curves", "replay_sweep", "replay"]
 
 DEFAULT_RUNGS = (0.25, 0.5, 1.0)
 MIN_POINTS = 6  # a prefix fit needs this many evaluations up to the rung
@@ -227,28 +227,40 @@ class ReplayResult:
                 "stopped": [{"config": s["config"], "rung": s["rung"]} for s in self.stopped]}
 
 
-def replay_sweep(sweep: str, ev: pd.DataFrame, runs: pd.DataFrame | None = None, *, compute: str = "auto",
-                 rungs: Sequence[float] = DEFAULT_RUNGS, equivalence: float = DEFAULT_EQUIVALENCE,
-                 keep_equivalent: bool = False, predict: bool = True) -> ReplayResult | None:
-    """Simulate the adaptive rule on one finished sweep (None: fewer than two configurations)."""
+def sweep_curves(ev: pd.DataFrame, runs: pd.DataFrame | None, compute: str, *, finished_only: bool = False
+                 ) -> tuple[dict, dict, dict, dict]:
+    """Per run (key: its path) of one sweep: (compute [n], pass rate [n]), its configuration, its
+    pairing key (`analysis.compare.seed_key`) and the compute at the end of its epoch 1 — what the
+    rule reads, in `replay` and in the live adaptive sweep alike. finished_only: runs whose run.json
+    says done."""
     from analysis.runs import config_name
 
-    rungs = parse_rungs(rungs)
-    compute = resolve_compute(runs if runs is not None else ev, compute)
-    curves, cfg_of, seed_of, ep1 = {}, {}, {}, {}
     metas = {m["path"]: m for m in runs.to_dict("records")} if runs is not None else {}
-    finished = set(runs.loc[runs["status"] == "done", "path"]) if runs is not None and "status" in runs else None
+    keep = set(metas) if runs is not None else None
+    if finished_only and runs is not None and "status" in runs:
+        keep = set(runs.loc[runs["status"] == "done", "path"])
+    curves, cfg_of, seed_of, ep1 = {}, {}, {}, {}
     for path, g in ev.groupby("path", sort=False):
-        if finished is not None and path not in finished:  # a failed or running run is no finished sweep's
+        if keep is not None and path not in keep:
             continue
         c, r = run_curve(g, compute)
         if not len(c):
             continue
+        meta = metas.get(path, g.iloc[0].to_dict())
         curves[path] = (c, r)
-        cfg_of[path] = str(g["config"].iloc[0]) if "config" in g else config_name(g["run"].iloc[0])
-        seed = g["seed"].iloc[0]
-        seed_of[path] = seed if pd.notna(seed) else path
-        ep1[path] = epoch_info(metas.get(path, g.iloc[0].to_dict()), compute)[0]
+        cfg_of[path] = str(meta.get("config") or config_name(meta["run"]))
+        seed_of[path] = seed_key(meta.get("seed"), path)
+        ep1[path] = epoch_info(meta, compute)[0]
+    return curves, cfg_of, seed_of, ep1
+
+
+def replay_sweep(sweep: str, ev: pd.DataFrame, runs: pd.DataFrame | None = None, *, compute: str = "auto",
+                 rungs: Sequence[float] = DEFAULT_RUNGS, equivalence: float = DEFAULT_EQUIVALENCE,
+                 keep_equivalent: bool = False, predict: bool = True) -> ReplayResult | None:
+    """Simulate the adaptive rule on one finished sweep (None: fewer than two configurations)."""
+    rungs = parse_rungs(rungs)
+    compute = resolve_compute(runs if runs is not None else ev, compute)
+    curves, cfg_of, seed_of, ep1 = sweep_curves(ev, runs, compute, finished_only=True)
     configs = list(dict.fromkeys(cfg_of.values()))
     if len(configs) < 2:
         return None

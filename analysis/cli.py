@@ -12,31 +12,25 @@ import numpy as np
 import pandas as pd
 
 
-def _min_compute_arg(text: str):
-    from analysis.protocol import parse_min_compute
+def _parsed_by(target: str):
+    """An argparse `type` that parses with `module:function` (imported when an argument is parsed,
+    so building the parser stays light) and turns its ValueError into argparse's usage error."""
+    def parse(text: str):
+        import importlib
 
-    try:
-        return parse_min_compute(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        module, _, name = target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
-
-def _margin_arg(text: str):
-    from analysis.study import parse_margin
-
-    try:
-        return parse_margin(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
-def _equivalence_arg(text: str) -> float:
-    from analysis.compare import parse_equivalence
-
-    try:
-        return parse_equivalence(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+_min_compute_arg = _parsed_by("analysis.protocol:parse_min_compute")
+_margin_arg = _parsed_by("analysis.study:parse_margin")
+_equivalence_arg = _parsed_by("analysis.compare:parse_equivalence")
+_rungs_arg = _parsed_by("analysis.adaptive:parse_rungs")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -312,15 +306,6 @@ def compare_main(args: argparse.Namespace) -> int:
     console.print("verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in
                                            ("better", "worse", "equivalent", "inconclusive")), highlight=False)
     return 0
-
-
-def _rungs_arg(text: str):
-    from analysis.adaptive import parse_rungs
-
-    try:
-        return parse_rungs(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

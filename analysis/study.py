@@ -290,9 +290,6 @@ class SweepSummary:
     def contended(self) -> list[str]:
         return self.runs.loc[self.runs["contended"].fillna(False).astype(bool), "run"].tolist()
 
-    def fits_by_seed(self, config: str) -> dict[Any, FitResult | None]:
-        return _fits_by_seed(self.runs, config)
-
 
 def _config_table(runs: pd.DataFrame, margin: Margin) -> pd.DataFrame:
     rows = []

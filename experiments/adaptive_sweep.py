@@ -23,11 +23,12 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from experiments.sweep_spec import BUDGET_KEY, budget_of
+
 __all__ = ["ADAPTIVE_FILE", "AdaptiveError", "read_decisions", "stopped_configs", "budget_of", "run_adaptive",
            "stop_text"]
 
 ADAPTIVE_FILE = "adaptive.jsonl"
-BUDGET_KEY = "train.compute_budget_flops"
 
 
 class AdaptiveError(ValueError):
@@ -55,19 +56,6 @@ def stop_text(decision: dict) -> str:
     return f"stopped (rung {decision['rung']:g}: {what} {decision['best']}{ev})"
 
 
-def budget_of(bindings: Sequence[str]) -> float | None:
-    """The FLOP budget a run's bindings set (the last binding wins), or None."""
-    budget = None
-    for b in bindings:
-        key, _, value = b.partition("=")
-        if key.strip() == BUDGET_KEY:
-            try:
-                budget = float(value.strip())
-            except ValueError:
-                budget = None
-    return budget
-
-
 def _append(sweep_dir: Path, rows: Sequence[dict]) -> None:
     """A rung's decisions in ONE write (a crash cannot leave half a rung recorded), synced."""
     import os
@@ -92,18 +80,11 @@ def _reopen(run_dir: Path, rung: float) -> None:
 
 def _evidence(sweep_dir: Path, configs: set[str], rung: float, budget: float, compute: str):
     """config -> seed -> analysis.adaptive.Evidence of the runs of `configs` cut at rung × budget."""
-    from analysis.adaptive import rung_evidence
-    from analysis.runs import epoch_info, load_runs, run_curve
+    from analysis.adaptive import rung_evidence, sweep_curves
+    from analysis.runs import load_runs
 
     ev, runs = load_runs(sweep_dir, what="eval"), load_runs(sweep_dir, what="runs")
-    runs = runs[runs["config"].isin(configs)]
-    metas = {m["path"]: m for m in runs.to_dict("records")}
-    curves, cfg, seed, ep1 = {}, {}, {}, {}
-    for path, g in ev[ev["path"].isin(set(runs["path"]))].groupby("path", sort=False):
-        c, r = run_curve(g, compute)
-        if len(c):
-            curves[path], cfg[path], seed[path] = (c, r), metas[path]["config"], metas[path]["seed"]
-            ep1[path] = epoch_info(metas[path], compute)[0]
+    curves, cfg, seed, ep1 = sweep_curves(ev, runs[runs["config"].isin(configs)], compute)
     out: dict[str, dict] = {}
     for path, e in rung_evidence(curves, budget, rung, ep1).items():
         out.setdefault(cfg[path], {})[seed[path]] = e

@@ -53,6 +53,7 @@ from experiments.slurm import check_partition
 from experiments.submission import LaunchOptions, submit, wait
 from experiments.sweep_cli import add_slurm_arguments, options_from_args, print_plan
 from experiments.sweep_spec import RunSpec, SweepSpec, select_runs
+from experiments.sweep_spec import budget_of as _budget_of  # the tiny scale's stopping rule
 
 __all__ = ["add_arguments", "main", "select_specs", "plan_study", "collect", "write_report", "COLLECTED_FILES",
            "REPORT_FILE", "REASONS_FILE"]
@@ -121,22 +122,6 @@ def _status(run_dir: Path) -> str | None:
 def run_contention(run_dir: Path) -> float | None:
     x = _last_metrics(run_dir).get("contention_run")
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-_BUDGET_KEY = "train.compute_budget_flops"  # sweep_spec.TINY_SCALE_BINDINGS: the tiny scale's stopping rule
-
-
-def _budget_of(bindings: Sequence[str]) -> float | None:
-    """The compute budget a list of gin bindings sets (the last binding wins), or None."""
-    budget = None
-    for b in bindings:
-        key, _, value = b.partition("=")
-        if key.strip() == _BUDGET_KEY:
-            try:
-                budget = float(value.strip())
-            except ValueError:
-                budget = None  # `None` or an expression: no number to compare against
-    return budget
 
 
 def _logged_budget(run_dir: Path) -> float | None:

@@ -268,6 +268,23 @@ TINY_SCALE_BINDINGS = (f"train.compute_budget_flops = {TINY_COMPUTE_BUDGET_FLOPS
                        f"train.total_steps = {TINY_MAX_STEPS}")
 
 
+BUDGET_KEY = "train.compute_budget_flops"  # the binding TINY_SCALE_BINDINGS sets
+
+
+def budget_of(bindings: Sequence[str]) -> float | None:
+    """The FLOP budget a list of gin bindings sets (the last binding wins), or None (none, `None`, or
+    an expression: no number to compare against)."""
+    budget = None
+    for b in bindings:
+        key, _, value = b.partition("=")
+        if key.strip() == BUDGET_KEY:
+            try:
+                budget = float(value.strip())
+            except ValueError:
+                budget = None
+    return budget
+
+
 def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
     """The runs of a sweep at `scale` ("paper" or "tiny"), in spec order, seeds innermost."""
     if scale not in ("paper", "tiny"):

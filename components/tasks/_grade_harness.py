@@ -218,6 +218,8 @@ CPU_POLL_S = 0.02
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+# Kept in step with _sandbox_supervisor.py's copy by hand: each file runs alone in the sandbox (as a script's
+# source, with only the standard library there), so neither can import the other.
 def _proc_stats() -> dict:
     """{pid: (ppid, CPU seconds of the process and of the children it reaped)} of every live process."""
     out = {}

@@ -47,6 +47,8 @@ CPU_POLL_S = 0.05
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# Kept in step with _grade_harness.py's copy by hand: each file runs alone in the sandbox (as a script's
+# source, with only the standard library there), so neither can import the other.
 def _proc_stats():
     """{pid: (ppid, CPU seconds of the process and of the children it reaped)} of every visible process."""
     out = {}
