@@ -6,6 +6,7 @@ of the reproduction report."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +65,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--csv", default=None,
-                        help="per-run table (default: RUNS/fits.csv, next to the runs); beside it <stem>_configs.csv "
+                        help="per-run table, a file or a directory (DIR/fits.csv) (default: RUNS/fits.csv, next to "
+                             "the runs); beside it <stem>_configs.csv "
                              "(per configuration: A, B and tail with intervals over seeds), <stem>_claims.csv (the "
                              "paper's findings judged on each metric) and <stem>_pairs.csv (every pair compared)")
     parser.add_argument("--fraction", type=float, default=None,
@@ -126,6 +128,8 @@ def fit_main(args: argparse.Namespace) -> int:
     out = runs.drop(columns=["fit"])
     root = Path(args.runs)
     csv = Path(args.csv) if args.csv else (root if root.is_dir() else root.parent) / "fits.csv"
+    if args.csv and (csv.is_dir() or args.csv.endswith(("/", os.sep))):  # --csv DIR: DIR/fits.csv
+        csv = csv / "fits.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(csv, index=False)
     configs.to_csv(csv.with_name(f"{csv.stem}_configs.csv"), index=False)

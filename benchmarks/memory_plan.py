@@ -7,7 +7,7 @@ sequence 16 prompt + 112 completion tokens, 4 micro-batches per step), resets th
 peak resident set (`/proc/self/clear_refs` 5), runs `--steps` learner steps (the first
 allocates AdamW's state, so the peak covers gradients + optimizer state + activations + the
 logits chunk) and reports the peak RSS increase (VmHWM - VmRSS before the steps). The estimate
-is `experiments.plan.learner_memory` with GPU-free numbers (no overhead allowance) minus the
+is `experiments.memory_model.learner_memory` with GPU-free numbers (no overhead allowance) minus the
 parameters, which are resident before the baseline.
 
 Every configuration is measured twice: with glibc's mmap threshold pinned at 128 KiB
@@ -78,7 +78,7 @@ def measure_one(tokens: int, checkpointing: bool, steps: int = 2, chunk: int = 1
     from components.registry import load_builtin_components
     from components.trainer.config import TrainConfig
     from components.trainer.learner import Learner
-    from experiments.plan import LearnerLayout, ModelShape, learner_memory
+    from experiments.memory_model import LearnerLayout, ModelShape, learner_memory
 
     load_builtin_components()
     seq = PROMPT + COMPLETION

@@ -17,6 +17,9 @@ Samples per second = prompts x generations / seconds per step. Ratios are within
 
     python benchmarks/trainer.py                      # defaults: 8 prompts x 4 generations x 32 tokens, 30 steps
     python benchmarks/trainer.py --steps 30 --out benchmarks/results/trainer.md
+    # did a change slow the trainer? this tree against another checkout, interleaved pair by pair
+    git worktree add /tmp/baseline <commit>
+    python benchmarks/trainer.py --variants ours_sync,ours_pipeline --baseline /tmp/baseline --repeats 5
 """
 
 from __future__ import annotations
@@ -187,17 +190,19 @@ def _tree_rss(proc) -> int:
     return total
 
 
-def measure(variant: str, args) -> dict:
-    """Run one variant in a child process; its step times, samples/s and the peak RSS of its process tree."""
+def measure(variant: str, args, tree: Path = REPO) -> dict:
+    """Run one variant in a child process; its step times, samples/s and the peak RSS of its process tree.
+    `tree`: the checkout whose code runs (another one: `--baseline`)."""
     import psutil
 
     with tempfile.TemporaryDirectory(prefix="bench-result-") as tmp:
         result_path = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--result", str(result_path),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, str(tree / "benchmarks" / "trainer.py"), "--child", variant, "--result", str(result_path),
                "--steps", str(args.steps), "--prompts", str(args.prompts), "--generations", str(args.generations),
                "--max-tokens", str(args.max_tokens), "--trl-threads", str(args.trl_threads)] + [x for g in args.gin for x in ("--gin", g)]
         t0 = time.perf_counter()
-        child = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(cmd, cwd=str(tree), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         proc = psutil.Process(child.pid)
         peak = [0]
         stop = threading.Event()
@@ -240,6 +245,23 @@ def median_result(rs: list[dict]) -> dict:
     out["sec_per_step_all"] = [r["sec_per_step"] for r in rs]
     out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in rs)
     return out
+
+
+def baseline_table(variants: list[str], runs: dict[str, list[dict]], args) -> str:
+    """This tree's step time against the baseline checkout's, per variant: the median of the
+    per-repeat ratios (each pair ran back to back) and the medians of each side."""
+    import statistics
+
+    lines = [f"Step time against the baseline checkout `{args.baseline}` (interleaved, {args.repeats} pairs):", "",
+             "| variant | this tree s/step (median) | baseline s/step (median) | ratio this/baseline (median of pairs) | pair ratios |",
+             "|---|---|---|---|---|"]
+    for v in variants:
+        mine = [r["sec_per_step"] for r in runs[v]]
+        base = [r["sec_per_step"] for r in runs[v + "@baseline"]]
+        ratios = [a / b for a, b in zip(mine, base)]
+        lines.append(f"| {VARIANTS[v]} | {statistics.median(mine):.3f} | {statistics.median(base):.3f} | "
+                     f"{statistics.median(ratios):.3f} | {', '.join(f'{x:.3f}' for x in ratios)} |")
+    return "\n".join(lines)
 
 
 def table(results: list[dict], args) -> str:
@@ -289,6 +311,10 @@ def parse_args(argv: Optional[list[str]] = None):
     p.add_argument("--gin", action="append", default=[], help="extra gin binding for our trainer and the shared config")
     p.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default, all cores)")
     p.add_argument("--out", default=None, help="also write the markdown table (and a .json) here")
+    p.add_argument("--baseline", default=None, metavar="CHECKOUT",
+                   help="another checkout of this repository (e.g. `git worktree add /tmp/old <commit>`): every "
+                        "variant also runs from it, interleaved with this tree's (this, baseline, this, ...), and "
+                        "the table gives this tree's step time over the baseline's")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -313,16 +339,26 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     cfg, _, _ = prepare([CONFIG], _common_bindings(args) + list(args.gin))
     print(f"model: {cfg.model_path}", flush=True)
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    trees = {"": REPO}
+    if args.baseline:
+        baseline = Path(args.baseline).expanduser().resolve()
+        if not (baseline / "benchmarks" / "trainer.py").is_file():
+            print(f"--baseline {args.baseline!r} is not a checkout of this repository (no benchmarks/trainer.py)", file=sys.stderr)
+            return 2
+        trees["@baseline"] = baseline
+    runs: dict[str, list[dict]] = {v + t: [] for v in variants for t in trees}
     for rep in range(args.repeats):  # interleaved, so a burst of load hits every variant alike
         for v in variants:
-            print(f"[{rep + 1}/{args.repeats}] running {VARIANTS[v]} ...", flush=True)
-            r = measure(v, args)
-            print(f"  {r['sec_per_step']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, peak {r['peak_rss_mib']:.0f} MiB "
-                  f"(wall {r['wall_s']:.0f} s)", flush=True)
-            runs[v].append(r)
+            for tag, tree in trees.items():
+                print(f"[{rep + 1}/{args.repeats}] running {VARIANTS[v]}{tag} ...", flush=True)
+                r = measure(v, args, tree)
+                print(f"  {r['sec_per_step']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, peak {r['peak_rss_mib']:.0f} MiB "
+                      f"(wall {r['wall_s']:.0f} s)", flush=True)
+                runs[v + tag].append(r)
     results = [median_result(runs[v]) for v in variants]
     md = table(results, args)
+    if args.baseline:
+        md += "\n\n" + baseline_table(variants, runs, args)
     print()
     print(md)
     if args.out:

@@ -24,7 +24,7 @@ downloads are allowed).
 | ``answer_column`` | first of answer, final_answer, expected_answer | the gold answer |
 | ``tests_column`` | first of tests, test, input_output, public_test_cases | the unit tests (code) |
 | ``reward`` / ``pass_threshold`` | None / 1.0 | a plain-function reward (`REWARDS`), called with the row |
-| ``prompt_template`` | math: boxed-answer instruction; code: the code_file instruction | ``{problem}`` (and ``{instruction}`` for code) |
+| ``prompt_template`` | math: boxed-answer instruction; code: the code_file instruction | ``{problem}`` (and ``{instruction}`` for code); a problem already in the template's form is kept (`apply_template`) |
 | ``system_prompt`` | None | a system message before every problem (chat template) |
 | ``limit`` | None | keep the first N problems |
 | code limits | as code_file | ``cpu_seconds``, ``wall_seconds``, ``memory_mb``, ``max_tests``, ``allow_network``, ``allow_unsafe`` (ignored where ``grader = "auto"`` finds no tests) |
@@ -44,7 +44,7 @@ from components.tasks.base import Problem, Task, Verdict
 from components.tasks.common import SYSTEM_PROMPT_KEY
 
 __all__ = ["Benchmark", "BenchmarkTask", "load_benchmark", "load_benchmarks", "benchmark_name", "BENCHMARK_KEYS",
-           "GRADERS"]
+           "GRADERS", "apply_template"]
 
 GRADERS = ("auto", "math", "code", "reward")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq", ".csv", ".arrow")
@@ -171,6 +171,27 @@ def _pick(columns: Sequence[str], given: Optional[str], candidates: Sequence[str
     return next((c for c in candidates if c in columns), None)
 
 
+def apply_template(template: str, text: str, instruction: str = "") -> str:
+    """The user message: `template` with ``{problem}`` (and ``{instruction}``) filled in.
+
+    A problem already written in the template's form is kept as it is: where the template has
+    no ``{instruction}`` and the problem begins with the template's text before ``{problem}``
+    and ends with its text after it (e.g. "12+7-3=" under a run's "{problem}="), it is not
+    wrapped a second time.
+    """
+    if "{instruction}" not in template:
+        head, _, tail = template.partition("{problem}")
+        try:
+            head, tail = head.format(), tail.format()  # {{ and }} as the text they stand for
+        except (IndexError, KeyError, ValueError):
+            head = tail = ""
+        stripped = text.strip()
+        if (head.strip() or tail.strip()) and stripped.startswith(head.strip()) and stripped.endswith(tail.strip()) \
+                and len(stripped) > len(head.strip()) + len(tail.strip()):
+            return stripped
+    return template.format(problem=text, instruction=instruction).strip()
+
+
 def _text(x: Any) -> str:
     if x is None or (isinstance(x, float) and x != x):
         return ""
@@ -250,7 +271,7 @@ class BenchmarkTask(Task):
         meta = {"split": "benchmark", "row": i, "task": self.bench}
         if system_prompt:
             meta[SYSTEM_PROMPT_KEY] = system_prompt
-        prompt = template.format(problem=text, instruction=instruction).strip()
+        prompt = apply_template(template, text, instruction)
         return Problem(id=pid, prompt=prompt, answer=None if self.grader == "code" else answer, meta=meta)
 
     def train_problems(self) -> list[Problem]:

@@ -33,7 +33,8 @@ from torch import Tensor
 
 from components.registry import LOSSES
 
-__all__ = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop", "loss_diagnostics", "token_ratio", "STANDARD_DIAGNOSTICS"]
+__all__ = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop", "dppo", "loss_diagnostics", "token_ratio",
+           "STANDARD_DIAGNOSTICS"]
 
 # ---------------------------------------------------------------------------------------
 # shared pieces
@@ -97,6 +98,10 @@ def ppo_dual_clip_diagnostics(logp, gen_logp, advantages, mask, *, eps_low=0.2, 
 def icepop_diagnostics(logp, gen_logp, advantages, mask, *, low=0.5, high=2.0) -> dict:
     ratio = token_ratio(logp, gen_logp)
     return _clip_frac((ratio < low) | (ratio > high), mask)
+
+
+def dppo_diagnostics(logp, gen_logp, advantages, mask, *, delta_low=0.2, delta_high=0.2, kl_tau=0.0) -> dict:
+    return _clip_frac(_dppo_outside(logp, gen_logp, advantages, delta_low, delta_high), mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -190,6 +195,60 @@ def icepop(
     keep = (ratio >= low) & (ratio <= high)  # [B, T]
     weight = torch.where(keep, ratio, torch.zeros_like(ratio))  # [B, T]
     return _masked(-weight * advantages[:, None] * logp, mask)  # [B, T]
+
+
+# ---------------------------------------------------------------------------------------
+# DPPO (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv 2602.04879):
+# a trust region by a divergence bound on the sampled token, not by ratio clipping; prime-rl's default loss
+def _dppo_outside(logp: Tensor, gen_logp: Tensor, advantages: Tensor, delta_low: float, delta_high: float) -> Tensor:
+    """Where DPPO-Binary-TV masks a token: the sampled token's probability moved past the trust region
+    in the direction its advantage pushes it (pi - mu > delta_high with A > 0, < -delta_low with A < 0).  [B, T] bool"""
+    diff = torch.exp(logp.detach()) - torch.exp(gen_logp.detach())  # [B, T]: pi(y_t) - mu(y_t)
+    adv = advantages[:, None]  # [B, 1]
+    return ((adv > 0) & (diff > delta_high)) | ((adv < 0) & (diff < -delta_low))  # [B, T]
+
+
+@LOSSES.register("dppo", ranges={"delta_low": ">= 0", "delta_high": ">= 0", "kl_tau": ">= 0"},
+                 diagnostics=dppo_diagnostics)
+def dppo(
+    logp: Tensor,
+    gen_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    kl_tau: float = 0.0,
+) -> Tensor:
+    """DPPO-Binary-TV: -M * rho * A, M = 0 where the token's probability left the TV trust region (+ kl_tau * log^2 rho).
+
+    Per token, with rho = pi / mu (mu = the generator's pi_gen, `gen_logp`) and the total variation
+    of the binary distribution {sampled token, any other token}, D_TV = |pi(y_t) - mu(y_t)|::
+
+        loss_t = -M_t * rho_t * A + kl_tau * (log rho_t)^2
+        M_t    = 0  if (A > 0 and pi(y_t) - mu(y_t) > delta_high) or (A < 0 and pi(y_t) - mu(y_t) < -delta_low)
+                 1  otherwise
+
+    Sources: the DPPO objective with its Binary-TV approximation (arXiv 2602.04879: the masked
+    surrogate M_t * r_t * A_t, M_t = 0 when the update leaves the divergence bound in the
+    advantage's direction; sail-sg/Stable-RL `dppo_tv`), and prime-rl's default loss
+    (src/prime_rl/trainer/rl/loss.py `default_loss_fn`, docs/algorithms.md "Default RL Loss":
+    `dppo_mask_low` = `dppo_mask_high` = 0.2, the mask on pi - mu, the un-truncated ratio, plus
+    `kl_tau` (1e-3 there) times the squared log-ratio on every trained token, after Kimi-K2.5).
+    kl_tau = 0 (the default) is the paper's DPPO; kl_tau = 1e-3 is prime-rl's default loss.
+    The mask carries no gradient, so d loss_t / d log pi = -M_t * rho_t * A + 2 kl_tau log rho_t.
+
+    Differences: the paper's Top-K divergence approximation needs the top-K probabilities of both
+    policies, which this signature (sampled-token log-probs only) does not carry, so it is not here;
+    prime-rl's advantages are per token, ours one per sequence (the same for outcome rewards); how the
+    per-token loss is summed is the run's aggregation (prime-rl sums over tokens / token count).
+    """
+    logp, gen_logp = _sanitize(logp, gen_logp, mask)
+    ratio = token_ratio(logp, gen_logp)  # [B, T]
+    keep = ~_dppo_outside(logp, gen_logp, advantages, delta_low, delta_high)  # [B, T]
+    surrogate = torch.where(keep, ratio * advantages[:, None], torch.zeros_like(ratio))  # [B, T]
+    log_ratio = logp - gen_logp  # [B, T]
+    return _masked(-surrogate + kl_tau * log_ratio.square(), mask)  # [B, T]
 
 
 # ---------------------------------------------------------------------------------------

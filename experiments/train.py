@@ -1,4 +1,4 @@
-"""`scalerl train CONFIG [CONFIG...] [--gin BINDING]... [--run-dir DIR]`: train one run.
+"""`scalerl train CONFIG [CONFIG...] [--gin BINDING]... [--run-dir DIR] [--print-config]`: train one run.
 
 `run_training` is also what a sweep executor (submitit) calls in a fresh process. It is
 safe to call twice on the same run directory: it resumes from the latest checkpoint, and
@@ -8,6 +8,7 @@ returns "done" at once for a run that already finished.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import errno
 import logging
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.config import engine_gpus, parse_gin_files
+from components.trainer.config import attention_of, check_settings, engine_gpus, on_gpu, parse_gin_files
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -27,52 +28,24 @@ from components.trainer.runlog import (
     record_exception,
 )
 
-__all__ = ["run_training", "prepare", "add_arguments", "main"]
+__all__ = ["run_training", "prepare", "check_config", "config_text", "add_arguments", "main"]
 
 log = logging.getLogger("scalerl.train")
 
 
-def validate_components(cfg) -> None:
-    """Unknown component names, a missing model, an unreadable dataset: fail before anything runs."""
+def check_data(cfg) -> None:
+    """The engines can be loaded here, and the task's dataset and the benchmark files read (both splits),
+    now rather than in a generator process later; no model is touched."""
     from components.curricula import build_curriculum
-    from components.models import check_model_path
-    from components.registry import (
-        ADVANTAGE_NORMS,
-        AGGREGATIONS,
-        CURRICULA,
-        LENGTH_CONTROLS,
-        LOSSES,
-        OFF_POLICY,
-        PRECISIONS,
-    )
-    from components.trainer.config import ConfigError, validate
-
-    validate(cfg)
-    try:
-        attention_of(cfg)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    LOSSES.check(cfg.loss)
-    AGGREGATIONS.check(cfg.aggregation)
-    ADVANTAGE_NORMS.check(cfg.advantage_norm)
-    for name in cfg.curriculum:
-        CURRICULA.check(name)
-    OFF_POLICY.get(cfg.off_policy)()  # also validates k
-    PRECISIONS.check(cfg.precision)
-    if cfg.length_control:
-        LENGTH_CONTROLS.check(cfg.length_control)
     from components.engines import check_engine
+    from components.trainer.config import ConfigError
 
     for engine in {cfg.engine, cfg.eval_engine or cfg.engine}:
         try:
             check_engine(engine)  # unknown name: the registry's error; vllm not installed: ImportError
         except ImportError as err:
             raise ConfigError(f"{err} Or use train.engine = \"torch\".") from None
-    from components.tasks import check_task_spec, make_task
-
-    check_task_spec(cfg.task)  # a name, "reasoning_gym:<dataset>" or a mixture {spec: weight}
-    check_model_path(cfg.model_path)
-    # the dataset: build the task and read both splits now, not in a generator process later
+    from components.tasks import make_task
 
     try:
         task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
@@ -97,19 +70,62 @@ def validate_components(cfg) -> None:
             raise ConfigError(f"train.downstream_benchmarks: {type(err).__name__}: {err}") from err
 
 
-def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
-    """Parse and validate; returns (TrainConfig, absolute config files, sys_path). Raises on bad input."""
+def validate_components(cfg) -> None:
+    """Unknown component names, a missing model, an unreadable dataset: fail before anything runs."""
+    from components.models import check_model_path
 
-    from components.trainer.config import ConfigError, train_config
+    from components.trainer.lora import check_targets_of_model
+
+    check_settings(cfg)
+    check_data(cfg)
+    check_model_path(cfg.model_path)
+    check_targets_of_model(cfg)  # train.lora_targets against the model's modules (meta skeleton)
+
+
+def check_config(config_files: Sequence[str], bindings: Sequence[str] = (), *, read_data: bool = True,
+                 on_this_machine: bool = True):
+    """Parse the run's config and refuse every mistake that can be found without its model: gin syntax
+    (the binding at fault named), unknown configurables and parameters (did-you-mean), unknown component
+    names, numbers out of range, inconsistent settings and, with `read_data`, the task's dataset
+    (`on_this_machine`: see `check_settings`).
+    model.path is NOT resolved (resolving it may build a warm start). Returns (TrainConfig with
+    model_path unresolved, absolute config files, sys_path)."""
+    import gin
+
+    from components.trainer.config import UNRESOLVED_MODEL_PATH, ConfigError, train_config
 
     files, sys_path = parse_gin_files(config_files, bindings)
+    cfg = train_config(model_path=UNRESOLVED_MODEL_PATH)
+    check_settings(cfg, on_this_machine)
+    try:  # bound (to a path, an id or a builder): what it names is resolved after these checks
+        gin.query_parameter("model.path")
+    except ValueError:
+        raise ConfigError("model.path is not set: bind it in the gin file or with --gin 'model.path = \"/path\"' "
+                          "(a local checkpoint directory or a Hugging Face hub id)") from None
+    if read_data:
+        check_data(cfg)
+    return cfg, files, sys_path
+
+
+def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
+    """Parse and validate; returns (TrainConfig, absolute config files, sys_path). Raises on bad input.
+
+    Everything that can be checked without the model is checked (`check_config`) before model.path
+    is resolved, since resolving it may build a model (a warm start)."""
+    from components.models import check_model_path
+    from components.trainer.config import ConfigError, train_config
+
+    _unresolved, files, sys_path = check_config(config_files, bindings)
     try:
-        cfg = train_config()
+        cfg = train_config()  # validates again, then resolves model.path
     except (ValueError, TypeError, RuntimeError) as err:
         if "model.path" in str(err) or "REQUIRED" in str(err) or "required" in str(err).lower():
             raise ConfigError(f"model.path is not set: bind it in the gin file or with --gin 'model.path=\"/path\"' ({err})") from err
         raise
-    validate_components(cfg)
+    check_model_path(cfg.model_path)
+    from components.trainer.lora import check_targets_of_model
+
+    check_targets_of_model(cfg)  # train.lora_targets against the model's modules (meta skeleton)
     return cfg, files, sys_path
 
 
@@ -133,19 +149,6 @@ def layout_of(cfg):
 
     return Layout(learner_ranks=cfg.learner_ranks, num_generators=cfg.num_generators,
                   gpus_per_generator=engine_gpus(cfg))
-
-
-def attention_of(cfg) -> str:
-    """The transformers attention implementation the learner uses (train.attn_implementation resolved)."""
-    from components.trainer.attention import learner_attn_implementation
-
-    return learner_attn_implementation(cfg, "cuda" if on_gpu(cfg) else "cpu")
-
-
-def on_gpu(cfg) -> bool:
-    import torch
-
-    return cfg.device != "cpu" and (cfg.device != "auto" or torch.cuda.is_available())
 
 
 def _hardware(cfg) -> dict:
@@ -205,7 +208,9 @@ def run_training(
     try:
         cfg, files, sys_path = prepare(config_files, bindings)
     except Exception as err:
-        if run_dir is not None and record_invalid:  # a sweep's run: record why it never started
+        # a sweep's run (its directory made at submission): record why it never started; a refused
+        # `scalerl train` leaves no run directory behind (it would show up in `scalerl status` and `fit`)
+        if run_dir is not None and record_invalid and run_path.is_dir():
             _record_never_started(run_path, run_info, err)
         raise
     return _supervise_local(cfg, files, sys_path, bindings, run_path, run_info, progress)
@@ -226,6 +231,9 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
     merged.setdefault("seed", cfg.seed)
     merged["attn_implementation"] = attention_of(cfg)
     merged.setdefault("recipe", Path(files[0]).stem if files else None)
+    from components.models import hub_model_info
+
+    merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged
 
@@ -284,8 +292,6 @@ def outlive_step_sigterm() -> None:
 
 def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool) -> str:
     """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
-    import dataclasses
-
     from components.trainer.generator import WorkerSetup, resolve_device
     from components.trainer.worker import run_role
 
@@ -440,6 +446,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("here", "slurm"), default="here",
                         help="here (default): run on this machine; slurm: submit this one run as a Slurm job")
     parser.add_argument("--wait", action="store_true", help="slurm: wait for the job and report")
+    parser.add_argument("--print-config", action="store_true",
+                        help="check the config and print it as gin bindings, defaults included (model.path unresolved); "
+                             "nothing is built, trained or created")
     from experiments.sweep_cli import add_slurm_arguments
 
     add_slurm_arguments(parser.add_argument_group("Slurm (with --executor slurm)"))
@@ -488,8 +497,126 @@ def submit_run(args: argparse.Namespace) -> int:
     return 0 if state == "done" else 1
 
 
+def refusal_message(err: BaseException) -> str:
+    """One clean line for a refused config: the message of a config error as it is (gin's context lines
+    dropped), other errors with their type ("FileNotFoundError: ...")."""
+    from components.registry import ParamRangeError, UnknownComponentError
+    from components.trainer.config import ConfigError, gin_error_message
+
+    msg = gin_error_message(err)
+    return msg if isinstance(err, (ConfigError, UnknownComponentError, ParamRangeError)) else f"{type(err).__name__}: {msg}"
+
+
+def _binding_line(key: str, value) -> str:
+    """`key = value` as gin writes it (a long value continued on indented lines); references as @name() / %MACRO."""
+    import pprint
+
+    lines = pprint.pformat(value, width=96).split("\n")
+    if len(lines) == 1 and len(key) + len(lines[0]) <= 100:
+        return f"{key} = {lines[0]}"
+    return f"{key} = \\\n" + "\n".join("    " + line for line in lines)
+
+
+# constructor arguments the trainer passes itself (from train.*), so a binding or default of them is not used
+_SET_BY_TRAINER = frozenset({"seed", "device", "precision", "model", "tokenizer"})
+
+
+def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> str:
+    """The run's operative configuration as gin bindings: every train.* setting as the trainer reads it
+    (defaults included), model.* and data.* as bound (model.path NOT resolved: resolving it may build a
+    model), the parameters of every component the run uses (defaults and bindings), then every other binding.
+    Call after `check_config` (gin holds the parsed config)."""
+    import gin
+
+    from components.registry import (
+        ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, TASKS,
+        configurable_params,
+    )
+    from components.trainer.config import data_config, model_config
+
+    parsed = {key: dict(values) for key, values in gin.config._CONFIG.items()}  # gin's parsed bindings
+    shown: set = set()
+    out = ["# operative configuration of " + " + ".join(str(f) for f in config_files)
+           + "".join(f"\n#   --gin {b!r}" for b in bindings),
+           "# (defaults included; model.path is shown as bound, not resolved: nothing is built, trained or created;",
+           "#  a component's seed, device and precision come from train.*)"]
+
+    imports = [statement.format() for statement in gin.config.ImportManager(gin.config._IMPORTS).sorted_imports]
+    if imports:
+        out.append("")
+        out.extend(imports)
+    macros = {scope: values.get("value") for (scope, selector), values in parsed.items() if selector == "gin.macro"}
+    if macros:
+        out.append("\n# macros")
+        out.extend(_binding_line(name, value) for name, value in macros.items())
+
+    def section(title: str, selector: str, values: dict) -> None:
+        if values:
+            out.append(f"\n# {title}")
+            out.extend(_binding_line(f"{selector}.{name}", value) for name, value in values.items())
+
+    for title, name, fn in (("model (model.path as bound, not resolved)", "model", model_config), ("data", "data", data_config)):
+        key = ("", gin.config._REGISTRY.get_match(name).selector)
+        values = {p.name: p.default for p in configurable_params(fn) if not p.required and p.default is not gin.REQUIRED}
+        values.update(parsed.get(key, {}))
+        section(title, name, values)
+        shown.add(key)
+    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "model_path"}
+    section("train (every setting, as the trainer reads it)", "train", train)
+    shown.add(("", gin.config._REGISTRY.get_match("train").selector))
+    used = [(LOSSES, cfg.loss, {}), (AGGREGATIONS, cfg.aggregation, {}), (ADVANTAGE_NORMS, cfg.advantage_norm, {})]
+    used += [(CURRICULA, name, {}) for name in cfg.curriculum]
+    used += [(OFF_POLICY, cfg.off_policy, {}), (PRECISIONS, cfg.precision, {})]
+    used += [(LENGTH_CONTROLS, cfg.length_control, {})] if cfg.length_control else []
+    used += [(ENGINES, name, {}) for name in dict.fromkeys([cfg.engine, cfg.eval_engine or cfg.engine])]
+    if isinstance(cfg.task, str) and cfg.task in TASKS:
+        used.append((TASKS, cfg.task, dict(cfg.task_kwargs)))
+    for registry, name, overrides in used:
+        match = gin.config._REGISTRY.get_match(f"{registry.gin_module}.{name}")
+        if match is None:
+            continue
+        key = ("", match.selector)
+        values = {p.name: p.default for p in registry.params(name) if not p.required}
+        values.update(parsed.get(key, {}))
+        values.update({k: v for k, v in overrides.items() if k in values})
+        values = {k: v for k, v in values.items() if k not in _SET_BY_TRAINER}
+        section(f"{registry.family} {name!r} (defaults and bindings)", gin.config._REGISTRY.minimal_selector(match.selector),
+                values)
+        shown.add(key)
+    rest = {key: values for key, values in parsed.items() if key not in shown and key[1] != "gin.macro"}
+    for (scope, selector), values in sorted(rest.items(), key=lambda kv: kv[0][1]):
+        short = gin.config._REGISTRY.minimal_selector(selector)
+        section(f"{short} (bound)", f"{scope + '/' if scope else ''}{short}", values)
+    return "\n".join(out) + "\n"
+
+
+def print_config(args: argparse.Namespace) -> int:
+    """`scalerl train CONFIG --print-config`: check the config, print it, build and create nothing."""
+    try:
+        cfg, files, _sys_path = check_config(args.configs, args.gin, read_data=False, on_this_machine=False)
+        text = config_text(cfg, args.configs, args.gin)
+    except Exception as err:  # a refused config: one clean line
+        print(f"scalerl train: error: {refusal_message(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text, end="", flush=True)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if getattr(args, "print_config", False):
+        return print_config(args)
+    from components.trainer.roles import process_env
+
+    # every mistake that needs no data and no model, refused before a run directory, a warm start or a
+    # Slurm job exists (a task of a multi-task Slurm step checks in run_training, after binding its GPUs)
+    if process_env() is None:
+        try:
+            check_config(args.configs, args.gin, read_data=False,
+                         on_this_machine=getattr(args, "executor", "here") != "slurm")
+        except Exception as err:
+            print(f"scalerl train: error: {refusal_message(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     if getattr(args, "executor", "here") == "slurm":
         return submit_run(args)
     run_dir = args.run_dir or str(default_run_dir(args.configs))
@@ -501,7 +628,7 @@ def main(args: argparse.Namespace) -> int:
             record_invalid=args.run_dir is not None,
         )
     except Exception as err:  # bad input: a clear one-line error, no traceback wall
-        print(f"scalerl train: error: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"scalerl train: error: {refusal_message(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"run {status}: {run_dir}", flush=True)
     if status == "failed" and not failure_in_run_dir(run_dir):  # the error is on stderr and in a fallback file

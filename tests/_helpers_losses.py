@@ -29,6 +29,7 @@ DEFAULTS = {
     "gspo": {"eps_low": 3e-3, "eps_high": 5e-3},
     "ppo_dual_clip": {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0},
     "icepop": {"low": 0.5, "high": 2.0},
+    "dppo": {"delta_low": 0.2, "delta_high": 0.2, "kl_tau": 0.0},
 }
 
 
@@ -91,9 +92,22 @@ def ref_per_token(name: str, logp, gen_logp, advantages, mask, **hp) -> tuple[li
                 # masked IS policy gradient: weight sg(rho) inside [low, high], zero outside
                 w = rho if hp["low"] <= rho <= hp["high"] else 0.0
                 loss[b][t], grad[b][t] = -w * a * lp[b][t], -w * a
+            elif name == "dppo":
+                # DPPO-Binary-TV (arXiv 2602.04879; prime-rl's default loss): -M rho A + kl_tau (log rho)^2,
+                # M = 0 where pi - mu of the sampled token passed the bound in the advantage's direction
+                m_t = 0.0 if _dppo_outside(lp[b][t], glp[b][t], a, hp) else 1.0
+                log_r = lp[b][t] - glp[b][t]
+                loss[b][t] = -m_t * rho * a + hp["kl_tau"] * log_r * log_r
+                grad[b][t] = -m_t * rho * a + 2.0 * hp["kl_tau"] * log_r  # d rho / d logp = rho
             else:
                 raise KeyError(name)
     return loss, grad
+
+
+def _dppo_outside(lp: float, glp: float, a: float, hp: dict) -> bool:
+    """DPPO's trust region on the binary TV |pi - mu| of the sampled token, one-sided by the advantage."""
+    diff = math.exp(lp) - math.exp(glp)
+    return (a > 0 and diff > hp["delta_high"]) or (a < 0 and diff < -hp["delta_low"])
 
 
 def ref_clipped_tokens(name: str, logp, gen_logp, advantages, mask, **hp) -> list:
@@ -124,6 +138,8 @@ def ref_clipped_tokens(name: str, logp, gen_logp, advantages, mask, **hp) -> lis
                      or (a < 0 and rho > hp["dual_clip"]))
             elif name == "icepop":
                 c = not (hp["low"] <= rho <= hp["high"])
+            elif name == "dppo":
+                c = _dppo_outside(lp[b][t], glp[b][t], a, hp)
             else:
                 raise KeyError(name)
             row.append(bool(c))
@@ -275,8 +291,15 @@ def make_batch(kind: str = "wide", seed: int = 0, pad_value: float = 0.0) -> dic
 _THRESHOLDS = (0.5, 0.8, 0.9, 1.1, 1.2, 1.28, 1.4, 1.5, 2.0, 3.0, 4.0, 1 - 3e-3, 1 + 5e-3)
 
 
+# DPPO's bounds on the probability change pi - mu (defaults and the non-default cases), both signs
+_PROB_DIFF_THRESHOLDS = (0.2, 0.1, 0.3)
+
+
 def _assert_off_thresholds(logp, gen_logp, mask) -> None:
-    """No ratio sits on a threshold (ties make sub-gradients ambiguous)."""
+    """No ratio (nor DPPO's probability change) sits on a threshold (ties make sub-gradients ambiguous)."""
     rho = torch.exp(logp - gen_logp)[mask]
     for th in _THRESHOLDS:
         assert (rho - th).abs().min() > 1e-6, f"test batch has a ratio on the threshold {th}"
+    diff = (torch.exp(logp) - torch.exp(gen_logp))[mask]
+    for th in _PROB_DIFF_THRESHOLDS:
+        assert (diff.abs() - th).abs().min() > 1e-6, f"test batch has a probability change on the threshold {th}"

@@ -40,8 +40,8 @@ def _config(config_files: Sequence[str], bindings: Sequence[str]):
 
     gin.clear_config()
     gin.parse_config_files_and_bindings(list(config_files), list(bindings))
-    try:
-        return train_config()
+    try:  # model.path as written: the fake model is never resolved (nor looked for on disk)
+        return train_config(model_path=gin.query_parameter("model.path"))
     finally:
         gin.clear_config()
 

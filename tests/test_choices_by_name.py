@@ -45,7 +45,7 @@ def test_unknown_engine_is_the_registrys_error_everywhere_an_engine_is_chosen():
         engine_gpus(TrainConfig(model_path="/x", engine="vlm"))
     msg = str(err.value)
     assert "Unknown engine 'vlm'" in msg and "Did you mean 'vllm'?" in msg and "torch" in msg
-    from experiments.plan import PlanError, engine_memory_model
+    from experiments.memory_model import PlanError, engine_memory_model
 
     with pytest.raises(PlanError, match="Unknown engine 'torhc'.*Did you mean 'torch'"):
         engine_memory_model("torhc")

@@ -30,7 +30,7 @@ from _helpers_losses import (
 torch.set_num_threads(1)
 
 PAPER_LOSSES = ("grpo", "dapo", "cispo", "gspo")
-EXTRA_LOSSES = ("ppo_dual_clip", "icepop")
+EXTRA_LOSSES = ("ppo_dual_clip", "icepop", "dppo")
 AGGS = ("token_mean", "sample_mean", "prompt_mean")
 
 # (loss, hyper-parameters, batch kind): defaults and one non-default setting per loss
@@ -47,6 +47,9 @@ CASES = [
     ("ppo_dual_clip", {"eps_low": 0.1, "eps_high": 0.28, "dual_clip": 2.0}, "wide"),
     ("icepop", {}, "wide"),
     ("icepop", {"low": 0.8, "high": 1.2}, "wide"),
+    ("dppo", {}, "wide"),
+    ("dppo", {"delta_low": 0.1, "delta_high": 0.3}, "wide"),
+    ("dppo", {"kl_tau": 0.5}, "wide"),  # prime-rl's squared log-ratio term (1e-3 there), made large
 ]
 CASE_IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in hp.items()) or 'default'}" for n, hp, _ in CASES]
 
@@ -320,6 +323,7 @@ def test_gen_logp_gets_no_gradient(name):
         ("gspo", "gspo.eps_low = 0.05\ngspo.eps_high = 0.1", {"eps_low": 0.05, "eps_high": 0.1}),
         ("ppo_dual_clip", "ppo_dual_clip.dual_clip = 2.0", {"dual_clip": 2.0}),
         ("icepop", "icepop.low = 0.8\nicepop.high = 1.2", {"low": 0.8, "high": 1.2}),
+        ("dppo", "dppo.delta_low = 0.1\ndppo.delta_high = 0.3", {"delta_low": 0.1, "delta_high": 0.3}),
         ("cispo", "losses.cispo.eps_max = 1.5", {"eps_max": 1.5}),  # family-scoped form
     ],
 )
@@ -362,9 +366,13 @@ def test_loss_diagnostics_against_reference(name, hp, kind):
     assert 0 < got["clip_frac"] < 1
 
 
-@pytest.mark.parametrize("name,hp,kind", [c for c in CASES if c[0] != "cispo"], ids=[i for i, c in zip(CASE_IDS, CASES) if c[0] != "cispo"])
+_ZERO_GRAD_CASES = [(i, c) for i, c in zip(CASE_IDS, CASES) if c[0] != "cispo" and not c[1].get("kl_tau")]
+
+
+@pytest.mark.parametrize("name,hp,kind", [c for _, c in _ZERO_GRAD_CASES], ids=[i for i, _ in _ZERO_GRAD_CASES])
 def test_clip_frac_counts_exactly_the_zero_gradient_tokens(name, hp, kind):
-    """For clipping / masking losses, 'clipped' == 'no gradient' (every advantage non-zero here)."""
+    """For clipping / masking losses, 'clipped' == 'no gradient' (every advantage non-zero here; DPPO's
+    kl_tau term keeps a gradient on the masked tokens, so its kl_tau case is not one of them)."""
     batch = make_batch(kind)
     batch["advantages"] = torch.where(batch["advantages"] == 0, 0.6, batch["advantages"])
     out = _run(name, batch, **hp)

@@ -11,6 +11,7 @@ import gin
 import pytest
 import torch
 
+from experiments import memory_model as M
 from experiments import plan as P
 
 torch.set_num_threads(1)
@@ -63,11 +64,11 @@ def _meta_model(config: dict):
 def test_parameter_counts_match_transformers(config):
     """The plan's parameter formula = the parameters of the model transformers builds (meta device, no memory)."""
     model = _meta_model(config)
-    shape = P.ModelShape.from_config(config)
-    counts = P.parameter_counts(shape)
+    shape = M.ModelShape.from_config(config)
+    counts = M.parameter_counts(shape)
     assert counts["total"] == sum(p.numel() for p in model.parameters())  # tied weights counted once
     assert counts["block"] == sum(p.numel() for p in model.model.layers[0].parameters())
-    untied = P.parameter_counts(shape, untie_head=True)  # bf16_fp32_head unties a tied head
+    untied = M.parameter_counts(shape, untie_head=True)  # bf16_fp32_head unties a tied head
     assert untied["total"] - counts["total"] == (config["vocab_size"] * config["hidden_size"] if config.get("tie_word_embeddings") else 0)
 
 
@@ -114,37 +115,41 @@ def test_activation_bytes_per_layer_equal_what_autograd_saves(precision, checkpo
     N = 4 * 48
     one = _saved_bytes(1, precision, checkpointing, 48, 4, kv_heads)
     two = _saved_bytes(2, precision, checkpointing, 48, 4, kv_heads)
-    shape = P.ModelShape.from_config(dict(model_type="llama", hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+    shape = M.ModelShape.from_config(dict(model_type="llama", hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                           num_key_value_heads=kv_heads, intermediate_size=384, vocab_size=104))
     c = 4 if precision == "fp32" else 2
     if checkpointing:
         expected = N * shape.hidden_size * c  # only the block's input
     else:
-        expected = N * P.activation_bytes_per_token_layer(shape, c, "sdpa") + N * N * c  # + the float mask copy
+        expected = N * M.activation_bytes_per_token_layer(shape, c, "sdpa") + N * N * c  # + the float mask copy
     assert two - one == expected
 
 
 def test_kv_bytes_per_token_with_gqa_and_tensor_parallelism():
-    shape = P.ModelShape.from_config(LLAMA3_8B)
-    assert P.kv_bytes_per_token(shape, 2, 1) == 2 * 32 * 8 * 128 * 2 == 131072  # 128 KiB per token
-    assert P.kv_bytes_per_token(shape, 2, 2) == 65536
-    assert P.kv_bytes_per_token(shape, 2, 16) == 2 * 32 * 1 * 128 * 2  # 8 KV heads over 16 GPUs: replicated
+    shape = M.ModelShape.from_config(LLAMA3_8B)
+    assert M.kv_bytes_per_token(shape, 2, 1) == 2 * 32 * 8 * 128 * 2 == 131072  # 128 KiB per token
+    assert M.kv_bytes_per_token(shape, 2, 2) == 65536
+    assert M.kv_bytes_per_token(shape, 2, 16) == 2 * 32 * 1 * 128 * 2  # 8 KV heads over 16 GPUs: replicated
 
 
 def test_learner_terms_scale_with_ranks_checkpointing_and_kernel():
-    shape = P.ModelShape.from_config(LLAMA3_8B)
+    shape = M.ModelShape.from_config(LLAMA3_8B)
     base = dict(rows=1, row_length=32768, activation_checkpointing=True, logprob_chunk_size=1024, precision="bf16_fp32_head")
-    one = P.learner_memory(shape, P.LearnerLayout(ranks=1, **base))
-    sixteen = P.learner_memory(shape, P.LearnerLayout(ranks=16, **base))
-    n = P.parameter_counts(shape, untie_head=True)["total"]
+    one = M.learner_memory(shape, M.LearnerLayout(ranks=1, **base))
+    sixteen = M.learner_memory(shape, M.LearnerLayout(ranks=16, **base))
+    n = M.parameter_counts(shape, untie_head=True)["total"]
     assert (one["parameters"], one["gradients"], one["optimizer"]) == (4 * n, 4 * n, 8 * n)
     assert sixteen["optimizer"] == -(-8 * n // 16) and sixteen["activations"] == one["activations"]
-    plain = P.learner_memory(shape, P.LearnerLayout(ranks=16, **{**base, "activation_checkpointing": False}))
+    plain = M.learner_memory(shape, M.LearnerLayout(ranks=16, **{**base, "activation_checkpointing": False}))
     assert plain["activations"] > 10 * sixteen["activations"]  # checkpointing is what makes 32k tokens fit
-    flash = P.learner_memory(shape, P.LearnerLayout(ranks=16, attn_implementation="flash_attention_2", **base))
+    flash = M.learner_memory(shape, M.LearnerLayout(ranks=16, attn_implementation="flash_attention_2", **base))
     assert flash["activations"] < sixteen["activations"]  # no N x N mask, no repeated KV heads
-    assert one["total"] == sum(one[k] for k in ("parameters", "gradients", "optimizer", "compute_copies", "activations",
-                                                "logits_chunk", "overhead"))
+    assert one["total"] == sum(one[k] for k in ("parameters", "reference", "gradients", "optimizer", "compute_copies",
+                                                "activations", "logits_chunk", "overhead"))
+    # a KL penalty (train.kl_coef > 0) keeps a frozen fp32 copy of the policy, sharded like it
+    kl = M.learner_memory(shape, M.LearnerLayout(ranks=16, kl_reference=True, **base))
+    assert one["reference"] == 0 and kl["reference"] == -(-4 * n // 16)
+    assert kl["total"] - sixteen["total"] == kl["reference"]
 
 
 def test_tiny_policy_config_is_what_the_builder_writes(tmp_path):
@@ -183,7 +188,7 @@ def test_done_when_8b_fits_on_16_plus_64_and_not_on_one_learner(dir_8b, capsys, 
     rc, out, _ = _plan(args + ["--gin", "train.learner_ranks = 16", "--json"], capsys)
     data = json.loads(out)
     assert rc == 0 and data["fits"] and data["gpus"] == 80
-    assert data["learner"]["optimizer"] == -(-8 * P.parameter_counts(P.ModelShape.from_config(LLAMA3_8B), untie_head=True)["total"] // 16)
+    assert data["learner"]["optimizer"] == -(-8 * M.parameter_counts(M.ModelShape.from_config(LLAMA3_8B), untie_head=True)["total"] // 16)
 
 
 def test_plan_names_what_does_not_fit(dir_8b, capsys, clean_gin):

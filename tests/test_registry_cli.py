@@ -26,9 +26,12 @@ EXPECTED = {
     },
     "aggregations": {"token_mean": {}, "sample_mean": {}, "prompt_mean": {}},
     "advantage_norms": {"none": {"eps": 1e-6}, "prompt": {"eps": 1e-6}, "batch": {"eps": 1e-6}},
+    "mismatch_corrections": {"none": {}, "tis": {"cap": 2.0}, "mis": {"low": 0.5, "high": 2.0},
+                             "seq_tis": {"cap": 2.0}, "seq_mis": {"low": 0.5, "high": 2.0}},
 }
 ALL_FAMILIES = {"losses", "aggregations", "advantage_norms", "curricula", "precisions", "length_controls",
-                "off_policy", "tasks", "engines", "rewards", "trackers", "weight_sync_backends"}
+                "off_policy", "tasks", "engines", "rewards", "trackers", "weight_sync_backends",
+                "kl_estimators", "lr_schedules", "mismatch_corrections"}
 
 
 def _scalerl(*args, cwd=REPO):

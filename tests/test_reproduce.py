@@ -20,6 +20,8 @@ from analysis.runs import read_jsonl
 from analysis.synthetic import write_run
 from experiments import launch
 from experiments import reproduce as R
+from experiments import study_report, study_runs
+from experiments.sweep_spec import budget_of
 from experiments.cli import main as scalerl
 from experiments.synthetic_study import write_study
 
@@ -45,14 +47,16 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
     out = capsys.readouterr().out
     import dataclasses
 
-    expected = {(s.stem, r.name) for s in sorted(launch.SWEEPS_DIR.glob("*.gin"))
+    ablations = [s for s in sorted(launch.SWEEPS_DIR.glob("*.gin")) if launch.load_spec(s).paper_ablation]
+    assert {s.stem for s in launch.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {"mismatch"}
+    expected = {(s.stem, r.name) for s in ablations
                 for r in launch.expand(dataclasses.replace(launch.load_spec(s), seeds=(0, 1, 2)), "tiny")}
     assert {int(re.search(r"-s(\d+)$", n).group(1)) for _, n in expected} == {0, 1, 2}
     ns = argparse_ns(tmp_path, seeds=3, executor="local")
-    plans = R.plan_study(ns, act=False)
+    plans = study_runs.plan_study(ns, act=False)
     got = {(sp.spec.name, p.run.name) for sp in plans for p in sp.planned}
     assert got == expected and all(p.action == "submit" for sp in plans for p in sp.planned)
-    assert {sp.spec.name for sp in plans} == {s.stem for s in launch.SWEEPS_DIR.glob("*.gin")}
+    assert {sp.spec.name for sp in plans} == {s.stem for s in ablations}  # beyond the paper: only when named
     assert f"{len(expected)} runs, {len(expected)} to run (local)" in out and "every run validated" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # nothing ran
 
@@ -102,7 +106,7 @@ def test_reproduce_runs_reruns_contended_collects_and_reports(tmp_path, capsys, 
     for sweep, want in names.items():
         assert {d.name for d in (res / sweep).iterdir()} == want
         for run in want:
-            assert {f.name for f in (res / sweep / run).iterdir()} == set(R.COLLECTED_FILES)
+            assert {f.name for f in (res / sweep / run).iterdir()} == set(study_runs.COLLECTED_FILES)
     assert not list(res.rglob(".contended"))
     text = (res / "REPORT.md").read_text()
     assert "### Fig 5b: FP32 LM head (`fp32_head`)" in text and "### Fig 8a" in text
@@ -128,12 +132,12 @@ def test_collect_thins_metrics_to_the_budget_keeping_epoch_and_last_lines(tmp_pa
     write_study(tmp_path / "runs", seeds=(0,), sweeps=["fp32_head"], steps=400, eval_every=20, device="cpu",
                 count=2, epochs=4.0)
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1)
-    plans = R.plan_study(ns, act=False)
+    plans = study_runs.plan_study(ns, act=False)
     dirs = list((tmp_path / "runs" / "fp32_head").iterdir())
     full = sum((d / "metrics.jsonl").stat().st_size for d in dirs)
-    other = sum((d / f).stat().st_size for d in dirs for f in R.COLLECTED_FILES if f != "metrics.jsonl")
+    other = sum((d / f).stat().st_size for d in dirs for f in study_runs.COLLECTED_FILES if f != "metrics.jsonl")
     budget_mb = (full / 2.5 + other + 8e6) / 1e6  # 1/2.5 of the metrics fits beside the rest and the 8 MB reserve
-    got = R.collect(tmp_path / "runs", tmp_path / "results", plans, max_mb=budget_mb, thin="auto")
+    got = study_runs.collect(tmp_path / "runs", tmp_path / "results", plans, max_mb=budget_mb, thin="auto")
     assert got.runs == 2 and got.thin == 3 and got.bytes <= budget_mb * 1e6 - 8e6
     for d in (tmp_path / "runs" / "fp32_head").iterdir():
         src = read_jsonl(d / "metrics.jsonl")[0]
@@ -144,15 +148,15 @@ def test_collect_thins_metrics_to_the_budget_keeping_epoch_and_last_lines(tmp_pa
         assert [m["step"] for m in kept] == want
         assert (tmp_path / "results" / "fp32_head" / d.name / "eval.jsonl").read_bytes() == (
             d / "eval.jsonl").read_bytes()
-    whole = R.collect(tmp_path / "runs", tmp_path / "whole", plans, max_mb=50, thin="auto")
+    whole = study_runs.collect(tmp_path / "runs", tmp_path / "whole", plans, max_mb=50, thin="auto")
     assert whole.thin == 1
     # --report-only reads the thinning back from the collected files
-    assert R._thinned_every(tmp_path / "results") == 3 and R._thinned_every(tmp_path / "whole") == 1
+    assert study_runs.thinned_every(tmp_path / "results") == 3 and study_runs.thinned_every(tmp_path / "whole") == 1
 
 
 def test_thin_lines_keeps_the_epoch_line():
     lines = [json.dumps({"step": i, "epoch": i / 7}) for i in range(1, 31)]
-    kept = [json.loads(x) for x in R._thin_lines("\n".join(lines), 5).splitlines()]
+    kept = [json.loads(x) for x in study_runs._thin_lines("\n".join(lines), 5).splitlines()]
     assert [k["step"] for k in kept] == [1, 6, 7, 11, 16, 21, 26, 30]  # every 5th, epoch 1 at step 7, the last
 
 
@@ -195,7 +199,7 @@ def test_report_on_a_synthetic_study_and_scalerl_fit_reproduces_it(tmp_path, cap
     assert "| fig11 |" in text  # figures the tiny scale cannot draw, with the reason
 
     # the lead fills the reason by hand; re-generating keeps it and appends nothing twice
-    reasons = out / R.REASONS_FILE
+    reasons = out / study_report.REASONS_FILE
     original = reasons.read_text()
     assert original.count(json.dumps(bad)) == 1
     reasons.write_text("# read the runs on 2026-11-20\n" + original.replace(
@@ -236,7 +240,7 @@ def test_report_counts_runs_that_are_missing_as_not_run(tmp_path):
     out = tmp_path / "results"
     write_run(out, "fp32_head", "bf16-s0", A=0.52, B=1.8, C_mid=0.26, seed=0, steps=40, eval_every=2, device="cpu",
               count=2, factor="train.precision", value="bf16")
-    path = R.write_report(out, scale="tiny")
+    path = study_report.write_report(out, scale="tiny")
     text = path.read_text()
     assert "| A(bf16_fp32_head) > A(bf16) |" in text and "**not run**" in text and "bf16_fp32_head (no runs)" in text
 
@@ -249,20 +253,20 @@ def test_contended_collected_run_is_planned_again_and_set_aside(tmp_path):
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)
     write_run(res, "fp32_head", "bf16_fp32_head-s0", A=0.61, value="bf16_fp32_head", contention=0.01, **kw)
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1)
-    dry = {p.run.name: p for p in R.plan_study(ns, act=False)[0].planned}
+    dry = {p.run.name: p for p in study_runs.plan_study(ns, act=False)[0].planned}
     assert dry["bf16-s0"].action == "rerun" and re.search(r"contention \d+% > 10%", dry["bf16-s0"].reason)
     assert dry["bf16_fp32_head-s0"].action == "skip-done" and "collected" in dry["bf16_fp32_head-s0"].reason
     assert (res / "fp32_head" / "bf16-s0" / "run.json").is_file()  # a dry run moves nothing
     allowed = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1, allow_contention=True)
-    assert {p.action for p in R.plan_study(allowed, act=False)[0].planned} == {"skip-done"}
-    (sp,) = R.plan_study(ns, act=True)
+    assert {p.action for p in study_runs.plan_study(allowed, act=False)[0].planned} == {"skip-done"}
+    (sp,) = study_runs.plan_study(ns, act=True)
     assert {p.run.name: p.action for p in sp.planned}["bf16-s0"] == "rerun"
     assert len(sp.set_aside) == 1 and sp.set_aside[0].startswith("bf16-s0 (")
     assert not (res / "fp32_head" / "bf16-s0").exists()
     assert (tmp_path / "runs" / "fp32_head" / ".contended" / "bf16-s0-1" / "run.json").is_file()
     capped = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1, max_reruns=1)
     write_run(res, "fp32_head", "bf16-s0", A=0.52, value="bf16", contention=0.4, **kw)  # contended again
-    (sp,) = R.plan_study(capped, act=False)
+    (sp,) = study_runs.plan_study(capped, act=False)
     assert sp.kept_contended and {p.run.name: p.action for p in sp.planned}["bf16-s0"] == "skip-done"
 
 
@@ -286,20 +290,20 @@ def test_done_run_trained_past_the_tiny_budget_without_it_is_set_aside_and_run_a
     cfg = res / "fp32_head" / "bf16_fp32_head-s1" / "config.gin"  # ... and this one with a larger budget
     cfg.write_text(cfg.read_text() + "train.compute_budget_flops = None\ntrain.compute_budget_flops = 5e13\n")
     ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=2)
-    dry = {p.run.name: p for p in R.plan_study(ns, act=False)[0].planned}
+    dry = {p.run.name: p for p in study_runs.plan_study(ns, act=False)[0].planned}
     assert {n: p.action for n, p in dry.items()} == {
         "bf16-s0": "rerun", "bf16-s1": "skip-done", "bf16_fp32_head-s0": "skip-done", "bf16_fp32_head-s1": "rerun"}
     assert f"without the budget of {budget:g}" in dry["bf16-s0"].reason and "1e+13 FLOPs" in dry["bf16-s0"].reason
     assert (res / "fp32_head" / "bf16-s0" / "run.json").is_file()  # a dry run moves nothing
-    (sp,) = R.plan_study(ns, act=True)
+    (sp,) = study_runs.plan_study(ns, act=True)
     assert sorted(sp.set_aside) == ["bf16-s0 (over budget)", "bf16_fp32_head-s1 (over budget)"]
     assert not (res / "fp32_head" / "bf16-s0").exists() and (res / "fp32_head" / "bf16-s1").is_dir()
     assert (tmp_path / "runs" / "fp32_head" / ".over_budget" / "bf16-s0-1" / "run.json").is_file()
     # at paper scale (no budget binding) nothing is over budget
-    assert R.over_budget(res / "fp32_head" / "bf16-s1", None) is None
-    assert R._budget_of(["train.lr = 1", "train.compute_budget_flops = 5e12"]) == 5e12
-    assert R._budget_of(["train.compute_budget_flops = 5e12", "train.compute_budget_flops = None"]) is None
-    assert R._budget_of(["train.compute_budget_hours = 0.075"]) is None  # a wall-clock budget is not the tiny rule
+    assert study_runs.over_budget(res / "fp32_head" / "bf16-s1", None) is None
+    assert budget_of(["train.lr = 1", "train.compute_budget_flops = 5e12"]) == 5e12
+    assert budget_of(["train.compute_budget_flops = 5e12", "train.compute_budget_flops = None"]) is None
+    assert budget_of(["train.compute_budget_hours = 0.075"]) is None  # a wall-clock budget is not the tiny rule
 
 
 def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_what_is_left(tmp_path, capsys):

@@ -5,6 +5,7 @@
 - `scalerl sweep --help` says the default executor is slurm;
 - a sweep spec copied out of the repository still finds its overlays and recipes;
 - a benchmark file with a broken JSON line names that line, counted from 1, in the error.
+- `scalerl fit` writes its tables next to the runs (or into `--csv DIR`), never the working directory.
 """
 
 from __future__ import annotations
@@ -127,3 +128,28 @@ def test_scalerl_eval_reports_the_broken_line(tmp_path, capsys):
     assert main(["eval", str(tmp_path), "--benchmark", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "line 4 (column" in err and "bench.jsonl" in err, err
+
+
+def test_fit_writes_its_tables_next_to_the_runs_or_into_the_csv_directory(tmp_path, monkeypatch, capsys):
+    """`scalerl fit RUNS` writes fits*.csv into RUNS, never into the working directory; `--csv DIR`
+    (an existing directory, or a path ending in /) writes DIR/fits*.csv, `--csv FILE` FILE and its siblings."""
+    from analysis.synthetic import write_sweep
+    from experiments.cli import main
+
+    write_sweep(tmp_path / "r", "loss_type", "train.loss", {"cispo": (0.6, 1.8, 1.0), "gspo": (0.6, 1.8, 1.0)},
+                seeds=(0,), noise=0.01, final_compute=10.0, steps=60, eval_every=3, device="cpu", count=2)
+    sweep = tmp_path / "r" / "loss_type"
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    stems = ("fits", "fits_configs", "fits_claims", "fits_pairs")
+    assert main(["fit", str(sweep)]) == 0
+    assert not list(work.iterdir()) and all((sweep / f"{s}.csv").is_file() for s in stems)
+    (tmp_path / "tables").mkdir()
+    for target, where in ((str(tmp_path / "tables"), tmp_path / "tables"), (str(tmp_path / "new") + "/", tmp_path / "new")):
+        assert main(["fit", str(sweep), "--csv", target]) == 0
+        assert all((where / f"{s}.csv").is_file() for s in stems), sorted(where.iterdir())
+    assert main(["fit", str(sweep), "--csv", str(tmp_path / "mine.csv")]) == 0
+    assert (tmp_path / "mine.csv").is_file() and (tmp_path / "mine_pairs.csv").is_file()
+    assert not list(work.iterdir())
+    capsys.readouterr()

@@ -203,6 +203,8 @@ def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
     ('sweep.base = "tiny_cpu.gin"\nsweep.factor = "x"\nsweep.values = [1, 2]\nsweep.tiny_values = [1]', "map one to one"),
     ('sweep.base = "tiny_cpu.gin"\nsweep.factor = "x"\nsweep.values = [1]\nsweep.seeds = ["a"]', "list of ints"),
     ('sweep.base = "tiny_cpu.gin"\nsweep.factor = "x"\nsweep.values = %m', "literal values only"),
+    ('sweep.base = "tiny_cpu.gin"\nsweep.factor = "x"\nsweep.values = [1]\nsweep.paper_ablation = "no"',
+     "paper_ablation must be True or False"),
 ])
 def test_malformed_specs_are_rejected(text, match):
     with pytest.raises(L.SweepError, match=match):
@@ -222,7 +224,7 @@ def _runs_with(binding: str):
 
 
 def test_unknown_factor_is_an_error_before_submission():
-    with pytest.raises(L.SweepError, match=r"unknown factor train\.los\b.*Did you mean 'loss'"):
+    with pytest.raises(L.SweepError, match=r"unknown factor train\.los\b.*did you mean train\.loss\?"):
         L.validate_runs(_runs_with('train.los = "dapo"'))
     with pytest.raises(L.SweepError, match="no gin configurable named 'trian'"):
         L.validate_runs(_runs_with('trian.loss = "dapo"'))

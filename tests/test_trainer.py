@@ -196,7 +196,7 @@ def test_inconsistent_settings(tmp_path, model_path, override, match):
 
 
 def test_missing_model_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model path .*not a directory"):
+    with pytest.raises(FileNotFoundError, match=r"model\.path .*does not exist \(a local path\)"):
         _prepare(tmp_path, str(tmp_path / "no_such_model"))
     from experiments.train import prepare
 
@@ -234,7 +234,14 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, model_path, capsys):
     rc = train_cli.main(parser.parse_args([gin_file, "--run-dir", str(run_dir), "--no-progress"]))
     err = capsys.readouterr().err
     assert rc == 2 and "Unknown loss 'nope'" in err
-    info = run_json(run_dir)  # an explicit run dir records why the run never started
+    assert not run_dir.exists()  # a refused config leaves no run directory (issue 33: none in `scalerl status`)
+    # a run directory that exists already (a sweep's run, made at submission) records why it never started
+    from experiments.train import run_training
+
+    run_dir.mkdir()
+    with pytest.raises(KeyError, match="Unknown loss 'nope'"):
+        run_training([gin_file], [], str(run_dir), progress=False)
+    info = run_json(run_dir)
     assert info["status"] == "failed" and "Unknown loss" in info["error"]
     assert (run_dir / "error.txt").exists()
 

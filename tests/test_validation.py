@@ -69,7 +69,7 @@ def test_wrecking_settings_are_refused_before_the_model_is_resolved(tmp_path, ov
         _prepare(tmp_path, **overrides)
     assert SPY_CALLS == []  # refused before model.path was resolved (nothing built, nothing run)
     # the control: with an allowed value the same config passes and stops only at the (missing) model
-    with pytest.raises(FileNotFoundError, match="not a directory"):
+    with pytest.raises(FileNotFoundError, match=r"does not exist \(a local path\)"):
         _prepare(tmp_path, **good)
     assert SPY_CALLS == [1]
 
@@ -194,7 +194,7 @@ def test_mistyped_model_path_is_an_error_not_a_random_model(tmp_path):
     from experiments.train import prepare
 
     typo = tmp_path / "my-modle"
-    with pytest.raises(FileNotFoundError, match=r"not a directory.*model\.new_model = True"):
+    with pytest.raises(FileNotFoundError, match=r"does not exist \(a local path\).*model\.new_model = True"):
         prepare([str(REPO / "experiments/configs/tiny_cpu.gin")], [f'model.path = "{typo}"'])
     assert not typo.exists()
 

@@ -15,6 +15,7 @@ never read:
         hf/config.json             the learner model's config (untied for bf16_fp32_head),
         hf/generation_config.json  generation config and tokenizer files: a checkpoint is
         hf/tokenizer*.json ...     self-contained for `scalerl export`
+        hf/adapter/adapter_config.json   LoRA runs only (train.lora_rank > 0): peft's LoraConfig
         checkpoint.json            written last: step, world size, format, torch version,
                                    the manifest (every file's size; crc32 of all but the
                                    tensor data) and the records the run's logs held
@@ -358,6 +359,9 @@ def _write_hf_files(model: torch.nn.Module, tokenizer, hf_dir: Path) -> None:
         gen.save_pretrained(hf_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(hf_dir)
+    from components.trainer.lora import ADAPTER_DIR, write_adapter_config
+
+    write_adapter_config(model, hf_dir / ADAPTER_DIR)  # a LoRA learner's LoraConfig (export merges with it); else nothing
 
 
 def _publish(tmp: Path, final: Path) -> None:

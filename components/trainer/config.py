@@ -3,6 +3,13 @@
 Everything is a plain value (component NAMES, not objects) so a sweep is a list of strings
 and the whole config pickles into a spawned generator process.
 
+`TrainConfig` declares every ``train.*`` setting ONCE: the gin configurable `train_config`
+takes its signature from the dataclass fields (so gin refuses an unknown ``train.*`` name),
+coerces each value by its annotation, and a field that names a component declares its registry
+(`_component`), which is how the name checks and the range checks find every component the run
+uses (`component_fields`). A component's own hyper-parameters reach it through its registry
+entry (gin-configurable, ``cispo.eps_max = ...``), never through TrainConfig.
+
 Numeric settings are checked before anything is built or computed (`validate`): every
 ``train.*`` number against `TRAIN_RANGES` (finite, and e.g. ``lr > 0``), and every numeric
 hyper-parameter of every component the run uses with the values it will be called with
@@ -14,8 +21,11 @@ range: must be > 0``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +34,11 @@ from typing import Any, Mapping, Optional, Sequence
 import gin
 
 from components.quiet import quiet_gin
-from components.registry import ENGINES, WEIGHT_SYNC_BACKENDS, UnknownComponentError, load_builtin_components
+from components.registry import (ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_BACKENDS, UnknownComponentError,
+                                 load_builtin_components)
 
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
-           "check_train_values", "check_components", "parse_gin_files", "engine_gpus"]
+           "check_train_values", "check_components", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "parse_gin_files", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
 
@@ -36,21 +47,71 @@ class ConfigError(ValueError):
     """An inconsistent or invalid training configuration (raised before anything runs)."""
 
 
+
+UNRESOLVED_MODEL_PATH = "<model.path not resolved yet>"
+
+
+def _component(family: str, default: Any):
+    """A field that names a component (or several) of registry `ALL_REGISTRIES[family]`."""
+    kw = {"default_factory": lambda: default} if isinstance(default, (dict, list)) else {"default": default}
+    return field(metadata={"registry": family}, **kw)
+
+
+def _strict_bool(name: str):
+    def coerce(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"train.{name} must be True or False, got {value!r}")
+        return value
+
+    return coerce
+
+
+ALL_LINEAR = "all-linear"  # train.lora_targets: every linear layer of the decoder blocks (peft's name)
+
+
+def _check_lora_targets(targets: Any) -> None:
+    """The form of train.lora_targets (no model needed; `lora.check_targets` matches the names on the
+    model). ConfigError naming the setting."""
+    if isinstance(targets, str) and targets == ALL_LINEAR:
+        return
+    names = [targets] if isinstance(targets, str) else list(targets)
+    if not names:
+        raise ConfigError(f'train.lora_targets is empty; use "{ALL_LINEAR}" or module names such as ["q_proj", "v_proj"]')
+    bad = [n for n in names if not n or n == ALL_LINEAR or any(c in n for c in " *?[]()|^$\\")]
+    if bad:
+        raise ConfigError(f"train.lora_targets = {names!r}: {bad[0]!r} is not a module name (names are matched "
+                          f'whole, as the last parts of a module path: "q_proj", "mlp.down_proj"; '
+                          f'"{ALL_LINEAR}" stands alone)')
+
+
+def _lora_targets(value: Any) -> Any:
+    """train.lora_targets as stored: "all-linear" (or one module name) as a string, several names as a tuple."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(v.strip() for v in value)
+    raise ConfigError(f'train.lora_targets must be "all-linear" or a list of module names (["q_proj", "v_proj"]), '
+                      f"got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # -- components (registry names) ---------------------------------------------------
-    model_path: str
-    task: str = "arithmetic"
+    model_path: str = field(default=UNRESOLVED_MODEL_PATH, metadata={"gin": False})  # set from model.path
+    task: Any = "arithmetic"  # a TASKS name, "reasoning_gym:<dataset>", or a mixture {spec: weight}
     task_kwargs: dict = field(default_factory=dict)
-    engine: str = "torch"
-    eval_engine: Optional[str] = None  # None: the same engine as training
-    loss: str = "cispo"
-    aggregation: str = "prompt_mean"
-    advantage_norm: str = "batch"
-    curriculum: tuple = ("uniform",)
-    off_policy: str = "ppo_off_policy"
-    precision: str = "fp32"
-    length_control: Optional[str] = None  # None: plain truncation at max_tokens
+    engine: str = _component("engines", "torch")
+    eval_engine: Optional[str] = _component("engines", None)  # None: the same engine as training
+    loss: str = _component("losses", "cispo")
+    aggregation: str = _component("aggregations", "prompt_mean")
+    advantage_norm: str = _component("advantage_norms", "batch")
+    curriculum: tuple = _component("curricula", ("uniform",))  # one name or several, applied in order
+    off_policy: str = _component("off_policy", "ppo_off_policy")
+    precision: str = _component("precisions", "fp32")
+    length_control: Optional[str] = _component("length_controls", None)  # None: plain truncation at max_tokens
+    # a per-token weight on the policy loss for the generator-learner log-prob mismatch: "none" (today's
+    # loss), "tis", "mis", "seq_tis", "seq_mis" (components/mismatch.py)
+    mismatch_correction: str = _component("mismatch_corrections", "none")
     # -- batch and sampling ---------------------------------------------------------------
     prompts_per_step: int = 8
     generations_per_prompt: int = 8
@@ -60,7 +121,7 @@ class TrainConfig:
     micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
-    compile: bool = False  # torch.compile each decoder block and the log-prob head's per-chunk math (learner only)
+    compile: bool = field(default=False, metadata={"coerce": _strict_bool("compile")})  # torch.compile each decoder block and the log-prob head's per-chunk math (learner only)
     compile_backend: str = "inductor"  # the torch.compile backend of train.compile ("aot_eager": no code generation)
     logprob_chunk_size: int = 1024  # tokens per chunk of the log-prob / entropy head (no [tokens, vocab] tensor)
     attn_implementation: Optional[str] = None  # the learner's attention (None: sdpa; "torch_varlen": torch's varlen flash kernel for packed rows on GPU; "auto": torch_varlen where it runs, else sdpa; attention.ATTN_IMPLEMENTATIONS)
@@ -68,9 +129,19 @@ class TrainConfig:
     lr: float = 5e-7
     warmup_steps: int = 100
     adam_eps: float = 1e-15
-    adam_betas: tuple = (0.9, 0.999)
+    adam_betas: tuple = field(default=(0.9, 0.999), metadata={"coerce": lambda v: tuple(float(b) for b in v)})
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max grad norm; <= 0 disables clipping
+    lr_schedule: str = _component("lr_schedules", "constant")  # after the warmup: constant, linear or cosine decay to 0 at total_steps
+    # -- regularisers (added to the per-token loss, aggregated like it) -----------------------
+    kl_coef: float = 0.0  # + kl_coef * KL(pi || pi_ref) per token; 0: no reference policy is built
+    kl_estimator: str = _component("kl_estimators", "k3")  # the per-token KL estimate (components/kl.py)
+    entropy_coef: float = 0.0  # - entropy_coef * entropy per token (an entropy bonus; 0: none)
+    # -- LoRA (components/trainer/lora.py; peft). 0: full fine-tuning ------------------------
+    lora_rank: int = 0  # r > 0: train rank-r adapters on the frozen base; generators and final/ get merged weights
+    lora_alpha: float = 16.0  # peft's convention: the update is (lora_alpha / lora_rank) x B A (x 2 at rank 8)
+    # "all-linear" (every nn.Linear of the decoder blocks, not the LM head) or module names (["q_proj", "v_proj"])
+    lora_targets: Any = field(default="all-linear", metadata={"coerce": _lora_targets})
     # -- schedule ---------------------------------------------------------------------------
     total_steps: int = 100
     compute_budget_hours: Optional[float] = None  # stop early once compute_hours reaches it
@@ -86,7 +157,7 @@ class TrainConfig:
     downstream_benchmarks: tuple = ()  # benchmark specs: files / hub names, or dicts (components.benchmarks)
     downstream_k: int = 16  # samples per benchmark problem (mean@k, pass@1..k)
     # -- tracking (components/trainer/tracking.py; the run directory's JSONL stays the source of truth) --
-    trackers: tuple = ()  # any of "wandb", "tensorboard", "mlflow"
+    trackers: tuple = _component("trackers", ())  # any of "wandb", "tensorboard", "mlflow"
     samples_every: int = 50  # every N steps a few completions go to samples.jsonl and the trackers (0: never)
     samples_per_log: int = 4  # completions per samples log
     # -- processes --------------------------------------------------------------------------
@@ -122,6 +193,8 @@ class TrainConfig:
         d["adam_betas"] = list(self.adam_betas)
         d["downstream_benchmarks"] = list(self.downstream_benchmarks)
         d["trackers"] = list(self.trackers)
+        if isinstance(self.lora_targets, tuple):
+            d["lora_targets"] = list(self.lora_targets)
         return d
 
 
@@ -132,19 +205,30 @@ def model_config(
     builder: Optional[Any] = None,
     build_kwargs: Optional[dict] = None,
     build_if_missing: bool = False,
+    revision: Optional[str] = None,
 ) -> str:
-    """`model.path`: a local checkpoint directory (save_pretrained); nothing is downloaded.
+    """`model.path`: a local checkpoint directory (save_pretrained), or a Hugging Face hub id
+    ("Qwen/Qwen2.5-0.5B-Instruct") at `model.revision` (a branch, tag or commit; None: main).
 
-    A path with no checkpoint is an error (`components.models.check_model_path`), unless
+    A hub id resolves to its local snapshot directory, downloaded into the Hugging Face cache
+    unless cached (HF_HOME; HF_HUB_OFFLINE=1: the cache only), so every consumer loads a local
+    directory; config.gin keeps the id and revision as given, run.json adds the commit
+    (`components.models.resolve_model_path`). A missing local path, a malformed id or an id that
+    cannot be resolved is an error (`components.models.ModelPathError`), unless
     `model.new_model = True` asks for a NEW, randomly initialised model: it is then built at
-    the path by `builder(path, **build_kwargs)` (default: `components.models.build_tiny_policy`,
+    the (local) path by `builder(path, **build_kwargs)` (default: `components.models.build_tiny_policy`,
     a tiny random Llama and a char tokenizer) the first time, and reused by later runs
     (`components.models.ensure_new_model`). A gin recipe can point `model.builder` at any
     configurable. `build_if_missing` is the deprecated name of `new_model`, kept so saved
-    configs still parse (it warns). Returns the absolute path.
+    configs still parse (it warns). Returns the absolute local path.
     """
-    from components.models import ensure_new_model
+    from components.models import ensure_new_model, resolve_model_path
 
+    if not (new_model or build_if_missing):
+        return resolve_model_path(str(path), revision)
+    if revision is not None:
+        raise ConfigError(f"model.revision = {revision!r} selects a revision of a hub model; model.new_model builds a "
+                          "new local model: drop one of them")
     p = Path(str(path)).expanduser().absolute()
     if build_if_missing and not new_model:
         log.warning("model.build_if_missing is deprecated: write model.new_model = True (a missing model.path is built "
@@ -162,148 +246,64 @@ def data_config(path: Optional[str] = None) -> Optional[str]:
     return None if path is None else str(path)
 
 
-@gin.configurable("train")
-def train_config(
-    *,
-    task: str = "arithmetic",
-    task_kwargs: Optional[dict] = None,
-    engine: str = "torch",
-    eval_engine: Optional[str] = None,
-    loss: str = "cispo",
-    aggregation: str = "prompt_mean",
-    advantage_norm: str = "batch",
-    curriculum: Sequence[str] | str = ("uniform",),
-    off_policy: str = "ppo_off_policy",
-    precision: str = "fp32",
-    length_control: Optional[str] = None,
-    prompts_per_step: int = 8,
-    generations_per_prompt: int = 8,
-    max_tokens: int = 64,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    micro_batch_size: int = 64,
-    max_tokens_per_micro_batch: Optional[int] = None,
-    activation_checkpointing: bool = False,
-    compile: bool = False,
-    compile_backend: str = "inductor",
-    logprob_chunk_size: int = 1024,
-    attn_implementation: Optional[str] = None,
-    lr: float = 5e-7,
-    warmup_steps: int = 100,
-    adam_eps: float = 1e-15,
-    adam_betas: Sequence[float] = (0.9, 0.999),
-    weight_decay: float = 0.01,
-    grad_clip: float = 1.0,
-    total_steps: int = 100,
-    compute_budget_hours: Optional[float] = None,
-    compute_budget_flops: Optional[float] = None,
-    eval_every: int = 100,
-    eval_k: int = 16,
-    eval_prompts: Optional[int] = None,
-    eval_temperature: Optional[float] = None,
-    checkpoint_every: int = 50,
-    keep_checkpoints: int = 2,
-    downstream_every: int = 0,
-    downstream_benchmarks: Sequence[Any] = (),
-    downstream_k: int = 16,
-    trackers: Sequence[str] | str = (),
-    samples_every: int = 50,
-    samples_per_log: int = 4,
-    num_generators: int = 1,
-    learner_ranks: int = 1,
-    emulate_learner_ranks: int = 1,
-    heartbeat_s: float = 2.0,
-    heartbeat_timeout_s: float = 30.0,
-    weight_sync_bucket_mb: float = 64.0,
-    weight_sync_backend: str = "auto",
-    device: str = "auto",
-    seed: int = 0,
-    verifier_timeout_s: float = 10.0,
-    queue_timeout_s: float = 600.0,
-    model_path: Optional[str] = None,
-) -> TrainConfig:
-    """The run's selections (component names) and hyper-parameters. `model.path` gives the model.
+def _coerce(spec: dataclasses.Field, value: Any) -> Any:
+    """One train.* value as its TrainConfig field stores it (after `check_train_values`)."""
+    if "coerce" in spec.metadata:
+        return spec.metadata["coerce"](value)
+    kind = str(spec.type)
+    if value is None and kind.startswith("Optional["):
+        return None
+    base = kind.removeprefix("Optional[").removesuffix("]")
+    if base in ("int", "float", "bool"):
+        return {"int": int, "float": float, "bool": bool}[base](value)
+    if base == "tuple":  # one name (a string) or one benchmark spec (a dict) is a tuple of one
+        return (value,) if isinstance(value, (str, dict)) else tuple(value or ())
+    if base == "dict":
+        return dict(value or {})
+    return value
 
-    When `model_path` is not given, the whole config is validated (`validate`) BEFORE
-    `model.path` is resolved, since resolving it may build a model (a warm start, a new model).
+
+def _train_fields() -> list[dataclasses.Field]:
+    """The fields bound as train.<name> (all but model_path, which comes from model.path)."""
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("gin", True)]
+
+
+def _field_default(spec: dataclasses.Field) -> Any:
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+
+def train_config(**values: Any) -> TrainConfig:
+    """The run's selections (component names) and hyper-parameters; bound in gin as ``train.<field>``
+    (every `TrainConfig` field but model_path); `model.path` gives the model.
+
+    The signature is TrainConfig's fields (set below), so gin refuses an unknown ``train.*`` name.
+    When `model_path` is not given, the whole config is validated (`validate`) BEFORE `model.path`
+    is resolved, since resolving it may build a model (a warm start, a new model).
     """
-    check_train_values({k: v for k, v in locals().items() if k in _TRAIN_PARAM_NAMES})  # before int() / float()
-    if not isinstance(compile, bool):
-        raise ConfigError(f"train.compile must be True or False, got {compile!r}")
-    resolve_model = model_path is None
-    if resolve_model:
-        model_path = UNRESOLVED_MODEL_PATH
-    if isinstance(curriculum, str):
-        curriculum = (curriculum,)
-    task_kwargs = dict(task_kwargs or {})
+    model_path = values.pop("model_path", None)
+    fields = {f.name: f for f in _train_fields()}
+    values = {name: values[name] if name in values else _field_default(spec) for name, spec in fields.items()}
+    check_train_values(values)  # before int() / float()
+    values = {name: _coerce(fields[name], value) for name, value in values.items()}
     data_path = data_config()
     if data_path is not None:
-        task_kwargs.setdefault("path", data_path)
-    cfg = TrainConfig(
-        model_path=str(model_path),
-        task=task,
-        task_kwargs=task_kwargs,
-        engine=engine,
-        eval_engine=eval_engine,
-        loss=loss,
-        aggregation=aggregation,
-        advantage_norm=advantage_norm,
-        curriculum=tuple(curriculum),
-        off_policy=off_policy,
-        precision=precision,
-        length_control=length_control,
-        prompts_per_step=int(prompts_per_step),
-        generations_per_prompt=int(generations_per_prompt),
-        max_tokens=int(max_tokens),
-        temperature=float(temperature),
-        top_p=float(top_p),
-        micro_batch_size=int(micro_batch_size),
-        max_tokens_per_micro_batch=None if max_tokens_per_micro_batch is None else int(max_tokens_per_micro_batch),
-        activation_checkpointing=bool(activation_checkpointing),
-        compile=bool(compile),
-        compile_backend=str(compile_backend),
-        logprob_chunk_size=int(logprob_chunk_size),
-        attn_implementation=attn_implementation,
-        lr=float(lr),
-        warmup_steps=int(warmup_steps),
-        adam_eps=float(adam_eps),
-        adam_betas=tuple(float(b) for b in adam_betas),
-        weight_decay=float(weight_decay),
-        grad_clip=float(grad_clip),
-        total_steps=int(total_steps),
-        compute_budget_hours=compute_budget_hours,
-        compute_budget_flops=None if compute_budget_flops is None else float(compute_budget_flops),
-        eval_every=int(eval_every),
-        eval_k=int(eval_k),
-        eval_prompts=eval_prompts,
-        eval_temperature=eval_temperature,
-        checkpoint_every=int(checkpoint_every),
-        keep_checkpoints=int(keep_checkpoints),
-        downstream_every=int(downstream_every),
-        downstream_benchmarks=(downstream_benchmarks,) if isinstance(downstream_benchmarks, (str, dict)) else tuple(downstream_benchmarks),
-        downstream_k=int(downstream_k),
-        trackers=(trackers,) if isinstance(trackers, str) else tuple(trackers or ()),
-        samples_every=int(samples_every),
-        samples_per_log=int(samples_per_log),
-        num_generators=int(num_generators),
-        learner_ranks=int(learner_ranks),
-        emulate_learner_ranks=int(emulate_learner_ranks),
-        heartbeat_s=float(heartbeat_s),
-        heartbeat_timeout_s=float(heartbeat_timeout_s),
-        weight_sync_bucket_mb=float(weight_sync_bucket_mb),
-        weight_sync_backend=str(weight_sync_backend),
-        device=device,
-        seed=int(seed),
-        verifier_timeout_s=float(verifier_timeout_s),
-        queue_timeout_s=float(queue_timeout_s),
-    )
+        values["task_kwargs"].setdefault("path", data_path)
+    resolve_model = model_path is None
+    cfg = TrainConfig(model_path=UNRESOLVED_MODEL_PATH if resolve_model else str(model_path), **values)
     if resolve_model:
         validate(cfg)
         cfg = cfg.replace(model_path=model_config())
     return cfg
 
 
-UNRESOLVED_MODEL_PATH = "<model.path not resolved yet>"
+train_config.__signature__ = inspect.Signature(
+    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_field_default(f), annotation=f.type)
+     for f in _train_fields()]
+    + [inspect.Parameter("model_path", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Optional[str]")],
+    return_annotation="TrainConfig",
+)
+train_config = gin.configurable("train")(train_config)
+
 
 # The allowed values of the numeric train.* settings (components.registry.parse_range). Every
 # numeric setting must also be a finite number, an int one an integer.
@@ -320,6 +320,10 @@ TRAIN_RANGES = {
     "warmup_steps": ">= 0",
     "adam_eps": "> 0",
     "weight_decay": ">= 0",
+    "lora_rank": ">= 0",  # 0: full fine-tuning
+    "lora_alpha": "> 0",
+    "kl_coef": ">= 0",
+    "entropy_coef": ">= 0",
     "total_steps": ">= 1",
     "compute_budget_hours": "> 0",
     "compute_budget_flops": "> 0",
@@ -350,9 +354,7 @@ def _train_params():
     return configurable_params(train_config)
 
 
-_TRAIN_PARAM_NAMES = frozenset(
-    name for name in TrainConfig.__dataclass_fields__ if name != "model_path"
-)
+_TRAIN_PARAM_NAMES = frozenset(f.name for f in _train_fields())
 
 
 def check_train_values(values: Mapping[str, Any]) -> None:
@@ -405,6 +407,25 @@ def _mixture_weight_problem(task: Any) -> list[str]:
     return []
 
 
+def component_fields(cfg: "TrainConfig") -> list[tuple[str, Any, str]]:
+    """(train.* field, registry, name) for every component the run names in a field declared with
+    `_component`, in field order (the task, a spec rather than a name, is `_task_components`'
+    business). An unset `eval_engine` names nothing (it is the training engine)."""
+    named = []
+    for spec in dataclasses.fields(cfg):
+        family, value = spec.metadata.get("registry"), getattr(cfg, spec.name)
+        if family is None or value is None:
+            continue
+        for name in value if isinstance(value, tuple) else (value,):
+            named.append((spec.name, ALL_REGISTRIES[family], name))
+    return named
+
+
+def component_names(cfg: "TrainConfig") -> list[tuple[Any, str]]:
+    """(registry, name) for every component the run uses, each once (`component_fields`)."""
+    return list(dict.fromkeys((registry, name) for _, registry, name in component_fields(cfg)))
+
+
 def check_components(cfg: "TrainConfig") -> None:
     """Refuse numeric hyper-parameters of the run's components that are not finite or out of their range.
 
@@ -413,17 +434,9 @@ def check_components(cfg: "TrainConfig") -> None:
     and, for the task, ``train.task_kwargs``.
     Unknown names are left to the name checks (`experiments.train.validate_components`).
     """
-    from components.registry import (
-        ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, REWARDS,
-        TASKS, ParamRangeError,
-    )
+    from components.registry import LENGTH_CONTROLS, REWARDS, TASKS, ParamRangeError
 
-    used = [(LOSSES, cfg.loss, None), (AGGREGATIONS, cfg.aggregation, None), (ADVANTAGE_NORMS, cfg.advantage_norm, None),
-            (OFF_POLICY, cfg.off_policy, None), (PRECISIONS, cfg.precision, None)]
-    used += [(CURRICULA, name, None) for name in cfg.curriculum]
-    used += [(ENGINES, name, None) for name in dict.fromkeys([cfg.engine, cfg.eval_engine or cfg.engine])]
-    if cfg.length_control:
-        used.append((LENGTH_CONTROLS, cfg.length_control, None))
+    used = [(registry, name, None) for registry, name in component_names(cfg) if registry is not TRACKERS]
     used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
     problems = _mixture_weight_problem(cfg.task)
     while used:
@@ -520,6 +533,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
+    if cfg.lora_rank > 0:
+        _check_lora_targets(cfg.lora_targets)  # their form; which modules they match is checked on the model (lora.check_targets)
     from components.trainer.tracking import check_trackers
 
     try:
@@ -527,6 +542,51 @@ def validate(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_components(cfg)
+
+
+def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:
+    """Every component the config names is registered (else the registry's error, with its did-you-mean,
+    after the train.* setting that names it), every number is in range and the settings agree
+    (`validate`). Reads no data and touches no model: `scalerl train` and a sweep run it before
+    anything is built or submitted. `on_this_machine`: the run trains here, so
+    train.attn_implementation is checked against this machine's device too (not for a run submitted
+    to another machine)."""
+    from components.registry import OFF_POLICY
+    from components.tasks import check_task_spec
+
+    for setting, registry, name in component_fields(cfg):  # every train.* field that names components
+        try:
+            registry.check(name)
+        except UnknownComponentError as err:
+            where = f"train.{setting} = {name!r}" if getattr(cfg, setting) == name else f"train.{setting}"  # a list
+            raise UnknownComponentError(f"{where}: {err}") from None
+    try:
+        check_task_spec(cfg.task)  # a name, "reasoning_gym:<dataset>" or a mixture {spec: weight}
+    except UnknownComponentError as err:
+        raise UnknownComponentError(f"train.task = {cfg.task!r}: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"train.task: {err}") from None
+    validate(cfg)
+    OFF_POLICY.get(cfg.off_policy)()  # also validates k
+    if on_this_machine:
+        try:
+            attention_of(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
+def on_gpu(cfg: TrainConfig) -> bool:
+    """Does this run's learner train on a GPU here (train.device, or "auto" with CUDA available)?"""
+    import torch
+
+    return cfg.device != "cpu" and (cfg.device != "auto" or torch.cuda.is_available())
+
+
+def attention_of(cfg: TrainConfig) -> str:
+    """The transformers attention implementation the learner uses (train.attn_implementation resolved)."""
+    from components.trainer.attention import learner_attn_implementation
+
+    return learner_attn_implementation(cfg, "cuda" if on_gpu(cfg) else "cpu")
 
 
 _GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path
@@ -557,7 +617,17 @@ def parse_gin_files(config_files: Sequence[str], bindings: Sequence[str]) -> tup
         if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs
             gin.add_config_file_search_path(d)
             _GIN_SEARCH_PATHS.add(d)
-    gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False, skip_unknown=False)
+    for binding in bindings:  # a malformed binding is named (and a bare word quoted) before any file is read
+        check_binding_syntax(binding)
+    try:  # = gin.parse_config_files_and_bindings, one binding at a time so that an error names its binding
+        gin.parse_config_files_and_bindings(files, [], finalize_config=False, skip_unknown=False)
+    except (ValueError, KeyError, SyntaxError) as err:
+        raise ConfigError(gin_error_message(err)) from None
+    for binding in bindings:
+        try:
+            gin.parse_config(binding, skip_unknown=False)
+        except (ValueError, KeyError, SyntaxError) as err:
+            raise ConfigError(f"--gin binding {binding!r}: {gin_error_message(err, location=False)}") from None
     return files, sys_path
 
 
@@ -567,3 +637,137 @@ def engine_gpus(cfg) -> int:
     engine_cls = ENGINES.original(cfg.engine)  # an unknown name: the registry's error
     gpus = getattr(engine_cls, "gpus_per_instance", None)
     return max(int(gpus(ENGINES.bound_values(cfg.engine))), 1) if gpus is not None else 1
+
+
+# -- gin's errors in words: the binding at fault, and what was probably meant ---------------------------
+# (issue 33: a mistyped config is refused before anything runs, with a did-you-mean)
+class _OpaqueReferences:
+    """gin parser delegate for a syntax check: references and macros are left as text."""
+
+    def configurable_reference(self, name: str, evaluate: bool) -> str:
+        return f"@{name}{'()' if evaluate else ''}"
+
+    def macro(self, name: str) -> str:
+        return f"%{name}"
+
+
+def _gin_syntax_error(text: str) -> Optional[SyntaxError]:
+    """gin's SyntaxError for `text` (one or more statements), or None when it parses."""
+    import gin.config_parser as cp
+
+    try:
+        for _ in cp.ConfigParser(text, _OpaqueReferences()):
+            pass
+    except SyntaxError as err:
+        return err
+    return None
+
+
+_ONE_WORD = re.compile(r"[A-Za-z_][\w.:/+-]*")
+_BARE_WORD = re.compile(r"(?<![\w'\"@%.])([A-Za-z_]\w*)(?![\w'\"(.])")
+
+
+def quoted_suggestion(statement: str) -> Optional[str]:
+    """`train.loss = cispo` -> `train.loss = "cispo"`: the binding with its bare words quoted, when that parses."""
+    lhs, sep, rhs = statement.strip().partition("=")
+    value = rhs.strip()
+    if not sep or not value:
+        return None
+    if _ONE_WORD.fullmatch(value) and value not in ("True", "False", "None"):
+        quoted = json.dumps(value)
+    else:  # a list or dict of bare words: ["uniform", "zero_variance_filter"]
+        quoted = _BARE_WORD.sub(lambda m: m.group(1) if m.group(1) in ("True", "False", "None") else json.dumps(m.group(1)),
+                                value)
+    candidate = f"{lhs.strip()} = {quoted}"
+    return candidate if quoted != value and _gin_syntax_error(candidate) is None else None
+
+
+def _syntax_message(err: SyntaxError) -> str:
+    """gin's SyntaxError in words (no parser internals); for a bare word, the statement with it quoted."""
+    msg = str(err.msg or err).strip()
+    token = re.search(r"Failed to parse token '([^']*)'", msg)
+    line = (err.text or "").rstrip("\n")
+    if token:
+        suggestion = quoted_suggestion(line)
+        return (f"{token.group(1)} is not a value (a string needs quotes)"
+                + (f"; did you mean {suggestion}?" if suggestion else ""))
+    first = msg.splitlines()[0].strip().rstrip(".")
+    near = line[err.offset:].strip() if isinstance(err.offset, int) and 0 <= err.offset < len(line) else ""
+    return f"{first} at {near!r}" if near else first
+
+
+def _close(word: str, choices: Sequence[str]) -> Optional[str]:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(choices), n=1)
+    return match[0] if match else None
+
+
+def configurable_parameter_names(selector: str) -> Optional[list[str]]:
+    """The parameter names of gin configurable `selector` (None: unknown, or it takes **kwargs)."""
+    try:
+        configurable = gin.config._REGISTRY.get_match(selector)  # gin's selector map (no public lookup)
+    except (KeyError, ValueError):
+        return None
+    if configurable is None:
+        return None
+    fn = configurable.wrapped
+    try:
+        sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return [p.name for p in sig.parameters.values() if p.name != "self"]
+
+
+def unknown_parameter_message(selector: str, param: str, params: Optional[Sequence[str]] = None) -> str:
+    """"train has no parameter 'lrr'; did you mean train.lr?" (the parameters listed when none is close)."""
+    params = configurable_parameter_names(selector) if params is None else list(params)
+    close = _close(param, params or [])
+    if close:
+        hint = f"; did you mean {selector}.{close}?"
+    else:
+        hint = f"; its parameters: {', '.join(params)}" if params else ""
+    return f"{selector} has no parameter {param!r}{hint}"
+
+
+def unknown_configurable_message(selector: str) -> str:
+    """"no gin configurable named 'trian'; did you mean train?"."""
+    known = list(getattr(gin.config._REGISTRY, "_selector_map", {}))  # complete selectors, e.g. "losses.cispo"
+    close = _close(selector, sorted({k.rsplit(".", 1)[-1] for k in known} | set(known)))
+    return f"no gin configurable named {selector!r}" + (f"; did you mean {close}?" if close else "")
+
+
+_GIN_CONTEXT = re.compile(r"^\s+In (call to configurable|bindings string|file )")
+
+
+def gin_error_message(err: BaseException, location: bool = True) -> str:
+    """One clean line for an error gin raised or annotated: gin's own context lines ("In call to
+    configurable 'train' (<function ...>)") dropped, a parser error in words, an unknown
+    configurable or parameter with a did-you-mean. `location`: keep "FILE line N: " in front."""
+    if isinstance(err, SyntaxError) and err.msg is not None:
+        where = f"{err.filename} line {err.lineno}: " if location and err.filename else ""
+        return where + _syntax_message(err)
+    lines = str(err).splitlines()
+    cut = next((i for i, line in enumerate(lines) if _GIN_CONTEXT.match(line)), len(lines))
+    msg = " ".join(line.strip() for line in lines[:cut]).strip()
+    where = ""
+    for line in lines[cut:]:
+        m = re.match(r'^\s+In file "(.+)", line (\d+)', line)
+        if m and location:
+            where = f"{m.group(1)} line {m.group(2)}: "
+    m = re.fullmatch(r"Configurable '(.+)' doesn't have a parameter named '(.+)'\.", msg)
+    if m:
+        msg = unknown_parameter_message(m.group(1), m.group(2))
+    m = re.fullmatch(r"No configurable matching '(.+)'\.", msg)
+    if m:
+        msg = unknown_configurable_message(m.group(1))
+    return where + (msg or type(err).__name__)
+
+
+def check_binding_syntax(binding: str, label: str = "--gin binding") -> None:
+    """A binding that does not parse, named, in words: `train.loss = cispo` -> did you mean `train.loss = "cispo"`?"""
+    err = _gin_syntax_error(binding)
+    if err is not None:
+        raise ConfigError(f"{label} {binding!r} does not parse: {_syntax_message(err)}")

@@ -21,7 +21,7 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from components.trainer.rollout import safe_verify
 
 __all__ = [
     "evaluate",
+    "merge_eval_records",
     "eval_seed",
     "evaluate_benchmark",
     "evaluate_downstream",
@@ -123,10 +124,13 @@ class Graded:
 
 
 def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int, seed: int, temperature: float,
-                     top_p: float, max_tokens: int, length_control=None, verifier_timeout_s: float = 10.0) -> Graded:
+                     top_p: float, max_tokens: int, length_control=None, verifier_timeout_s: float = 10.0,
+                     on_sample: Optional[Callable] = None) -> Graded:
     """k samples per problem with the engine's current weights, each graded by `verifier.verify`.
 
     Prompts go through `render_prompt` (the chat template, with the problem's system prompt).
+    `on_sample(problem_index, sample_index, problem, prompt_ids, completion, text, verdict)` is
+    called for every graded completion (`scalerl eval --dump`).
     """
     requests = []
     for i, problem in enumerate(problems):
@@ -142,10 +146,12 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
     for group in engine.generate(requests, params):
         i = int(group.request.group_id)
         verdicts = []
-        for c in group.completions:
+        for j, c in enumerate(group.completions):
             text = tokenizer.decode(c.token_ids, skip_special_tokens=False)
             verdict, err = safe_verify(verifier, problems[i], text, verifier_timeout_s)
             verdicts.append(bool(verdict.passed))
+            if on_sample is not None:
+                on_sample(i, j, problems[i], group.request.prompt_ids, c, text, verdict)
             out.verifier_errors += err is not None
             out.tokens += len(c.token_ids)
             out.truncated += c.finish_reason == "length"
@@ -205,7 +211,7 @@ def is_downstream_record(row: dict) -> bool:
 
 def evaluate_benchmark(engine, benchmark, tokenizer, *, k: int, seed: int, temperature: float = 1.0, top_p: float = 1.0,
                        max_tokens: int = 1024, length_control=None, verifier_timeout_s: float = 10.0,
-                       ks: Optional[Iterable[int]] = None) -> dict:
+                       ks: Optional[Iterable[int]] = None, on_sample: Optional[Callable] = None) -> dict:
     """One downstream benchmark with the engine's current weights: k samples per problem.
 
     `benchmark`: a `components.benchmarks.Benchmark` (its problems and their verifier). Returns::
@@ -215,14 +221,15 @@ def evaluate_benchmark(engine, benchmark, tokenizer, *, k: int, seed: int, tempe
          "entropy": float, "eval_tokens": int, "eval_sampled_tokens": int, "eval_truncation_rate": float,
          "eval_verifier_errors": int, "time_eval": float, "source": str, "grader": str}
 
-    ``entropy`` as in `evaluate`. pass@k is computed for `ks` (default `pass_ks(k)`).
+    ``entropy`` as in `evaluate`. pass@k is computed for `ks` (default `pass_ks(k)`). `on_sample`
+    sees every graded completion (`sample_and_grade`).
     """
     if int(k) < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
     graded = sample_and_grade(engine, benchmark.task, benchmark.problems, tokenizer, k=int(k), seed=seed,
                               temperature=temperature, top_p=top_p, max_tokens=max_tokens, length_control=length_control,
-                              verifier_timeout_s=verifier_timeout_s)
+                              verifier_timeout_s=verifier_timeout_s, on_sample=on_sample)
     scores = benchmark_scores([sum(v) for v in graded.passed], int(k), ks)
     return {
         "benchmark": benchmark.name,
@@ -266,3 +273,42 @@ def evaluate_downstream(engine, benchmarks: Sequence, tokenizer, cfg, *, step: i
                            length_control=length_control, verifier_timeout_s=cfg.verifier_timeout_s)
         for i, b in enumerate(benchmarks)
     ]
+
+
+def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
+    """One held-out record from the generators' shares (weights: prompts, samples, tokens)."""
+    if len(records) == 1:
+        return {k: v for k, v in records[0].items() if k != "indices"}
+    prompts = sum(int(r["prompts"]) for r in records)
+    k = int(records[0]["k"])
+    tokens = sum(int(r.get("eval_tokens", 0)) for r in records)
+    out = {
+        "pass_rate": sum(float(r["pass_rate"]) * int(r["prompts"]) for r in records) / max(prompts, 1),
+        "k": k,
+        "prompts": prompts,
+        "eval_tokens": tokens,
+        "eval_truncation_rate": sum(float(r.get("eval_truncation_rate", 0.0)) * int(r["prompts"]) for r in records) / max(prompts, 1),
+        "eval_verifier_errors": sum(int(r.get("eval_verifier_errors", 0)) for r in records),
+        "eval_sampled_tokens": sum(int(r.get("eval_sampled_tokens", 0)) for r in records),
+        "time_eval": max(float(r.get("time_eval", 0.0)) for r in records),
+        "eval_training_groups": sum(int(r.get("eval_training_groups", 0)) for r in records),
+    }
+    per_task: dict = {}
+    for r in records:
+        counts: dict = {}
+        for i in r["indices"]:
+            p = problems[i]
+            name = (getattr(p, "meta", None) or {}).get("task", task_name)
+            counts[name] = counts.get(name, 0) + 1
+        for name, rate in (r.get("per_task") or {}).items():
+            n = counts.get(name, 0)
+            s, c = per_task.get(name, (0.0, 0))
+            per_task[name] = (s + float(rate) * n, c + n)
+    out["per_task"] = {name: s / c for name, (s, c) in sorted(per_task.items()) if c}
+    if all("entropy" in r and r["entropy"] is not None for r in records):
+        w = [max(int(r.get("eval_sampled_tokens", r.get("eval_tokens", 0))), 1) for r in records]
+        out["entropy"] = sum(float(r["entropy"]) * x for r, x in zip(records, w)) / sum(w)
+    for key in records[0]:
+        if key not in out and key != "indices":
+            out[key] = records[0][key]
+    return out

@@ -15,6 +15,12 @@ The result loads with `AutoModelForCausalLM.from_pretrained(OUT, local_files_onl
 with vLLM (`LLM(model=OUT)`). `write_final_policy(RUN_DIR)` does the same into
 `RUN_DIR/final/` at the end of a run (atomic: a tmp directory renamed into place).
 
+A LoRA run (train.lora_rank > 0; its checkpoint holds base + adapters and hf/adapter/adapter_config.json)
+exports the MERGED model, W + (lora_alpha / r) B A in every adapted layer, as the plain model above
+(no peft needed to load it), and the adapter itself in peft's format:
+
+    OUT/adapter/adapter_config.json, adapter_model.safetensors   PeftModel.from_pretrained(base, OUT/adapter)
+
 Memory: the full model is held once in CPU memory in its stored dtype (4 bytes per parameter
 for fp32 master weights); the optimizer state is not read.
 """
@@ -35,6 +41,7 @@ from components.trainer.checkpoint import (
     newest_intact_checkpoint,
     read_checkpoint_info,
 )
+from components.trainer.lora import ADAPTER, ADAPTER_DIR, read_adapter_config
 
 __all__ = ["ExportError", "FINAL_DIR", "resolve_checkpoint", "load_policy", "export_policy", "write_final_policy"]
 
@@ -95,8 +102,16 @@ def load_policy(checkpoint: str | os.PathLike):
 
     Tensors keep the widest dtype stored among the model's floating tensors (fp32 for fp32
     master weights; a legacy bf16 body + fp32 head is upcast to fp32, losslessly). Tied
-    embeddings are tied again (both stored copies must be equal).
+    embeddings are tied again (both stored copies must be equal). A LoRA checkpoint gives the
+    plain model with the adapters merged into its weights.
     """
+    from components.trainer.lora import merge_into_base
+
+    return merge_into_base(_load_stored_model(checkpoint))
+
+
+def _load_stored_model(checkpoint: str | os.PathLike):
+    """`load_policy` before merging: a LoRA checkpoint's model still carries its adapters (peft layers)."""
     import torch
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
@@ -113,6 +128,11 @@ def load_policy(checkpoint: str | os.PathLike):
     stored = {k[len("model."):]: md for k, md in reader.read_metadata().state_dict_metadata.items() if k.startswith("model.")}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    lora = read_adapter_config(hf_dir)
+    if lora is not None:  # the learner's adapters, injected as it injected them (lora.apply_lora), empty
+        from peft import inject_adapter_in_model
+
+        inject_adapter_in_model(lora, model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     wanted = set(model.state_dict())
     missing, unexpected = sorted(wanted - set(stored)), sorted(set(stored) - wanted)
     if missing or unexpected:
@@ -154,10 +174,17 @@ def _widest_float_dtype(tensors):
 
 
 def _write_export(checkpoint: Path, out: Path) -> None:
-    """save_pretrained of the checkpoint's policy + its tokenizer files into `out` (must not exist)."""
-    model = load_policy(checkpoint)
+    """save_pretrained of the checkpoint's policy + its tokenizer files into `out` (must not exist);
+    a LoRA checkpoint: the merged model, and the adapter in `out/adapter/` (peft's files)."""
+    from components.trainer.lora import is_lora, merge_into_base, save_adapter
+
+    model = _load_stored_model(checkpoint)
     hf_dir = checkpoint / HF_DIR
     out.mkdir(parents=True)
+    if is_lora(model):
+        base = read_adapter_config(hf_dir).base_model_name_or_path
+        save_adapter(model, out / ADAPTER_DIR, base_model_name_or_path=base)
+        merge_into_base(model)
     model.save_pretrained(str(out))
     for f in sorted(hf_dir.iterdir()):  # tokenizer files and the learner's generation config
         if f.is_file() and f.name not in _WRITTEN_BY_SAVE_PRETRAINED:

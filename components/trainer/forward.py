@@ -33,10 +33,11 @@ Memory is a function of a token budget, never of (longest sequence x batch) or (
 - `sequence_logprobs_packed(model, micro_batch, ...)` is the ONE entry point the learner
   calls, for packed rows (`PackedRow`) and for today's padded micro-batches (a
   `components.trainer.rollout.Batch`) alike. It returns logp [b, T] (carries grad) and
-  entropy [b, T] (no grad) in the padded completion layout, so the losses (which take [B, T])
-  are unchanged. The model's own forward is called (so FSDP2's root hooks run) with
-  `logits_to_keep` = an empty index tensor (no logits at all), and the final hidden states
-  are taken by a forward hook on the decoder stack (`model.get_decoder()`).
+  entropy [b, T] (no grad, unless `entropy_grad` asks for it: an entropy bonus) in the padded
+  completion layout, so the losses (which take [B, T]) are unchanged. The model's own forward
+  is called (so FSDP2's root hooks run) with `logits_to_keep` = an empty index tensor (no
+  logits at all), and the final hidden states are taken by a forward hook on the decoder stack
+  (`model.get_decoder()`).
 - `enable_activation_checkpointing` uses transformers' per-decoder-block checkpointing with
   `use_reentrant=False`: `GradientCheckpointingLayer` checkpoints the block's `forward`, not
   its `__call__`, so module hooks (FSDP2's unshard/reshard) stay outside the checkpoint and run
@@ -348,6 +349,29 @@ def chunk_logit_grad(logits: torch.Tensor, targets: torch.Tensor, grad_logp: tor
     return g.to(logits.dtype)  # [n, V]
 
 
+def chunk_entropy_logit_grad(logits: torch.Tensor, targets: torch.Tensor, grad_logp: torch.Tensor,
+                             grad_entropy: torch.Tensor, temperature) -> torch.Tensor:
+    """The gradient of sum(grad_logp * logp + grad_entropy * entropy) w.r.t. one chunk's logits.
+
+    `chunk_logit_grad` plus the entropy's own term, for a loss with an entropy bonus
+    (``train.entropy_coef``): with H = -sum_j p_j log p_j of the scaled logits,
+    d H / d scaled_j = -p_j (log p_j + H). grad_entropy [n] (d loss / d entropy); the rest as in
+    `chunk_logit_grad`. Returns [n, V] in the logits' dtype.
+    """
+    go = grad_logp.float().unsqueeze(-1)  # [n, 1]
+    ge = grad_entropy.float().unsqueeze(-1)  # [n, 1]
+    g = scaled_log_softmax(logits, temperature)  # [n, V] float32 log-probs
+    p = g.exp()  # [n, V]
+    entropy = -(p * g).sum(-1, keepdim=True)  # [n, 1]
+    g.add_(entropy).mul_(ge).add_(go).mul_(p).neg_()  # [n, V]: -p * (go + ge * (log p + H))
+    del p
+    g.scatter_add_(-1, targets.unsqueeze(-1), go)  # [n, V]: + onehot * go
+    t = _effective_temperature(temperature, g)
+    if torch.is_tensor(t) or t != 1.0:
+        g.div_(t)
+    return g.to(logits.dtype)  # [n, V]
+
+
 _COMPILED: dict = {}
 
 
@@ -369,11 +393,14 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
     """logp[n] = scaled_log_softmax(F.linear(hidden[n].to(W.dtype), W, b), T)[target[n]], chunk by chunk.
 
     Forward keeps only hidden, weight, bias and targets (no logits); backward recomputes each
-    chunk's logits and log-softmax, so at most one chunk of [chunk, V] tensors is alive.
+    chunk's logits and log-softmax, so at most one chunk of [chunk, V] tensors is alive. The
+    entropy is differentiable only with `entropy_grad` (an entropy bonus in the loss); otherwise
+    it is marked non-differentiable and backward runs the log-prob gradient alone.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, compile_backend=None):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, with_entropy, compile_backend=None,
+                entropy_grad=False):
         N = hidden.shape[0]
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)  # [N]
         entropy = torch.empty(N, dtype=torch.float32, device=hidden.device) if with_entropy else None  # [N]
@@ -394,8 +421,10 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.logits_dtype = logits_dtype
         ctx.compile_backend = compile_backend
+        ctx.entropy_grad = bool(with_entropy and entropy_grad)
         if with_entropy:
-            ctx.mark_non_differentiable(entropy)
+            if not ctx.entropy_grad:
+                ctx.mark_non_differentiable(entropy)
             return logp, entropy
         return logp
 
@@ -416,13 +445,18 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         # the head's gradient is accumulated over chunks in float32, cast to its dtype at the end
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None  # [V]
-        logit_grad = _chunk_math(chunk_logit_grad, ctx.compile_backend)
+        with_entropy_grad = ctx.entropy_grad and grad_entropy is not None  # an entropy bonus in the loss
+        logit_grad = _chunk_math(chunk_entropy_logit_grad if with_entropy_grad else chunk_logit_grad, ctx.compile_backend)
         with torch.no_grad(), _no_autocast(hidden.device.type):
             for s in range(0, N, ctx.chunk_size):
                 e = min(s + ctx.chunk_size, N)
                 h = hidden[s:e].to(compute)  # [n, H]
                 logits = F.linear(h, w_c, b_c)  # [n, V]
-                g_logits = logit_grad(logits, targets[s:e], grad_logp[s:e], _temperature_rows(temperature, s, e))  # [n, V]
+                t_rows = _temperature_rows(temperature, s, e)
+                if with_entropy_grad:
+                    g_logits = logit_grad(logits, targets[s:e], grad_logp[s:e], grad_entropy[s:e], t_rows)  # [n, V]
+                else:
+                    g_logits = logit_grad(logits, targets[s:e], grad_logp[s:e], t_rows)  # [n, V]
                 del logits
                 if need_h:
                     grad_h[s:e] = (g_logits @ w_c).to(hidden.dtype)  # [n, H]
@@ -437,7 +471,7 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
             grad_w = grad_w.to(weight.dtype)
         if need_b:
             grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -450,6 +484,7 @@ def chunked_token_logprobs(
     bias: Optional[torch.Tensor] = None,
     with_entropy: bool = False,
     compile_backend: Optional[str] = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob of each target and entropy, from final hidden states, `chunk_size` tokens at a time.
 
@@ -466,10 +501,12 @@ def chunked_token_logprobs(
         compile_backend: None (eager), or a torch.compile backend ("inductor") that each
             chunk's log-softmax, gather, entropy and gradient run through (`train.compile`);
             the values are the same up to float32 round-off.
+        entropy_grad: make the entropy differentiable too (an entropy bonus, ``train.entropy_coef``);
+            off, it carries no grad and backward computes the log-prob gradient alone.
 
     Returns:
         logp [N] float32 (differentiable w.r.t. hidden, weight and bias), and entropy [N]
-        float32 or None.
+        float32 (differentiable only with `entropy_grad`) or None.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size (train.logprob_chunk_size) must be an int >= 1, got {chunk_size!r}")
@@ -495,7 +532,7 @@ def chunked_token_logprobs(
             "head in the root's group (fully_shard per block + root), whose parameters stay unsharded after forward"
         )
     out = _ChunkedHeadLogprob.apply(hidden, weight, bias, targets, temperature, chunk_size, bool(with_entropy),
-                                    compile_backend)
+                                    compile_backend, bool(entropy_grad))
     if with_entropy:
         return out[0], out[1]
     return out, None
@@ -598,12 +635,12 @@ def _scatter(flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, b: int,
 
 
 def _head_logprobs(model, hidden_flat, predict_index, targets, rows, cols, b, T, temperature, chunk_size, with_entropy,
-                   compile_backend):
+                   compile_backend, entropy_grad=False):
     weight, bias = _head(model)  # read AFTER the forward (FSDP2: the unsharded parameter)
     h = hidden_flat.index_select(0, predict_index)  # [M, H]
     logp, entropy = chunked_token_logprobs(
         h, weight, targets, temperature=float(temperature), chunk_size=chunk_size, bias=bias, with_entropy=with_entropy,
-        compile_backend=compile_backend,
+        compile_backend=compile_backend, entropy_grad=entropy_grad,
     )  # [M], [M] | None
     logp_bt = _scatter(logp, rows, cols, b, T)  # [b, T]
     entropy_bt = _scatter(entropy, rows, cols, b, T) if with_entropy else None  # [b, T]
@@ -611,7 +648,7 @@ def _head_logprobs(model, hidden_flat, predict_index, targets, rows, cols, b, T,
 
 
 def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_size: int, with_entropy: bool,
-                             compile_backend: Optional[str] = None):
+                             compile_backend: Optional[str] = None, entropy_grad: bool = False):
     """The learner's one forward: log-prob (and entropy) of every completion token of a micro-batch.
 
     Args:
@@ -625,16 +662,17 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
         with_entropy: also return the entropy (no grad).
         compile_backend: None, or the torch.compile backend of the head's per-chunk math
             (`train.compile`; the learner compiles the decoder blocks, `learner.compile_blocks`).
+        entropy_grad: the entropy carries grad too (an entropy bonus, ``train.entropy_coef > 0``).
 
     Returns:
-        logp [b, T] float32 (carries grad; 0 on padding) and entropy [b, T] float32 (no grad; 0
-        on padding) or None. T: `micro_batch.num_columns` for a PackedRow, the batch's
+        logp [b, T] float32 (carries grad; 0 on padding) and entropy [b, T] float32 (no grad unless
+        `entropy_grad`; 0 on padding) or None. T: `micro_batch.num_columns` for a PackedRow, the batch's
         completion width for a Batch.
     """
     if not isinstance(micro_batch, PackedRow):
         return sequence_logprobs_padded(
             model, micro_batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-            compile_backend=compile_backend,
+            compile_backend=compile_backend, entropy_grad=entropy_grad,
         )
     _check_args(temperature, chunk_size)
     _check_plain_head(model)
@@ -643,12 +681,12 @@ def sequence_logprobs_packed(model, micro_batch, *, temperature: float, chunk_si
                                  **varlen_kwargs(model, row.position_ids, None))  # [1, N, H]
     return _head_logprobs(
         model, hidden[0], row.predict_index, row.targets, row.out_rows, row.out_cols,
-        row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy, compile_backend,
+        row.num_sequences, row.num_columns, temperature, chunk_size, with_entropy, compile_backend, entropy_grad,
     )
 
 
 def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: int, with_entropy: bool,
-                             compile_backend: Optional[str] = None):
+                             compile_backend: Optional[str] = None, entropy_grad: bool = False):
     """`sequence_logprobs_packed` for a padded micro-batch (`Batch` layout): same head, same outputs.
 
     The forward is today's padded one (attention mask, positions from the mask, no cache);
@@ -675,7 +713,7 @@ def sequence_logprobs_padded(model, batch, *, temperature: float, chunk_size: in
     targets = batch.input_ids[:, P:][valid]  # [M]
     return _head_logprobs(
         model, hidden.reshape(B * L, -1), predict_index, targets, rows, cols, B, T, temperature, chunk_size, with_entropy,
-        compile_backend,
+        compile_backend, entropy_grad,
     )
 
 

@@ -4,7 +4,9 @@
     filters -> advantages -> aggregation token weights -> split rows across the T ranks
             -> micro-batches per rank (equal count on every rank: FSDP2 collectives must match)
     (every learner rank, on its share)
-    loss -> weighted_sum with the global weights (x T: FSDP2 averages gradients over ranks)
+    loss (x the mismatch correction's weight, components/mismatch.py)
+         (+ kl_coef * KL to the frozen reference policy, - entropy_coef * entropy, per token)
+         -> weighted_sum with the global weights (x T: FSDP2 averages gradients over ranks)
          -> backward per micro-batch -> clip the global grad norm -> AdamW -> new version
 
 Master weights, gradients and AdamW state are float32 whatever the precision policy. The
@@ -16,6 +18,11 @@ decoder block and an fp32 root for the fp32 head. On CPU bf16 is EMULATED by def
 FSDP2 then computing in fp32 (components/precision.py). What the generators receive is cast
 per policy by weight_sync.
 
+LoRA (``train.lora_rank`` > 0, components/trainer/lora.py): peft adapters are injected into the
+model in place before checkpointing, sharding and compile; the base is frozen, so the optimizer,
+the clip and the gradient reductions hold the adapters only, and the generators receive merged
+weights (weight_sync).
+
 Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
 advantage std) is computed on the whole step batch before it is split, the update does
 not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
@@ -23,18 +30,20 @@ not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
 from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
+from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
-from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, LOSSES
+from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES
 from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
                                        sequence_logprobs_packed)
 from components.trainer.rollout import Batch, Rollout, collate
@@ -43,6 +52,7 @@ __all__ = [
     "Learner",
     "MicroBatch",
     "StepPlan",
+    "StepPeers",
     "plan_step",
     "split_rows",
     "token_logprobs",
@@ -57,6 +67,13 @@ __all__ = [
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` that never trains (the KL penalty's reference policy): no grad, eval mode."""
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    return reference.eval()
 
 
 def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool = True):
@@ -90,16 +107,19 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
     return logp, entropy
 
 
-def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int):
-    """AdamW + linear warmup to a constant LR (the paper's schedule)."""
+def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int,
+                   schedule: str = "constant", total_steps: int = 1):
+    """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py): linear
+    warmup, then constant (the paper's schedule, the default) or a decay to 0 at `total_steps`."""
     params = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
     warm = max(int(warmup_steps), 0)
+    schedule_fn = LR_SCHEDULES.get(schedule)
 
     def factor(update: int) -> float:
-        return 1.0 if warm == 0 else min(1.0, (update + 1) / warm)
+        return schedule_fn(update, warm, int(total_steps))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
@@ -229,6 +249,17 @@ class StepPlan:
     advantages: torch.Tensor  # [B]
     rows: list  # [T] index tensors: the rows of `batch` each rank trains on (in micro-batch order)
     stats: dict
+    time_plan: float = 0.0  # seconds spent planning (counted in the step's time_train)
+
+
+class StepPeers(Protocol):
+    """Learner ranks 1..T-1 as rank 0 sees them (the trainer hands them their shards by message)."""
+
+    def send(self, shards: Sequence[Sequence[MicroBatch]]) -> None:
+        """Hand rank k its shard, shards[k - 1]; each trains it with `Learner.train_shard`."""
+
+    def gather(self) -> list[dict]:
+        """Their partial results, in rank order (once every one has reported)."""
 
 
 def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
@@ -367,9 +398,17 @@ class Learner:
                 f"{self.device.type} (precision.emulate): compiled kernels fuse the operations emulation rounds "
                 "between. Use train.compile = False, train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)"
             )
+        # the KL penalty's reference policy (train.kl_coef > 0): a frozen copy of these initial weights
+        # (model.path), taken before checkpointing, sharding or compiling; placed like the policy below
+        reference = frozen_copy(model) if cfg.kl_coef > 0 else None
+        if cfg.lora_rank > 0:  # adapters on the frozen fp32 base, before checkpointing, sharding and compile
+            from components.trainer.lora import apply_lora
+
+            apply_lora(model, cfg)  # only the adapters require grad: the optimizer and the clip see them alone
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
+        self.num_trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if self.ranks > 1:
             full = model.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
             # fully_shard keeps 1/T of each tensor per rank: the full model never sits on one GPU
@@ -385,6 +424,7 @@ class Learner:
         if cfg.compile:
             compile_blocks(model, cfg.compile_backend)  # after sharding: FSDP2's hooks stay outside the graphs
         self.model = model
+        self.reference = self._place_reference(reference, on_meta) if reference is not None else None
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
             model,
@@ -393,9 +433,31 @@ class Learner:
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
             warmup_steps=cfg.warmup_steps,
+            schedule=cfg.lr_schedule,
+            total_steps=cfg.total_steps,
         )
         self.loss_fn = LOSSES.get(cfg.loss)
+        self.correction = resolve_correction(cfg.mismatch_correction)  # None for "none" (components/mismatch.py)
+        self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator) if cfg.kl_coef > 0 else None
         self.aggregate_name = AGGREGATIONS.check(cfg.aggregation)
+
+    def _place_reference(self, reference: torch.nn.Module, on_meta: bool) -> torch.nn.Module:
+        """The reference policy sharded, placed and compiled as the policy is (its frozen weights
+        come from learner rank 0 when T > 1, like the policy's)."""
+        if self.ranks > 1:
+            full = reference.state_dict() if self.rank == 0 else {}
+            shard_model(reference, self.policy, self.device)
+            if on_meta:
+                reference.to_empty(device=self.device)
+            else:
+                reference.to(device=self.device)
+            load_from_rank0(reference, full)
+            del full
+        else:
+            reference.to(device=self.device)
+        if self.cfg.compile:
+            compile_blocks(reference, self.cfg.compile_backend)
+        return reference
 
     # -------------------------------------------------------------------------------------
     def compute_context(self):
@@ -412,21 +474,53 @@ class Learner:
             return sequence_logprobs_packed(
                 self.model, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=True,
                 compile_backend=cfg.compile_backend if cfg.compile else None,
+                entropy_grad=cfg.entropy_coef > 0,  # the entropy bonus differentiates the entropy
             )
 
-    def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None]:
+    def reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """ref_logp [b, T] (no grad) of a micro-batch's completion tokens under the frozen reference
+        policy, computed as the policy's are (same forward, head, temperature and precision)."""
+        cfg = self.cfg
+        batch = mb.batch.to(self.device)
+        rows = pack_batch(batch) if cfg.max_tokens_per_micro_batch is not None else batch
+        sharded = self.ranks > 1
+        with torch.no_grad(), self.policy.compute_context(self.reference, self.device, sharded=sharded):
+            ref_logp, _ = sequence_logprobs_packed(
+                self.reference, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=False,
+                compile_backend=cfg.compile_backend if cfg.compile else None,
+            )  # [b, T]
+        if sharded:
+            self.reference.reshard()  # FSDP2 keeps the root unsharded after forward (for a backward that never comes)
+        return ref_logp
+
+    def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:
         """Forward + backward of one micro-batch (gradients added into .grad). Returns its loss and,
-        unless it is a dummy, the detached log-probs [b, T] and entropies [b, T] of its tokens."""
+        unless it is a dummy, the detached log-probs [b, T] and entropies [b, T] of its tokens, and
+        the other detached per-token values the statistics need ({"kl": [b, T]} with a KL penalty)."""
+        # the KL penalty's reference forward first: its transient memory is gone before the policy's graph exists
+        ref_logp = self.reference_logprobs(mb) if self.kl_fn is not None else None  # [b, T], no grad
         logp, entropy = self.logprobs(mb)  # [b, T] each
         adv = mb.advantages.to(self.device)  # [b]
         batch = mb.batch.to(self.device)
-        per_token = self.loss_fn(logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+        # train.mismatch_correction: none -> loss_fn as is; else loss_fn against sg(logp) times the weight
+        per_token = policy_loss(self.loss_fn, self.correction, logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+        extra = {}
+        # reference-KL penalty (train.kl_coef > 0): + kl_coef * kl per token, aggregated like the policy loss
+        if self.kl_fn is not None:
+            kl = self.kl_fn(logp, ref_logp)  # [b, T]
+            kl = torch.where(batch.mask, kl, torch.zeros_like(kl))  # [b, T]
+            per_token = per_token + self.cfg.kl_coef * kl  # [b, T]
+            extra["kl"] = kl.detach().float().cpu()
+        # entropy bonus (train.entropy_coef > 0): - entropy_coef * entropy per token (the entropy carries grad then)
+        if self.cfg.entropy_coef > 0:
+            bonus = torch.where(batch.mask, entropy, torch.zeros_like(entropy))  # [b, T]
+            per_token = per_token - self.cfg.entropy_coef * bonus  # [b, T]
         loss = weighted_sum(per_token, mb.weights.to(self.device))  # []
         (loss * scale).backward()
         if mb.dummy:
-            return float(loss.detach()), None, None
+            return float(loss.detach()), None, None, {}
         ent = entropy.detach().float().cpu() if entropy is not None else torch.zeros_like(logp).cpu()
-        return float(loss.detach()), logp.detach().float().cpu(), ent
+        return float(loss.detach()), logp.detach().float().cpu(), ent, extra
 
     def accumulate(self, micro_batches: Sequence[MicroBatch]) -> dict:
         """Forward + backward over this rank's micro-batches (gradients summed into .grad).
@@ -439,13 +533,16 @@ class Learner:
         scale = float(self.ranks)  # FSDP2 averages gradients over the ranks: undo it
         total = 0.0
         logps, entropies = [], []
+        extras: dict[str, list] = {}  # per micro-batch, as logp: {"kl": [...]} with a KL penalty
         for mb in micro_batches:
-            loss, logp, entropy = self._backward(mb, scale)
+            loss, logp, entropy, extra = self._backward(mb, scale)
             total += loss
             if logp is not None:
                 logps.append(logp)
                 entropies.append(entropy)
-        return {"loss": total, "logp": logps, "entropy": entropies}
+            for key, value in extra.items():
+                extras.setdefault(key, []).append(value)
+        return {"loss": total, "logp": logps, "entropy": entropies, **extras}
 
     def accumulate_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
         """Forward + backward over EVERY shard of a step, in this one process, in the arithmetic
@@ -471,8 +568,10 @@ class Learner:
         for m in range(n_mb.pop()):
             reduced: list[torch.Tensor] | None = None
             for part, shard in zip(parts, shards):
-                loss, logp, entropy = self._backward(shard[m], 1.0)
+                loss, logp, entropy, extra = self._backward(shard[m], 1.0)
                 part["loss"] += loss
+                for key, value in extra.items():
+                    part.setdefault(key, []).append(value)
                 if logp is not None:
                     part["logp"].append(logp)
                     part["entropy"].append(entropy)
@@ -531,17 +630,39 @@ class Learner:
         return parts
 
     # -------------------------------------------------------------------------------------
-    def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
-        """One step of a ONE-rank learner on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
-        if self.ranks != 1:
-            raise RuntimeError("Learner.step is the one-rank path; with T > 1 ranks learner rank 0 plans the step")
+    def plan(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> StepPlan:
+        """The step's plan for this learner's ranks (`keep[i]`: the filters' verdict on group i): its
+        world size, or the ranks it computes as (`train.emulate_learner_ranks`)."""
         t0 = time.perf_counter()
-        emulated = self.cfg.emulate_learner_ranks
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, emulated)
-        if not plan.shards:
-            return finish_stats(plan, None, self.version, self.cfg, time.perf_counter() - t0)
-        parts = self.train_as_ranks(plan.shards) if emulated > 1 else [self.train_shard(plan.shards[0])]
-        return finish_stats(plan, parts, self.version, self.cfg, time.perf_counter() - t0)
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, max(self.ranks, self.cfg.emulate_learner_ranks))
+        plan.time_plan = time.perf_counter() - t0
+        return plan
+
+    def train(self, plan: StepPlan, peers: Optional[StepPeers] = None) -> dict:
+        """THE learner step (production, tests and benchmarks): train every shard of `plan`, update
+        once, return the step's statistics. Rank 0 trains shards[0] while `peers` (ranks 1..T-1,
+        needed when T > 1) train the others in the same collectives. With
+        ``train.emulate_learner_ranks = 2`` this one rank computes every shard in the arithmetic of
+        two ranks (`train_as_ranks`): a 1-rank run then reproduces a 2-rank run bit for bit, a check
+        of the sharded path on one device (components/trainer/README.md, "1 vs 2 learner ranks")."""
+        t0 = time.perf_counter()
+        if not plan.shards:  # nothing to train on: no optimizer update, the version stays
+            return finish_stats(plan, None, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
+        if self.cfg.emulate_learner_ranks > 1:
+            parts = self.train_as_ranks(plan.shards)
+        else:
+            if len(plan.shards) > 1:
+                if peers is None:
+                    raise RuntimeError(f"a {len(plan.shards)}-rank step needs its peer ranks (peers=None)")
+                peers.send(plan.shards[1:])
+            parts = [self.train_shard(plan.shards[0])]  # a collective with the peers when T > 1
+            if len(plan.shards) > 1:
+                parts += peers.gather()
+        return finish_stats(plan, parts, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
+
+    def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool], peers: Optional[StepPeers] = None) -> dict:
+        """`plan` then `train`: one step on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
+        return self.train(self.plan(rollouts, keep), peers)
 
     # -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -567,6 +688,8 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
     if parts is None:  # nothing trained: no optimizer update, the version stays
         stats.update(_empty_step_stats(version))
         stats["time_train"] = time_train
+        if cfg.kl_coef > 0:
+            stats["kl"] = math.nan
         return stats
     batch, advantages = plan.batch, plan.advantages
     B, T = batch.mask.shape
@@ -581,6 +704,8 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
             start += lp.shape[0]
     mask = batch.mask
     diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
+    if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
+        diag["clip_frac"] = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)["clip_frac"]
     gap = (logp_all - batch.gen_logp)[mask].abs()
     lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
     stats.update(
@@ -602,8 +727,20 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
         version=version,
         time_train=time_train,
     )
+    # the reference-KL penalty (train.kl_coef > 0): `kl` is the mean per-token estimate over the trained tokens
+    if any("kl" in part for part in parts):
+        kl_all = torch.zeros(B, T)  # [B, T]
+        for rows, part in zip(plan.rows, parts):
+            start = 0
+            for kl in part.get("kl", []):
+                idx = rows[start : start + kl.shape[0]]
+                kl_all[idx, : kl.shape[1]] = kl
+                start += kl.shape[0]
+        stats["kl"] = float(kl_all[mask].mean()) if bool(mask.any()) else math.nan
     # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
     stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
+    # generator vs learner before the update (free: logp_all are those log-probs); components/mismatch.py
+    stats.update(mismatch_stats(cfg.mismatch_correction, logp_all, batch.gen_logp, mask))
     return stats
 
 
@@ -638,4 +775,5 @@ def _empty_step_stats(version: int) -> dict:
         loss=nan, grad_norm=nan, lr=nan, entropy=nan, clip_frac=nan, is_ratio_mean=nan, is_ratio_min=nan,
         is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan,
         advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1,
+        mismatch_kl=nan, mismatch_masked_frac=nan,
     )

@@ -40,11 +40,11 @@ import torch
 from components.curricula import build_curriculum
 from components.offpolicy import LoopState, derive_seed, make_scheme
 from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
-from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record
+from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
 from components.trainer.export import write_final_policy
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer import messages as M
-from components.trainer.learner import Learner, finish_stats, plan_step
+from components.trainer.learner import Learner
 from components.trainer.roles import pin_cpu
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
@@ -60,51 +60,35 @@ class GeneratorError(RuntimeError):
     """A generator (or another process of the run) failed; its traceback is in the message."""
 
 
-def merge_eval_records(records: list, problems: list, task_name: str) -> dict:
-    """One held-out record from the generators' shares (weights: prompts, samples, tokens)."""
-    if len(records) == 1:
-        return {k: v for k, v in records[0].items() if k != "indices"}
-    prompts = sum(int(r["prompts"]) for r in records)
-    k = int(records[0]["k"])
-    tokens = sum(int(r.get("eval_tokens", 0)) for r in records)
-    out = {
-        "pass_rate": sum(float(r["pass_rate"]) * int(r["prompts"]) for r in records) / max(prompts, 1),
-        "k": k,
-        "prompts": prompts,
-        "eval_tokens": tokens,
-        "eval_truncation_rate": sum(float(r.get("eval_truncation_rate", 0.0)) * int(r["prompts"]) for r in records) / max(prompts, 1),
-        "eval_verifier_errors": sum(int(r.get("eval_verifier_errors", 0)) for r in records),
-        "eval_sampled_tokens": sum(int(r.get("eval_sampled_tokens", 0)) for r in records),
-        "time_eval": max(float(r.get("time_eval", 0.0)) for r in records),
-        "eval_training_groups": sum(int(r.get("eval_training_groups", 0)) for r in records),
-    }
-    per_task: dict = {}
-    for r in records:
-        counts: dict = {}
-        for i in r["indices"]:
-            p = problems[i]
-            name = (getattr(p, "meta", None) or {}).get("task", task_name)
-            counts[name] = counts.get(name, 0) + 1
-        for name, rate in (r.get("per_task") or {}).items():
-            n = counts.get(name, 0)
-            s, c = per_task.get(name, (0.0, 0))
-            per_task[name] = (s + float(rate) * n, c + n)
-    out["per_task"] = {name: s / c for name, (s, c) in sorted(per_task.items()) if c}
-    if all("entropy" in r and r["entropy"] is not None for r in records):
-        w = [max(int(r.get("eval_sampled_tokens", r.get("eval_tokens", 0))), 1) for r in records]
-        out["entropy"] = sum(float(r["entropy"]) * x for r, x in zip(records, w)) / sum(w)
-    for key in records[0]:
-        if key not in out and key != "indices":
-            out[key] = records[0][key]
-    return out
-
-
 def _count_by_generator(rollouts: list) -> dict:
     counts: dict = {}
     for r in rollouts:
         key = f"generator-{int(r.generator)}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+class _FollowerRanks:
+    """Learner ranks 1..T-1 seen from rank 0 (`learner.StepPeers`): each gets its shard by message,
+    trains it in the same collectives (worker.py), and reports its partial result back."""
+
+    def __init__(self, trainer: "Trainer"):
+        self.trainer = trainer
+
+    def send(self, shards) -> None:
+        t = self.trainer
+        t.step_parts = {}
+        for name, shard in zip(t.followers, shards):
+            t.hub.send(name, M.TrainStep(shard))
+
+    def gather(self) -> list[dict]:
+        t = self.trainer
+        deadline = time.monotonic() + t.cfg.queue_timeout_s
+        while len(t.step_parts) < len(t.followers):
+            if time.monotonic() > deadline:
+                raise GeneratorError(f"learner ranks did not report their step within {t.cfg.queue_timeout_s}s")
+            t._pump(1.0)
+        return [t.step_parts[k] for k in range(1, len(t.followers) + 1)]
 
 
 class Trainer:
@@ -451,32 +435,17 @@ class Trainer:
     # =====================================================================================
     # one learner step across the learner ranks
     def _learn(self, rollouts: list[Rollout]) -> dict:
-        t0 = time.perf_counter()
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
-        emulated = self.cfg.emulate_learner_ranks  # > 1: one rank computing as that many (a bit-for-bit check)
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, max(self.layout.learner_ranks, emulated))
-        if not plan.shards:
-            return finish_stats(plan, None, self.learner.version, self.cfg, time.perf_counter() - t0)
-        if emulated > 1:
-            return self._finish_learn(plan, self.learner.train_as_ranks(plan.shards), t0)
-        self.step_parts = {}
-        for k, name in enumerate(self.followers, start=1):
-            self.hub.send(name, M.TrainStep(plan.shards[k]))
-        part0 = self.learner.train_shard(plan.shards[0])  # a collective with the followers when T > 1
-        deadline = time.monotonic() + self.cfg.queue_timeout_s
-        while len(self.step_parts) < len(self.followers):
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"learner ranks did not report their step within {self.cfg.queue_timeout_s}s")
-            self._pump(1.0)
-        parts = [part0] + [self.step_parts[k] for k in range(1, self.layout.learner_ranks)]
-        return self._finish_learn(plan, parts, t0)
-
-    def _finish_learn(self, plan, parts: list, t0: float) -> dict:
-        batch = plan.batch  # the kept (trained) sequences
-        prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
-        for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
-            self.flops += self.flop_counter.training(int(p_len), int(c_len))
-        return finish_stats(plan, parts, self.learner.version, self.cfg, time.perf_counter() - t0)
+        plan = self.learner.plan(rollouts, keep)
+        stats = self.learner.train(plan, _FollowerRanks(self) if self.followers else None)
+        if plan.shards:  # the kept (trained) sequences' FLOPs
+            batch = plan.batch
+            prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
+            for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
+                self.flops += self.flop_counter.training(int(p_len), int(c_len))
+                if self.learner.reference is not None:  # the KL penalty's reference policy: one more forward
+                    self.flops += self.flop_counter.generation(int(p_len), int(c_len))
+        return stats
 
     def _train_step(self, rollouts: list[Rollout]) -> dict:
         stats = self._learn(rollouts)

@@ -359,13 +359,17 @@ def generator_state_meta(model: torch.nn.Module, precision) -> list[ParamSpec]:
 
     The precision policy decides the dtype: fp32 -> float32; bf16 -> bfloat16 everywhere;
     bf16_fp32_head -> bfloat16 body, float32 LM head (the learner's model must be untied).
-    Tied parameters appear once (as `named_parameters` lists them).
+    Tied parameters appear once (as `named_parameters` lists them). A LoRA learner's model
+    (train.lora_rank > 0) is listed as its base model: base names, no adapter tensors
+    (`components.trainer.lora.generator_parameters`).
     """
+    from components.trainer.lora import generator_parameters
+
     policy = get_precision(precision)
     head_ids = _head_param_ids(model, policy.fp32_head)
     return [
         ParamSpec(hf_name(name), tuple(int(s) for s in p.shape), _dtype_name(_wire_dtype(p, id(p) in head_ids, policy)))
-        for name, p in model.named_parameters()
+        for name, p, _ in generator_parameters(model)
     ]
 
 
@@ -382,13 +386,22 @@ def iter_full_parameters(model: torch.nn.Module, precision) -> Iterator[tuple[st
     time, never the whole model). A plain model yields its parameters cast (or, when the dtype
     already matches, the parameter's own detached storage: copy it before the next optimizer
     step if you keep it). Ranks other than 0 discard what they get.
+
+    A LoRA learner's model yields the base model's names with each adapted weight MERGED,
+    W + (lora_alpha / r) x B @ A, computed on the fly from the full fp32 tensors (its A and B
+    gathered right after W, on every rank) and then cast; the trained tensors are not modified
+    (`components.trainer.lora.merged_weight`).
     """
     from torch.distributed.tensor import DTensor
 
+    from components.trainer.lora import generator_parameters, merged_weight
+
     policy = get_precision(precision)
     head_ids = _head_param_ids(model, policy.fp32_head)
-    for name, p in model.named_parameters():
+    for name, p, lora_layer in generator_parameters(model):
         full = p.full_tensor() if isinstance(p, DTensor) else p
+        if lora_layer is not None:
+            full = merged_weight(full, lora_layer)
         yield hf_name(name), full.detach().to(_wire_dtype(p, id(p) in head_ids, policy))
 
 

@@ -1,0 +1,464 @@
+"""The report of a reproduction study (`scalerl reproduce`): OUT/REPORT.md and its tables.
+
+Per ablation the paper's finding (analysis/findings.py), ours (mean A and B over seeds with
+95% t-intervals; `analysis.study.summarize`, the code path of `scalerl fit`), the verdicts on A
+and on tail with the intervals behind them, and for each disagreement the reason recorded by
+hand in OUT/reasons.yaml (kept across re-generations: the report only appends the ids of new
+disagreements); then every run's end predicted from its first half, run times, the contended
+runs, and the figures that cannot be drawn at this scale. The tables are OUT/report/*.csv.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from experiments.run_state import read_json
+from experiments.study_runs import CollectResult, ReproduceError, last_metrics, logged_budget, select_specs, thinned_every
+
+__all__ = ["write_report", "report_tables", "run_times", "PREDICT_BOOT", "REPORT_FILE", "REASONS_FILE"]
+
+REPORT_FILE = "REPORT.md"
+REASONS_FILE = "reasons.yaml"
+FIGURES_DIR = "figures"
+TABLES_DIR = "report"
+
+
+def _load_reasons(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ReproduceError(f"{path} is not valid YAML ({err}); fix it by hand, the report reads it") from None
+    if not isinstance(data, dict):
+        raise ReproduceError(f"{path} must map claim ids to reasons (a YAML mapping), got {type(data).__name__}")
+    return {str(k): "" if v is None else str(v).strip() for k, v in data.items()}
+
+
+def _append_reason_ids(path: Path, ids: Sequence[str], existing: dict[str, str]) -> list[str]:
+    """Append `"<id>": ""` lines for disagreements without an entry; never rewrites what is there."""
+    new = [i for i in ids if i not in existing]
+    if not new:
+        return []
+    head = "" if path.is_file() else (
+        "# The most likely reason for each disagreement with the paper, filled in by hand after reading the\n"
+        "# runs. `scalerl reproduce --report-only` reads this file and only appends new ids.\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(head + "".join(f"{json.dumps(i)}: \"\"\n" for i in new))
+    return new
+
+
+def _fmt(x: Any, spec: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return format(x, spec)
+
+
+def _ci(m, lo, hi, spec: str) -> str:
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "—"
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)) or lo == hi:
+        return format(m, spec)
+    return f"{format(m, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def _why(why: Any) -> str:
+    return f" ({why})" if isinstance(why, str) and why else ""
+
+
+def _md_escape(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+RUN_TIME_LIMIT_S = 180.0  # each tiny run finishes within 3 minutes on 2 cores
+_RESUMED_GAP_S = 60.0  # start-to-finish beyond the run's own time by more than this: it waited (a resume)
+
+
+def run_times(out: Path) -> list[dict]:
+    """Per collected run: how long it ran and whether the compute budget stopped it.
+
+    own_s = training clock + evaluation time + start-up (the last metrics line; they add up over
+    resumes, the time between an interruption and its resume is not in them); span_s = run.json's
+    start to finish, which adds process launch and the final export (7-11 s in the tiny study)
+    and, for a run interrupted and resumed, the time in between (`resumed`: span beyond own by
+    more than a minute). `budget`: train.compute_budget_flops in its config.gin (None: ran
+    without one); `stopped_on_budget`: it ended before train.total_steps."""
+    rows = []
+    for info_path in sorted(Path(out).glob("*/*/run.json")):
+        run_dir = info_path.parent
+        info, last = read_json(info_path) or {}, last_metrics(run_dir)
+        if info.get("status") != "done" or not last:
+            continue
+        own = sum(float(last.get(k) or 0.0) for k in ("wall_s", "eval_wall_s", "startup_s"))
+        try:
+            span = (_dt.datetime.fromisoformat(info["finished"]) - _dt.datetime.fromisoformat(info["started"])).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            span = float("nan")
+        cfg = (run_dir / "config.gin").read_text().splitlines() if (run_dir / "config.gin").is_file() else []
+        budget = logged_budget(run_dir)
+        total = [ln.partition("=")[2].strip() for ln in cfg if ln.strip().startswith("train.total_steps")]
+        stopped = budget is not None and bool(total) and total[-1].isdigit() and int(last.get("step", 0)) < int(total[-1])
+        rows.append({"run": f"{run_dir.parent.name}/{run_dir.name}", "own_s": own, "span_s": span,
+                     "resumed": math.isfinite(span) and span - own > _RESUMED_GAP_S, "budget": budget,
+                     "stopped_on_budget": stopped, "steps": int(last.get("step", 0)),
+                     "compute_hours": last.get("compute_hours")})
+    return rows
+
+
+def _run_time_text(rows: list[dict]) -> str:
+    import statistics
+
+    if not rows:
+        return "no finished runs"
+    own = [r["own_s"] for r in rows]
+    straight = [r["span_s"] for r in rows if not r["resumed"] and math.isfinite(r["span_s"])]
+    over = [r for r in rows if (r["span_s"] if not r["resumed"] else r["own_s"]) > RUN_TIME_LIMIT_S]
+    budgets = {r["budget"] for r in rows if r["budget"] is not None}
+    stopped = [r for r in rows if r["stopped_on_budget"]]
+    without = [r for r in rows if r["budget"] is None]
+    txt = (f"{len(stopped)} run(s) stopped on the budget before their last step"
+           + (f" ({', '.join(sorted({r['run'].split('/')[0] for r in stopped}))})" if stopped else "")
+           + f"; {len(rows) - len(without)} ran under a FLOP budget ({', '.join(f'{b:g}' for b in sorted(budgets)) or '-'}) "
+           f"and {len(without)} ran without one (before it existed). Time a run took: its own "
+           f"time (training + evaluation + start-up) median {statistics.median(own):.0f} s, max {max(own):.0f} s")
+    if straight:
+        txt += (f"; start to finish for the {len(straight)} runs never interrupted, median "
+                f"{statistics.median(straight):.0f} s, max {max(straight):.0f} s")
+    resumed = [r["run"] for r in rows if r["resumed"]]
+    if resumed:
+        txt += (f" ({len(resumed)} resumed after an interruption: their start to finish includes the wait, their own "
+                "time is counted)")
+    txt += (f". Over {RUN_TIME_LIMIT_S:.0f} s: " + (", ".join(f"{r['run']} ({r['span_s'] if not r['resumed'] else r['own_s']:.0f} s)"
+                                                     for r in over) if over else "none") + ".")
+    return txt
+
+
+PREDICT_BOOT = 100  # bootstrap resamples behind each prediction interval of the report
+
+
+def report_tables(out: Path, *, predict_boot: int = PREDICT_BOOT) -> tuple[dict, Any]:
+    """(summaries by sweep, prediction table) of the collected results: the numbers of the report,
+    computed as `scalerl fit OUT` / `scalerl fit OUT --fraction 0.5` compute them (compute axis
+    "auto": FLOPs at tiny scale)."""
+    from analysis.runs import fit_runs, load_runs, resolve_compute
+    from analysis.study import summarize
+
+    summaries = summarize(out)
+    ev, runs = load_runs(out, what="eval"), load_runs(out, what="runs")
+    pred = (fit_runs(ev, runs=runs, fraction=0.5, compute=resolve_compute(runs), profile=False,
+                     predict_boot=predict_boot) if len(runs) else None)
+    return summaries, pred
+
+
+def _paired_noise(summaries: dict) -> tuple[float, float] | None:
+    """(median sd of per-seed differences of `tail`, median sd of `tail` across seeds) over the
+    pairs of configurations sharing >= 2 seeds: what pairing by seed buys, in numbers."""
+    import numpy as np
+
+    paired, unpaired = [], []
+    for s in summaries.values():
+        t = s.runs.pivot_table(index="seed", columns="config", values="tail", aggfunc="first")
+        for c in t.columns:
+            if t[c].notna().sum() >= 2:
+                unpaired.append(float(t[c].std(ddof=1)))
+        cols = list(t.columns)
+        for i in range(len(cols)):
+            for j in range(i + 1, len(cols)):
+                d = (t[cols[i]] - t[cols[j]]).dropna()
+                if len(d) >= 2:
+                    paired.append(float(d.std(ddof=1)) / math.sqrt(2.0))
+    if not paired or not unpaired:
+        return None
+    return float(np.median(paired)), float(np.median(unpaired))
+
+
+def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
+                 collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
+                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT) -> Path:
+    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT."""
+    import pandas as pd
+
+    from analysis.findings import FINDINGS, NOT_AT_TINY_SCALE
+    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
+
+    out = Path(out)
+    summaries, pred = report_tables(out, predict_boot=predict_boot)
+    if not summaries:
+        raise ReproduceError(f"no runs under {out}: nothing to report")
+    tables = out / TABLES_DIR
+    tables.mkdir(parents=True, exist_ok=True)
+    configs = pd.concat([s.configs for s in summaries.values()], ignore_index=True)
+    claims = pd.concat([s.claims for s in summaries.values() if len(s.claims)], ignore_index=True) \
+        if any(len(s.claims) for s in summaries.values()) else pd.DataFrame(columns=["claim_id", "verdict"])
+    runs = pd.concat([s.runs.drop(columns=["fit"]) for s in summaries.values()], ignore_index=True)
+    reasons_path = out / REASONS_FILE
+    reasons = _load_reasons(reasons_path)
+    disagreeing = claims.loc[(claims["verdict_A"] == "disagree") | (claims["verdict_tail"] == "disagree"),
+                             "claim_id"].tolist()
+    _append_reason_ids(reasons_path, disagreeing, reasons)
+    claims = claims.assign(reason=[reasons.get(i, "") for i in claims["claim_id"]])
+    configs.to_csv(tables / "configs.csv", index=False)
+    claims.to_csv(tables / "claims.csv", index=False)
+    runs.to_csv(tables / "runs.csv", index=False)
+    pairs = pd.DataFrame([p.as_row() for sm in summaries.values() for p in sm.pairs])
+    pairs.to_csv(tables / "pairs.csv", index=False)
+    if pred is not None:
+        pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)
+
+    n_runs = len(runs)
+    seeds = runs.groupby(["sweep", "config"])["seed"].nunique()
+    counts = {m: claims[f"verdict_{m}"].value_counts() for m in ("A", "tail")}
+    L: list[str] = []
+    w = L.append
+    w(f"# ScaleRL ablations at {scale} scale: the study, its figures and our verdicts\n")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    w(f"Generated {stamp} by `{command or f'scalerl reproduce --scale {scale}'}` from `{out}`: "
+      f"{n_runs} runs in {len(summaries)} sweeps, {int(seeds.median()) if len(seeds) else 0} seeds per configuration "
+      f"(min {int(seeds.min()) if len(seeds) else 0}). Re-generate this file with `scalerl reproduce --scale {scale} "
+      f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
+      "`analysis.study.summarize`; every pair: `scalerl compare " + str(out) + "`). Tables: `report/configs.csv`, "
+      "`report/claims.csv`, `report/runs.csv` (with `A_identified`), `report/pairs.csv`, `report/predictions.csv`.\n")
+    shipped = [p.stem for p in select_specs(None)]
+    absent = [n for n in shipped if n not in summaries]
+    unfinished_runs = list(collected.missing) if collected is not None else []
+    if absent or unfinished_runs:
+        w("## Study progress\n")
+        w(f"**Part-way**: {len(shipped) - len(absent)} of {len(shipped)} shipped sweeps have runs here."
+          + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "")
+          + (f" Runs of the selected sweeps not finished yet ({len(unfinished_runs)}): "
+             + ", ".join(unfinished_runs[:30]) + (" ..." if len(unfinished_runs) > 30 else "") + "."
+             if unfinished_runs else "")
+          + f" `scalerl reproduce --scale {scale} --executor slurm --seeds 3` goes on from here (done runs are "
+          "skipped).\n")
+    w("## Verdicts\n")
+    w("Each claim of the paper is judged twice: on the law's asymptote **A** (counted only where every run's A is "
+      "identified) and on **tail**, the measured mean held-out pass rate over the last 20% of the sweep's common "
+      "compute window.\n")
+    w("| verdict | on A | on tail |\n|---|---|---|")
+    for v in ("agree", "disagree", "inconclusive", "not run"):
+        w(f"| {v} | {int(counts['A'].get(v, 0))} | {int(counts['tail'].get(v, 0))} |")
+    w("")
+    n_fit = int(runs["A"].notna().sum())
+    n_ident = int(runs["A_identified"].fillna(False).astype(bool).sum()) if "A_identified" in runs else 0
+    widths = runs["A_profile_width"].dropna() if "A_profile_width" in runs else pd.Series(dtype=float)
+    at_cap = int(runs["A_at_cap"].fillna(False).astype(bool).sum()) if "A_at_cap" in runs else 0
+    pair_counts = pairs["verdict"].groupby(pairs["metric"]).value_counts() if len(pairs) else None
+    noise = _paired_noise(summaries)
+    w("## What this study can and cannot tell\n")
+    w(f"- **A is identified in {n_ident} of {n_fit} fitted runs** (95% profile interval at most 0.1 wide"
+      + (f"; median width {widths.median():.2f}, {at_cap} intervals reach the 1.0 cap" if len(widths) else "")
+      + "). Where it is not, every A comparison reads `inconclusive (A not identified: run longer)`: the runs "
+      "stop while still climbing, so the asymptote is an extrapolation the data cannot pin down.")
+    if pair_counts is not None:
+        for m in ("A", "tail"):
+            if m in pair_counts.index.get_level_values(0):
+                c = pair_counts[m]
+                w(f"- Every pair of configurations on **{m}**: " + ", ".join(
+                    f"{v} {int(c.get(v, 0))}" for v in ("better", "worse", "equivalent", "inconclusive")) + ".")
+    if noise is not None:
+        w(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd of "
+          f"{noise[0]:.3f} (per configuration), against {noise[1]:.3f} for `tail` across seeds unpaired: a seed fixes "
+          "the data split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
+    w("- `equivalent` needs the two one-sided tests to put the difference inside ±0.02: with 3 seeds that takes a "
+      "paired sd of the difference below about 0.01. 'Not shown different' is `inconclusive`, never `agree`.")
+    w("")
+    renamed = runs[runs["paper_config"].fillna(runs["config"]) != runs["config"]] if "paper_config" in runs else runs.iloc[0:0]
+    if len(renamed):
+        w("## Names: what ran, and what the paper called it\n")
+        w("At tiny scale a run's name says the value that ran; the paper's name is in run.json's `paper_name` and "
+          "in the claims below.\n")
+        w("| sweep | ran (run name) | the paper's |\n|---|---|---|")
+        for (sw, cfg, pc) in sorted({(r.sweep, r.config, r.paper_config) for r in renamed.itertuples()}):
+            w(f"| {sw} | {cfg} | {pc} |")
+        w("")
+    w("## How the numbers are made\n")
+    w("- **Compute axis**: " + ", ".join(sorted({sm.compute for sm in summaries.values()})) + " (`--compute auto`: "
+      "FLOPs at tiny scale, where identical runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs; "
+      "device-hours otherwise). Every run of a sweep is compared over the sweep's **common compute window**, cut at "
+      "the smallest final compute among its runs.")
+    w("- **Fit protocol** (docs/PAPER.md §1; per figure in `analysis/figure_specs.py`): "
+      + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
+      "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
+      "a whole-run fit at the **end of the first epoch**, a first-half fit at the **paper's cutoff as the same "
+      "fraction of the fitted range** (analysis/protocol.py). R0 = the run's first evaluation.")
+    w("- **A identified**: each run's 95% profile-likelihood interval of A (B and C_mid refitted at each A; "
+      "SSE(A) <= SSE_min·(1 + F(0.95; 1, n−3)/(n−3)); A <= 1 for a pass rate) must be at most 0.1 wide; an "
+      "interval that ends at the cap is fine when narrow.")
+    w("- **Comparisons** (`analysis/compare.py`, the same function behind `scalerl compare`, `scalerl fit` and the "
+      "figures): configurations that share seeds are compared on per-seed differences (paired t interval, mean Δ ± "
+      "t(0.975, n−1)·sd(Δ)/√n), otherwise by Welch's interval. Verdicts: `better` / `worse` when the 95% interval "
+      "excludes 0, `equivalent` when the two one-sided tests (statsmodels TOST, α = 0.05) put it inside ±0.02, else "
+      "`inconclusive`.")
+    w("- **Claims**: 'A(a) > A(b)' agrees on `better` and disagrees on `worse`; 'A(a) ≈ A(b)' agrees only on "
+      "`equivalent`; 'a better than b' agrees on `better` (on A, an `equivalent` A goes to B and ln C_mid at the "
+      "common A, each with its own paired interval); 'not worse' agrees on `better` or `equivalent`; anything "
+      "else is `inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
+    w("- **Ours per configuration**: the mean over seeds with its 95% t-interval, inside [0, 1] for A and tail; "
+      "C_mid is the geometric mean. `rank` orders configurations by the paper's own rule (A within a margin "
+      "measured from the seeds, then B); it decides no verdict.")
+    w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time (`contention_run`, "
+      "from /proc/stat) had "
+      "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
+      "left are listed below, marked in the tables and drawn faded in the figures.")
+    w("- **Compute budget and run time**: at tiny scale every run trains to the same compute, "
+      "`train.compute_budget_flops` (experiments/launch.py `TINY_SCALE_BINDINGS`; the budget is the stopping rule, "
+      "`train.total_steps` only a safety cap), as every forward ablation of the paper gets 3.5-4k GPU-h. Runs "
+      "collected before it existed (under a wall-clock budget, or at a fixed step count) end at different "
+      "compute; every comparison above holds compute equal by cutting the sweep at its common window. A run "
+      "trained past the budget without it is re-run under it by `scalerl reproduce`. " + _run_time_text(run_times(out)))
+    thin = collected.thin if collected is not None else thinned_every(out)
+    if thin > 1:
+        w(f"- **Collected logs**: metrics.jsonl keeps every {thin}-th step line (plus the line where "
+          "epoch 1 ends and the last line) to keep the folder under its size budget; eval.jsonl is whole.")
+    w("")
+
+    w("## Ablations\n")
+    order = [s for s in FINDINGS if s in summaries] + sorted(s for s in summaries if s not in FINDINGS)
+    verdict_rows = []
+    for sweep in order:
+        s = summaries[sweep]
+        f = FINDINGS.get(sweep)
+        w(f"### {f.figure + ': ' + f.title if f else sweep} (`{sweep}`)\n")
+        if f:
+            w(f"**Paper:** {f.paper}\n")
+        rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
+        w(f"**Fit:** {s.protocol.range_text()} ({s.protocol.name} protocol); fit start: "
+          + ", ".join(f"{k} ({n} runs)" for k, n in rules.items() if k) + f". **Margin on A:** {s.margin.describe()}.\n")
+        w(f"**Compute axis:** {s.compute}; common window ends at {s.tail_end:.4g} (tail = its last 20%).\n")
+        w("| config (ran) | paper's name | seeds fitted | A identified | A [95% CI] | B [95% CI] | C_mid | "
+          "tail [95% CI] | rank | contended |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
+        for r in s.configs.sort_values(["rank", "config"], na_position="last").itertuples():
+            w(f"| {r.config} | {r.paper_config if r.paper_config != r.config else '—'} | {r.n_fitted}/{r.n_runs} | "
+              f"{r.n_identified}/{r.n_fitted} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
+              f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_ci(r.tail, r.tail_lo, r.tail_hi, '.3f')} | "
+              f"{_fmt(r.rank, '.0f')} | {r.contended_runs or '—'} |")
+        errs = s.runs[s.runs["fit_error"].fillna("") != ""]
+        unfinished = s.runs[s.runs["status"].fillna("unknown") != "done"]
+        if len(errs) or len(unfinished):
+            w("")
+            for r in unfinished.itertuples():
+                w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
+            for r in errs.itertuples():
+                w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
+        w("")
+        if len(s.claims):
+            w("| claim | paper | ours on A | verdict on A | ours on tail | verdict on tail | reason (reasons.yaml) |")
+            w("|---|---|---|---|---|---|---|")
+            for c in s.claims.itertuples():
+                reason = reasons.get(c.claim_id, "")
+                if "disagree" in (c.verdict_A, c.verdict_tail) and not reason:
+                    reason = f"_to fill: `{c.claim_id}`_"
+                w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {_md_escape(c.ours_A)} | "
+                  f"**{c.verdict_A}**{_md_escape(_why(c.why_A))} | {_md_escape(c.ours_tail)} | "
+                  f"**{c.verdict_tail}**{_md_escape(_why(c.why_tail))} | {_md_escape(reason) or '—'} |")
+                verdict_rows.append((sweep, f.figure if f else "", c))
+            w("")
+
+    w("## All verdicts\n")
+    w("| ablation | figure | claim | on A | on tail | reason |")
+    w("|---|---|---|---|---|---|")
+    for sweep, fig, c in verdict_rows:
+        reason = reasons.get(c.claim_id, "")
+        dis = "disagree" in (c.verdict_A, c.verdict_tail)
+        w(f"| {sweep} | {fig} | {_md_escape(c.claim)} | {c.verdict_A} | {c.verdict_tail} | "
+          f"{_md_escape(reason) or ('_to fill_' if dis else '—')} |")
+    w("")
+
+    w("## Predicting the end from the first half\n")
+    if pred is not None and "prediction_error" in pred and pred["prediction_error"].notna().any():
+        p = pred.dropna(subset=["prediction_error"]).copy()
+        p["abs_error"] = p["prediction_error"].abs()
+        p["baseline_abs"] = p["baseline_error"].abs()
+        sig_med, base_med = p["abs_error"].median(), p["baseline_abs"].median()
+        beats = float((p["abs_error"] < p["baseline_abs"]).mean())
+        cov = p["covered"].dropna().astype(bool) if "covered" in p else pd.Series(dtype=bool)
+        w(f"Every run fitted on its first 50% of compute ({summaries and next(iter(summaries.values())).compute} axis; "
+          "from the paper's start, its protocol's fraction of that half), its final pass rate predicted and compared "
+          f"with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`); beside it a straight line in log C "
+          f"fitted on the same points. {len(p)} of {len(pred)} runs predicted.\n")
+        w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
+        w("|---|---|---|---|---|")
+        w(f"| sigmoid (the law) | {sig_med:.3f} | {p['prediction_error'].mean():+.3f} | {p['abs_error'].max():.3f} | "
+          f"{beats:.0%} of runs |")
+        w(f"| log-linear baseline | {base_med:.3f} | {p['baseline_error'].mean():+.3f} | {p['baseline_abs'].max():.3f} | "
+          f"{1 - beats:.0%} of runs |")
+        w("")
+        if len(cov):
+            w(f"The sigmoid's 95% prediction interval (bootstrap over the fitted points, {PREDICT_BOOT} resamples, "
+              f"plus a resampled residual for the end's own evaluation noise) covers the observed end in "
+              f"**{cov.mean():.0%}** of {len(cov)} runs (nominal 95%).\n")
+        if base_med < sig_med:
+            w(f"**At this scale the sigmoid loses to the log-linear baseline** (median |error| {sig_med:.3f} against "
+              f"{base_med:.3f}): the first half of a tiny run does not pin down the curve's bend, and the law's "
+              "extrapolation is worse than a straight line in log compute.\n")
+        else:
+            w(f"The sigmoid beats the log-linear baseline (median |error| {sig_med:.3f} against {base_med:.3f}).\n")
+        w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | observed end | error | covered |")
+        w("|---|---|---|---|---|---|---|---|")
+        for r in p.sort_values(["sweep", "run"]).itertuples():
+            pi = (f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if hasattr(r, "predicted_low")
+                  and pd.notna(r.predicted_low) else "")
+            cv = ("yes" if r.covered else "no") if hasattr(r, "covered") and pd.notna(r.covered) else "—"
+            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f}{pi} | "
+              f"{r.baseline_final:.3f} | {r.observed_final:.3f} | {r.prediction_error:+.3f} | {cv} |")
+        nofit = pred[pred["prediction_error"].isna()]
+        if len(nofit):
+            w("")
+            w(f"Not predicted ({len(nofit)}): " + "; ".join(
+                f"{r.sweep}/{r.run}: {_md_escape(r.fit_error)[:120]}" for r in nofit.itertuples()))
+    else:
+        w("No run could be fitted on its first half.")
+    w("")
+
+    w("## Contention\n")
+    cont = runs[runs["contended"].fillna(False).astype(bool)]
+    if len(cont):
+        w(f"{len(cont)} run(s) with contention above {CONTENTION_LIMIT:.0%} remain (their compute axis is stretched; "
+          "kept in the fits and marked):\n")
+        for r in cont.itertuples():
+            w(f"- {r.sweep}/{r.run}: {r.contention_run:.1%}")
+    else:
+        measured = runs["contention_run"].notna().sum()
+        w(f"No run above {CONTENTION_LIMIT:.0%} ({measured} of {n_runs} runs log `contention_run`"
+          + (f"; highest {runs['contention_run'].max():.1%}" if measured else "") + ").")
+    for k in kept_contended:
+        w(f"- kept after the maximum number of re-runs: {k}")
+    w("")
+
+    w("## Figures\n")
+    written, missing, failed = figures if figures is not None else ({}, {}, {})
+    if written:
+        for fig_id in written:
+            w(f"![{fig_id}]({FIGURES_DIR}/{fig_id}.png)")
+        w("")
+    not_here = {k: v for k, v in NOT_AT_TINY_SCALE.items() if k.split(" ")[0] not in written}
+    if scale == "tiny" and not_here:
+        w("### Not drawable at tiny scale\n")
+        w("| figure | why |\n|---|---|")
+        for k, v in not_here.items():
+            w(f"| {k} | {_md_escape(v)} |")
+        w("")
+    other_missing = {k: v for k, v in missing.items() if k not in NOT_AT_TINY_SCALE}
+    if other_missing or failed:
+        w("### Not drawn from these runs\n")
+        w("| figure | why |\n|---|---|")
+        for k, v in other_missing.items():
+            w(f"| {k} | {_md_escape(v)} |")
+        for k, v in failed.items():
+            w(f"| {k} | failed: {_md_escape(v)} |")
+        w("")
+    path = out / REPORT_FILE
+    path.write_text("\n".join(L) + "\n", encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- CLI
+
+

@@ -1,0 +1,156 @@
+"""The layers of the code base (docs/DESIGN.md, "Module map"): who may import whom, and no import cycle.
+
+Read from the source with `ast`, function-level imports included (a lazy import is still a
+dependency; an ``if TYPE_CHECKING:`` import, for annotations only, is not): `components/` never imports `experiments/`, `analysis/` or `paper_figures/`;
+`analysis/` never imports `experiments/` or `paper_figures/`; and no two modules of the
+project import each other, directly or through others.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("components", "analysis", "experiments", "paper_figures")
+FORBIDDEN = {
+    "components": ("experiments", "analysis", "paper_figures"),
+    "analysis": ("experiments", "paper_figures"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports anywhere in its file (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        while target and target not in known:  # `from a.b import c`: c may be a name in a.b
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                add(f"{base}.{alias.name}" if base else alias.name)
+    return found
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotation-only imports run never)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def test_the_graph_is_read(graph):
+    # the reader is not vacuous: known edges are found
+    assert "components.registry" in graph["components.losses"]
+    assert "components.trainer.learner" in graph["components.trainer.loop"]
+    assert any(dep.startswith("components.") for dep in graph["experiments.train"])
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_import_climbs_a_layer(graph, layer):
+    bad = sorted(f"{mod} -> {dep}" for mod, deps in graph.items() if mod.split(".")[0] == layer
+                 for dep in deps if dep.split(".")[0] in FORBIDDEN[layer])
+    assert not bad, f"{layer}/ imports a layer above it:\n" + "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(planted) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle(graph):
+    # a package's __init__ re-exporting its modules is not a cycle of behaviour: leave the
+    # package -> own-submodule edges out, keep every other edge (function-level imports included)
+    edges = {mod: {dep for dep in deps if not (dep.startswith(mod + ".") and _modules()[mod].name == "__init__.py")}
+             for mod, deps in graph.items()}
+    cycles = _cycles(edges)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
