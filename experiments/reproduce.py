@@ -165,8 +165,13 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console() if Console().is_terminal else Console(width=160)
-    command = "scalerl reproduce " + " ".join(
-        x for x in (f"--scale {args.scale}", f"--executor {args.executor}", f"--seeds {args.seeds}") if x)
+    import shlex
+
+    parts = [f"--scale {args.scale}", f"--executor {args.executor}", f"--seeds {args.seeds}"]
+    parts += [f"--sweeps {args.sweeps}"] if args.sweeps else []
+    parts += [f"--seeds-for {name}={n}" for name, n in args.seeds_for]
+    parts += [f"--gin {shlex.quote(b)}" for b in args.gin]
+    command = "scalerl reproduce " + " ".join(parts)  # what made this study (REPORT.md says it)
     try:
         _check_args(args)
         collected, kept = None, []
