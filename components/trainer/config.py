@@ -432,7 +432,7 @@ def check_components(cfg: "TrainConfig") -> None:
     Every component the run uses (the task's plain-function reward too) is checked with the
     values it will be called with: its defaults, the gin bindings (``cispo.eps_max = ...``)
     and, for the task, ``train.task_kwargs``.
-    Unknown names are left to the name checks (`experiments.train.validate_components`).
+    Unknown names are left to the name checks (`check_settings`).
     """
     from components.registry import LENGTH_CONTROLS, REWARDS, TASKS, ParamRangeError
 
