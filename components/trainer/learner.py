@@ -409,22 +409,8 @@ class Learner:
             enable_activation_checkpointing(model)
         self.num_parameters = count_parameters(model)  # before sharding: the full count
         self.num_trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        if self.ranks > 1:
-            full = model.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
-            # fully_shard keeps 1/T of each tensor per rank: the full model never sits on one GPU
-            shard_model(model, self.policy, self.device)
-            if on_meta:
-                model.to_empty(device=self.device)  # this rank's shards only, filled next
-            else:
-                model.to(device=self.device)
-            load_from_rank0(model, full)
-            del full
-        else:
-            model.to(device=self.device)
-        if cfg.compile:
-            compile_blocks(model, cfg.compile_backend)  # after sharding: FSDP2's hooks stay outside the graphs
-        self.model = model
-        self.reference = self._place_reference(reference, on_meta) if reference is not None else None
+        self.model = self._place(model, on_meta)
+        self.reference = self._place(reference, on_meta) if reference is not None else None
         self.version = 0  # number of optimizer updates applied
         self.optimizer, self.scheduler = make_optimizer(
             model,
@@ -441,23 +427,24 @@ class Learner:
         self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator) if cfg.kl_coef > 0 else None
         self.aggregate_name = AGGREGATIONS.check(cfg.aggregation)
 
-    def _place_reference(self, reference: torch.nn.Module, on_meta: bool) -> torch.nn.Module:
-        """The reference policy sharded, placed and compiled as the policy is (its frozen weights
-        come from learner rank 0 when T > 1, like the policy's)."""
+    def _place(self, module: torch.nn.Module, on_meta: bool) -> torch.nn.Module:
+        """`module` (the policy, or the KL penalty's frozen reference) sharded, placed on this rank's
+        device and compiled; with T > 1 its weights come from learner rank 0."""
         if self.ranks > 1:
-            full = reference.state_dict() if self.rank == 0 else {}
-            shard_model(reference, self.policy, self.device)
+            full = module.state_dict() if self.rank == 0 else {}  # rank 0's full fp32 weights (host memory)
+            # fully_shard keeps 1/T of each tensor per rank: the full model never sits on one GPU
+            shard_model(module, self.policy, self.device)
             if on_meta:
-                reference.to_empty(device=self.device)
+                module.to_empty(device=self.device)  # this rank's shards only, filled next
             else:
-                reference.to(device=self.device)
-            load_from_rank0(reference, full)
+                module.to(device=self.device)
+            load_from_rank0(module, full)
             del full
         else:
-            reference.to(device=self.device)
+            module.to(device=self.device)
         if self.cfg.compile:
-            compile_blocks(reference, self.cfg.compile_backend)
-        return reference
+            compile_blocks(module, self.cfg.compile_backend)  # after sharding: FSDP2's hooks stay outside the graphs
+        return module
 
     # -------------------------------------------------------------------------------------
     def compute_context(self):
