@@ -116,8 +116,10 @@ def learner_bench(size: str, args) -> dict:
                       prompts_per_step=args.seqs // group, generations_per_prompt=group,
                       micro_batch_size=args.mb_seqs or args.seqs,
                       max_tokens_per_micro_batch=None if args.mb_seqs else args.mb_tokens, logprob_chunk_size=1024,
-                      activation_checkpointing=args.checkpointing, attn_implementation=attn, compile=args.compile)
+                      activation_checkpointing=args.checkpointing, attn_implementation=attn, compile=args.compile,
+                      lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank if args.lora_rank else 16.0)
     learner = Learner(model, cfg, 0, torch.device(device))
+    trainable = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
     batch = rollouts(args.seqs, group, args.prompt_len, args.completion_len, SIZES[size]["vocab_size"])
     keep = [True] * len(batch)
     tokens = sum(len(c.prompt_ids) + len(c.token_ids) for r in batch for c in r.completions)
@@ -142,7 +144,7 @@ def learner_bench(size: str, args) -> dict:
         profile_step(functools.partial(learner.step, batch, keep), device, Path(args.out) / f"profile-{tag}.txt", s)
     row = dict(part="learner", size=size, params=n_params, precision=args.precision, tokens_per_step=tokens,
                seqs=args.seqs, mb_tokens=None if args.mb_seqs else args.mb_tokens, mb_seqs=args.mb_seqs, checkpointing=args.checkpointing,
-               attn=attn, compile=args.compile, step_s=s,
+               attn=attn, compile=args.compile, lora_rank=args.lora_rank, trainable=trainable, step_s=s,
                tokens_per_s=tokens / s, tflops=step_flops / s / 1e12, mfu=step_flops / s / (args.peak_tflops * 1e12),
                peak_gib=peak)
     del learner, model
@@ -321,6 +323,8 @@ def main(argv=None) -> int:
                     "head's chunk math (the warm-up steps include the compile)")
     ap.add_argument("--attn", default="sdpa", help="the learner's attn_implementation: sdpa, torch_varlen (torch's varlen "
                     "flash kernel for packed rows), flash_attention_2, ...")
+    ap.add_argument("--lora-rank", type=int, default=0, help="train.lora_rank: peft adapters (all-linear, alpha 2r) on a "
+                    "frozen base; 0 = full fine-tuning")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100 SXM: 989)")

@@ -42,6 +42,15 @@ def test_smoke_learner_row_and_profile(tmp_path, capsys):
     assert 0 < summary["busy_s"] and summary["by_kind_s"]["matmul"] > 0 and "optimizer" in summary["by_kind_s"]
     assert "aten::mm" in profile.read_text()
     assert "Optimizer.step#AdamW.step" not in profile.read_text().split("\n\n")[1]  # a span, not a kernel
+    assert rows[0]["lora_rank"] == 0 and rows[0]["trainable"] == rows[0]["params"]
+
+
+def test_smoke_learner_row_with_lora_trains_only_the_adapters(tmp_path):
+    assert gpu.main(["--smoke", "--parts", "learner", "--lora-rank", "4", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "gpu.json").read_text())["rows"]
+    # smoke: hidden 64, 2 layers, 4 heads of 16, 2 kv heads, intermediate 128: r x (in + out) per adapted linear
+    per_layer = 4 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64) + (64 + 128) + (64 + 128) + (128 + 64))
+    assert row["lora_rank"] == 4 and row["trainable"] == 2 * per_layer and row["step_s"] > 0
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -249,3 +249,37 @@ def test_gloo_across_nodes_on_a_loopback_named_node_is_refused_with_the_fix(monk
     group = W.WeightGroup(master_addr="node0", master_port=29401, num_generators=1)
     with pytest.raises(W.WeightSyncError, match=r"weight group rank 1 \(gloo\): this node's name 'node1'"):
         _join_gloo(group, 1)
+
+
+def test_settle_heap_takes_start_up_objects_out_of_full_collections_and_still_frees_new_cycles():
+    """In a fresh interpreter (freezing pytest's own heap would leak its later garbage): the
+    survivors of start-up leave the collector's generations, garbage is collected first, and a
+    cycle made afterwards is still freed by a full collection."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import gc, weakref
+        from components.trainer.roles import settle_heap
+
+        class Node:
+            pass
+
+        keep = [[i] for i in range(200_000)]  # start-up's live objects
+        junk = Node(); junk.me = junk; dead = weakref.ref(junk); del junk  # start-up's garbage: a cycle
+        before = len(gc.get_objects())
+        frozen = settle_heap()
+        assert dead() is None, "start-up's garbage was frozen instead of freed"
+        assert frozen >= 200_000, frozen
+        after = len(gc.get_objects())
+        assert after < before // 20, (before, after)  # a full pass no longer walks them
+        new = Node(); new.me = new; gone = weakref.ref(new); del new
+        gc.collect()
+        assert gone() is None, "a cycle made after settle_heap was not collected"
+        assert len(keep) == 200_000
+        print("ok", before, after, frozen)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(Path(__file__).resolve().parents[1]),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr

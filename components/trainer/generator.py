@@ -39,6 +39,7 @@ from typing import Any, Optional
 
 from components.offpolicy import make_scheme
 from components.trainer import messages as M
+from components.trainer.roles import pin_cpu, settle_heap
 
 __all__ = [
     "WorkerSetup",
@@ -355,8 +356,6 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
 
     cfg = setup.cfg
     if setup.device == "cpu":
-        from components.trainer.roles import pin_cpu
-
         torch.set_num_threads(1)
         pin_cpu(layout.learner_ranks + index, layout.world_size)
     apply_gin(setup)
@@ -370,6 +369,7 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
     base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
     scorer = _Scorer(task, tokenizer, length_control, cfg, index)
+    settle_heap()  # start-up's objects out of the collector's full passes
     problems: dict[int, Any] = {}
     benchmarks = None  # downstream benchmarks, loaded at their first evaluation
     busy = [0.0]

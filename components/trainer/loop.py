@@ -45,7 +45,7 @@ from components.trainer.export import write_final_policy
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer import messages as M
 from components.trainer.learner import Learner
-from components.trainer.roles import pin_cpu
+from components.trainer.roles import pin_cpu, settle_heap
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
                                       resume_log, write_text_atomic)
@@ -708,6 +708,7 @@ class Trainer:
             if self.step < self.cfg.total_steps:
                 self._push_weights()  # version of the (possibly resumed) learner: part of (re)start-up
             self._reset_since()
+            settle_heap()  # start-up's objects out of the collector's full passes
             self.clock.start()  # every generator is ready and has the weights: the training clock runs from here
             self.procs["learner-0"] = proc_stats()
             self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}

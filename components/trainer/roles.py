@@ -32,7 +32,7 @@ from typing import Mapping, Optional, Sequence, Union
 log = logging.getLogger(__name__)
 
 __all__ = ["Role", "Layout", "Endpoints", "ProcessEnv", "process_env", "free_port_base", "assign_gpus", "slurm_task_gpus",
-           "gpus_bound_per_task", "available_gpus", "PORTS_PER_RUN"]
+           "gpus_bound_per_task", "available_gpus", "settle_heap", "PORTS_PER_RUN"]
 
 PORTS_PER_RUN = 10  # base: learner group, base+1: weight group store, base+2..: transport
 
@@ -339,6 +339,25 @@ def pin_cpu(slot: int, world_size: int, environ: Optional[dict] = None) -> Optio
     cpu = cpus[slot % len(cpus)]
     os.sched_setaffinity(0, {cpu})
     return cpu
+
+
+def settle_heap() -> int:
+    """Move everything start-up built (modules, the model, the task's problems, the tokenizer)
+    out of the cyclic garbage collector's reach, once a process is ready to train or generate;
+    returns the number of objects frozen.
+
+    Python's full (generation-2) collection walks every tracked object. A learner or generator
+    holds about 400,000 of them after start-up, and one full pass over them took 0.2-0.4 s on
+    this 2-core CPU: a stall at an arbitrary step (a generator late with its batch, a learner
+    late for a collective). After a full collection, `gc.freeze` parks the survivors in the
+    permanent generation, so later passes walk only what training allocates. Collection itself
+    stays on: cycles created while training are still freed (BENCHMARKS.md "The redesign's step
+    time")."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 # "1" in every process of a run whose processes share GPUs (`gpus_shared`), set by whoever binds

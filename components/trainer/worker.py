@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 
 from components.trainer import messages as M
+from components.trainer.roles import pin_cpu, settle_heap
 from components.trainer.exits import exit_code_of, exit_process, record_hub_lost
 from components.trainer.runlog import record_exception
 
@@ -104,8 +105,6 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         exit_process(exit_code_of(error), lambda: record_hub_lost(setup, error, first_peer=index == 1))
 
     if setup.device == "cpu":
-        from components.trainer.roles import pin_cpu
-
         torch.set_num_threads(1)
         pin_cpu(index, layout.world_size)
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
@@ -115,6 +114,7 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         torch.manual_seed(cfg.seed)
         init_learner_group(index, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
         learner, tokenizer = _build_learner(setup)
+        settle_heap()  # start-up's objects out of the collector's full passes
         peer.send(M.Ready(index, pid=os.getpid(), proc=proc_stats()))
         while True:
             msg = peer.recv(timeout_s=1.0)
