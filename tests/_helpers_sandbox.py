@@ -6,7 +6,7 @@
 - ``"bwrap"``: in a separate Python process running as an unprivileged uid of this test
   session's own (``setpriv``; no account, like nobody, but not shared with another test run,
   so the leftover checks see only ours), the way a Slurm job that is not root grades: the
-  sandbox then picks bubblewrap by itself (``backend="auto"``). The sandbox's three files are copied to a world-readable temp dir,
+  sandbox then picks bubblewrap by itself (``backend="auto"``). The sandbox's files (`SANDBOX_FILES`) are copied to a world-readable temp dir,
   so this works from a clone anywhere (that uid may not be able to read the checkout).
 
 Jobs are dicts: ``code``, optional ``stdin``, ``files``, ``limits`` (SandboxLimits fields),
@@ -34,7 +34,8 @@ UID_BASE = 1_500_000_000 + (os.getpid() % 100) * 2**22
 # The unprivileged user that grades with bubblewrap (pids are below 2**22: unique per live session).
 USER_UID = 1_400_000_000 + os.getpid()
 RUNNER_MARK = "scalerl-sandbox-test-runner"
-SANDBOX_FILES = ("sandbox.py", "_sandbox_launcher.py", "_sandbox_seccomp.py", "_sandbox_supervisor.py")
+SANDBOX_FILES = ("sandbox.py", "_sandbox_launcher.py", "_sandbox_libc.py", "_sandbox_view.py", "_sandbox_cgroup.py",
+                 "_sandbox_reap.py", "_sandbox_seccomp.py", "_sandbox_supervisor.py")
 
 # Executed by the unprivileged user's Python: load the copied sandbox module, run the jobs, print JSON.
 RUNNER = r"""

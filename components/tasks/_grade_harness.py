@@ -1,12 +1,18 @@
 """The grading harness: runs a program's tests in the sandbox without letting the program reach them.
 
 `components.tasks.code_file` runs this file as ``main.py`` in ONE sandbox run per verification,
-with the program in ``solution.py`` next to it and the test spec on this process's stdin (never
-in a file). Standard library only; also imported on the host for the shared helpers
-(`encode`, `decode`, `normalize_output`, `output_digest`).
+with the program in ``solution.py`` next to it, beside the harness's own modules (`SIBLINGS`):
+``_grade_wire.py`` (what crosses a boundary: plain data, report MACs, output digests) and
+``_grade_rpc.py`` (the program's server and the harness's end of it, for functional and assert
+tests); the test spec comes on this process's stdin (never in a file). Standard library only.
+Also imported on the host as ``components.tasks._grade_harness`` (its siblings then as modules of
+the package), for the wire helpers it re-exports (`encode`, `decode`, `report_mac`,
+`output_digest`, `normalize_output`, `PROGRAM_FILE`).
 
 Order of operations (harness mode, ``main.py``):
 
+0. takes its own directory (the program's writable working dir) off sys.path and loads its
+   siblings from it by path (`load_siblings`), before any program runs;
 1. ``prctl(PR_SET_DUMPABLE, 0)``: processes of the same uid (the program) can no longer open
    this process's ``/proc/<pid>/fd``, ``mem`` or ``environ`` (so not its stdin, its stdout or
    its memory) nor ptrace it; it has no child yet;
@@ -19,12 +25,13 @@ Order of operations (harness mode, ``main.py``):
      the case's input on a pipe, a per-case wall-clock deadline, a per-case RLIMIT_CPU (set with
      prlimit right after the start) and a per-case output cap; the harness reports a salted
      digest of each case's normalised stdout and stops starting cases after the first failure;
-   - ``functional`` / ``assert``: one ``python -I -B main.py --serve`` child that imports the
-     program (as a module named ``solution``, its stdin / stdout / stderr on /dev/null) and then
-     answers calls over a pair of pipes. The harness calls the function once per functional
-     case, or runs the assert / ``check(candidate)`` test code in ITS OWN interpreter with
-     proxies (`Remote`) for the program's top-level names, so every call is a round trip
-     whose arguments and return value cross as plain data only (`encode` / `decode`);
+   - ``functional`` / ``assert``: one ``python -I -B main.py --serve`` child (`start_server`,
+     `_grade_rpc.serve`) that imports the program (as a module named ``solution``, its stdin /
+     stdout / stderr on /dev/null) and then answers calls over a pair of pipes. The harness
+     calls the function once per functional case, or runs the assert / ``check(candidate)``
+     test code in ITS OWN interpreter with proxies (`_grade_rpc.Remote`) for the program's
+     top-level names, so every call is a round trip whose arguments and return value cross as
+     plain data only (`encode` / `decode`);
 4. writes its findings, one JSON line each prefixed by the run's nonce and a MAC chained over
    the lines before it (`report_mac`, keyed by a secret of the spec), to its own stdout, which
    no child shares.
@@ -37,12 +44,7 @@ as None / bool / int / float / complex / str / bytes / list / tuple / dict / set
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import hashlib
-import hmac
 import io
-import json
 import os
 import resource
 import selectors
@@ -56,127 +58,59 @@ PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 SERVE_FLAG = "--serve"
 CASE_FLAG = "--case"
-PROGRAM_FILE = "solution.py"
-PROGRAM_MODULE = "solution"
-MAX_MESSAGE = 64 * 2**20  # a single RPC message (request or reply) larger than this is an error
+# The harness's own modules, in load order (one may import those before it). In the sandbox they
+# are files beside main.py, written there by code_file as main.py is; on the host, modules of
+# this package.
+SIBLINGS = ("_grade_wire", "_grade_rpc")
+
+# What the host uses from here (code_file, tests): the wire helpers, re-exported.
+__all__ = ["PROGRAM_FILE", "SIBLINGS", "decode", "dumps", "encode", "loads", "normalize_output", "output_digest",
+           "report_mac"]
 
 
-# -- plain data --------------------------------------------------------------------------------
-class EncodeError(TypeError):
-    """A value that is not plain data (and no handle is allowed for it)."""
+# -- start-up: sys.path and the sibling modules ------------------------------------------------
+def drop_own_dir_from_path() -> None:
+    """Remove this file's directory (the program's writable working dir) from sys.path.
 
-
-def encode(x, handle=None):
-    """`x` as JSON-able tagged data; containers recursively. Exact types only (no subclasses).
-
-    JSON lists are lists, other containers are tagged objects ``{"#": kind, "v": ...}``;
-    ``handle(x)`` (when given) turns any other object into a tag, else `EncodeError`.
+    ``python -I`` keeps the script's directory on sys.path before Python 3.11 (3.11 adds -P to
+    -I): a module the program writes there (``colorsys.py``) would be imported by the harness
+    when the tests or `_grade_rpc.test_namespace` import that name, and run inside the harness.
     """
-    t = type(x)
-    if x is None or t is bool or t is str:
-        return x
-    if t is int:  # JSON digits are limited (sys.int_max_str_digits); hex is not
-        return x if -2**63 < x < 2**63 else {"#": "int", "v": hex(x)}
-    if t is float:
-        return x if x == x and x not in (float("inf"), float("-inf")) else {"#": "float", "v": repr(x)}
-    if t is list:
-        return [encode(v, handle) for v in x]
-    if t is tuple:
-        return {"#": "tuple", "v": [encode(v, handle) for v in x]}
-    if t is dict or _is_plain_dict_type(t):
-        return {"#": "dict", "v": [[encode(k, handle), encode(v, handle)] for k, v in dict.items(x)]}
-    if t is set or t is frozenset:
-        return {"#": t.__name__, "v": [encode(v, handle) for v in x]}
-    if t is complex:
-        return {"#": "complex", "v": [repr(x.real), repr(x.imag)]}
-    if t is bytes:
-        return {"#": "bytes", "v": x.hex()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(x, (numpy.generic, numpy.ndarray)):
-        return encode(x.item() if isinstance(x, numpy.generic) else x.tolist(), handle)  # as Python values
-    if handle is not None:
-        return handle(x)
-    raise EncodeError(f"a value of type {t.__name__} is not plain data")
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
 
 
-def _is_plain_dict_type(t) -> bool:
-    """collections.Counter / OrderedDict / defaultdict (exactly): encoded as plain dicts."""
-    collections = sys.modules.get("collections")
-    return collections is not None and t in (collections.Counter, collections.OrderedDict, collections.defaultdict)
+def load_siblings() -> None:
+    """Load each of `SIBLINGS` from this file's directory by path and register it in sys.modules.
 
-
-def decode(x, resolve=None):
-    """Inverse of `encode` for JSON-decoded `x`; raises ValueError on anything malformed.
-
-    ``resolve(tag)`` turns handle / ref tags into objects (when given), else they are errors.
+    By path, because that directory is off sys.path (`drop_own_dir_from_path`: nothing there is
+    ever imported by name); registered under its own name, so that ``_grade_rpc``'s
+    ``from _grade_wire import ...`` finds the module loaded here, the SAME object (one
+    `EncodeError` class on both sides). Compiled from the source, as Python runs
+    main.py itself: never from a ``__pycache__`` file in the working dir (``-B`` only stops
+    writing them).
     """
-    if x is None or isinstance(x, (bool, str, int, float)):
-        return x
-    if isinstance(x, list):
-        return [decode(v, resolve) for v in x]
-    if not isinstance(x, dict) or not isinstance(x.get("#"), str):
-        raise ValueError(f"malformed value {str(x)[:100]!r}")
-    kind, v = x["#"], x.get("v")
-    if kind in ("handle", "ref") and resolve is not None:
-        return resolve(x)
-    if kind == "int" and isinstance(v, str) and len(v) < 1 << 20:
-        return int(v, 16)
-    if kind == "float" and v in ("nan", "inf", "-inf"):
-        return float(v)
-    if kind == "tuple" and isinstance(v, list):
-        return tuple(decode(e, resolve) for e in v)
-    if kind in ("set", "frozenset") and isinstance(v, list):
-        items = [decode(e, resolve) for e in v]
-        try:
-            return set(items) if kind == "set" else frozenset(items)
-        except TypeError as err:
-            raise ValueError(f"unhashable set element: {err}") from None
-    if kind == "dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
-        try:
-            return {decode(k, resolve): decode(e, resolve) for k, e in v}
-        except TypeError as err:
-            raise ValueError(f"unhashable dict key: {err}") from None
-    if kind == "complex" and isinstance(v, list) and len(v) == 2 and all(isinstance(p, str) for p in v):
-        return complex(float(v[0]), float(v[1]))
-    if kind == "bytes" and isinstance(v, str):
-        return bytes.fromhex(v)
-    raise ValueError(f"malformed value {str(x)[:100]!r}")
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in SIBLINGS:
+        path = os.path.join(here, name + ".py")
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        sys.modules[name] = module
+        exec(code, module.__dict__)
 
 
-def dumps(x) -> str:
-    return json.dumps(x, separators=(",", ":"), allow_nan=False)
-
-
-def loads(text):
-    """json.loads that refuses NaN / Infinity tokens (encode tags those) and bounds recursion errors."""
-
-    def no_constant(name):
-        raise ValueError(f"unexpected JSON constant {name}")
-
-    try:
-        return json.loads(text, parse_constant=no_constant)
-    except RecursionError:
-        raise ValueError("value nested too deeply") from None
-
-
-def report_mac(key: str, previous: str, body: str) -> str:
-    """MAC of one report line, chained to the previous line's: only the harness (which alone
-    holds the key) can write a report the host accepts, and no line can be dropped or moved."""
-    return hmac.new(key.encode(), (previous + "\n" + body).encode(), hashlib.sha256).hexdigest()[:32]
-
-
-# -- stdio outputs -----------------------------------------------------------------------------
-def normalize_output(text: str) -> str:
-    """The lines of `text` with trailing whitespace and trailing blank lines removed, joined by newlines."""
-    lines = [ln.rstrip() for ln in text.replace("\r\n", "\n").split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
-
-
-def output_digest(salt: str, text: str) -> str:
-    """Salted SHA-256 of the normalised output: what the harness reports instead of the output."""
-    return hashlib.sha256((salt + "\0" + normalize_output(text)).encode("utf-8", "surrogatepass")).hexdigest()
+if __package__:  # imported on the host, as components.tasks._grade_harness
+    from components.tasks._grade_rpc import run_assert, run_functional, serve
+    from components.tasks._grade_wire import (PROGRAM_FILE, decode, dumps, encode, loads, normalize_output,
+                                              output_digest, report_mac)
+else:  # run as main.py in the sandbox: before stdin is read, before any child starts
+    drop_own_dir_from_path()
+    load_siblings()
+    from _grade_rpc import run_assert, run_functional, serve
+    from _grade_wire import PROGRAM_FILE, decode, dumps, encode, loads, normalize_output, output_digest, report_mac
 
 
 # -- harness side: child processes -------------------------------------------------------------
@@ -213,7 +147,17 @@ def supervised_argv(mode: str, cpu_seconds: float, *args) -> list:
             str(int(_child_open_files or 0)), *map(str, args)]
 
 
-# -- program side: one CPU budget for all of a case's processes, no sibling can reach it ----------
+def start_server(cpu_seconds: float, req_fd: int, rep_fd: int) -> subprocess.Popen:
+    """The program's server (`_grade_rpc.Server`'s `start`): its two pipe ends as its only other
+    descriptors, /dev/null for stdin / stdout / stderr, its own session, its CPU limit."""
+    argv = supervised_argv(SERVE_FLAG, cpu_seconds, req_fd, rep_fd)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            close_fds=True, pass_fds=(req_fd, rep_fd), start_new_session=True)
+    _set_cpu_limit(proc.pid, cpu_seconds)
+    return proc
+
+
+# -- program side: one CPU budget for all of a case's processes, no sibling can reach it -------
 CPU_POLL_S = 0.02
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -556,383 +500,7 @@ def _drain(case: _Case, f, cap: int, once: bool = False) -> None:
             return
 
 
-# -- harness side: the program's server --------------------------------------------------------
-class RemoteError(Exception):
-    """The program raised an exception that is not a built-in one (its nearest built-in base, if any, is in the message)."""
-
-
-class ProgramGone(BaseException):
-    """The program's process exited, hung past the deadline, or broke the protocol.
-
-    A BaseException, not an Exception: test code that tolerates the program's own errors
-    (``try: candidate(x) except Exception: ...``) must not swallow the program's disappearance
-    (a program that kills its server would otherwise skip every check inside such a ``try``).
-    """
-
-
-class Server:
-    """The harness's end of the program's server: requests out, plain-data replies in."""
-
-    def __init__(self, deadline: float, cpu_seconds: float, cap: int):
-        self.deadline = deadline
-        self.cap = cap
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        argv = supervised_argv(SERVE_FLAG, cpu_seconds, req_r, rep_w)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, close_fds=True, pass_fds=(req_r, rep_w),
-                                     start_new_session=True)
-        _set_cpu_limit(self.proc.pid, cpu_seconds)
-        os.close(req_r)
-        os.close(rep_w)
-        os.set_blocking(self.req_w, False)
-        os.set_blocking(self.rep_r, False)
-        self.pidfd = _pidfd(self.proc.pid)
-        self.buf = bytearray()
-        self.seq = 0
-        self.dead = None  # why the server is unusable, once it is
-        self.names = self.reply(0)  # {name: description} of the program's top level
-
-    def call(self, op: str, **fields):
-        """Send one request and return the decoded reply (raising the program's exception)."""
-        if self.dead:
-            raise ProgramGone(self.dead)
-        self._pending_args = fields.pop("_args", [])
-        self.seq += 1
-        data = (dumps({"seq": self.seq, "op": op, **fields}) + "\n").encode()
-        self._send(data)
-        try:
-            return self.reply(self.seq)
-        except StopIteration as err:
-            if op == "next":
-                raise
-            # As PEP 479 does for generators: a StopIteration out of a call would end the test's
-            # loop over map(candidate, ...) early, so that no check runs.
-            raise RuntimeError(f"the program raised StopIteration outside of next(): {err}"[:300]) from None
-
-    def _fail(self, why: str):
-        self.dead = why
-        _kill_group(self.proc.pid)
-        raise ProgramGone(why)
-
-    def _wait(self, fd: int, events: int) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(fd, events)
-        if self.pidfd is not None:
-            sel.register(self.pidfd, selectors.EVENT_READ)
-        try:
-            while True:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    self._fail("wall-clock timeout")
-                ready = sel.select(min(left, 0.05) if self.pidfd is None else left)
-                if any(key.fd == fd for key, _ in ready):
-                    return
-                if ready or self.proc.poll() is not None:  # the pidfd: it exited
-                    return
-        finally:
-            sel.close()
-
-    def _send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            self._wait(self.req_w, selectors.EVENT_WRITE)
-            try:
-                view = view[os.write(self.req_w, view[:65536]):]
-            except BlockingIOError:
-                continue
-            except OSError:
-                self._fail("the program exited")
-
-    def reply(self, seq: int):
-        while b"\n" not in self.buf:
-            self._wait(self.rep_r, selectors.EVENT_READ)
-            try:
-                chunk = os.read(self.rep_r, 1 << 20)
-            except BlockingIOError:
-                if self.proc.poll() is not None:
-                    self._fail(f"the program exited (code {self.proc.returncode})")
-                continue
-            if not chunk:
-                self._fail("the program exited" + (f" (code {self.proc.poll()})" if self.proc.poll() is not None else ""))
-            self.buf += chunk
-            if len(self.buf) > MAX_MESSAGE:
-                self._fail("a reply over the size limit")
-        line, _, rest = bytes(self.buf).partition(b"\n")
-        self.buf = bytearray(rest)
-        try:
-            msg = loads(line)
-            if not isinstance(msg, dict) or msg.get("seq") != seq:
-                raise ValueError("reply out of sequence")
-        except ValueError as err:
-            self._fail(f"malformed reply: {err}")
-        if "err" in msg:
-            raise _exception(msg["err"])
-        try:
-            value = decode(msg.get("ok"), self._resolve)
-            for i, after in msg.get("after", []):
-                if type(i) is not int or not 0 <= i < len(self._pending_args):
-                    raise ValueError("bad argument index")
-                _write_back(self._pending_args[i], decode(after, self._resolve))
-        except (ValueError, TypeError, IndexError, AttributeError) as err:
-            self._fail(f"malformed reply: {err}")
-        return value
-
-    _pending_args: list = []
-
-    def _resolve(self, tag: dict):
-        if tag.get("#") != "handle" or not isinstance(tag.get("id"), int):
-            raise ValueError("malformed handle")
-        return Remote(self, tag["id"], str(tag.get("type", "object"))[:100])
-
-    def request(self, op: str, target: "Remote", args=(), kwargs=None, **fields):
-        """A request about a remote object; arguments are encoded here (handles of this server only)."""
-        enc = lambda v: encode(v, self._ref)
-        fields.update(args=[enc(a) for a in args], kwargs={k: enc(v) for k, v in (kwargs or {}).items()})
-        pending = list(args) + list((kwargs or {}).values())
-        return self.call(op, id=object.__getattribute__(target, "_id"), _args=pending, **fields)
-
-    def _ref(self, x):
-        if isinstance(x, Remote) and object.__getattribute__(x, "_server") is self:
-            return {"#": "ref", "id": object.__getattribute__(x, "_id")}
-        raise EncodeError(f"cannot pass a {type(x).__name__} to the program (only plain data and its own objects)")
-
-    def close(self):
-        _kill_group(self.proc.pid)
-        try:
-            self.proc.wait(1)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _write_back(arg, after) -> None:
-    """Mirror an in-place change the program made to a list / dict / set argument."""
-    if type(arg) is list and type(after) is list:
-        arg[:] = after
-    elif type(arg) is dict and type(after) is dict:
-        arg.clear()
-        arg.update(after)
-    elif type(arg) is set and type(after) is set:
-        arg.clear()
-        arg.update(after)
-
-
-_MAPPED = {name for name, v in vars(builtins).items()
-           if isinstance(v, type) and issubclass(v, Exception)}
-
-
-def _exception(err) -> Exception:
-    """The program's exception as a built-in one of the same class (or its nearest built-in base)."""
-    name, message = (err + ["", ""])[:2] if isinstance(err, list) else ("", str(err))
-    name, message = str(name)[:100], str(message)[:1000]
-    cls = getattr(builtins, name, None) if name in _MAPPED else None
-    if cls is None:
-        return RemoteError(f"{name}: {message}")
-    try:
-        return cls(message)
-    except Exception:  # a built-in exception with other required arguments
-        return RemoteError(f"{name}: {message}")
-
-
-class Remote:
-    """A proxy for one of the program's objects: calls, attributes, iteration and the like are
-    round trips; comparison with anything but another of its objects is identity (so never
-    equal to plain data), and it has no truth value of its own."""
-
-    __slots__ = ("_server", "_id", "_type")
-
-    def __init__(self, server, hid, type_name):
-        object.__setattr__(self, "_server", server)
-        object.__setattr__(self, "_id", hid)
-        object.__setattr__(self, "_type", type_name)
-
-    def _req(self, op, *args, **fields):
-        return object.__getattribute__(self, "_server").request(op, self, args=args, **fields)
-
-    def __call__(self, *args, **kwargs):
-        server = object.__getattribute__(self, "_server")
-        return server.request("call", self, args=args, kwargs=kwargs)
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._req("getattr", name=name)
-
-    def __setattr__(self, name, value):
-        self._req("setattr", value, name=name)
-
-    def __iter__(self):
-        return self._req("iter")
-
-    def __next__(self):
-        return self._req("next")
-
-    def __len__(self):
-        n = self._req("len")
-        if type(n) is not int:
-            raise TypeError("len() of a program object must be an int")
-        return n
-
-    def __getitem__(self, key):
-        return self._req("getitem", key)
-
-    def __contains__(self, item):
-        return self._req("contains", item) is True
-
-    def __bool__(self):
-        v = self._req("bool")
-        if type(v) is not bool:
-            raise TypeError("bool() of a program object must be a bool")
-        return v
-
-    def __str__(self):
-        return str(self._req("str"))
-
-    def __repr__(self):
-        return f"<program {object.__getattribute__(self, '_type')} object>"
-
-    def __hash__(self):
-        return hash((id(object.__getattribute__(self, "_server")), object.__getattribute__(self, "_id")))
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def _compare(self, op, other):
-        if not isinstance(other, Remote) or object.__getattribute__(other, "_server") is not object.__getattribute__(self, "_server"):
-            return NotImplemented
-        v = self._req("compare", other, name=op)
-        if type(v) is not bool:
-            raise TypeError(f"a comparison of program objects ({op}) must give a bool")
-        return v
-
-    def __eq__(self, other):
-        if isinstance(other, Remote) and object.__getattribute__(other, "_server") is object.__getattribute__(self, "_server") \
-                and object.__getattribute__(other, "_id") == object.__getattribute__(self, "_id"):
-            return True
-        return self._compare("eq", other)
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return NotImplemented if eq is NotImplemented else not eq
-
-    __lt__ = lambda self, other: self._compare("lt", other)
-    __le__ = lambda self, other: self._compare("le", other)
-    __gt__ = lambda self, other: self._compare("gt", other)
-    __ge__ = lambda self, other: self._compare("ge", other)
-
-
-def module_names_used(test_code: str) -> set:
-    """Names the test code uses as modules: ``name.attr`` (``math.isclose``) for a bare `name`."""
-    import ast
-
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError:
-        return set()
-    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
-
-
-def test_namespace(server: Server, test_code: str = "") -> dict:
-    """Globals for the test code: the program's top-level names, as proxies or plain values.
-
-    Names of built-ins and dunders are never taken from the program (a program-defined ``abs``
-    or ``AssertionError`` cannot change what the test means). A module name always means the
-    real module, imported here: a name the program bound to a standard-library module (or one
-    of its submodules), a stdlib module name the program bound to anything but a function or
-    class, and every stdlib module name the test code uses as a module (``math.isclose``),
-    whatever the program defines under it (a class named ``math`` whose ``isclose`` is always
-    True cannot stand in for `math`), and even when the program does not define it.
-    """
-    import importlib
-
-    # "__main__", as when the tests were appended to the program: a test guarded by
-    # ``if __name__ == "__main__":`` runs (else nothing is checked and every program passes).
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    used_as_module = {n for n in module_names_used(test_code) if n in sys.stdlib_module_names}
-
-    def real_module(name: str, module: str) -> None:
-        if module.split(".")[0] in sys.stdlib_module_names:
-            try:
-                ns[name] = importlib.import_module(module)
-            except ImportError:
-                pass
-
-    for name, info in server.names.items():
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or hasattr(builtins, name):
-            continue
-        module = info.get("module")
-        if module is None and name in sys.stdlib_module_names and (
-                info.get("kind") not in ("function", "class") or name in used_as_module):
-            module = name  # e.g. a fake `math` object or class: the test gets the real module
-        if module is not None:
-            real_module(name, str(module))
-            continue
-        if "value" in info:
-            ns[name] = info["value"]
-        elif "handle" in info:
-            ns[name] = info["handle"]
-    for name in used_as_module - set(ns):
-        if not hasattr(builtins, name):
-            real_module(name, name)
-    return ns
-
-
-def run_assert(header: dict, emit) -> None:
-    """Run the assert / check(candidate) test code here, against the program's server."""
-    deadline = time.monotonic() + float(header["case_wall"])
-    server = None
-    try:
-        server = Server(deadline, float(header["case_cpu"]), int(header["output_cap"]))
-        code = header["test_code"]
-        ns = test_namespace(server, code)
-        # What the test code prints must not break the report's lines (emit keeps the real stdout).
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-            if header.get("prompt_code"):  # the prompt's own helpers, not the program's (see code_file)
-                exec(compile(header["prompt_code"], "<prompt>", "exec"), ns)
-            exec(compile(code, "<tests>", "exec"), ns)
-            entry = header.get("entry_point")
-            if entry and "def check(" in code:
-                # The entry point by the program's name for it, even one that a built-in has too.
-                candidate = server.names.get(entry, {}).get("handle", ns.get(entry))
-                if candidate is None:
-                    raise NameError(f"the program does not define {entry!r}")
-                ns["check"](candidate)
-        if server.dead:  # the program went away in a call the tests' bare `except:` swallowed
-            raise ProgramGone(server.dead)
-    except BaseException as err:  # noqa: BLE001 - any failure of the tests fails the program
-        emit({"verdict": "fail", "why": f"{type(err).__name__}: {err}"[:300]})
-        return
-    finally:
-        if server is not None:
-            server.close()
-    emit({"verdict": "pass"})
-
-
-def run_functional(header: dict, read_case, emit) -> None:
-    """Call the program's function once per case and report its plain return values."""
-    wall, n = float(header["case_wall"]), int(header["n"])
-    try:
-        server = Server(time.monotonic() + wall, float(header["case_cpu"]) * (n + 1), int(header["output_cap"]))
-    except (ProgramGone, Exception) as err:  # noqa: BLE001
-        emit({"case": 0, "ok": False, "why": f"the program did not load: {type(err).__name__}: {err}"[:300]})
-        return
-    try:
-        for j in range(n):
-            args = read_case()["args"]
-            server.deadline = time.monotonic() + wall
-            try:
-                value = server.call("solve", fn=header["fn_name"], args=args)
-                emit({"case": j, "ok": True, "value": encode(value)})
-            except BaseException as err:  # noqa: BLE001
-                emit({"case": j, "ok": False, "why": f"{type(err).__name__}: {err}"[:300]})
-                return
-    finally:
-        server.close()
-
-
+# -- harness side: the run ---------------------------------------------------------------------
 def take_stdin(stdin) -> io.BytesIO:
     """All of stdin, then the stdin FILE emptied where this process may write it.
 
@@ -978,156 +546,14 @@ def harness(stdin, stdout) -> int:
     if kind == "stdio":
         run_stdio(header, read_case, emit)
     elif kind == "functional":
-        run_functional(header, read_case, emit)
+        run_functional(header, read_case, emit, start_server)
     else:
-        run_assert(header, emit)
+        run_assert(header, emit, start_server)
     emit({"done": True})
     return 0
 
 
-# -- program side: the server ------------------------------------------------------------------
-def serve(req_fd: int, rep_fd: int) -> None:
-    """Import the program and answer the harness's requests until its pipe closes. Never returns."""
-    import types
-
-    requests = os.fdopen(req_fd, "rb", buffering=1 << 16)
-    replies = os.fdopen(rep_fd, "wb", buffering=0)
-    objects: dict[int, object] = {}
-    ids: dict[int, int] = {}
-
-    def handle(x):
-        key = id(x)
-        if key not in ids:
-            ids[key] = len(objects) + 1
-            objects[ids[key]] = x
-        return {"#": "handle", "id": ids[key], "type": type(x).__name__}
-
-    def send(msg) -> None:
-        replies.write((dumps(msg) + "\n").encode())
-
-    def error(seq, err: BaseException) -> dict:
-        base = next((c.__name__ for c in type(err).__mro__ if c.__name__ in _MAPPED and getattr(builtins, c.__name__) is c), None)
-        name = type(err).__name__ if base is None else base
-        detail = str(err) if name == type(err).__name__ else f"{type(err).__name__}: {err}"
-        return {"seq": seq, "err": [name, detail[:1000]]}
-
-    mod = types.ModuleType(PROGRAM_MODULE)
-    mod.__file__ = os.path.abspath(PROGRAM_FILE)
-    sys.modules[PROGRAM_MODULE] = mod
-    try:
-        with open(PROGRAM_FILE, encoding="utf-8") as f:
-            source = f.read()
-        exec(compile(source, PROGRAM_FILE, "exec"), mod.__dict__)
-        names = {}
-        for name, value in list(vars(mod).items()):
-            if name.startswith("__"):
-                continue
-            if isinstance(value, types.ModuleType):
-                names[name] = {"module": str(value.__name__)}
-                continue
-            kind = "class" if isinstance(value, type) else "function" if callable(value) else "object"
-            try:
-                enc = encode(value)
-                if len(dumps(enc)) > 1 << 16:  # a big table stays in the program's process
-                    raise ValueError("large")
-                names[name] = {"value": enc, "kind": "value"}
-            except (EncodeError, RecursionError, ValueError):
-                names[name] = {"handle": handle(value), "kind": kind}
-        send({"seq": 0, "ok": {"#": "dict", "v": [[k, _describe_name(v)] for k, v in names.items()]}})
-    except BaseException as err:  # noqa: BLE001 - SystemExit included: the program did not load
-        send(error(0, err))
-        os._exit(0)
-
-    def resolve(tag):
-        if tag.get("#") == "ref" and tag.get("id") in objects:
-            return objects[tag["id"]]
-        raise ValueError("unknown object reference")
-
-    for line in requests:
-        try:
-            req = loads(line)
-            seq = req["seq"]
-        except Exception:  # noqa: BLE001
-            os._exit(1)
-        try:
-            send(_answer(req, mod, objects, resolve, handle, seq))
-        except BaseException as err:  # noqa: BLE001 - SystemExit / KeyboardInterrupt in a call too
-            try:
-                send(error(seq, err))
-            except BaseException:  # noqa: BLE001
-                os._exit(1)
-    os._exit(0)
-
-
-def _describe_name(info: dict):
-    """One top-level name's entry in the ready message (a tagged dict)."""
-    return {"#": "dict", "v": [[k, v] for k, v in info.items()]}
-
-
-def _answer(req, mod, objects, resolve, handle, seq) -> dict:
-    """Perform one request in the program's process; the reply carries plain data or a handle."""
-    op = req["op"]
-    args = [decode(a, resolve) for a in req.get("args", [])]
-    kwargs = {k: decode(v, resolve) for k, v in req.get("kwargs", {}).items()}
-    if op == "solve":  # a functional case: the function, or a method of Solution()
-        fn = vars(mod).get(req["fn"])
-        if not callable(fn):
-            solution = vars(mod).get("Solution")
-            if solution is None:
-                raise NameError(f"name {req['fn']!r} is not defined")
-            fn = getattr(solution(), req["fn"])
-        return {"seq": seq, "ok": encode(fn(*args))}
-    target = objects.get(req.get("id"))
-    if target is None:
-        raise ValueError("unknown object")
-    if op == "call":
-        result = target(*args, **kwargs)
-    elif op == "getattr":
-        result = getattr(target, req["name"])
-    elif op == "setattr":
-        setattr(target, req["name"], args[0])
-        result = None
-    elif op == "iter":
-        result = iter(target)
-    elif op == "next":
-        result = next(target)
-    elif op == "len":
-        result = len(target)
-    elif op == "getitem":
-        result = target[args[0]]
-    elif op == "contains":
-        result = args[0] in target
-    elif op == "bool":
-        result = bool(target)
-    elif op == "str":
-        result = str(target)
-    elif op == "compare":
-        import operator
-
-        result = getattr(operator, req["name"])(target, args[0])
-        result = result if type(result) is bool else bool(result)
-    else:
-        raise ValueError(f"unknown request {op!r}")
-    reply = {"seq": seq, "ok": encode(result, handle)}
-    after = [[i, encode(a, handle)] for i, a in enumerate(list(args) + list(kwargs.values())) if type(a) in (list, dict, set)]
-    if after:
-        reply["after"] = after
-    return reply
-
-
-def drop_own_dir_from_path() -> None:
-    """Remove this file's directory (the program's writable working dir) from sys.path.
-
-    ``python -I`` keeps the script's directory on sys.path before Python 3.11 (3.11 adds -P to
-    -I): a module the program writes there (``colorsys.py``) would be imported by the harness
-    when the tests or `test_namespace` import that name, and run inside the harness.
-    """
-    here = os.path.dirname(os.path.realpath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
-
-
 def main(argv) -> int:
-    drop_own_dir_from_path()
     if len(argv) == 6 and argv[1] == SERVE_FLAG:
         if supervise_program(float(argv[2]), int(argv[3])):
             serve(int(argv[4]), int(argv[5]))

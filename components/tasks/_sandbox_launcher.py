@@ -1,8 +1,11 @@
 """Sandbox launcher: runs ONE untrusted program with isolation, then cleans up everything it started.
 
 Executed by `components.tasks.sandbox` as its own process (``python -I -S -B this_file ...``),
-never imported. Standard library only (the seccomp filter comes from `_sandbox_seccomp.py`
-beside this file, loaded by path; bubblewrap's supervisor is `_sandbox_supervisor.py`). Modes:
+never imported. Standard library only; its siblings beside this file, loaded by path at its
+start: `_sandbox_libc.py` (mount, unshare, prctl, ... through ctypes), `_sandbox_view.py` (the
+run's filesystem view), `_sandbox_cgroup.py` (the run's own cgroup), `_sandbox_reap.py`
+(killing and reaping what a run left), `_sandbox_seccomp.py` (the seccomp filter) and
+`_sandbox_supervisor.py` (bubblewrap's supervisor). Modes:
 
     launcher.py <control_dir>        run the program described by <control_dir>/spec.json
     launcher.py --probe              print a JSON of what isolation this machine allows
@@ -17,7 +20,7 @@ Backend ``namespaces`` (the launcher runs as root), in order:
    exits or is killed the kernel kills every process of the namespace;
 3. the supervisor joins the run's cgroup (if any), unshares network (only a down loopback),
    mount, IPC and UTS namespaces, and builds the run's filesystem view (an allow-list,
-   `setup_filesystem`: read-only binds of the allowed paths, a minimal /dev, a /proc of the new
+   `_sandbox_view.setup_filesystem`: read-only binds of the allowed paths, a minimal /dev, a /proc of the new
    PID namespace, a fresh size-capped /tmp holding /tmp/work), then pivot_roots into it;
 4. it forks the program: new process group, rlimits, all groups dropped and uid/gid set to a
    fresh unprivileged id (``uid_base + launcher pid``), no-new-privileges, the seccomp filter,
@@ -30,7 +33,7 @@ Backend ``namespaces`` (the launcher runs as root), in order:
 
 Backend ``bwrap`` (any user; `bwrap` from bubblewrap): the launcher runs bubblewrap with new
 user, PID, network, IPC, UTS (and cgroup) namespaces, ``--as-pid-1``, ``--die-with-parent``,
-``--new-session``, the same allow-listed view (read-only, `view_entries`) with a fresh /dev, /proc and a size-capped tmpfs
+``--new-session``, the same allow-listed view (read-only, `_sandbox_view.view_entries`) with a fresh /dev, /proc and a size-capped tmpfs
 /tmp holding /tmp/work (the files are copied in), the hidden paths covered, and the seccomp
 filter (``--seccomp FD``; bubblewrap sets no-new-privileges). Inside, a supervisor
 (`_sandbox_supervisor.py`), undumpable and the namespace's init (so no process there that the
@@ -42,7 +45,6 @@ SIGKILLs any process of its own that is left (it is their subreaper). Run as roo
 launcher first switches to the run's unprivileged uid, so bubblewrap never runs as root.
 """
 
-import ctypes
 import json
 import os
 import resource
@@ -50,67 +52,44 @@ import signal
 import sys
 import time
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-PR_SET_NO_NEW_PRIVS = 38
 # In the bubblewrap backend the program shares its uid with the supervisor (the namespace's
 # init, ``--as-pid-1``), so its RLIMIT_NPROC is raised by one.
 BWRAP_OWN_PROCESSES = 1
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.unshare.argtypes = [ctypes.c_int]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-
-
-def _errcheck(ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _b(s):
-    return s.encode() if s is not None else None
-
-
-def mount(source, target, fstype, flags, data=None):
-    _errcheck(_libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
-
-
-def unshare(flags):
-    _errcheck(_libc.unshare(flags), "unshare")
-
-
-def prctl(option, arg):
-    _errcheck(_libc.prctl(option, arg, 0, 0, 0), "prctl")
-
 
 def load_sibling(name):
-    """The module `name`.py beside this file (this process runs without sys.path entries for it)."""
+    """The module `name`.py beside this file (this process runs without sys.path entries for it).
+
+    Registered in sys.modules under `name`, so a sibling loaded after it imports this same
+    module object by name (``from _sandbox_libc import mount``)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-# bubblewrap's supervisor; its status_fields is shared (loaded now: a run's mounts may hide this dir).
+# The siblings, each loaded once and now: a run's mounts may hide this dir. `_sandbox_libc`
+# first, as `_sandbox_view` imports it.
+LIBC = load_sibling("_sandbox_libc")
+REAP = load_sibling("_sandbox_reap")
+CGROUP = load_sibling("_sandbox_cgroup")
+VIEW = load_sibling("_sandbox_view")
+# bubblewrap's supervisor; its status_fields is shared.
 SUPERVISOR = load_sibling("_sandbox_supervisor")
+
+from _sandbox_libc import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS,  # noqa: E402
+                           MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_CHILD_SUBREAPER,
+                           PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, mount, prctl, unshare)
+
+# The siblings' functions this file calls, by their own names (tests call `kill_uid` here too).
+kill_uid, kill_children, reap_all = REAP.kill_uid, REAP.kill_children, REAP.reap_all
+wait_until, kill_and_wait = REAP.wait_until, REAP.kill_and_wait
+view_entries, view_covers, setup_filesystem = VIEW.view_entries, VIEW.view_covers, VIEW.setup_filesystem
+join_cgroup, remove_run_cgroup, cgroup_for = CGROUP.join_cgroup, CGROUP.remove_run_cgroup, CGROUP.cgroup_for
 
 
 def load_seccomp_module():
@@ -120,276 +99,7 @@ def load_seccomp_module():
     return module
 
 
-# -- cleanup ---------------------------------------------------------------------------
-def _proc_field(pid, name):
-    """A field of /proc/<pid>/status (first value), or None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(name + ":"):
-                    return line.split()[1]
-    except OSError:
-        return None
-    return None
-
-
-def _live_pids(match):
-    """Pids of non-zombie processes for which match(pid) is true."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and match(entry) and _proc_field(entry, "State") not in (None, "Z"):
-            out.append(int(entry))
-    return out
-
-
-def kill_uid(uid, deadline_s=5.0):
-    """SIGKILL every process whose real uid is `uid`, from this (root) process; True when none is left.
-
-    Root is not of the sandbox's uid, so no process of that uid can stop or kill the cleanup
-    (the old way, switching to the uid and calling kill(-1), could be SIGSTOPped by it).
-    Repeats until no live process of the uid is found (a fork bomb may still be forking).
-    """
-    if uid < 65536:
-        raise ValueError(f"refusing to kill every process of uid {uid}: not a sandbox uid")
-    if os.geteuid() != 0:
-        raise PermissionError("killing by uid needs root")
-    end = time.monotonic() + deadline_s
-    while True:
-        pids = _live_pids(lambda pid: _proc_field(pid, "Uid") == str(uid))
-        if not pids:
-            return True
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-
-
-def kill_children():
-    """SIGKILL every live child of this process (orphans re-parented to us, the subreaper, included)."""
-    me = str(os.getpid())
-    for pid in _live_pids(lambda pid: _proc_field(pid, "PPid") == me):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def reap_all(kill, deadline_s=3.0):
-    """Wait for every child (direct or re-parented orphan) until none is left, killing meanwhile."""
-    end = time.monotonic() + deadline_s
-    reaped = 0
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return reaped
-        if pid:
-            reaped += 1
-            continue
-        if time.monotonic() > end:
-            return reaped
-        kill()
-        time.sleep(0.002)
-
-
-def wait_until(pid, deadline):
-    """wait4(pid) until the monotonic `deadline`: (status, rusage), or None when the deadline passed.
-
-    SIGCHLD must be blocked: the wait sleeps in sigtimedwait until a child changes state.
-    """
-    while True:
-        wpid, status, rusage = os.wait4(pid, os.WNOHANG)
-        if wpid:
-            return status, rusage
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        signal.sigtimedwait({signal.SIGCHLD}, min(remaining, 0.5))
-
-
-def kill_and_wait(pid):
-    """SIGKILL `pid` (a child) and reap it: (status, rusage)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _, status, rusage = os.wait4(pid, 0)
-    return status, rusage
-
-
 # -- isolation -------------------------------------------------------------------------
-def covered_paths(paths):
-    """The paths to cover, in mount order: real paths that exist, not /, not under /tmp (a
-    fresh tmpfs there hides everything anyway), and not inside another covered directory."""
-    out = []
-    for real in sorted({os.path.realpath(p) for p in paths}):
-        if real == "/" or real == "/tmp" or real.startswith("/tmp/") or not os.path.lexists(real):
-            continue
-        if any(real.startswith(c.rstrip("/") + "/") for c, isdir in out if isdir):
-            continue
-        out.append((real, os.path.isdir(real)))
-    return out
-
-
-def _within(path, top):
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def view_entries(allowed):
-    """The filesystem view made of the allow-listed paths: (binds, links).
-
-    binds: [(real path, is a dir)] to bind read-only at the same path, none inside another, no
-    "/" and nothing under /tmp, /proc or /dev (the view makes those itself); links: [(path,
-    target)], the symbolic links met on the way to an allowed path (``/lib -> usr/lib``, a
-    venv's ``bin/python -> /usr/bin/python3.11``) that are not inside a bound dir, recreated as
-    they are. Paths that do not exist are left out."""
-    binds, links = set(), {}
-    for start in allowed:
-        todo, hops = os.path.abspath(start), 0
-        while todo and hops < 40:
-            hops += 1
-            cur, parts, nxt = "/", todo.strip("/").split("/"), None
-            for i, part in enumerate(p for p in parts if p):
-                path = os.path.join(cur, part)
-                if os.path.islink(path):
-                    target = os.readlink(path)
-                    links[path] = target
-                    rest = "/".join(parts[i + 1:])
-                    nxt = os.path.normpath(os.path.join(cur, target, rest))
-                    break
-                cur = path
-            if nxt is None:
-                if os.path.exists(cur):
-                    binds.add(cur)
-                break
-            todo = nxt
-    special = ("/tmp", "/proc", "/dev")
-    kept = []
-    for real in sorted(binds):
-        if real == "/" or any(_within(real, s) for s in special):
-            continue
-        if any(_within(real, k) for k in kept):
-            continue
-        kept.append(real)
-    out_links = sorted((p, t) for p, t in links.items()
-                       if not any(_within(p, k) and p != k for k in kept) and not any(_within(p, s) for s in special))
-    return [(k, os.path.isdir(k)) for k in kept], out_links
-
-
-def view_covers(spec, binds):
-    """The hidden paths that lie inside the view (inside a bound dir), to cover there; with the
-    read-only empty dirs of /dev (``/dev/shm``)."""
-    dirs = [b for b, isdir in binds if isdir]
-    out = []
-    for real, isdir in covered_paths(spec.get("readonly_empty", []) + spec.get("hide_paths", [])):
-        if any(_within(real, d) for d in dirs) or _within(real, "/dev"):
-            out.append((real, isdir))
-    return out
-
-
-# Device nodes of the view's /dev (bind-mounted from the host's), and its links.
-DEV_NODES = ("null", "zero", "full", "random", "urandom")
-DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-             ("stderr", "/proc/self/fd/2"))
-NEW_ROOT = "/tmp"  # where the view's root tmpfs is mounted (in the run's own mount namespace) before pivot_root
-MS_REMOUNT = 32
-MNT_DETACH = 2
-SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
-
-
-def _pivot_root(new_root):
-    """pivot_root(new_root, new_root), then detach the old root stacked on it: only the view remains."""
-    os.chdir(new_root)
-    nr = SYS_PIVOT_ROOT.get(os.uname().machine, 155)
-    _errcheck(_libc.syscall(nr, b".", b"."), "pivot_root")
-    _errcheck(_libc.umount2(b".", MNT_DETACH), "umount the old root")
-    os.chdir("/")
-
-
-def _bind_ro(fd, target, rec=True):
-    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if rec else 0))
-    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
-
-
-def setup_filesystem(spec, files, uid, pid_ns):
-    """In a fresh mount namespace, the run's whole filesystem view, an allow-list: a read-only
-    root tmpfs holding read-only binds of the allowed paths (the interpreter, its standard
-    library, the system libraries, a few files of /etc), a minimal /dev (null, zero, full,
-    random, urandom), the run's own /proc, and a private size-capped /tmp holding /tmp/work;
-    the hidden paths inside allowed dirs are covered. Then pivot_root into it: nothing else of
-    the host (the repository, homes, /var, /srv, /run, ...) exists for the program. Returns the workdir."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    binds, links = view_entries(spec.get("allow_paths", []))
-    fds = {}  # opened now: the root tmpfs goes over /tmp, where an allowed path may live
-    try:
-        for real, _ in binds:
-            fds[real] = os.open(real, os.O_PATH | os.O_CLOEXEC)
-        for name in DEV_NODES:
-            if os.path.exists(f"/dev/{name}"):
-                fds[f"/dev/{name}"] = os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)
-        if not pid_ns:
-            fds["/proc"] = os.open("/proc", os.O_PATH | os.O_CLOEXEC)
-        root = NEW_ROOT
-        mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for real, isdir in binds:
-            target = root + real
-            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-            if isdir:
-                os.makedirs(target, 0o755, exist_ok=True)
-            else:
-                open(target, "wb").close()
-            _bind_ro(fds[real], target, rec=isdir)
-        for path, target in links:
-            os.makedirs(os.path.dirname(root + path), 0o755, exist_ok=True)
-            if not os.path.lexists(root + path):
-                os.symlink(target, root + path)
-        for real, isdir in view_covers(spec, binds):
-            if _within(real, "/dev"):
-                continue  # the view's /dev holds only the nodes below
-            if isdir:
-                mount("tmpfs", root + real, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
-            else:
-                mount("/dev/null", root + real, None, MS_BIND)
-        os.mkdir(root + "/dev", 0o755)
-        mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
-        for name in DEV_NODES:
-            if "/dev/" + name in fds:
-                open(f"{root}/dev/{name}", "wb").close()
-                mount(f"/proc/self/fd/{fds['/dev/' + name]}", f"{root}/dev/{name}", None, MS_BIND)
-        for name, target in DEV_LINKS:
-            os.symlink(target, f"{root}/dev/{name}")
-        mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-        os.mkdir(root + "/proc", 0o555)
-        if pid_ns:  # a /proc of the new PID namespace: the host's processes are not listed, and
-            # hidepid=2 hides the root supervisor (PID 1) from the program too; a process whose
-            # effective gid is the run's view gid (`view_gid`: the grading harness, not its programs)
-            # sees every process of the run (its programs are undumpable, which hidepid hides)
-            view = spec.get("view_gid")
-            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  "hidepid=2" + (f",gid={view}" if view else ""))
-        else:
-            mount(f"/proc/self/fd/{fds['/proc']}", root + "/proc", None, MS_BIND | MS_REC)
-        os.mkdir(root + "/tmp", 0o755)
-        mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(spec['tmpfs_bytes'])},mode=1777")
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    _pivot_root(root)
-    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    workdir = "/tmp/work"
-    os.mkdir(workdir, 0o700)
-    for name, data in files.items():
-        with open(os.path.join(workdir, name), "wb") as f:
-            f.write(data)
-        os.chown(os.path.join(workdir, name), uid, uid)
-    os.chown(workdir, uid, uid)
-    return workdir
-
-
 def view_gid(uid):
     """The gid that sees all of a run's processes in its /proc (`SandboxConfig`'s process view):
     2**22 (more than any pid) away from the run's uid, so no other run's uid or gid; refused
@@ -549,64 +259,6 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup
         os._exit(0)
 
 
-# -- the run's own cgroup (cgroup v2, where the sandbox found a memory controller) -------------
-def make_run_cgroup(plan, name):
-    """Create the run's cgroup under ``plan["parent"]``: memory.max the run's total, no swap,
-    the whole group OOM-killed together. Returns (its dir, an open descriptor of its cpu.stat)."""
-    d = os.path.join(plan["parent"], name)
-    os.mkdir(d, 0o755)
-    try:
-        settings = [("memory.max", str(int(plan["memory_max"]))), ("memory.swap.max", "0"), ("memory.oom.group", "1")]
-        for key, value in settings:
-            path = os.path.join(d, key)
-            if key != "memory.max" and not os.path.exists(path):
-                continue  # no swap accounting (then no swap to limit), or an older kernel
-            with open(path, "w") as f:
-                f.write(value)
-        if plan.get("owner") is not None:  # bubblewrap as root runs as the run's uid: it joins itself
-            os.chown(os.path.join(d, "cgroup.procs"), plan["owner"], plan["owner"])
-        return d, os.open(os.path.join(d, "cpu.stat"), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        remove_run_cgroup(d)
-        raise
-
-
-def join_cgroup(d):
-    """Move this process (and so everything it starts) into the cgroup `d`."""
-    with open(os.path.join(d, "cgroup.procs"), "w") as f:
-        f.write(str(os.getpid()))
-
-
-def remove_run_cgroup(d, deadline_s=3.0):
-    """Kill whatever is left in the run's cgroup (cgroup.kill) and remove it."""
-    if not d:
-        return
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            with open(os.path.join(d, "cgroup.kill"), "w") as f:
-                f.write("1")
-        except OSError:
-            pass
-        try:
-            os.rmdir(d)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > end:
-                return
-            time.sleep(0.01)
-
-
-def _cgroup_for(spec, uid=None):
-    """(dir, cpu.stat descriptor) of a new cgroup for this run, or (None, None) without one."""
-    plan = spec.get("cgroup")
-    if not plan:
-        return None, None
-    return make_run_cgroup({**plan, "owner": uid}, f"scalerl-run-{os.getpid()}")
-
-
 def run_namespaces(control, spec, t0):
     """Backend ``namespaces`` (root): see the module docstring, steps 1-5."""
     result = {"setup_error": None, "exit_code": None, "signal": None, "timed_out": False, "cpu_s": None}
@@ -627,7 +279,7 @@ def run_namespaces(control, spec, t0):
         )
         spec["host_workdir"] = os.path.join(control, "work")
         files = read_files(spec["host_workdir"]) if spec["mount_ns"] else {}
-        cgroup_dir, cpu_stat_fd = _cgroup_for(spec)
+        cgroup_dir, cpu_stat_fd = cgroup_for(spec)
         if spec["pid_ns"]:
             unshare(CLONE_NEWPID)  # our next child is PID 1 of a new PID namespace
     except OSError as err:
@@ -773,7 +425,7 @@ def run_bwrap(control, spec, t0):
             opened.append(seccomp_fd)
         report_r, report_w = os.pipe()
         opened.append(report_w)
-        cgroup_dir, cpu_stat_fd = _cgroup_for(spec)
+        cgroup_dir, cpu_stat_fd = cgroup_for(spec)
         if cpu_stat_fd is not None:
             opened.append(cpu_stat_fd)
         sup_spec = {

@@ -392,6 +392,7 @@ def grade_code_completion(task, problem: Problem, completion: str, run_tests) ->
 
 
 _HARNESS_SOURCE: Optional[str] = None
+_HARNESS_FILES: Optional[dict] = None
 
 
 def harness_source() -> str:
@@ -400,6 +401,17 @@ def harness_source() -> str:
     if _HARNESS_SOURCE is None:
         _HARNESS_SOURCE = Path(_grade_harness.__file__).read_text(encoding="utf-8")
     return _HARNESS_SOURCE
+
+
+def harness_files() -> dict:
+    """{file name: source} of the harness's sibling modules (`_grade_harness.SIBLINGS`), which
+    main.py loads by path from its own directory: written there as main.py is (read once)."""
+    global _HARNESS_FILES
+    if _HARNESS_FILES is None:
+        here = Path(_grade_harness.__file__).parent
+        _HARNESS_FILES = {f"{name}.py": (here / f"{name}.py").read_text(encoding="utf-8")
+                          for name in _grade_harness.SIBLINGS}
+    return _HARNESS_FILES
 
 
 def check_grading_options(case_workers: int, max_total_seconds: float) -> None:
@@ -507,7 +519,7 @@ def plan_grading(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", max
         "kind": kind, "nonce": nonce, "mac_key": mac_key, "expected": expected,
         "unwrap_singleton": bool(tests.get("unwrap_singleton")),
         "stdin": "".join(json.dumps(x) + "\n" for x in [header] + lines),
-        "files": {_grade_harness.PROGRAM_FILE: code},
+        "files": {_grade_harness.PROGRAM_FILE: code, **harness_files()},
         "limits": grading_limits(kind, len(cases), limits, case_workers, max_total_seconds),
     }
 
