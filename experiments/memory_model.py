@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 __all__ = [
-    "GiB", "ModelShape", "LearnerLayout", "GeneratorLayout", "PlanError", "parameter_counts", "lora_parameter_counts",
+    "GiB", "ModelShape", "LearnerLayout", "GeneratorLayout", "PlanError", "ModelIdError", "parameter_counts", "lora_parameter_counts",
     "activation_bytes_per_token_layer", "kv_bytes_per_token", "learner_memory", "generator_memory",
     "engine_memory_model", "planned_attention", "has_fp32_head", "LEARNER_GPU_OVERHEAD", "GENERATOR_GPU_OVERHEAD",
     "CUDA_GRAPHS_OVERHEAD", "VLLM_GPU_BATCHED_TOKENS", "ATTENTION_KINDS",
@@ -98,6 +98,12 @@ _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_interm
 
 class PlanError(ValueError):
     """The config cannot be planned (a bad value, or no model config to read)."""
+
+
+class ModelIdError(PlanError):
+    """model.path is a Hugging Face hub id whose config.json cannot be read: a malformed id, no such
+    repository or revision, a gated one, or not cached while HF_HUB_OFFLINE=1. The job would fail
+    the same way at its start, so a submission refuses it (`run_config.validate_runs`)."""
 
 
 # ---------------------------------------------------------------------------------------------

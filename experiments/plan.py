@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from experiments.memory_model import (  # the arithmetic; re-exported for `scalerl plan`'s callers
-    GeneratorLayout, GiB, LearnerLayout, ModelShape, PlanError,
+    GeneratorLayout, GiB, LearnerLayout, ModelIdError, ModelShape, PlanError,
     has_fp32_head, activation_bytes_per_token_layer, engine_memory_model, generator_memory, kv_bytes_per_token,
     learner_memory, parameter_counts, planned_attention,
 )
@@ -139,7 +139,7 @@ def _model_config() -> tuple[dict, str]:
             file = hub_model_file(path, "config.json", revision)
             return json.loads(Path(file).read_text()), f"{path} (revision {revision or 'main'}): {file}"
         except ModelPathError as err:
-            raise PlanError(str(err)) from None
+            raise ModelIdError(str(err)) from None
         except ValueError as err:
             raise PlanError(f"the config.json of {path} is not valid JSON: {err}") from None
     where = str(path) if isinstance(path, str) else f"@{path.configurable.name}()"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from components.quiet import quiet_gin
-from experiments.plan import PlanError, plan_inputs
+from experiments.plan import ModelIdError, PlanError, plan_inputs
 from experiments.recipes import SweepError, gin_parser
 
 DEFAULT_TARGET = "experiments.train:run_training"
@@ -221,6 +221,8 @@ def _parsed_config() -> RunConfig:
     cfg = train_config(model_path=MODEL_NOT_RESOLVED)
     try:
         inputs, why = plan_inputs(), ""
+    except ModelIdError:
+        raise  # a hub id the job could not load either: `_checked_config` refuses the run
     except PlanError as err:
         inputs, why = None, str(err)
     return RunConfig(cfg, engine_gpus(cfg), inputs, why)
@@ -228,7 +230,9 @@ def _parsed_config() -> RunConfig:
 
 def _checked_config(run: Any) -> RunConfig:
     """The parsed config, through the trainer's own consistency checks (batch vs micro-batch, ...),
-    without touching the model (model.path is not resolved or built here)."""
+    without building or loading the model. A hub id in model.path is checked by its config.json
+    alone (`plan_inputs`: fetched into the HF cache unless cached), so a wrong id, revision or a
+    gated repository is refused here, not by a job after its wait in the queue."""
     from components.registry import UnknownComponentError
     from components.trainer.config import gin_error_message
     from components.trainer.config import check_settings
@@ -236,6 +240,8 @@ def _checked_config(run: Any) -> RunConfig:
     try:
         rc = _parsed_config()
         check_settings(rc.train, on_this_machine=False)  # a recipe's component names too, as `scalerl train` checks them
+    except ModelIdError as err:  # before a job waits in the queue to fail at its start
+        raise SweepError(f"run {run.name}: {err}") from None
     except (ValueError, UnknownComponentError) as err:  # ConfigError is a ValueError
         raise SweepError(f"run {run.name}: {gin_error_message(err)}") from None
     return rc

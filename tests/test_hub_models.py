@@ -180,3 +180,34 @@ def test_learner_torch_engine_and_eval_load_a_hub_id(offline, tmp_path):
     records, out_file = run_eval(REPO_ID, [str(bench)], k=1, max_tokens=2, device="cpu", out=tmp_path / "eval.jsonl")
     assert records[0]["prompts"] == 1 and out_file == tmp_path / "eval.jsonl"
     assert records[0]["model"] == _snapshot(offline, MAIN)
+
+
+def test_a_submission_refuses_a_hub_id_the_job_could_not_load(offline, tmp_path, monkeypatch, capsys):
+    """`scalerl train ... --executor slurm` and a sweep validate each run before any job is queued: a hub
+    id that is not in the cache (offline) is refused by run name, nothing submitted, no run directory;
+    a cached id passes, at a revision too, with its shapes read from config.json alone."""
+    from experiments.cli import main
+    from experiments.recipes import SweepError
+    from experiments.run_config import validate_runs
+    from experiments.sweep_spec import RunSpec
+
+    recipe = str(REPO / "experiments/configs/tiny_cpu.gin")
+
+    def run(model_id: str, *extra: str) -> RunSpec:
+        return RunSpec(name="r0", sweep="s", factor=None, value=None, recipe="tiny_cpu", seed=0,
+                       config_files=(recipe,), bindings=(f'model.path = "{model_id}"', *extra))
+
+    configs = validate_runs([run(REPO_ID, 'model.revision = "v2"')])
+    assert configs["r0"].plan_inputs is not None and configs["r0"].plan_inputs.model_config["num_hidden_layers"] == 2
+    with pytest.raises(SweepError, match=r"run r0: model.path: .*'tiny-org/not-cached'.*HF_HUB_OFFLINE"):
+        validate_runs([run("tiny-org/not-cached")])
+    with pytest.raises(SweepError, match=r"run r0: .*no such revision|run r0: .*'tiny-org/tiny-model' \(revision 'v9'\)"):
+        validate_runs([run(REPO_ID, 'model.revision = "v9"')])
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "tiny_cpu" / "job"
+    code = main(["train", recipe, "--gin", 'model.path = "tiny-org/not-cached"', "--executor", "slurm",
+                 "--run-dir", str(run_dir), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0 and "tiny-org/not-cached" in err and "HF_HUB_OFFLINE" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
