@@ -120,6 +120,8 @@ def learner_bench(size: str, args) -> dict:
                       lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank if args.lora_rank else 16.0)
     learner = Learner(model, cfg, 0, torch.device(device))
     trainable = sum(p.numel() for p in learner.model.parameters() if p.requires_grad)
+    if args.lora_rank:  # the run's own count: no weight gradients for the frozen base
+        flops = flops.for_lora(trainable)
     batch = rollouts(args.seqs, group, args.prompt_len, args.completion_len, SIZES[size]["vocab_size"])
     keep = [True] * len(batch)
     tokens = sum(len(c.prompt_ids) + len(c.token_ids) for r in batch for c in r.completions)

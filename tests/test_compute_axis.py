@@ -99,6 +99,21 @@ def test_flops_count_attention_and_prefill_but_not_the_embedding():
     assert fc.generation(10, 1) > fc.generation(1, 1)  # prefill is counted
 
 
+def test_lora_training_flops_skip_the_frozen_weight_gradients():
+    """LoRA: forward and activation gradient through base + adapters, weight gradients for the adapters
+    only; attention 3x its forward either way; the generators' forward (merged weights) unchanged."""
+    from components.trainer.accounting import FlopCounter
+
+    n, na, layers, width, p, c = 1000, 100, 2, 8, 3, 5
+    L = p + c
+    attention = 4 * layers * width * sum(range(1, L + 1))  # one forward's QK^T and AV
+    full = FlopCounter(n_params=n, layers=layers, attn_width=width)
+    lora = full.for_lora(na)
+    assert full.training(p, c) == 6 * n * L + 3 * attention
+    assert lora.training(p, c) == 4 * (n + na) * L + 2 * na * L + 3 * attention  # 43,712 against 54,912
+    assert lora.generation(p, c) == full.generation(p, c)
+
+
 def test_flops_count_a_tied_head_matmul(tmp_path):
     """Tied embeddings: the input lookup is free, the LM head's matmul with the same matrix is not."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -214,11 +214,19 @@ def sequence_forward_flops(n_params: int, layers: int, attn_width: int, prompt_l
 
 @dataclass
 class FlopCounter:
-    """Counts generation (1 forward) and training (3 forwards) FLOPs of a model's shapes."""
+    """Counts generation (1 forward) and training FLOPs of a model's shapes.
+
+    Training is 3 forwards when every weight is trained: the forward, the gradient with respect
+    to the activations, the gradient with respect to the weights (2N each per token; causal
+    attention, which has no weights, 3 times its forward). With LoRA (`for_lora`) the frozen
+    weights get no weight gradient and the adapters run beside them:
+    2 (N + Na) forward + 2 (N + Na) activation gradient + 2 Na adapter gradient per token."""
 
     n_params: int  # parameters without the input embedding
     layers: int
     attn_width: int  # num_attention_heads x head_dim
+    n_adapter: int = 0  # LoRA adapter parameters (A and B of every adapted layer)
+    n_frozen: int = 0  # of n_params, those that get no gradient (with LoRA: all of them)
 
     @classmethod
     def from_model(cls, model) -> "FlopCounter":
@@ -233,8 +241,17 @@ class FlopCounter:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         return cls(n_params=total - n_emb, layers=int(cfg.num_hidden_layers), attn_width=heads * head_dim)
 
+    def for_lora(self, adapter_params: int) -> "FlopCounter":
+        """This model with `adapter_params` LoRA parameters trained on its frozen weights."""
+        return FlopCounter(self.n_params, self.layers, self.attn_width, n_adapter=int(adapter_params), n_frozen=self.n_params)
+
     def generation(self, prompt_len: int, completion_len: int) -> float:
+        """One forward of the generators' model (LoRA: the merged weights, no adapters)."""
         return sequence_forward_flops(self.n_params, self.layers, self.attn_width, prompt_len, completion_len)
 
     def training(self, prompt_len: int, completion_len: int) -> float:
-        return 3.0 * sequence_forward_flops(self.n_params, self.layers, self.attn_width, prompt_len, completion_len)
+        L = int(prompt_len) + int(completion_len)
+        attention = sequence_forward_flops(0, self.layers, self.attn_width, prompt_len, completion_len)
+        forward = 2.0 * (self.n_params + self.n_adapter) * L  # [tokens] x every matmul, adapters included
+        weight_grads = 2.0 * (self.n_params - self.n_frozen + self.n_adapter) * L
+        return 2.0 * forward + weight_grads + 3.0 * attention

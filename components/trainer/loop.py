@@ -147,6 +147,9 @@ class Trainer:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.pad_id = pad_id
         self.learner = Learner(model, cfg, pad_id, torch.device(self.device))
+        if cfg.lora_rank > 0:  # only the adapters train: no weight gradients for the frozen base
+            adapters = sum(p.numel() for p in self.learner.model.parameters() if p.requires_grad)  # global numel, sharded too
+            self.flop_counter = self.flop_counter.for_lora(adapters)
         self.train_pool = list(self.task.train_problems())
         self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed)
         eval_problems = list(self.task.eval_problems())
