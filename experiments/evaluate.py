@@ -148,11 +148,11 @@ def _compute_at(run_dir: Optional[Path], step: Optional[int]) -> dict:
 
 # What `scalerl eval` samples and prompts with, and each one's value for a model directory (and
 # for a run directory without a config.gin). For a run directory each comes from the run's
-# config.gin: train.max_tokens, train.eval_temperature (else train.temperature), train.top_p,
-# train.precision, train.length_control (built with the run's bindings, e.g. interruption.*)
-# and the prompt format of train.task (its prompt_template and system_prompt).
-DEFAULTS = {"max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "precision": "fp32", "length_control": None,
-            "prompt_template": None, "system_prompt": None}
+# config.gin: train.engine, train.max_tokens, train.eval_temperature (else train.temperature),
+# train.top_p, train.precision, train.length_control (built with the run's bindings, e.g.
+# interruption.*) and the prompt format of train.task (its prompt_template and system_prompt).
+DEFAULTS = {"engine": "torch", "max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "precision": "fp32",
+            "length_control": None, "prompt_template": None, "system_prompt": None}
 NO_LENGTH_CONTROL = "none"
 # the placeholder of a task's prompt_template, in the order they are looked for (arithmetic: {expr},
 # hf_dataset: {prompt}, math_file / code_file: {problem})
@@ -259,6 +259,7 @@ def _read_run_config(config: Path) -> dict:
                              "was started in, or put it on PYTHONPATH)") from None
     template, system, note = _run_prompt_format(cfg.task, cfg.task_kwargs)
     values = {
+        "engine": cfg.engine,
         "max_tokens": int(cfg.max_tokens),
         "temperature": float(cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature),
         "top_p": float(cfg.top_p),
@@ -345,7 +346,7 @@ def benchmark_specs(args: argparse.Namespace) -> list:
     return specs
 
 
-def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, engine: str = "torch",
+def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, engine: Optional[str] = None,
              max_tokens: Optional[int] = None, temperature: Optional[float] = None, top_p: Optional[float] = None,
              seed: int = 0, device: str = "auto", precision: Optional[str] = None, step: Optional[int] = None,
              out: Optional[str | Path] = None, length_control: Optional[str] = None,
@@ -380,14 +381,18 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
             raise EvalInputError(f"--pass-threshold must be a finite number, got {threshold}")
     if not benchmarks:
         raise EvalInputError("give at least one --benchmark")
+    run_dir = local_run_dir(model_or_run)
+    settings = eval_settings(run_dir, {"engine": engine, "max_tokens": max_tokens, "temperature": temperature,
+                                       "top_p": top_p, "precision": precision, "length_control": length_control,
+                                       "prompt_template": prompt_template, "system_prompt": system_prompt})
+    engine = settings.values["engine"]
     try:
         check_engine(engine)
     except (ImportError, KeyError) as err:
-        raise EvalInputError(str(err.args[0] if isinstance(err, KeyError) and err.args else err)) from None
-    run_dir = local_run_dir(model_or_run)
-    settings = eval_settings(run_dir, {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                                       "precision": precision, "length_control": length_control,
-                                       "prompt_template": prompt_template, "system_prompt": system_prompt})
+        why = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
+        if settings.source["engine"] == "run":
+            why += f" (the run generated with train.engine = {engine!r}; --engine torch evaluates it with the torch engine)"
+        raise EvalInputError(why) from None
     if run_dir is not None and step is not None:
         _check_step(run_dir, int(step))
     fmt = {key: settings.values[key] for key in ("prompt_template", "system_prompt") if settings.values[key] is not None}
@@ -418,7 +423,7 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
                     "checkpoint": where["checkpoint"],
                     "step": where["step"],
                     **_compute_at(run_dir, where["step"]),
-                    "engine": engine, **settings.record(), "seed": seed, "time": now_iso(),
+                    **settings.record(), "seed": seed, "time": now_iso(),
                 })
         finally:
             eng.close()
@@ -512,7 +517,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", action="append", required=True, metavar="FILE",
                         help="a benchmark: local jsonl / json / parquet / csv / arrow file or a datasets hub name (repeatable)")
     parser.add_argument("--k", type=int, default=16, help="samples per problem; pass@k for k = 1, 2, 4, ... K (default 16)")
-    parser.add_argument("--engine", default="torch", help="generation engine: torch or vllm (default torch)")
+    parser.add_argument("--engine", default=None, help="generation engine: torch or vllm (default: a run's train.engine, "
+                        "else torch)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="completion budget per sample (default: a run's train.max_tokens, else 1024)")
     parser.add_argument("--length-control", default=None, metavar="NAME|none",

@@ -97,7 +97,8 @@ def test_flags_override_the_run_and_a_model_directory_keeps_the_defaults(run, tm
     rec = _last_record(out)
     assert (rec["max_tokens"], rec["temperature"], rec["precision"], rec["length_control"]) == (5, 0.0, "fp32", None)
     assert rec["prompt_template"] == "{problem}" and rec["top_p"] == 1.0
-    assert {k: v for k, v in rec["settings_from"].items() if v == "run"} == {"top_p": "run", "system_prompt": "run"}
+    assert {k: v for k, v in rec["settings_from"].items() if v == "run"} == {"engine": "run", "top_p": "run",
+                                                                               "system_prompt": "run"}
     capsys.readouterr()
     # the run's final/ policy copied out of the run: a plain model directory, evaluated with the defaults
     model = tmp_path / "model"
@@ -126,6 +127,29 @@ def test_step_picks_a_checkpoint_and_an_unknown_step_names_those_there_are(run, 
     err = capsys.readouterr().err
     assert "no checkpoint of step 7" in err and "steps 1, 2" in err and "final/" in err and "(step 2)" in err, err
     assert "Traceback" not in err
+
+
+def test_the_run_s_engine_is_the_default_and_one_not_installed_here_says_how_to_evaluate_anyway(run, tmp_path, capsys):
+    """A run that generated with vLLM is evaluated with vLLM unless --engine says otherwise; where vLLM is
+    not installed (this machine), the error names the run's setting and the flag, before any model loads."""
+    from experiments.cli import main
+
+    vllm_run = tmp_path / "vllm_run"
+    shutil.copytree(run["dir"], vllm_run, ignore=shutil.ignore_patterns("checkpoints"))
+    gin_text = (vllm_run / "config.gin").read_text()
+    assert "train.engine = 'torch'" in gin_text
+    (vllm_run / "config.gin").write_text(gin_text.replace("train.engine = 'torch'", "train.engine = 'vllm'"))
+    args = ["eval", str(vllm_run), "--benchmark", str(run["bench"]), "--k", "2", "--out", str(tmp_path / "r.jsonl")]
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "train.engine = 'vllm'" in err and "--engine torch" in err and "Traceback" not in err, err
+    assert main(args + ["--engine", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "engine          'torch'  [flag]" in out, out
+    assert _last_record(tmp_path / "r.jsonl")["engine"] == "torch"
 
 
 @pytest.mark.parametrize("flags, message", [
