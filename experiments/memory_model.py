@@ -293,7 +293,8 @@ class LearnerLayout:
     device: str = "cuda"
     lora_rank: int = 0  # train.lora_rank: 0 = full fine-tuning
     lora_targets: Any = "all-linear"  # train.lora_targets
-    kl_reference: bool = False  # train.kl_coef > 0: a frozen fp32 copy of the policy, sharded like it
+    kl_reference: bool = False  # train.kl_coef > 0: a frozen fp32 copy of the policy, sharded like it (full
+    # fine-tuning); under LoRA none: the reference is the policy's own base with its adapters off
 
     @property
     def tokens(self) -> int:
@@ -323,7 +324,8 @@ def learner_memory(shape: ModelShape, layout: LearnerLayout, *, overhead_bytes: 
     out: dict[str, int] = {}
     out["trainable_parameters"] = trained
     out["parameters"] = math.ceil(4 * (P + Pa) / T)
-    out["reference"] = math.ceil(4 * P / T) if layout.kl_reference else 0  # the KL penalty's frozen policy
+    # the KL penalty's frozen policy: a copy of the model for full fine-tuning; LoRA's is its own base (adapters off)
+    out["reference"] = math.ceil(4 * P / T) if layout.kl_reference and not Pa else 0
     out["gradients"] = math.ceil(4 * trained / T)
     out["optimizer"] = math.ceil(8 * trained / T)
     if T > 1:

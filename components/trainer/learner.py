@@ -21,7 +21,8 @@ per policy by weight_sync.
 LoRA (``train.lora_rank`` > 0, components/trainer/lora.py): peft adapters are injected into the
 model in place before checkpointing, sharding and compile; the base is frozen, so the optimizer,
 the clip and the gradient reductions hold the adapters only, and the generators receive merged
-weights (weight_sync).
+weights (weight_sync). The KL penalty's reference is then the policy's own frozen base with its
+adapters off (`reference_logprobs`), not a copy of the model.
 
 Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
 advantage std) is computed on the whole step batch before it is split, the update does
@@ -30,6 +31,7 @@ not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -399,8 +401,9 @@ class Learner:
                 "between. Use train.compile = False, train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)"
             )
         # the KL penalty's reference policy (train.kl_coef > 0): a frozen copy of these initial weights
-        # (model.path), taken before checkpointing, sharding or compiling; placed like the policy below
-        reference = frozen_copy(model) if cfg.kl_coef > 0 else None
+        # (model.path), taken before checkpointing, sharding or compiling; placed like the policy below.
+        # Under LoRA no copy: the reference is the policy's own frozen base, its adapters off (`reference_logprobs`)
+        reference = frozen_copy(model) if cfg.kl_coef > 0 and cfg.lora_rank <= 0 else None
         if cfg.lora_rank > 0:  # adapters on the frozen fp32 base, before checkpointing, sharding and compile
             from components.trainer.lora import apply_lora
 
@@ -464,6 +467,26 @@ class Learner:
                 entropy_grad=cfg.entropy_coef > 0,  # the entropy bonus differentiates the entropy
             )
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether each step runs the KL penalty's reference forward (train.kl_coef > 0): on the frozen
+        copy `self.reference` (full fine-tuning), or on the policy with its adapters off (LoRA, no copy:
+        `self.reference` is None)."""
+        return self.kl_fn is not None
+
+    @contextlib.contextmanager
+    def _reference_policy(self):
+        """The module that computes the reference's log-probs, in the reference's state: the frozen copy
+        as it is (eval mode), or under LoRA the policy itself in eval mode with its adapters off (its
+        frozen base = its initial weights), every module's mode and adapter state restored after."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        from components.trainer.lora import frozen_base
+
+        with frozen_base(self.model):
+            yield self.model
+
     def reference_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """ref_logp [b, T] (no grad) of a micro-batch's completion tokens under the frozen reference
         policy, computed as the policy's are (same forward, head, temperature and precision)."""
@@ -471,13 +494,14 @@ class Learner:
         batch = mb.batch.to(self.device)
         rows = pack_batch(batch) if cfg.max_tokens_per_micro_batch is not None else batch
         sharded = self.ranks > 1
-        with torch.no_grad(), self.policy.compute_context(self.reference, self.device, sharded=sharded):
-            ref_logp, _ = sequence_logprobs_packed(
-                self.reference, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=False,
-                compile_backend=cfg.compile_backend if cfg.compile else None,
-            )  # [b, T]
-        if sharded:
-            self.reference.reshard()  # FSDP2 keeps the root unsharded after forward (for a backward that never comes)
+        with self._reference_policy() as reference:
+            with torch.no_grad(), self.policy.compute_context(reference, self.device, sharded=sharded):
+                ref_logp, _ = sequence_logprobs_packed(
+                    reference, rows, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size, with_entropy=False,
+                    compile_backend=cfg.compile_backend if cfg.compile else None,
+                )  # [b, T]
+            if sharded:
+                reference.reshard()  # FSDP2 keeps the root unsharded after forward (for a backward that never comes)
         return ref_logp
 
     def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:

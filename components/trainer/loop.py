@@ -446,7 +446,7 @@ class Trainer:
             prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
             for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
                 self.flops += self.flop_counter.training(int(p_len), int(c_len))
-                if self.learner.reference is not None:  # the KL penalty's reference policy: one more forward
+                if self.learner.has_reference:  # the KL reference (a copy, or LoRA adapters off): one more forward
                     self.flops += self.flop_counter.generation(int(p_len), int(c_len))
         return stats
 

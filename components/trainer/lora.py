@@ -35,6 +35,11 @@ So the torch engine and vLLM need no LoRA support; the merged weights are the ex
 trained ones (the learner itself computes W x + s B (A x), which differs from the merged matmul by
 rounding only: in fp32 ~1e-7, under real bf16 one more rounding of W + s B A).
 
+The KL penalty's reference policy (`train.kl_coef` > 0) under LoRA is the policy's own frozen base:
+`Learner.reference_logprobs` runs the policy with its adapters switched off (`adapters_off`), as TRL
+does for a peft model without a ref_model, instead of holding a full frozen copy of the model. The
+base never trains, so this is exactly the initial policy, the reference full fine-tuning copies.
+
 Checkpoints (components/trainer/checkpoint.py) store the model state as it is, base and adapters
 (keys `...q_proj.base_layer.weight`, `...q_proj.lora_A.default.weight`), with the adapters' AdamW
 state, and the LoraConfig as `hf/adapter/adapter_config.json`; a resume injects the same adapters
@@ -45,6 +50,7 @@ adapter in peft's format in `adapter/` (`PeftModel.from_pretrained(base, OUT/ada
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -64,6 +70,8 @@ __all__ = [
     "apply_lora",
     "is_lora",
     "lora_layers",
+    "adapters_off",
+    "frozen_base",
     "is_adapter_name",
     "generator_parameters",
     "merged_weight",
@@ -176,6 +184,57 @@ def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     from peft.tuners.lora import LoraLayer
 
     return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Every LoRA layer of `model` computes its base layer alone for the duration: `model` is then the
+    frozen base (the KL penalty's reference policy under LoRA). Each layer's previous state is restored
+    on exit, on an exception too.
+
+    Through peft's own switch, `BaseTunerLayer.enable_adapters(False)` (the `disable_adapters` flag
+    peft's `lora.Linear.forward` reads, what `PeftModel.disable_adapter()` toggles). peft's switch also
+    sets the adapters' requires_grad (False when off, True for the active adapter when back on); here
+    every parameter's requires_grad is put back at once, so it never changes as anything else sees it:
+    FSDP2 takes a group's trainable parameters (and their gradient dtypes) from the sharded parameters'
+    requires_grad at its lazy init, which may be this context's forward, and copies it onto the
+    gathered parameters at each unshard. Works on a sharded (FSDP2) and compiled model: it toggles
+    module attributes only (a compiled block guards on the flag: one more graph, compiled once).
+    Raises ValueError for a model without LoRA layers (its "base" would be the policy itself)."""
+    layers = list(lora_layers(model).values())
+    if not layers:
+        raise ValueError(f"adapters_off: {type(model).__name__} has no LoRA adapters (train.lora_rank = 0)")
+    enabled = [not layer.disable_adapters for layer in layers]
+    trainable = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+
+    def restore_requires_grad() -> None:
+        for p, flag in trainable:
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+    try:
+        for layer in layers:
+            layer.enable_adapters(False)
+        restore_requires_grad()
+        yield model
+    finally:
+        for layer, on in zip(layers, enabled):
+            layer.enable_adapters(on)
+        restore_requires_grad()
+
+
+@contextlib.contextmanager
+def frozen_base(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` as its frozen base for the duration: adapters off and eval mode (as a frozen reference
+    copy is: no dropout, no activation checkpointing); each module's mode and adapter state restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with adapters_off(model):
+            yield model
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def is_adapter_name(name: str) -> bool:
