@@ -297,7 +297,7 @@ def test_bounded_async_runs_ahead_but_never_takes_weights_mid_sequence(tmp_path)
 @pytest.mark.timeout(1500)
 def test_bounded_async_example_learns_from_its_gin_file(tmp_path):
     """`scalerl train experiments/configs/tiny_cpu.gin docs/examples/bounded_async.gin`, as the
-    guide runs it (200 steps instead of 500): the held-out pass rate rises."""
+    guide runs it (100 steps instead of 500): the held-out pass rate rises."""
     import json
     import os
     import subprocess
@@ -306,7 +306,8 @@ def test_bounded_async_example_learns_from_its_gin_file(tmp_path):
     cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "experiments.cli"]
     run_dir = tmp_path / "run"
     proc = subprocess.run(cli + ["train", "experiments/configs/tiny_cpu.gin", "docs/examples/bounded_async.gin",
-                                 "--gin", "train.total_steps = 200", "--run-dir", str(run_dir), "--no-progress"],
+                                 "--gin", "train.total_steps = 100", "--gin", "train.eval_every = 50",
+                                 "--run-dir", str(run_dir), "--no-progress"],
                           cwd=str(REPO), env=dict(os.environ), capture_output=True, text=True, timeout=1400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert json.loads((run_dir / "run.json").read_text())["status"] == "done"
