@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Claim", "Finding", "FINDINGS", "CLAIM_KINDS", "NOT_AT_TINY_SCALE"]
+__all__ = ["Claim", "Finding", "Mechanism", "FINDINGS", "CLAIM_KINDS", "NOT_AT_TINY_SCALE"]
 
 CLAIM_KINDS = ("a_higher_A", "same_A", "a_better", "a_not_worse", "peak_A", "seed_spread")
 
@@ -58,12 +58,27 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """What a sweep's claims rest on, measured in its own runs: the configuration `on` has a
+    mechanism that exists to shrink `metric` (a metrics.jsonl key, averaged over each run), `off`
+    lacks it. Where `off` leaves it nothing to remove (`analysis.study.mechanism_check`), the
+    mechanism cannot act at this scale and the claims are `not testable`, not judged."""
+
+    metric: str
+    on: str
+    off: str
+    what: str  # what `metric` is, in words
+    min_share: float = 0.1  # the mechanism acts when it can be shown to remove more than this share of `off`'s value
+
+
+@dataclasses.dataclass(frozen=True)
 class Finding:
     sweep: str
     figure: str  # arXiv v1 figure (ICLR number in brackets where it differs)
     title: str
     paper: str  # the paper's finding, from PAPER.md §3
     claims: tuple[Claim, ...]
+    mechanism: Mechanism | None = None
 
 
 _NOT_IN_FIG7 = "not in v1's Fig 7 legend (ICLR A.20 names a LOO-Uniform-Sampling run); judged by the LOO rule"
@@ -94,7 +109,9 @@ FINDINGS: dict[str, Finding] = {f.sweep: f for f in [
              Claim("same_A", "cispo", "gspo", "both ≈ 0.595 [fig-read]"))),
     Finding("fp32_head", "Fig 5b", "FP32 LM head",
             "The FP32 LM head on generator and trainer raises A from 0.52 to 0.61 [paper].",
-            (Claim("a_higher_A", "bf16_fp32_head", "bf16", "A 0.61 vs 0.52 [paper]"),)),
+            (Claim("a_higher_A", "bf16_fp32_head", "bf16", "A 0.61 vs 0.52 [paper]"),),
+            Mechanism("logprob_gap_mean", on="bf16_fp32_head", off="bf16",
+                      what="the mean |trainer − generator| log-prob gap per token, the mismatch the FP32 head shrinks")),
     Finding("loss_aggregation", "Fig 14a", "Loss aggregation",
             "Prompt-level averaging has the highest A and is adopted.",
             (Claim("a_higher_A", "prompt_mean", "sample_mean"),

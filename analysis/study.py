@@ -8,7 +8,8 @@
                 # with 95% t-intervals (inside [0, 1] for A and tail), rank by the paper's rule
     s.pairs     # every pair of configurations on both metrics (analysis/compare.py)
     s.claims    # one row per claim of the paper's finding (analysis/findings.py), judged on each
-                # metric: verdict_A and verdict_tail (agree / disagree / inconclusive / not run)
+                # metric: verdict_A and verdict_tail (agree / disagree / inconclusive / not run /
+                # not testable)
 
 Verdicts come from intervals (analysis/compare.py): a configuration pair is `better`, `worse`,
 `equivalent` (two one-sided tests inside ±`equivalence`) or `inconclusive`, paired by seed when
@@ -22,7 +23,9 @@ the configurations share seeds. A paper claim maps onto them:
 - `peak_A`: the interior configuration with the highest mean is `better` than both ends;
 - `seed_spread`: the seeds' values lie within ±0.02 (half their range).
 Anything else is `inconclusive`; on A, so is every comparison involving a run whose A is not
-identified ("A not identified: run longer").
+identified ("A not identified: run longer"). A finding whose mechanism has nothing to act on in
+these runs (`Mechanism`: the FP32 head where the log-prob gap it shrinks is as small without it)
+gets `not testable` on every claim, with the measurement, instead of a verdict (`mechanism_check`).
 
 The `rank` column keeps the paper's own rule (A within a margin measured from the seeds, then B,
 then C_mid; `compare_configs`): it orders configurations the way the paper's tables do, and
@@ -40,17 +43,20 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, Efficiency, PairComparison, common_window,
-                              compare_pair, compare_sweep, efficiency, parse_equivalence, seed_key, tail_values)
-from analysis.findings import FINDINGS, Claim
+                              compare_pair, compare_sweep, difference, efficiency, parse_equivalence, seed_key,
+                              tail_values)
+from analysis.findings import FINDINGS, Claim, Mechanism
 from analysis.protocol import Margin, Protocol, get_protocol, margin_from_seed_fits, sweep_protocol, t_quantile
 from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import A_MARGIN, FitResult, refit_at
 
 __all__ = ["SweepSummary", "ConfigComparison", "compare_configs", "summarize", "summarize_sweep",
-           "seed_interval", "judge_claim", "claim_verdict", "parse_margin", "SEED_SWEEP", "VERDICTS", "CLAIM_METRICS"]
+           "seed_interval", "judge_claim", "claim_verdict", "parse_margin", "mechanism_check", "SEED_SWEEP", "VERDICTS",
+           "CLAIM_METRICS", "NOT_TESTABLE"]
 
 SEED_SWEEP = "scalerl_seeds"  # the paper's Fig 8a: where a sweep without seeds takes its margin from
-VERDICTS = ("agree", "disagree", "inconclusive", "not run")
+NOT_TESTABLE = "not testable"  # the claim's mechanism has nothing to act on at this scale (`mechanism_check`)
+VERDICTS = ("agree", "disagree", "inconclusive", "not run", NOT_TESTABLE)
 CLAIM_METRICS = ("A", "tail")
 SEED_SPREAD = A_MARGIN  # the paper's seeds fall within ±0.015; it adopts ±0.02
 B_TOL = 0.01  # the paper's rule has no margin on B; without seeds a |ΔB| <= 0.01 is a tie (scaling_law.compare)
@@ -352,16 +358,61 @@ def _config_of(runs: pd.DataFrame, name: str) -> str | None:
     return name if name in set(runs["config"]) else None
 
 
+def _run_mean(run_dir: Any, key: str) -> float:
+    """The mean of `key` over a run's metrics.jsonl rows (NaN when it never logged it)."""
+    from analysis.runs import read_jsonl
+
+    rows, _ = read_jsonl(Path(str(run_dir)) / "metrics.jsonl")
+    values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return float(np.mean(values)) if values else math.nan
+
+
+def mechanism_check(mechanism: Mechanism, runs: pd.DataFrame) -> tuple[bool | None, str]:
+    """(acts, evidence): whether the runs give the mechanism something to act on.
+
+    Per run, the mean of `mechanism.metric`; per seed, what `on` removes, off − on (paired by seed,
+    `analysis.compare.difference`). False (cannot act) when the 95% interval's upper end is below
+    `min_share` of `off`'s mean: the mechanism has shown it removes less than that share, so a
+    claim about its effect on the result cannot be tested here. True when the interval's lower end
+    is above that share; None (unclear, or the metric was not logged) otherwise: the claims are
+    judged as usual."""
+    on, off = _config_of(runs, mechanism.on), _config_of(runs, mechanism.off)
+    if on is None or off is None:
+        return None, ""
+    values = {c: {seed_key(s, p): _run_mean(p, mechanism.metric)
+                  for s, p in zip(runs.loc[runs["config"] == c, "seed"], runs.loc[runs["config"] == c, "path"])}
+              for c in (on, off)}
+    off_mean = float(np.nanmean(list(values[off].values()))) if values[off] else math.nan
+    on_mean = float(np.nanmean(list(values[on].values()))) if values[on] else math.nan
+    if not (math.isfinite(off_mean) and math.isfinite(on_mean)):
+        return None, f"{mechanism.metric} not logged by these runs"
+    d = difference(values[off], values[on], equivalence=0.0)
+    if not (math.isfinite(d.low) and math.isfinite(d.high)):
+        return None, f"{mechanism.metric}: {d.reason or 'too few runs'}"
+    share = mechanism.min_share * off_mean
+    evidence = (f"{mechanism.what}: {off_mean:.4g} without it ({off}), {on_mean:.4g} with it ({on}); it removes "
+                f"{d.delta:+.3g} [{d.low:+.3g}, {d.high:+.3g}] ({'paired by seed' if d.paired else 'Welch'}, n={d.n})")
+    if d.high < share:
+        return False, (f"not testable at this scale: {evidence}, less than {mechanism.min_share:.0%} of it, so the "
+                       "mechanism has nothing here to act on")
+    return (True if d.low > share else None), evidence
+
+
 def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: float,
             margin: Margin) -> pd.DataFrame:
     finding = FINDINGS.get(sweep)
+    acts, evidence = (mechanism_check(finding.mechanism, runs) if finding is not None and finding.mechanism is not None
+                      and len(runs) else (None, ""))
     rows = []
     for claim in (finding.claims if finding else ()):
         rec = {"sweep": sweep, "figure": finding.figure, "claim_id": claim.id(sweep), "kind": claim.kind,
                "claim": claim.text(), "paper": claim.note, "a": claim.a, "b": claim.b,
                "protocol": get_protocol(runs["protocol"].iloc[0]).name if len(runs) else "",
-               "equivalence": equivalence}
-        if claim.kind == "peak_A":
+               "equivalence": equivalence, "mechanism": evidence}
+        if acts is False:  # nothing for the mechanism to act on: the report says so instead of a verdict
+            for m in CLAIM_METRICS:
+                rec.update({f"verdict_{m}": NOT_TESTABLE, f"ours_{m}": evidence, f"why_{m}": ""})
+        elif claim.kind == "peak_A":
             for m in CLAIM_METRICS:
                 v, ours, why = _judge_peak(configs, runs, sweep, m, equivalence)
                 rec.update({f"verdict_{m}": v, f"ours_{m}": ours, f"why_{m}": why})
@@ -398,7 +449,7 @@ def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: 
     cols = ["sweep", "figure", "claim_id", "kind", "claim", "paper", "a", "b", "config_a", "config_b",
             "verdict_A", "ours_A", "why_A", "verdict_tail", "ours_tail", "why_tail", "pair_verdict_A",
             "pair_verdict_tail", "delta_A", "low_A", "high_A", "n_A", "paired_A", "delta_tail", "low_tail",
-            "high_tail", "n_tail", "paired_tail", "equivalence", "protocol"]
+            "high_tail", "n_tail", "paired_tail", "equivalence", "protocol", "mechanism"]
     return pd.DataFrame(rows).reindex(columns=cols)
 
 

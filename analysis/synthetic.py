@@ -122,6 +122,7 @@ def write_run(
     benchmarks: Sequence[str] = (),
     procs: Sequence[str] = ("learner-0", "generator-0"),
     run_info: Mapping[str, Any] | None = None,
+    metrics_extra: Mapping[str, float] | None = None,
 ) -> Path:
     """Write one run directory whose eval pass rate follows Eq. 1 (+ N(0, noise), seeded).
 
@@ -195,6 +196,7 @@ def write_run(
                 "lag_mean": 2.5, "lag_max": 8, "time_generate": 0.7 * wall_per_step,
                 "time_train": 0.25 * wall_per_step, "time_sync": 0.03 * wall_per_step, "time_wait": 0.02 * wall_per_step,
                 **accounting,
+                **dict(metrics_extra or {}),  # e.g. logprob_gap_mean, constant over the run
             })
         if with_evals and step % eval_every == 0:
             pr = float(np.clip(p + (rng.normal(0, noise) if step > 0 else 0.0), 0.0, 1.0))

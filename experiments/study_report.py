@@ -241,7 +241,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "identified) and on **tail**, the measured mean held-out pass rate over the last 20% of the sweep's common "
       "compute window.\n")
     w("| verdict | on A | on tail |\n|---|---|---|")
-    for v in ("agree", "disagree", "inconclusive", "not run"):
+    for v in ("agree", "disagree", "inconclusive", "not run", "not testable"):
         w(f"| {v} | {int(counts['A'].get(v, 0))} | {int(counts['tail'].get(v, 0))} |")
     w("")
     n_fit = int(runs["A"].notna().sum())
@@ -298,7 +298,10 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     w("- **Claims**: 'A(a) > A(b)' agrees on `better` and disagrees on `worse`; 'A(a) ≈ A(b)' agrees only on "
       "`equivalent`; 'a better than b' agrees on `better` (on A, an `equivalent` A goes to B and ln C_mid at the "
       "common A, each with its own paired interval); 'not worse' agrees on `better` or `equivalent`; anything "
-      "else is `inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'.")
+      "else is `inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'. A "
+      "claim whose mechanism has nothing to act on in these runs is 'not testable', with the measurement (the FP32 "
+      "head: the trainer-vs-generator log-prob gap it exists to shrink, paired by seed; `not testable` when it is "
+      "shown to remove less than 10% of the gap; `analysis.study.mechanism_check`).")
     w("- **Ours per configuration**: the mean over seeds with its 95% t-interval, inside [0, 1] for A and tail; "
       "C_mid is the geometric mean. `rank` orders configurations by the paper's own rule (A within a margin "
       "measured from the seeds, then B); it decides no verdict.")

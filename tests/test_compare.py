@@ -619,3 +619,51 @@ def test_compare_json_objects_carry_exactly_the_contract_fields(tmp_path, capsys
     rows = json.loads(capsys.readouterr().out)
     assert rows and all(set(r) == {"sweep", "a", "b", "metric", "delta", "low", "high", "n", "paired", "identified",
                                    "verdict"} for r in rows)
+
+
+def _fp32_head_sweep(root, gaps: dict, gap_noise: float = 0.0002):
+    """The fp32_head sweep, 3 seeds, a clear A difference (0.70 vs 0.50) and, per configuration, a
+    mean trainer-vs-generator log-prob gap logged on every step (plus a little per-seed noise)."""
+    rng = np.random.default_rng(7)
+    for value, law in {"bf16_fp32_head": (0.70, 1.8, 1.0), "bf16": (0.50, 1.8, 1.0)}.items():
+        for seed in SEEDS3:
+            write_run(root, "fp32_head", f"{value}-s{seed}", A=law[0], B=law[1], C_mid=law[2], factor="train.precision",
+                      value=value, seed=seed, noise=0.005, final_compute=10.0,
+                      metrics_extra={"logprob_gap_mean": gaps[value] + float(rng.normal(0, gap_noise))}, **RUN_KW)
+
+
+def test_a_claim_whose_mechanism_cannot_act_is_not_testable_instead_of_judged(tmp_path):
+    """fp32_head at a scale where the log-prob gap the FP32 head shrinks is as small without it
+    (0.0046 both, as measured on this CPU): its claim reads `not testable` on both metrics, with the
+    measurement, even though A and tail differ clearly; with a gap the head does remove (0.05 -> 0.01)
+    the same runs are judged (agree: A 0.70 > 0.50)."""
+    from analysis.findings import FINDINGS
+    from analysis.study import NOT_TESTABLE, mechanism_check
+
+    idle, acting = tmp_path / "idle", tmp_path / "acting"
+    _fp32_head_sweep(idle, {"bf16_fp32_head": 0.0046, "bf16": 0.0046})
+    _fp32_head_sweep(acting, {"bf16_fp32_head": 0.01, "bf16": 0.05})
+
+    row = summarize(idle)["fp32_head"].claims.iloc[0]
+    assert row["verdict_A"] == NOT_TESTABLE and row["verdict_tail"] == NOT_TESTABLE
+    assert "not testable at this scale" in row["ours_tail"] and "0.0046" in row["ours_tail"]
+    assert "paired by seed, n=3" in row["mechanism"]
+
+    s = summarize(acting)["fp32_head"]
+    row = s.claims.iloc[0]
+    assert row["verdict_tail"] == "agree" and row["delta_tail"] > 0.1, row["ours_tail"]
+    acts, evidence = mechanism_check(FINDINGS["fp32_head"].mechanism, s.runs)
+    assert acts is True and "removes +0.0398" in evidence, evidence
+
+
+def test_mechanism_check_without_the_metric_leaves_the_claims_judged(tmp_path):
+    """Runs that never logged the gap (older runs): nothing is known about the mechanism, so the claim
+    is judged as usual, never `not testable`."""
+    from analysis.findings import FINDINGS
+    from analysis.study import mechanism_check
+
+    write_sweep(tmp_path, "fp32_head", "train.precision", {"bf16_fp32_head": (0.70, 1.8, 1.0), "bf16": (0.50, 1.8, 1.0)},
+                seeds=SEEDS3, noise=0.005, final_compute=10.0, **RUN_KW)
+    s = summarize(tmp_path)["fp32_head"]
+    assert mechanism_check(FINDINGS["fp32_head"].mechanism, s.runs) == (None, "logprob_gap_mean not logged by these runs")
+    assert s.claims.iloc[0]["verdict_tail"] == "agree"
