@@ -11,7 +11,10 @@ The rule (`decide_rung`), at a rung r (a share of the sweep's compute budget W):
 3. Every other configuration is compared with the best seed by seed (`blocked_differences`: the
    seeds are blocks, as in `analysis.compare.difference`'s paired interval, and the run noise is
    pooled over every configuration still running, df = (k − 1)(n − 1); with two configurations it
-   IS the paired t interval; TOST inside ±δ). `worse` stops it as a loser; `equivalent` stops it as a tie
+   IS the paired t interval). `worse` stops it as a loser; `equivalent` (the two one-sided tests at
+   5%, the standard TOST: the 90% interval inside ±δ) stops it as a tie. A tie costs at most δ of
+   the best, so the rule stops ties on the standard test, where `scalerl compare`, which prints a
+   claim, asks for its 95% interval inside ±δ. Each decision records its interval and level
    (its verdict is already known; `keep_equivalent` keeps ties running); `inconclusive` (and
    `better`, which cannot happen against the best) continues to the next rung. The interval that
    stops a loser is widened for the many looks (`stop_level`): the best is SELECTED as the highest
@@ -45,17 +48,18 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.compare import (ALPHA as TOST_ALPHA, DEFAULT_EQUIVALENCE, TAIL_FRACTION, Difference, common_window,
-                              difference, seed_key, tail_values, verdict_of)
+from analysis.compare import (DEFAULT_EQUIVALENCE, LEVEL, TAIL_FRACTION, Difference, common_window,
+                              difference, seed_key, tail_values, tost_alpha, verdict_of)
 from analysis.runs import epoch_info, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import FitError, fit, profile_A, sigmoid
 
-__all__ = ["DEFAULT_RUNGS", "ALPHA", "stop_level", "parse_rungs", "blocked_differences", "Evidence", "Decision",
+__all__ = ["DEFAULT_RUNGS", "ALPHA", "TIE_LEVEL", "stop_level", "parse_rungs", "blocked_differences", "Evidence", "Decision",
            "ReplayResult", "rung_evidence", "decide_rung", "sweep_curves", "replay_sweep", "replay"]
 
 DEFAULT_RUNGS = (0.25, 0.5, 1.0)
 MIN_POINTS = 6  # a prefix fit needs this many evaluations up to the rung
 ALPHA = 0.05  # the rule's error rate: an equal configuration stopped as a loser at most this often
+TIE_LEVEL = 0.90  # a tie is stopped when this interval lies inside ±δ (TOST at 5%, the standard test)
 
 
 def stop_level(n_configs: int, n_early_rungs: int, alpha: float = ALPHA) -> float:
@@ -110,7 +114,7 @@ def blocked_differences(values: Mapping[str, Mapping[Any, float]], best: str, *,
             p = max(float(stats.t.sf((delta + equivalence) / se, df)), float(stats.t.cdf((delta - equivalence) / se, df)))
         else:
             p = 0.0 if abs(delta) < equivalence else 1.0
-        out[c] = Difference(delta, low, high, n, n, n, True, p, equivalence, verdict_of(low, high, p, TOST_ALPHA))
+        out[c] = Difference(delta, low, high, n, n, n, True, p, equivalence, verdict_of(low, high, p, tost_alpha(level)))
     return out
 
 
@@ -133,6 +137,7 @@ class Decision:
     diff: Difference | None  # config − best (None for the best itself)
     verdict: str  # "best" | "worse" | "equivalent" | "inconclusive" | "final"
     action: str  # "continue" | "stop" (loser or tie) | "done" (the last rung)
+    level: float = math.nan  # the level of diff's interval (the one that decided)
 
     def as_dict(self) -> dict[str, Any]:
         num = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731
@@ -140,14 +145,15 @@ class Decision:
         return {"rung": self.rung, "config": self.config, "best": self.best, "metric": self.metric,
                 "delta": num(d.delta) if d else None, "low": num(d.low) if d else None,
                 "high": num(d.high) if d else None, "n": d.n if d else None, "paired": d.paired if d else None,
-                "verdict": self.verdict, "action": self.action}
+                "level": num(self.level) if d else None, "verdict": self.verdict, "action": self.action}
 
     def text(self) -> str:
         if self.diff is None:
             return f"rung {self.rung:g}: {self.config} is the best ({self.metric})"
         what = {"worse": "worse than", "equivalent": "equivalent to"}.get(self.verdict, "vs")
+        level = f"{100 * self.level:.4g}% " if math.isfinite(self.level) else ""
         return (f"rung {self.rung:g}: {self.config} {what} {self.best} by {self.diff.delta:+.3f} "
-                f"[{self.diff.low:+.3f}, {self.diff.high:+.3f}] ({self.metric}) -> {self.action}")
+                f"[{self.diff.low:+.3f}, {self.diff.high:+.3f}] ({level}interval; {self.metric}) -> {self.action}")
 
 
 def _prefix_prediction(c: np.ndarray, r: np.ndarray, cut: float, end: float, epoch1: float | None) -> float:
@@ -187,7 +193,8 @@ def decide_rung(evidence: Mapping[str, Mapping[Any, Evidence]], rung: float, *,
     """The rule at one rung. evidence: config -> seed -> Evidence (the configurations still running).
     The law's prediction is used only when every run of the sweep still running has one (else a
     pair would compare a prediction with a measurement); otherwise the measured tail. level: the
-    interval of a stop decision (`stop_level`)."""
+    interval that stops a loser (`stop_level`); a tie is `equivalent` when its `TIE_LEVEL` (90%)
+    interval lies inside ±δ; at the last rung every comparison is the 95% one."""
     all_pred = all(math.isfinite(e.predicted) for per in evidence.values() for e in per.values())
     metric = "predicted tail" if all_pred and rung < 1.0 else "measured tail"
     value = {cfg: {s: (e.predicted if all_pred and rung < 1.0 else e.measured) for s, e in per.items()}
@@ -196,17 +203,25 @@ def decide_rung(evidence: Mapping[str, Mapping[Any, Evidence]], rung: float, *,
              for cfg, v in value.items()}
     best = max(means, key=lambda k: (means[k], k))
     out = [Decision(rung, best, best, metric, None, "best", "done" if rung >= 1.0 else "continue")]
-    diffs = blocked_differences(value, best, level=level if rung < 1.0 else 0.95, equivalence=equivalence)
+    if rung >= 1.0:  # what is left ran the full budget: the zoo's 95% comparison, nothing stopped
+        final = blocked_differences(value, best, level=LEVEL, equivalence=equivalence)
+        return out + [Decision(rung, c, best, metric, d, d.verdict, "done", LEVEL) for c, d in final.items()]
+    # a loser is stopped on the interval widened for the many looks, a tie on the 90% interval (TOST
+    # at 5%); each decision carries the interval, and its level, that made it
+    losers = blocked_differences(value, best, level=level, equivalence=equivalence)
+    ties = blocked_differences(value, best, level=TIE_LEVEL, equivalence=equivalence)
     for cfg in value:
         if cfg == best:
             continue
-        d = diffs[cfg]
-        if rung >= 1.0:
-            out.append(Decision(rung, cfg, best, metric, d, d.verdict, "done"))
-        elif d.verdict == "worse" or (d.verdict == "equivalent" and not keep_equivalent):
-            out.append(Decision(rung, cfg, best, metric, d, d.verdict, "stop"))
+        d, tie = losers[cfg], ties[cfg]
+        if d.verdict == "worse":
+            out.append(Decision(rung, cfg, best, metric, d, d.verdict, "stop", level))
+        elif math.isfinite(tie.p_equivalent) and tie.p_equivalent < tost_alpha(TIE_LEVEL):  # inside ±δ, even
+            # where that interval also excludes 0: within δ of the best either way
+            out.append(Decision(rung, cfg, best, metric, tie, "equivalent", "continue" if keep_equivalent else "stop",
+                                TIE_LEVEL))
         else:
-            out.append(Decision(rung, cfg, best, metric, d, d.verdict, "continue"))
+            out.append(Decision(rung, cfg, best, metric, d, d.verdict, "continue", level))
     return out
 
 

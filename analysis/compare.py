@@ -13,9 +13,10 @@ share of the variance (88-92% of it for the tiny study's pass rate):
   differences (paired t interval: mean Δ ± t(0.975, n−1)·sd(Δ)/√n, `scipy.stats.ttest_rel`);
   otherwise Welch's interval (`scipy.stats.ttest_ind(equal_var=False)`).
 - `verdict_of`: `better` / `worse` when the 95% interval excludes 0; `equivalent` when the two
-  one-sided tests put a − b inside ±δ (`statsmodels` `ttost_paired` / `ttost_ind`, α = 0.05:
-  the 90% interval inside ±δ; δ = `equivalence`, default 0.02, the paper's margin); else
-  `inconclusive`. "Not shown different" is never "equal".
+  one-sided tests put a − b inside ±δ (`statsmodels` `ttost_paired` / `ttost_ind`, each side at
+  2.5%: exactly the printed 95% interval inside ±δ; δ = `equivalence`, default 0.02, the paper's
+  margin); else `inconclusive`. One interval decides all four verdicts, so every verdict can be
+  read off the numbers printed beside it. "Not shown different" is never "equal".
 - Two metrics, both always reported (`METRICS`):
   - `A`, the law's asymptote. It counts only where identified: each run's 95% profile interval of
     A (`analysis.scaling_law.profile_A`, inside [.., 1.0] for pass rates) no wider than 0.1; a
@@ -41,7 +42,8 @@ import pandas as pd
 
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
-    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "seed_key",
+    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
+    "seed_key",
     "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep", "Efficiency", "efficiency",
 ]
 
@@ -49,7 +51,15 @@ VERDICTS = ("better", "worse", "equivalent", "inconclusive")
 METRICS = ("A", "tail")
 DEFAULT_EQUIVALENCE = 0.02  # the paper's margin on A (Fig 8a: three seeds within ±0.015)
 LEVEL = 0.95
-ALPHA = 0.05  # the TOST's level: equivalent when p < 0.05 (the 90% interval inside ±δ)
+
+
+def tost_alpha(level: float) -> float:
+    """Each one-sided test's level for an interval at `level`: TOST p < (1 − level) / 2 exactly when
+    that interval (same t, same degrees of freedom) lies inside ±δ."""
+    return round((1.0 - float(level)) / 2.0, 12)
+
+
+ALPHA = tost_alpha(LEVEL)  # 0.025: TOST p < ALPHA iff the 95% interval lies inside ±δ
 TAIL_FRACTION = 0.2  # `tail` averages the last 20% of the common compute window
 A_NOT_IDENTIFIED = "A not identified: run longer"
 
@@ -132,7 +142,8 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
 def equivalence_p(a: Sequence[float], b: Sequence[float], equivalence: float, *, paired: bool) -> float:
     """The p-value of the two one-sided tests that −δ < a − b < δ (statsmodels' TOST).
 
-    p < 0.05 is equivalence at the 5% level: the 90% interval of a − b lies inside ±δ."""
+    p < `ALPHA` (0.025) holds exactly when the 95% interval of a − b (`paired_interval` /
+    `welch_interval`, same t and degrees of freedom) lies inside ±δ."""
     from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -195,7 +206,8 @@ def difference(
                           equivalence, "inconclusive", f"too few runs ({len(va)} and {len(vb)}; need 2 each)")
     if bounds is not None:
         low, high = max(low, bounds[0]), min(high, bounds[1])
-    return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence, verdict_of(low, high, p))
+    return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence,
+                      verdict_of(low, high, p, tost_alpha(level)))
 
 
 # ----------------------------------------------------------------------------- the tail metric

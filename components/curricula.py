@@ -15,7 +15,9 @@ No sampler named means `uniform`.
   prompt raises `CurriculumExhausted` naming the pool, the threshold and the epoch. It never
   falls back to the dropped prompts silently, which would turn the run into uniform
   resampling of solved prompts. Size the pool so that it lasts the run (tiny_cpu.gin does:
-  `curriculum_active` in metrics.jsonl shows the margin).
+  `curriculum_active` in metrics.jsonl shows the margin). Once fewer prompts are active than one
+  order draws (a synchronous step orders all its prompts at once), the same prompt fills several
+  groups of that order: the sampler warns once, naming the order's size and the prompts left.
 - ``zero_variance_filter``: groups whose rewards are all equal leave the loss; no refill.
 - ``dynamic_sampling(max_rounds=8)``: DAPO's dynamic sampling: the same filter, but the
   learner keeps drawing prompts until a full batch of non-zero-variance groups is
@@ -32,6 +34,7 @@ which the mixture prefixes with the task spec, so it stays per prompt across tas
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -39,6 +42,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from components.registry import CURRICULA
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CurriculumExhausted",
@@ -113,8 +118,8 @@ class PromptSampler:
     sampled by weight: each draw picks a task by smooth weighted round robin (deterministic;
     after any n draws every task has had its weight x n draws to within one), then the next
     prompt of that task's own epoch (a fresh seeded permutation of its prompts per epoch).
-    Samplers that drop prompts fall back per task: a task whose prompts are all dropped is
-    raises `CurriculumExhausted` (no silent fall-back to dropped prompts).
+    Samplers that drop prompts never fall back to them: drawing from a task whose prompts are all
+    dropped raises `CurriculumExhausted` naming the task.
     """
 
     kind = "sampler"
@@ -231,6 +236,16 @@ class NoPositiveResampling(PromptSampler):
         self.history = int(history)
         self.pass_history: dict[str, deque] = {}
         self.dropped: set[str] = set()
+        self._warned_thin = False
+
+    def sample(self, n: int) -> list[Any]:
+        left = len(self.problems) - len(self.dropped)
+        if 0 < left < n and not self._warned_thin:
+            self._warned_thin = True
+            log.warning("no_positive_resampling: %d of %d training prompts are left (the rest reached a pass rate >= %g) "
+                        "but %d were ordered at once: the same prompt now fills several of their groups, until the pool "
+                        "runs out. Give the run more training prompts or raise the threshold", left, len(self.problems), self.threshold, n)
+        return super().sample(n)
 
     def active(self, i: int) -> bool:
         return self.problems[i].id not in self.dropped

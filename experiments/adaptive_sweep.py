@@ -147,8 +147,8 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
             return 1
         evidence = _evidence(sweep_dir, {config_name(r.name) for r in alive}, rung, budget, "flops")
         decisions = decide_rung(evidence, rung, equivalence=equivalence, keep_equivalent=keep_equivalent, level=level)
-        _append(sweep_dir, [{**d.as_dict(), "budget": budget, "cut": cut, "level": level if rung < 1 else 0.95,
-                             "equivalence": equivalence} for d in decisions])
+        _append(sweep_dir, [{**d.as_dict(), "budget": budget, "cut": cut, "equivalence": equivalence}
+                            for d in decisions])
         for d in decisions:
             console.print(d.text(), highlight=False)
             if d.action == "stop":

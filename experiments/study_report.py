@@ -293,8 +293,9 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     w("- **Comparisons** (`analysis/compare.py`, the same function behind `scalerl compare`, `scalerl fit` and the "
       "figures): configurations that share seeds are compared on per-seed differences (paired t interval, mean Δ ± "
       "t(0.975, n−1)·sd(Δ)/√n), otherwise by Welch's interval. Verdicts: `better` / `worse` when the 95% interval "
-      "excludes 0, `equivalent` when the two one-sided tests (statsmodels TOST, α = 0.05) put it inside ±0.02, else "
-      "`inconclusive`.")
+      "excludes 0, `equivalent` when the two one-sided tests (statsmodels TOST, 2.5% a side) put it inside ±0.02, "
+      "i.e. exactly when that same 95% interval lies inside ±0.02, else `inconclusive`: every verdict can be read off "
+      "the interval printed beside it.")
     w("- **Claims**: 'A(a) > A(b)' agrees on `better` and disagrees on `worse`; 'A(a) ≈ A(b)' agrees only on "
       "`equivalent`; 'a better than b' agrees on `better` (on A, an `equivalent` A goes to B and ln C_mid at the "
       "common A, each with its own paired interval); 'not worse' agrees on `better` or `equivalent`; anything "

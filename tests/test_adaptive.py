@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from analysis.adaptive import (ALPHA, DEFAULT_RUNGS, Evidence, decide_rung, parse_rungs, replay, stop_level)
+from analysis.adaptive import (ALPHA, DEFAULT_RUNGS, TIE_LEVEL, Evidence, blocked_differences, decide_rung, parse_rungs, replay,
+                               stop_level)
 from analysis.synthetic import write_sweep
 
 RUN_KW = dict(steps=60, eval_every=2, device="cpu", count=2, final_compute=10.0)
@@ -40,6 +41,16 @@ def test_a_clear_loser_stops_a_tie_stops_unless_kept_and_the_rest_continue():
     assert (d["loser"].verdict, d["loser"].action) == ("worse", "stop") and d["loser"].diff.paired
     assert d["loser"].diff.high < 0 and d["loser"].best == "best"
     assert (d["a_tie"].verdict, d["a_tie"].action) == ("equivalent", "stop")
+    # each decision carries the interval, and its level, that made it: the tie's is the 90% one
+    # (TOST at 5%), inside ±δ; the loser's the wider interval of the many looks
+    tie, loser = d["a_tie"].diff, d["loser"].diff
+    assert -0.02 < tie.low < tie.high < 0.02
+    assert d["a_tie"].level == TIE_LEVEL == 0.90 and d["loser"].level == stop_level(4, 2)
+    assert d["a_tie"].as_dict()["level"] == 0.90 and "90% interval" in d["a_tie"].text()
+    wide = blocked_differences({c: {s: e.measured for s, e in per.items()} for c, per in ev.items()}, "best",
+                               level=stop_level(4, 2))
+    assert (tie.low, tie.high) != pytest.approx((wide["a_tie"].low, wide["a_tie"].high))
+    assert (loser.low, loser.high) == pytest.approx((wide["loser"].low, wide["loser"].high))
     assert (d["unclear"].verdict, d["unclear"].action) == ("inconclusive", "continue")
     kept = {x.config: x for x in decide_rung(ev, 0.25, keep_equivalent=True)}
     assert kept["a_tie"].action == "continue" and kept["loser"].action == "stop"

@@ -15,7 +15,7 @@ from scipy import stats
 from scipy.optimize import least_squares
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
-from analysis.compare import (A_NOT_IDENTIFIED, VERDICTS, compare_pair, difference, equivalence_p, paired_interval,
+from analysis.compare import (ALPHA, A_NOT_IDENTIFIED, VERDICTS, compare_pair, difference, equivalence_p, paired_interval,
                               tail_values, verdict_of, welch_interval)
 from analysis.findings import Claim
 from analysis.scaling_law import A_IDENTIFIED_WIDTH, fit, loglinear_fit, predict, profile_A, sigmoid
@@ -128,16 +128,33 @@ def test_equivalence_p_welch_matches_statsmodels_and_a_hand_tost(seed, delta):
     assert got == pytest.approx(hand, rel=1e-9, abs=1e-12)
 
 
-def test_equivalence_p_is_tost_at_5_percent_iff_the_90_interval_is_inside_delta():
-    rng = np.random.default_rng(7)
-    for _ in range(200):
+@pytest.mark.parametrize("paired", [True, False])
+def test_equivalent_iff_the_printed_95_interval_is_inside_delta(paired):
+    """One interval decides every verdict: `equivalent` exactly when the 95% interval printed beside
+    it lies inside ±δ (TOST at 2.5% a side), checked on the reference intervals, paired and Welch."""
+    rng = np.random.default_rng(7 + paired)
+    seen = {True: 0, False: 0}
+    for _ in range(400):
         n = int(rng.integers(3, 8))
-        a = rng.normal(0.5, 0.05, n)
-        b = a + rng.normal(rng.uniform(-0.02, 0.02), rng.uniform(0.002, 0.02), n)
+        if paired:  # a shared seed effect, little run noise
+            a = rng.normal(0.5, 0.05, n)
+            b = a + rng.normal(rng.uniform(-0.02, 0.02), rng.uniform(0.002, 0.02), n)
+        else:
+            a = rng.normal(0.5, rng.uniform(0.002, 0.01), n)
+            b = rng.normal(0.5 + rng.uniform(-0.02, 0.02), rng.uniform(0.002, 0.01), int(rng.integers(3, 8)))
         delta = 0.02
-        _, lo, hi = _paired_ref(a, b, level=0.90)
+        _, lo, hi = _paired_ref(a, b, level=0.95) if paired else _welch_ref(a, b, level=0.95)
         inside = (-delta < lo) and (hi < delta)
-        assert (equivalence_p(a, b, delta, paired=True) < 0.05) == inside
+        seen[inside] += 1
+        assert (equivalence_p(a, b, delta, paired=paired) < ALPHA) == inside
+        d = difference(dict(enumerate(a)), dict(enumerate(b)), pair=paired) if paired else \
+            difference(dict(enumerate(a)), {f"b{i}": v for i, v in enumerate(b)})
+        assert (d.low, d.high) == pytest.approx((lo, hi), abs=1e-12)
+        if d.verdict == "equivalent":
+            assert -delta < d.low and d.high < delta
+        elif d.verdict == "inconclusive":
+            assert d.low <= 0 <= d.high and not (-delta < d.low and d.high < delta)
+    assert min(seen.values()) >= 40, seen  # both sides of the boundary are exercised
 
 
 def test_equivalence_p_without_noise_is_the_difference_itself():
@@ -151,8 +168,9 @@ def test_equivalence_p_without_noise_is_the_difference_itself():
     (0.0, 0.05, 0.9, "inconclusive"),  # touching 0 is not excluding it
     (-0.05, 0.0, 0.9, "inconclusive"),
     (-0.01, 0.01, 0.01, "equivalent"),
-    (-0.01, 0.01, 0.05, "inconclusive"),  # p must be below alpha
-    (-0.01, 0.01, 0.0499, "equivalent"),
+    (-0.01, 0.01, 0.025, "inconclusive"),  # p must be below alpha (2.5% a side)
+    (-0.01, 0.01, 0.04, "inconclusive"),
+    (-0.01, 0.01, 0.0249, "equivalent"),
     (0.0, 0.01, 0.01, "equivalent"),
     (-0.01, 0.01, math.nan, "inconclusive"),
     (math.nan, 0.01, 0.0, "inconclusive"),
@@ -254,7 +272,7 @@ def test_equal_configs_with_large_independent_noise_are_never_equivalent():
 
 
 def test_tost_size_at_the_margin():
-    """True difference exactly δ: `equivalent` at most ~5% of the time."""
+    """True difference exactly δ: `equivalent` at most ~2.5% of the time (each one-sided test's level)."""
     rng = np.random.default_rng(31)
 
     def make(_):
@@ -263,7 +281,8 @@ def test_tost_size_at_the_margin():
                 {s: 0.6 + seed[s] + rng.normal(0, 0.01) for s in range(5)})
 
     rates = _rates(make, reps=800, equivalence=0.02)
-    assert rates["equivalent"] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 800)
+    assert rates["equivalent"] <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 800)
+    assert rates["equivalent"] >= 0.005  # the test is exact at the margin: not far below its level either
 
 
 def _shared_seed(rng, diff, run_sd, seed_sd=0.1, seeds=SEEDS3, keys_b=None):
@@ -277,14 +296,14 @@ def _shared_seed(rng, diff, run_sd, seed_sd=0.1, seeds=SEEDS3, keys_b=None):
 
 def test_equal_configs_with_a_shared_seed_effect_are_equivalent_only_when_paired():
     rng = np.random.default_rng(32)
-    paired = _rates(lambda _: _shared_seed(rng, 0.0, 0.003))
+    paired = _rates(lambda _: _shared_seed(rng, 0.0, 0.002))
     assert paired["equivalent"] >= 0.9
     assert paired["better"] + paired["worse"] <= 0.09
-    unpaired = _rates(lambda _: _shared_seed(rng, 0.0, 0.003), pair=False)
+    unpaired = _rates(lambda _: _shared_seed(rng, 0.0, 0.002), pair=False)
     assert unpaired["equivalent"] <= 0.01
-    other_keys = _rates(lambda _: _shared_seed(rng, 0.0, 0.003, keys_b=("x", "y", "z")))
+    other_keys = _rates(lambda _: _shared_seed(rng, 0.0, 0.002, keys_b=("x", "y", "z")))
     assert other_keys["equivalent"] <= 0.01
-    d = difference(*_shared_seed(rng, 0.0, 0.003, keys_b=("x", "y", "z")))
+    d = difference(*_shared_seed(rng, 0.0, 0.002, keys_b=("x", "y", "z")))
     assert not d.paired and d.n == 6
 
 

@@ -113,6 +113,23 @@ def test_no_positive_resampling_state_round_trip_and_exhaustion():
     assert cur.sampler.stats()["curriculum_exhausted"] == 1
 
 
+def test_no_positive_resampling_warns_once_when_the_pool_is_thinner_than_an_order(caplog):
+    cur = build_curriculum(["no_positive_resampling"], problems(6), seed=0)
+    with caplog.at_level("WARNING", logger="components.curricula"):
+        cur.sample(4)  # 6 active >= 4: nothing to say
+        assert not caplog.records
+        for pid in ("p0", "p1", "p2"):
+            cur.observe(pid, 1.0)
+        cur.sample(3)  # 3 left, 3 ordered: each prompt still once
+        assert not caplog.records
+        drawn = [p.id for p in cur.sample(5)]  # 3 left, 5 ordered: repeats
+        cur.sample(5)
+    assert sorted(set(drawn)) == ["p3", "p4", "p5"] and len(drawn) == 5
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1, msgs
+    assert "3 of 6 training prompts are left" in msgs[0] and "5 were ordered at once" in msgs[0]
+
+
 def test_dynamic_sampling_is_a_refilling_zero_variance_filter():
     cur = build_curriculum(["no_positive_resampling", "dynamic_sampling"], problems(4))
     assert cur.refill and cur.max_refill_rounds == 8
