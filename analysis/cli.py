@@ -219,7 +219,8 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
                            _interval(r.tail, r.tail_lo, r.tail_hi, ".3f"), _fmt(r.rank, ".0f"))
             console.print(tc)
         if s.pairs:
-            tp = Table(title=f"{sweep}: every pair (a − b, 95% interval; equivalent = inside ±{s.equivalence:g} by TOST)")
+            tp = Table(title=f"{sweep}: every pair (a − b, 95% interval; equivalent = the interval inside "
+                             f"±{s.equivalence:g}, by TOST)")
             for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict"):
                 tp.add_column(head, overflow="fold")
             for p in s.pairs:
@@ -300,7 +301,13 @@ def compare_main(args: argparse.Namespace) -> int:
         return 0
     for sweep, s in summaries.items():
         mine = [p for p in s.pairs if p.metric in metrics]
-        t = Table(title=f"{sweep}: a − b on {s.compute} (95% interval; equivalent = inside ±{s.equivalence:g} by TOST)")
+        if not mine:
+            configs = sorted(s.configs["config"]) if len(s.configs) else []
+            console.print(f"{sweep}: nothing to compare ({len(configs)} configuration(s) with runs: "
+                          f"{', '.join(configs) or 'none'})", highlight=False)
+            continue
+        t = Table(title=f"{sweep}: a − b on {s.compute} (95% interval; equivalent = the interval inside "
+                        f"±{s.equivalence:g}, by TOST)")
         for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict"):
             t.add_column(head, overflow="fold")
         for p in mine:

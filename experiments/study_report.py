@@ -156,6 +156,17 @@ def report_tables(out: Path, *, predict_boot: int = PREDICT_BOOT) -> tuple[dict,
     return summaries, pred
 
 
+def _equivalence_sd(n: int, *, half_width: bool = False) -> float:
+    """The largest sd of n paired differences (mean 0) whose 95% interval still fits inside ±δ; with
+    half_width, the interval's half-width in sds, t(0.975, n−1)/√n."""
+    from scipy import stats
+
+    from analysis.compare import DEFAULT_EQUIVALENCE
+
+    k = float(stats.t.ppf(0.975, n - 1)) / math.sqrt(n)
+    return k if half_width else DEFAULT_EQUIVALENCE / k
+
+
 def _paired_noise(summaries: dict) -> tuple[float, float] | None:
     """(median sd of per-seed differences of `tail`, median sd of `tail` across seeds) over the
     pairs of configurations sharing >= 2 seeds: what pairing by seed buys, in numbers."""
@@ -184,6 +195,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT."""
     import pandas as pd
 
+    from analysis.compare import DEFAULT_EQUIVALENCE
     from analysis.findings import FINDINGS, NOT_AT_TINY_SCALE
     from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
 
@@ -265,8 +277,10 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         w(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd of "
           f"{noise[0]:.3f} (per configuration), against {noise[1]:.3f} for `tail` across seeds unpaired: a seed fixes "
           "the data split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
-    w("- `equivalent` needs the two one-sided tests to put the difference inside ±0.02: with 3 seeds that takes a "
-      "paired sd of the difference below about 0.01. 'Not shown different' is `inconclusive`, never `agree`.")
+    w(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
+      f"and no true difference that takes a paired sd of the difference below {_equivalence_sd(3):.4f} "
+      f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 5 seeds below "
+      f"{_equivalence_sd(5):.4f}. 'Not shown different' is `inconclusive`, never `agree`.")
     w("")
     renamed = runs[runs["paper_config"].fillna(runs["config"]) != runs["config"]] if "paper_config" in runs else runs.iloc[0:0]
     if len(renamed):

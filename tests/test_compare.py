@@ -560,6 +560,20 @@ def test_scalerl_compare_json(tmp_path, capsys):
     assert rc == 0 and len(a_rows) == 4 and {r["metric"] for r in a_rows} == {"A"}
 
 
+def test_scalerl_compare_table_says_when_a_sweep_has_nothing_to_compare(tmp_path, capsys):
+    from experiments.cli import main
+
+    write_sweep(tmp_path, "loss_type", "train.loss", {"cispo": (0.6, 1.8, 1.0), "gspo": (0.6, 1.8, 1.0)},
+                seeds=SEEDS3, noise=0.01, final_compute=10.0, **RUN_KW)
+    write_sweep(tmp_path, "off_policy", "train.off_policy", {"ppo_off_policy-k1": (0.6, 1.8, 1.0)},
+                seeds=SEEDS3, noise=0.01, final_compute=10.0, **RUN_KW)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path), "--metric", "tail"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "off_policy: nothing to compare (1 configuration(s) with runs: ppo_off_policy-k1)" in out
+    assert "loss_type: a − b on" in out and "equivalent = the interval inside ±0.02" in out
+
+
 def test_scalerl_compare_rejects_a_bad_equivalence(tmp_path, capsys):
     from experiments.cli import main
 
