@@ -53,8 +53,8 @@ from analysis.compare import (DEFAULT_EQUIVALENCE, LEVEL, TAIL_FRACTION, Differe
 from analysis.runs import epoch_info, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import FitError, fit, profile_A, sigmoid
 
-__all__ = ["DEFAULT_RUNGS", "ALPHA", "TIE_LEVEL", "stop_level", "parse_rungs", "blocked_differences", "Evidence", "Decision",
-           "ReplayResult", "rung_evidence", "decide_rung", "sweep_curves", "replay_sweep", "replay"]
+__all__ = ["DEFAULT_RUNGS", "ALPHA", "TIE_LEVEL", "stop_level", "parse_rungs", "blocked_differences", "Evidence",
+           "Decision", "ReplayResult", "rung_evidence", "decide_rung", "sweep_curves", "replay_sweep", "replay"]
 
 DEFAULT_RUNGS = (0.25, 0.5, 1.0)
 MIN_POINTS = 6  # a prefix fit needs this many evaluations up to the rung
@@ -114,7 +114,8 @@ def blocked_differences(values: Mapping[str, Mapping[Any, float]], best: str, *,
             p = max(float(stats.t.sf((delta + equivalence) / se, df)), float(stats.t.cdf((delta - equivalence) / se, df)))
         else:
             p = 0.0 if abs(delta) < equivalence else 1.0
-        out[c] = Difference(delta, low, high, n, n, n, True, p, equivalence, verdict_of(low, high, p, tost_alpha(level)))
+        verdict = verdict_of(low, high, p, tost_alpha(level))
+        out[c] = Difference(delta, low, high, n, n, n, True, p, equivalence, verdict)
     return out
 
 

@@ -59,8 +59,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "no seeds exist; or a number. Verdicts come from intervals (--equivalence)")
     parser.add_argument("--equivalence", type=_equivalence_arg, default=0.02, metavar="DELTA",
                         help="δ of the equivalence test: two configurations are `equivalent` when the two one-sided "
-                             "tests (2.5%% a side) put their difference inside ±δ, i.e. its 95%% interval lies inside ±δ "
-                             "(default 0.02, the paper's margin)")
+                             "tests (2.5%% a side) put their difference inside ±δ, i.e. its 95%% interval lies "
+                             "inside ±δ (default 0.02, the paper's margin)")
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:

@@ -242,9 +242,10 @@ class NoPositiveResampling(PromptSampler):
         left = len(self.problems) - len(self.dropped)
         if 0 < left < n and not self._warned_thin:
             self._warned_thin = True
-            log.warning("no_positive_resampling: %d of %d training prompts are left (the rest reached a pass rate >= %g) "
-                        "but %d were ordered at once: the same prompt now fills several of their groups, until the pool "
-                        "runs out. Give the run more training prompts or raise the threshold", left, len(self.problems), self.threshold, n)
+            log.warning("no_positive_resampling: %d of %d training prompts are left (the rest reached a pass rate "
+                        ">= %g) but %d were ordered at once: the same prompt now fills several of their groups, until "
+                        "the pool runs out. Give the run more training prompts or raise the threshold",
+                        left, len(self.problems), self.threshold, n)
         return super().sample(n)
 
     def active(self, i: int) -> bool:

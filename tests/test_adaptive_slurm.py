@@ -1,6 +1,6 @@
 """A live adaptive sweep on the REAL local Slurm (issue 32, item 6): the tiny loss_type sweep plus a
 planted loser (CISPO at 100x the learning rate), 2 seeds, rungs 0.25 / 0.5 / 1.0 of a small FLOP
-budget. The planted loser stops at the first rung; the others resume from their own checkpoints in
+budget; `--only` keeps DAPO, CISPO and the loser (six runs: GSPO adds run time, not a case). The planted loser stops at the first rung; the others resume from their own checkpoints in
 the same run directories, and their metrics continue without a gap or a repeated step. A re-run
 of the same command re-decides nothing. `scalerl status` names the stop."""
 
@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SPEC = "experiments/sweeps/adaptive/loss_type_planted.gin"
 BUDGET = 3e11  # FLOPs: ~30 tiny steps (1e10 each), rungs at ~7, ~15 and ~30 steps
+CONFIGS = ("dapo", "cispo", "planted_lr_x100")
 
 
 def _problem() -> str | None:
@@ -58,6 +59,7 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     runs = tmp_path / "runs"
     args = ["sweep", SPEC, "--scale", "tiny", "--executor", "slurm", "--partition", "debug", "--time", "10",
             "--runs", str(runs), "--adaptive", "--rungs", "0.25,0.5,1.0",
+            "--only", *[f"{c}-s{seed}" for c in CONFIGS for seed in (0, 1)],
             "--gin", f'model.path = "{warm_model}"', "--gin", f"train.compute_budget_flops = {BUDGET:g}",
             "--gin", "train.eval_every = 4", "--gin", "train.eval_prompts = 50", "--gin", "train.checkpoint_every = 100"]
     assert main(args) == 0, capsys.readouterr().out
@@ -66,8 +68,9 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     first = {d["config"]: d for d in decisions if d["rung"] == 0.25}
     assert first["planted_lr_x100"]["verdict"] == "worse" and first["planted_lr_x100"]["action"] == "stop"
     assert first["planted_lr_x100"]["paired"] and first["planted_lr_x100"]["high"] < 0
+    assert first["planted_lr_x100"]["level"] == pytest.approx(1 - 0.05 / (2 * 2))  # 3 configs, 2 early rungs
     stopped = {d["config"] for d in decisions if d["action"] == "stop"}
-    survivors = {"dapo", "gspo", "cispo"} - stopped
+    survivors = {"dapo", "cispo"} - stopped
     assert survivors, decisions
     assert {d["rung"] for d in decisions} == {0.25, 0.5, 1.0}
     # the planted loser trained to the first rung only; every survivor to the full budget, each step once
@@ -90,5 +93,6 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     out = capsys.readouterr().out
     assert "decided before" in out and len((sweep / "adaptive.jsonl").read_text().splitlines()) == len(decisions)
     rows = {r.run: r for r in S.collect(sweep, with_slurm=False)}
+    assert not any(name.startswith("gspo") for name in rows), sorted(rows)  # --only held
     assert rows["planted_lr_x100-s0"].state == "stopped"
     assert rows["planted_lr_x100-s0"].reason.startswith("stopped (rung 0.25: worse than ")
