@@ -43,8 +43,8 @@ import pandas as pd
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
     "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
-    "seed_key",
-    "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep", "Efficiency", "efficiency",
+    "seed_key", "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep",
+    "Efficiency", "efficiency",
 ]
 
 VERDICTS = ("better", "worse", "equivalent", "inconclusive")
