@@ -332,7 +332,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "trained past the budget without it is re-run under it by `scalerl reproduce`. " + _run_time_text(run_times(out)))
     thin = collected.thin if collected is not None else thinned_every(out)
     if thin > 1:
-        w(f"- **Collected logs**: metrics.jsonl keeps every {thin}-th step line (plus the line where "
+        w(f"- **Collected logs**: metrics.jsonl keeps one step line in {thin} (plus the line where "
           "epoch 1 ends and the last line) to keep the folder under its size budget; eval.jsonl is whole.")
     w("")
 
