@@ -247,14 +247,15 @@ def sweep_curves(ev: pd.DataFrame, runs: pd.DataFrame | None, compute: str, *, f
                  ) -> tuple[dict, dict, dict, dict]:
     """Per run (key: its path) of one sweep: (compute [n], pass rate [n]), its configuration, its
     pairing key (`analysis.compare.seed_key`) and the compute at the end of its epoch 1 — what the
-    rule reads, in `replay` and in the live adaptive sweep alike. finished_only: runs whose run.json
-    says done."""
-    from analysis.runs import config_name
+    rule reads, in `replay` and in the live adaptive sweep alike. finished_only: runs that ran to
+    their end (`analysis.runs.run_finished`)."""
+    from analysis.runs import config_name, run_finished
 
     metas = {m["path"]: m for m in runs.to_dict("records")} if runs is not None else {}
     keep = set(metas) if runs is not None else None
     if finished_only and runs is not None and "status" in runs:
-        keep = set(runs.loc[runs["status"] == "done", "path"])
+        errors = runs["error"] if "error" in runs else [None] * len(runs)
+        keep = {p for p, st, err in zip(runs["path"], runs["status"], errors) if run_finished(st, err)}
     curves, cfg_of, seed_of, ep1 = {}, {}, {}, {}
     for path, g in ev.groupby("path", sort=False):
         if keep is not None and path not in keep:

@@ -14,6 +14,18 @@ evaluations yet (present in the run table, absent from the evaluation rows).
 - `load_runs(path, what="runs")`    one row per run: metadata, status, counts, last values,
                                     where its first epoch ends, its CPU contention
 - `fit_run(eval_df_of_one_run)`     the sigmoid fit of one run, or None when it cannot be fitted
+- `run_finished(status, error)`    whether a run ran to its end (done, or its prompt pool ran out)
+- `pool_dry_step(metrics_text)`    the step at which its prompt pool could no longer fill a step
+
+A run's held-out curve ends where its prompt pool ran dry. No-Positive-Resampling drops every
+prompt that reaches a pass rate of 0.9, so a finite pool thins; once fewer prompts are active
+than one step orders (`curriculum_active < prompts` in metrics.jsonl), each step trains on the
+same handful of hard prompts, and the held-out pass rate falls (the tiny-long study's bs64 runs:
+0.93 -> 0.26-0.69 within ~60 steps). That is a property of the pool's size, not of the
+configuration, so what="eval" keeps only the evaluations before that step and the run table
+says where (`pool_dry_step`, `n_evals_after_pool_dry`). A run that then stopped with
+`CurriculumExhausted` (every prompt dropped) ran to its end: `run_finished` counts it with the
+done ones.
 - `fit_runs(eval_df)`               a table of fits, one row per run, by the paper's protocol
                                     (analysis/protocol.py)
 """
@@ -36,7 +48,7 @@ from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, predic
 log = logging.getLogger(__name__)
 
 __all__ = ["resolve_compute", "COMPUTE_AXES", "find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
-           "config_name", "is_benchmark_row", "epoch_info", "run_contention"]
+           "config_name", "is_benchmark_row", "epoch_info", "run_contention", "run_finished", "pool_dry_step"]
 
 # Columns that identify a run in every frame.
 RUN_KEYS = ["sweep", "run", "factor", "value", "recipe", "seed", "status"]
@@ -82,6 +94,41 @@ def config_name(run: str) -> str:
     """A run's configuration: its name without the seed suffix ('cispo-s2' -> 'cispo';
     'eps_max=4.0-seed1' -> 'eps_max=4.0')."""
     return re.sub(r"-s(?:eed)?\d+$", "", str(run))
+
+
+def run_finished(status: Any, error: Any = None) -> bool:
+    """Whether a run ran to its end: run.json says done, or it failed only because its prompt pool
+    ran out (CurriculumExhausted: every training prompt dropped by No-Positive-Resampling), after
+    which there is nothing left to train on; its logs up to there are a whole run."""
+    return status == "done" or (status == "failed" and str(error or "").startswith("CurriculumExhausted"))
+
+
+_STEP = re.compile(r'"step":\s*(\d+)')
+_PROMPTS = re.compile(r'"prompts":\s*(\d+)')
+_ACTIVE = re.compile(r'"curriculum_active":\s*(\d+)')
+
+
+def pool_dry_step(metrics_text: str) -> int | None:
+    """The first learner step of metrics.jsonl's text at which fewer training prompts were active
+    than the step ordered (`curriculum_active < prompts`), or None when the pool never ran that
+    thin (or the run logs no curriculum). Read with regular expressions, not a JSON parse of every
+    line: metrics.jsonl runs to thousands of lines and the eval loader reads it for every run."""
+    if '"curriculum_active"' not in metrics_text:
+        return None
+    for line in metrics_text.splitlines():
+        active, prompts, step = _ACTIVE.search(line), _PROMPTS.search(line), _STEP.search(line)
+        if active and prompts and step and int(active.group(1)) < int(prompts.group(1)):
+            return int(step.group(1))
+    return None
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v)) else None
+
+
+def _metrics_text(run_dir: Path) -> str:
+    p = run_dir / "metrics.jsonl"
+    return p.read_text(encoding="utf-8", errors="replace") if p.is_file() else ""
 
 
 def is_benchmark_row(row: dict) -> bool:
@@ -175,10 +222,18 @@ def _iter_rows(run_dirs: list[Path], what: str) -> Iterator[dict[str, Any]]:
     for d in run_dirs:
         meta = _read_run_json(d)
         rows, _ = read_jsonl(d / fname)
+        dry = pool_dry_step(_metrics_text(d)) if what == "eval" else None
         for row in rows:
             if what != "metrics" and is_benchmark_row(row) != (what == "benchmarks"):
                 continue  # held-out evaluations and benchmark records go to separate frames
+            if dry is not None and _after(row, dry):
+                continue  # the held-out curve ends where the prompt pool ran dry (module docstring)
             yield {**meta, **_flatten(row)}
+
+
+def _after(row: dict, step: int) -> bool:
+    s = row.get("step")
+    return isinstance(s, (int, float)) and s >= step
 
 
 def _num(v: Any) -> float | None:
@@ -190,8 +245,10 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
     for d in run_dirs:
         meta = _read_run_json(d)
         ev_all, ev_skipped = read_jsonl(d / "eval.jsonl")
-        ev = [e for e in ev_all if not is_benchmark_row(e)]
         mt, mt_skipped = read_jsonl(d / "metrics.jsonl")
+        dry = pool_dry_step(_metrics_text(d))
+        held_out = [e for e in ev_all if not is_benchmark_row(e)]
+        ev = [e for e in held_out if dry is None or not _after(e, dry)]
         last_ev = ev[-1] if ev else {}
         last_mt = mt[-1] if mt else {}
         ep1_hours, max_epoch = epoch1_compute(mt, "compute_hours")
@@ -204,13 +261,15 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             **meta,
             "n_evals": len(ev),
             "n_steps": len(mt),
+            "pool_dry_step": dry,
+            "n_evals_after_pool_dry": len(held_out) - len(ev),
             "step": last_mt.get("step", last_ev.get("step")),
             "compute_hours": last_mt.get("compute_hours", last_ev.get("compute_hours")),
             "flops": last_mt.get("flops", last_ev.get("flops")),
             "last_pass_rate": last_ev.get("pass_rate"),
             "truncation_rate": last_mt.get("truncation_rate"),
             "partial_lines": ev_skipped + mt_skipped,
-            "n_benchmark_records": len(ev_all) - len(ev),
+            "n_benchmark_records": len(ev_all) - len(held_out),
             "epoch": max(epochs) if epochs else None,
             "epoch1_compute_hours": ep1_hours,
             "epoch1_flops": ep1_flops,
@@ -381,7 +440,9 @@ def fit_runs(
         row: dict[str, Any] = {k: meta.get(k) for k in RUN_KEYS}
         row["config"] = meta.get("config") or config_name(str(meta.get("run")))
         row["path"] = meta.get("path")
-        row.update(n_evals=int(c.size), final_compute=float(c[-1]) if c.size else math.nan)
+        row.update(n_evals=int(c.size), final_compute=float(c[-1]) if c.size else math.nan,
+                   finished=run_finished(meta.get("status"), meta.get("error")),
+                   pool_dry_step=_int_or_none(meta.get("pool_dry_step")))
         proto = get_protocol(protocol) if protocol is not None else sweep_protocol(meta.get("sweep"))
         ep1, max_ep = epoch_info(meta, compute)
         pf = fit_with_protocol(c, r, protocol=proto, min_compute=min_compute, epoch1=ep1, max_epoch=max_ep,

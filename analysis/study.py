@@ -472,13 +472,16 @@ def _adaptive_stops(paths: Sequence[str]) -> set[str]:
 
 def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.DataFrame, float]:
     """Add `tail` (analysis/compare.py) to each run of one sweep: the window ends at the smallest
-    final compute among the runs that finished (all runs when none has), a configuration an
-    adaptive sweep stopped left out; a run that ends before the window does has no tail."""
+    final compute among the runs that finished (all runs when none has; `finished`: done, or ended
+    by a prompt pool that ran out, whose curve ends where the pool ran dry: analysis/runs.py), a
+    configuration an adaptive sweep stopped left out; a run that ends before the window has no tail."""
     groups = {p: g for p, g in ev.groupby("path", sort=False)} if not ev.empty else {}
     curves = {p: run_curve(g, compute) for p, g in groups.items()}
     curves = {p: cr for p, cr in curves.items() if len(cr[0])}
     stopped = _adaptive_stops(list(table["path"]))
-    done = set(table.loc[(table["status"] == "done") & ~table["config"].isin(stopped), "path"]) & set(curves)
+    finished = table["finished"] if "finished" in table else table["status"] == "done"
+    ended = set(table.loc[finished.astype(bool), "path"])
+    done = (ended - set(table.loc[table["config"].isin(stopped), "path"])) & set(curves)
     end = common_window(float(curves[p][0][-1]) for p in (done or curves))
     tails = tail_values(curves, end)
     return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end), end

@@ -42,7 +42,7 @@ from pathlib import Path
 from experiments.run_config import DEFAULT_TARGET
 from experiments.study_report import FIGURES_DIR, PREDICT_BOOT, write_report
 from experiments.study_runs import (ReproduceError, collect, dir_bytes, plan_study, print_plans, run_contention,
-                                    run_status, run_study, select_specs, validate_plan)
+                                    run_ended, run_study, select_specs, validate_plan)
 from experiments.sweep_cli import add_slurm_arguments
 
 __all__ = ["add_arguments", "main"]
@@ -143,12 +143,13 @@ def _draw_figures(out: Path, console) -> tuple[dict, dict, dict]:
 
 
 def _collect_finished(args: argparse.Namespace, console):
-    """`--collect-only`: copy the runs that are done and uncontended (a study part-way through, or
-    runs still queued), submitting nothing; the others stay out of OUT until a later collect."""
+    """`--collect-only`: copy the runs that ran to their end (done, or ended by a prompt pool that
+    ran out: `analysis.runs.run_finished`) and are uncontended (a study part-way through, or runs
+    still queued), submitting nothing; the others stay out of OUT until a later collect."""
     from analysis.protocol import CONTENTION_LIMIT
 
     def finished(run_dir: Path) -> bool:
-        if run_status(run_dir) != "done":
+        if not run_ended(run_dir):  # done, or its prompt pool ran out
             return False
         cont = run_contention(run_dir)
         return args.allow_contention or cont is None or cont <= CONTENTION_LIMIT

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from experiments.run_state import read_json
-from experiments.study_runs import CollectResult, ReproduceError, last_metrics, logged_budget, select_specs, thinned_every
+from experiments.study_runs import (CollectResult, ReproduceError, last_metrics, logged_budget, run_ended, select_specs,
+                                    thinned_every)
 
 __all__ = ["write_report", "report_tables", "run_times", "PREDICT_BOOT", "REPORT_FILE", "REASONS_FILE"]
 
@@ -93,7 +94,7 @@ def run_times(out: Path) -> list[dict]:
     for info_path in sorted(Path(out).glob("*/*/run.json")):
         run_dir = info_path.parent
         info, last = read_json(info_path) or {}, last_metrics(run_dir)
-        if info.get("status") != "done" or not last:
+        if not run_ended(run_dir) or not last:
             continue
         own = sum(float(last.get(k) or 0.0) for k in ("wall_s", "eval_wall_s", "startup_s"))
         try:
@@ -109,6 +110,22 @@ def run_times(out: Path) -> list[dict]:
                      "stopped_on_budget": stopped, "steps": int(last.get("step", 0)),
                      "compute_hours": last.get("compute_hours")})
     return rows
+
+
+def _pool_dry_text(runs: Any) -> str:
+    """The report's line on runs whose prompt pool ran dry (analysis/runs.py: their held-out curves
+    end at the step where fewer prompts were left than one step orders)."""
+    head = ("- **Prompt pools that ran dry**: No-Positive-Resampling drops every prompt that reaches a pass rate of "
+            "0.9, so a finite pool thins; once fewer prompts are left than one step orders, each step trains on the "
+            "same few hard prompts. A run's held-out curve ends at that step (`pool_dry_step` in runs.csv), and a run "
+            "that then stopped with CurriculumExhausted (no prompt left) counts as finished.")
+    dry = runs[runs["pool_dry_step"].notna()] if "pool_dry_step" in runs else runs.iloc[0:0]
+    if dry.empty:
+        return head + " No run's pool ran dry."
+    parts = [f"{r.sweep}/{r.run} (step {int(r.pool_dry_step)}, curve ends at {r.final_compute:.3g}"
+             + ("; stopped CurriculumExhausted" if r.status == "failed" else "") + ")"
+             for r in dry.sort_values(["sweep", "run"]).itertuples()]
+    return head + f" {len(dry)} run(s): " + ", ".join(parts) + "."
 
 
 def _run_time_text(rows: list[dict]) -> str:
@@ -330,6 +347,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "collected before it existed (under a wall-clock budget, or at a fixed step count) end at different "
       "compute; every comparison above holds compute equal by cutting the sweep at its common window. A run "
       "trained past the budget without it is re-run under it by `scalerl reproduce`. " + _run_time_text(run_times(out)))
+    w(_pool_dry_text(runs))
     thin = collected.thin if collected is not None else thinned_every(out)
     if thin > 1:
         w(f"- **Collected logs**: metrics.jsonl keeps one step line in {thin} (plus the line where "
@@ -362,7 +380,11 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         if len(errs) or len(unfinished):
             w("")
             for r in unfinished.itertuples():
-                w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
+                if r.finished:
+                    w(f"- {r.run} stopped when its prompt pool ran out (CurriculumExhausted); its curve ends where "
+                      f"the pool ran dry, at step {_fmt(r.pool_dry_step, '.0f')}")
+                else:
+                    w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
             for r in errs.itertuples():
                 w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
         w("")

@@ -82,8 +82,13 @@ def last_metrics(run_dir: Path) -> dict:
     return rows[-1] if rows else {}
 
 
-def run_status(run_dir: Path) -> str | None:
-    return (read_json(Path(run_dir) / "run.json") or {}).get("status")
+def run_ended(run_dir: Path) -> bool:
+    """The run ran to its end: done, or ended by a prompt pool that ran out
+    (`analysis.runs.run_finished`); its logs are a whole run, to check and collect."""
+    from analysis.runs import run_finished
+
+    info = read_json(Path(run_dir) / "run.json") or {}
+    return run_finished(info.get("status"), info.get("error"))
 
 
 def run_contention(run_dir: Path) -> float | None:
@@ -144,7 +149,7 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
         set_aside, kept, forced = [], [], {}
         for r in runs:
             here, collected = work / r.sweep / r.name, out / r.sweep / r.name
-            where = here if run_status(here) == "done" else collected if run_status(collected) == "done" else None
+            where = here if run_ended(here) else collected if run_ended(collected) else None
             if where is None:
                 continue
             why = over_budget(where, _budget_of(r.bindings))
@@ -177,8 +182,8 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
         for i, p in enumerate(planned):
             if p.run.name in forced:
                 planned[i] = Planned(p.run, p.run_dir, "rerun", forced[p.run.name])
-            elif not p.action.startswith("skip") and run_status(out / p.run.sweep / p.run.name) == "done":
-                planned[i] = Planned(p.run, p.run_dir, "skip-done", f"collected as done in {out}")
+            elif not p.action.startswith("skip") and run_ended(out / p.run.sweep / p.run.name):
+                planned[i] = Planned(p.run, p.run_dir, "skip-done", f"collected as ended in {out}")
         plans.append(SweepPlan(spec, runs, opts, planned, set_aside, kept))
     return plans
 

@@ -170,3 +170,70 @@ def test_scalerl_fit_cli_prediction_and_bootstrap(tmp_path):
     df = pd.read_csv(csv)
     assert {"predicted_final", "observed_final", "prediction_error", "A_lo", "A_hi"} <= set(df.columns)
     assert (df["A_lo"] <= df["A_hi"]).all()
+
+
+EXHAUSTED = ("CurriculumExhausted: no_positive_resampling: all 200 training prompts have been dropped (mean pass "
+             "rate >= 0.9 over their last 1 rollout group(s)) by epoch 9")
+
+
+def _thin_the_pool(run_dir, *, prompts=8, start=100, per_step=3):
+    """Give a synthetic run's metrics a No-Positive-Resampling pool that loses `per_step` prompts a
+    step from `start` (the trainer logs `prompts` ordered and `curriculum_active` left per step)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for m in rows:
+        m.update(prompts=prompts, curriculum_active=max(start - per_step * int(m["step"]), 0))
+    path.write_text("".join(json.dumps(m) + "\n" for m in rows))
+    return [m["step"] for m in rows if m["curriculum_active"] < prompts][0]
+
+
+def test_pool_dry_step_is_the_first_step_with_fewer_prompts_left_than_ordered():
+    from analysis.runs import pool_dry_step
+
+    line = lambda step, active, prompts=8: json.dumps({"step": step, "prompts": prompts, "loss": 0.1,  # noqa: E731
+                                                       "curriculum_active": active, "curriculum_epoch": 2})
+    text = "\n".join([line(1, 30), line(2, 9), line(3, 8), line(4, 7), line(5, 0)]) + "\n"
+    assert pool_dry_step(text) == 4  # 8 left for 8 ordered still fills the step with distinct prompts
+    assert pool_dry_step("\n".join([line(1, 30), line(2, 9)])) is None
+    assert pool_dry_step(json.dumps({"step": 1, "prompts": 8, "loss": 0.2}) + "\n") is None  # no curriculum logged
+    assert pool_dry_step("") is None
+    # a half-written last line and the order the trainer writes keys in do not matter
+    assert pool_dry_step(line(1, 30) + "\n" + '{"curriculum_active": 3, "step": 2, "prompts": 16}\n{"step": 3, "pro') == 2
+
+
+def test_run_finished_counts_a_run_whose_pool_ran_out():
+    from analysis.runs import run_finished
+
+    assert run_finished("done") and run_finished("done", None)
+    assert run_finished("failed", EXHAUSTED)
+    assert not run_finished("failed", "RuntimeError: CUDA out of memory")
+    assert not run_finished("failed", None) and not run_finished("running") and not run_finished("unknown", EXHAUSTED)
+
+
+def test_a_curve_ends_where_its_pool_ran_dry_and_an_exhausted_run_counts_as_finished(tmp_path):
+    from analysis.study import summarize_sweep
+
+    kw = dict(B=1.8, C_mid=400.0, steps=40, eval_every=2, device="cpu", count=2, factor="train.loss",
+              final_compute=1600.0, noise=0.0)
+    write_run(tmp_path, "loss_type", "cispo-s0", A=0.6, value="cispo", seed=0, **kw)
+    write_run(tmp_path, "loss_type", "dapo-s0", A=0.5, value="dapo", seed=0, **kw)
+    dry_dir = write_run(tmp_path, "loss_type", "cispo-s1", A=0.6, value="cispo", seed=1, status="failed",
+                        error=EXHAUSTED, **kw)
+    dry = _thin_the_pool(dry_dir)  # 100 - 3·step < 8 first at step 31
+    assert dry == 31
+    write_run(tmp_path, "loss_type", "dapo-s1", A=0.5, value="dapo", seed=1, **kw)
+    ev, runs = load_runs(tmp_path), load_runs(tmp_path, what="runs")
+    steps = ev.loc[ev["run"] == "cispo-s1", "step"]
+    assert steps.max() == 30 and len(steps) == 16  # evaluations 0, 2, ..., 30; 32-40 are past the dry step
+    assert len(ev.loc[ev["run"] == "cispo-s0", "step"]) == 21
+    row = runs.set_index("run").loc["cispo-s1"]
+    assert row["pool_dry_step"] == 31 and row["n_evals_after_pool_dry"] == 5 and row["n_evals"] == 16
+    assert runs.set_index("run")["pool_dry_step"].drop("cispo-s1").isna().all()
+    s = summarize_sweep("loss_type", ev, runs, judge=False, compute="compute_hours")
+    table = s.runs.set_index("run")
+    assert table.loc["cispo-s1", "finished"] and table.loc["cispo-s1", "pool_dry_step"] == 31
+    # the common window ends where the exhausted run's curve ends (compute at step 30 of 40), and it has a tail
+    assert s.tail_end == pytest.approx(1600.0 * 30 / 40)
+    assert table["tail"].notna().all()
+    # without the cut the window would be the whole run (every run ends at 1600)
+    assert np.allclose(table["final_compute"].drop("cispo-s1"), 1600.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -324,3 +325,22 @@ def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_w
     for left in ("fp32_head/bf16-s1", "fp32_head/bf16_fp32_head-s0", "fp32_head/bf16_fp32_head-s1"):
         assert left in progress
     assert scalerl(cmd + ["--report-only"]) == 2  # not with --report-only
+
+
+def test_collect_only_takes_a_run_whose_prompt_pool_ran_out_and_not_one_that_crashed(tmp_path, capsys):
+    runs, res = tmp_path / "runs", tmp_path / "results"
+    kw = dict(B=1.8, C_mid=0.01, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision",
+              params_per_token_flops=5e3)  # within the tiny FLOP budget
+    write_run(runs, "fp32_head", "bf16-s0", A=0.52, value="bf16", seed=0, status="failed",
+              error="CurriculumExhausted: no_positive_resampling: all 200 training prompts have been dropped", **kw)
+    write_run(runs, "fp32_head", "bf16-s1", A=0.53, value="bf16", seed=1, status="failed",
+              error="RuntimeError: the learner died", **kw)
+    cmd = _args(tmp_path, "--sweeps", "fp32_head", "--seeds", "2", "--executor", "local", "--collect-only",
+                "--no-figures")
+    assert scalerl(cmd) == 0, capsys.readouterr().out
+    assert {d.name for d in (res / "fp32_head").iterdir() if d.is_dir()} == {"bf16-s0"}
+    shutil.rmtree(runs / "fp32_head" / "bf16-s0")  # a fresh clone: only the collected copy is left
+    planned = {p.run.name: p for p in study_runs.plan_study(argparse_ns(tmp_path, sweeps="fp32_head", seeds=2),
+                                                            act=False)[0].planned}
+    assert planned["bf16-s0"].action == "skip-done" and "collected as ended" in planned["bf16-s0"].reason
+    assert planned["bf16-s1"].action == "skip-failed"  # a crash is re-run only with --retry-failed

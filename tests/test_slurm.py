@@ -403,3 +403,73 @@ def test_a_stopped_task_of_a_multi_task_run_is_killed_and_the_run_fails(tmp_path
             assert "closed its connection to the hub without saying goodbye" in info["error"], info
     finally:
         subprocess.run(["scancel", job_id], timeout=30)
+
+
+def _restart_controller(fresh: bool) -> str:
+    """Stop slurmctld (its jobs stay saved in /var/spool/slurmctld) and start it again through
+    scripts/slurm/start.sh; the script's output."""
+    pid = subprocess.run(["pidof", "slurmctld"], capture_output=True, text=True).stdout.split()
+    for p in pid:
+        os.kill(int(p), signal.SIGTERM)
+    deadline = time.time() + 60
+    while subprocess.run(["pidof", "slurmctld"], capture_output=True).returncode == 0:
+        assert time.time() < deadline, "slurmctld did not stop within 60 s"
+        time.sleep(0.2)
+    env = dict(os.environ, SCALERL_SLURM_FRESH="1" if fresh else "0")
+    out = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "start.sh")], capture_output=True, text=True,
+                         env=env, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _queued_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30)
+    return set(out.stdout.split())
+
+
+def test_a_fresh_start_cancels_the_jobs_a_controller_saved_and_a_plain_one_keeps_them():
+    """Why CI once ran 90 minutes into its limit: a controller started again brings back the
+    jobs saved by the one before (here a held probe), and they take the one node. .ci/run sets
+    SCALERL_SLURM_FRESH=1, with which start.sh cancels them before the node's slurmd starts."""
+    if os.geteuid() != 0:
+        pytest.skip("restarting slurmctld needs root")
+    if _queued_ids() and not os.environ.get("CI"):
+        pytest.skip(f"the queue holds jobs ({sorted(_queued_ids())[:5]}) that a fresh start would cancel")
+    probe = subprocess.run(["sbatch", "--parsable", "--hold", "-J", "scalerl-fresh-probe", "--wrap", "true"],
+                           capture_output=True, text=True, timeout=30)
+    assert probe.returncode == 0, probe.stderr
+    job = probe.stdout.strip().split(";")[0]
+    try:
+        out = _restart_controller(fresh=False)
+        assert job in _queued_ids(), "a plain restart should bring the saved job back"
+        assert "jobs in the queue (1)" in out and "scalerl-fresh-probe" in out, out
+        out = _restart_controller(fresh=True)
+        assert "SCALERL_SLURM_FRESH=1: cancelling the 1 job(s) an earlier controller saved" in out, out
+        assert job not in _queued_ids(), "a fresh start must cancel the saved job"
+        state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True,
+                               text=True, timeout=30).stdout.split()
+        assert state and state[-1].startswith("CANCELLED"), state  # job ids go on: accounting sees it once
+    finally:
+        if subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode != 0:  # left down by a failure
+            subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "start.sh")], capture_output=True, timeout=180)
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+
+
+def test_the_node_guard_names_a_job_that_takes_the_node_and_ignores_a_held_one():
+    from _slurm_queue import wait_for_free_node
+
+    held = subprocess.run(["sbatch", "--parsable", "--hold", "-J", "scalerl-held-probe", "--wrap", "true"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+    busy = subprocess.run(["sbatch", "--parsable", "-J", "scalerl-busy-probe", "--wrap", "sleep 120"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+    assert held and busy
+    try:
+        t0 = time.monotonic()
+        problem = wait_for_free_node(limit_s=3, poll_s=0.5)
+        assert problem is not None and time.monotonic() - t0 < 30
+        assert f"{busy} scalerl-busy-probe" in problem and "scancel" in problem, problem
+        assert "scalerl-held-probe" not in problem, problem
+        subprocess.run(["scancel", busy], timeout=30)
+        assert wait_for_free_node(limit_s=60, poll_s=0.5) is None  # the held job does not count
+    finally:
+        subprocess.run(["scancel", held, busy], capture_output=True, timeout=30)

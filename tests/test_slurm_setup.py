@@ -109,3 +109,37 @@ def test_setup_is_idempotent_when_the_cluster_is_up():
     assert "starting" not in out.stdout, out.stdout
     for daemon in ("munged", "slurmctld", "slurmd"):
         assert f"{daemon} is running" in out.stdout, out.stdout
+
+
+def test_competing_jobs_counts_running_and_waiting_jobs_but_not_held_ones():
+    from _slurm_queue import competing_jobs
+
+    text = ("426_0|scalerl-fp32_head|RUNNING|None|root\n"
+            "426_[1-5%1]|scalerl-fp32_head|PENDING|JobArrayTaskLimit|root\n"
+            "501|scalerl-loss_type|PENDING|Priority|root\n"
+            "502|study|PENDING|JobHeldUser|alice\n"
+            "503|study|PENDING|JobHeldAdmin|root\n"
+            "504|old|REQUEUE_HOLD|JobHeldUser|root\n"
+            "505|tail|COMPLETING|None|bob\n\n")
+    assert competing_jobs(text) == [
+        "426_0 scalerl-fp32_head RUNNING (None, root)",
+        "426_[1-5%1] scalerl-fp32_head PENDING (JobArrayTaskLimit, root)",
+        "501 scalerl-loss_type PENDING (Priority, root)",
+        "505 tail COMPLETING (None, bob)",
+    ]
+    assert competing_jobs("") == []
+    with pytest.raises(ValueError, match="unexpected squeue line"):
+        competing_jobs("426 scalerl RUNNING")
+
+
+def test_ci_starts_the_slurm_controller_fresh():
+    """A controller restarted from saved state runs the jobs queued before (a study left in the
+    queue once took CI's one node for its whole 90 minutes); .ci/run asks for a fresh one."""
+    assert re.search(r"^export SCALERL_SLURM_FRESH=1", (REPO / ".ci" / "run").read_text(), re.M)
+    start = (SLURM / "start.sh").read_text()
+    assert re.search(r'FRESH" = 1 \] && ! running slurmctld; then', start)
+    # the saved jobs are cancelled before slurmd starts (it would run them at once)
+    assert start.index("xargs scancel") < start.index("start_daemon slurmd /usr/sbin/slurmd")
+    bad = subprocess.run(["bash", str(SLURM / "start.sh"), "--print-config"], capture_output=True, text=True,
+                         env=dict(os.environ, SCALERL_SLURM_FRESH="yes"))
+    assert bad.returncode != 0 and "SCALERL_SLURM_FRESH must be 0 or 1, not 'yes'" in bad.stderr

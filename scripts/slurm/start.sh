@@ -7,6 +7,14 @@
 #   bash scripts/slurm/start.sh
 #   SCALERL_SLURM_ACCOUNTING=none bash scripts/slurm/start.sh   # no slurmdbd/MariaDB (no sacct)
 #   bash scripts/slurm/start.sh --print-config   # print the slurm.conf it would write; start nothing
+#   SCALERL_SLURM_FRESH=1 bash scripts/slurm/start.sh  # a controller it starts cancels saved jobs
+#
+# slurmctld keeps its jobs in /var/spool/slurmctld and, started again after a stop or a reboot,
+# brings them back and runs them. With SCALERL_SLURM_FRESH=1 (.ci/run sets it) the jobs that a
+# controller this script starts brings back are cancelled before the node's slurmd starts, so a
+# CI run never shares the one node with jobs left from before. (Not `slurmctld -c`: that also
+# resets the job ids, which accounting, and so sacct and submitit, would then see twice.) A
+# controller that is already running is left as it is either way; its queue is printed.
 #
 # Logs: /var/log/slurm/{slurmctld,slurmd,slurmdbd,mariadb}.log. Stop: scripts/slurm/stop.sh.
 set -euo pipefail
@@ -22,6 +30,8 @@ case "${1:-}" in
   *) die "unknown argument '$1' (usage: start.sh [--print-config])" ;;
 esac
 ACCOUNTING=${SCALERL_SLURM_ACCOUNTING:-dbd}
+FRESH=${SCALERL_SLURM_FRESH:-0}
+case "$FRESH" in 0|1) ;; *) die "SCALERL_SLURM_FRESH must be 0 or 1, not '$FRESH'" ;; esac
 case "$ACCOUNTING" in dbd|none) ;; *) die "SCALERL_SLURM_ACCOUNTING must be dbd or none, not '$ACCOUNTING'" ;; esac
 
 HOST="$(hostname -s)"
@@ -147,7 +157,18 @@ if [ "$CONF_CHANGED" = 1 ] && running slurmctld; then
   say "slurm.conf changed: reconfiguring the running daemons"
   scontrol reconfigure || true
 fi
-start_daemon slurmctld /usr/sbin/slurmctld
+if [ "$FRESH" = 1 ] && ! running slurmctld; then
+  start_daemon slurmctld /usr/sbin/slurmctld
+  wait_for 30 slurmctld squeue -h
+  saved="$(squeue -h -o '%F %j %T' | sort -u)"
+  if [ -n "$saved" ]; then
+    say "SCALERL_SLURM_FRESH=1: cancelling the $(printf '%s\n' "$saved" | wc -l) job(s) an earlier controller saved:"
+    printf '%s\n' "$saved" | head -n 10 | sed 's/^/  /'
+    printf '%s\n' "$saved" | cut -d' ' -f1 | xargs scancel
+  fi
+else
+  start_daemon slurmctld /usr/sbin/slurmctld
+fi
 start_daemon slurmd /usr/sbin/slurmd
 node_up() { sinfo -h -n "$HOST" -o '%T' | grep -qE '^(idle|mixed|allocated|completing)'; }
 end=$(( $(date +%s) + 60 ))
@@ -158,4 +179,6 @@ until node_up 2>/dev/null; do
   sleep 0.5
 done
 sinfo
+queued="$(squeue -h -o '%i %j %T %r' 2>/dev/null || true)"
+if [ -n "$queued" ]; then say "jobs in the queue ($(printf '%s\n' "$queued" | wc -l)):"; printf '%s\n' "$queued" | head -n 10 | sed 's/^/  /'; fi
 say "up: munged $(pidof munged)$( [ "$ACCOUNTING" = dbd ] && echo ", mariadbd $(pidof mariadbd), slurmdbd $(pidof slurmdbd)"), slurmctld $(pidof slurmctld), slurmd $(pidof slurmd)"
