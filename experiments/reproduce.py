@@ -215,8 +215,8 @@ def main(args: argparse.Namespace) -> int:
             raise ReproduceError(f"no results folder {args.out}: run the study first (without --report-only)")
         figures = None if args.no_figures else _draw_figures(args.out, console)
         report = write_report(args.out, figures=figures, collected=collected, scale=args.scale, command=command,
-                              predict_boot=args.predict_boot,
-                              kept_contended=kept)
+                              predict_boot=args.predict_boot, kept_contended=kept,
+                              selected=[p.stem for p in select_specs(args.sweeps)] if args.sweeps else None)
         total = dir_bytes(args.out)
         console.print(f"wrote {report}; {args.out} holds {total / 1e6:.1f} MB")
         if total > args.max_mb * 1e6:

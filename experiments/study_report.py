@@ -112,6 +112,21 @@ def run_times(out: Path) -> list[dict]:
     return rows
 
 
+def _mechanism_line(claims: Any) -> str:
+    """Where a sweep's finding names a mechanism (the FP32 head and its log-prob gap) that could act
+    here or cannot be told apart from acting (`analysis.study.mechanism_check`), the measurement the
+    claims were judged beside; where it cannot act, each claim carries it as 'not testable' already."""
+    if not len(claims) or "mechanism" not in claims:
+        return ""
+    evidence = next((str(e) for e in claims["mechanism"] if isinstance(e, str) and e), "")
+    if not evidence or evidence.startswith("not testable"):
+        return ""
+    if "it removes" not in evidence:  # the metric was not logged, or too few runs to tell
+        return f"**Mechanism:** {evidence}; the claims below are judged as usual."
+    return (f"**Mechanism:** {evidence}. It is not shown to remove less than 10% of that (the bar for `not testable`), "
+            "so the claims below are judged as usual.")
+
+
 def _pool_dry_text(runs: Any) -> str:
     """The report's line on runs whose prompt pool ran dry (analysis/runs.py: their held-out curves
     end at the step where fewer prompts were left than one step orders)."""
@@ -208,8 +223,10 @@ def _paired_noise(summaries: dict) -> tuple[float, float] | None:
 
 def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
                  collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
-                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT) -> Path:
-    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT."""
+                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT,
+                 selected: Sequence[str] | None = None) -> Path:
+    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT. selected: the sweeps the
+    study chose (`--sweeps`; None: every shipped one), which its progress is measured against."""
     import pandas as pd
 
     from analysis.compare import DEFAULT_EQUIVALENCE
@@ -254,12 +271,21 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
       "`analysis.study.summarize`; every pair: `scalerl compare " + str(out) + "`). Tables: `report/configs.csv`, "
       "`report/claims.csv`, `report/runs.csv` (with `A_identified`), `report/pairs.csv`, `report/predictions.csv`.\n")
     shipped = [p.stem for p in select_specs(None)]
-    absent = [n for n in shipped if n not in summaries]
+    chosen = [n for n in shipped if selected is None or n in selected]
+    others = [n for n in shipped if n not in chosen and n not in summaries]
+    absent = [n for n in chosen if n not in summaries]
     unfinished_runs = list(collected.missing) if collected is not None else []
+    not_chosen = (f" The other {len(others)} shipped sweeps are not part of this study (`--sweeps`): "
+                  + ", ".join(f"`{n}`" for n in others) + ".") if others else ""
+    if not absent and not unfinished_runs and selected is not None:
+        w("## Study progress\n")
+        w(f"**Complete**: every run of the {len(chosen)} sweeps this study chose is here ({n_runs} runs)."
+          + not_chosen + "\n")
     if absent or unfinished_runs:
         w("## Study progress\n")
-        w(f"**Part-way**: {len(shipped) - len(absent)} of {len(shipped)} shipped sweeps have runs here."
-          + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "")
+        w(f"**Part-way**: {len(chosen) - len(absent)} of the {len(chosen)} "
+          + ("chosen" if selected is not None else "shipped") + " sweeps have runs here."
+          + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "") + not_chosen
           + (f" Runs of the selected sweeps not finished yet ({len(unfinished_runs)}): "
              + ", ".join(unfinished_runs[:30]) + (" ..." if len(unfinished_runs) > 30 else "") + "."
              if unfinished_runs else "")
@@ -388,6 +414,9 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
             for r in errs.itertuples():
                 w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
         w("")
+        mechanism = _mechanism_line(s.claims)
+        if mechanism:
+            w(mechanism + "\n")
         if len(s.claims):
             w("| claim | paper | ours on A | verdict on A | ours on tail | verdict on tail | reason (reasons.yaml) |")
             w("|---|---|---|---|---|---|---|")

@@ -276,13 +276,18 @@ class CollectResult:
 
 
 def _thin_lines(text: str, every: int) -> str:
-    """Every `every`-th line of metrics.jsonl, plus the line where epoch 1 ends and the last line."""
+    """Every `every`-th line of metrics.jsonl, plus the line where epoch 1 ends, the line where the
+    prompt pool ran dry (`analysis.runs.pool_dry_step`: where the held-out curve ends) and the last."""
+    from analysis.runs import pool_dry_step
+
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if every <= 1 or len(lines) <= 2:
         return "\n".join(lines) + ("\n" if lines else "")
+    dry = pool_dry_step(text)
+    dry_line = next((i for i, ln in enumerate(lines) if pool_dry_step(ln) == dry), None) if dry is not None else None
     keep, epoch_done = [], False
     for i, ln in enumerate(lines):
-        take = i % every == 0 or i == len(lines) - 1
+        take = i % every == 0 or i == len(lines) - 1 or i == dry_line
         if not epoch_done:
             try:
                 e = json.loads(ln).get("epoch")

@@ -34,8 +34,8 @@ import seaborn as sns  # noqa: E402
 from matplotlib.legend import Legend  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from analysis.protocol import Protocol, get_protocol  # noqa: E402
-from analysis.runs import compute_label, load_runs, run_curve  # noqa: E402
+from analysis.protocol import Protocol, get_protocol, is_contended  # noqa: E402
+from analysis.runs import compute_label, load_runs, run_curve, run_finished  # noqa: E402
 from analysis.scaling_law import FitResult  # noqa: E402
 from analysis.figure_specs import FIGURES, FigureSpec  # noqa: E402
 
@@ -131,7 +131,8 @@ def _sort_key(v: Any) -> tuple:
 def curves(ev: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(label, rows) per run, ordered by factor value then seed. The label is the value (the
     run name where there is none), with the seed when a value has several seeds, and
-    "[failed]" / "[running]" for runs that did not finish."""
+    "[failed]" / "[running]" for runs that did not finish ("[pool ran out]" for one stopped by
+    CurriculumExhausted, which did: `analysis.runs.run_finished`)."""
     groups = []
     for path, g in ev.groupby("path", sort=False):
         first = g.iloc[0]
@@ -147,7 +148,10 @@ def curves(ev: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         if n_per_value.get(str(value), 1) > 1:
             label += f" (seed {seed})"
         status = g["status"].iloc[0] if "status" in g else None
-        if status in ("failed", "running"):
+        error = g["error"].iloc[0] if "error" in g else None
+        if run_finished(status, error) and status != "done":
+            label += " [pool ran out]"  # CurriculumExhausted: it ran to the end of its prompts
+        elif status in ("failed", "running"):
             label += f" [{status}]"
         out.append((label, g))
     return out
@@ -179,8 +183,6 @@ def _draw(ax, c: np.ndarray, r: np.ndarray, res: FitResult | None, cutoff: float
           label: str, color, legend: str = "AB", contention: float | None = None, text: str | None = None) -> None:
     """One run in the paper's conventions, given its fit, fitted range [min_compute, cutoff].
     The legend entry is "<label>: <fitted parameters>", or `text` when given ("" = no entry)."""
-    from analysis.protocol import is_contended
-
     faded = is_contended(contention)
     alpha = 0.45 if faded else 1.0
     if faded:
@@ -368,7 +370,8 @@ def draw_curves_with_summaries(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Opt
         text = None
         if grouped:
             text = "" if key in shown else _config_text(configs[key], spec.legend)
-            shown.add(key)
+            if not is_contended(row["contention_run"]):  # a contended run keeps its own entry: the
+                shown.add(key)                           # configuration's goes to its next seed
         _draw(ax, c, r, res, float(row["fit_cutoff"]), float(row["min_compute"]),
               "" if res is not None else str(row["fit_error"]), label, colors[key if grouped else i], spec.legend,
               row["contention_run"], text)

@@ -273,3 +273,26 @@ def test_fig16_draws_held_out_entropy_else_the_training_entropy(runs, tmp_path, 
     fig16.draw(data, tmp_path, OPTS)
     assert labels[0].startswith("held-out entropy") and labels[1].startswith("policy entropy on training batches")
     plt.close("all")
+
+
+def test_a_configuration_keeps_its_legend_entry_when_its_first_seed_is_contended_and_an_exhausted_run_says_so(
+        tmp_path):
+    """Seeds share one legend entry per configuration; a contended seed has its own. When the first
+    seed drawn was the contended one, the configuration's entry went missing (the tiny-long bs64)."""
+    from analysis.synthetic import write_run
+
+    kw = dict(B=1.8, C_mid=1.0, steps=30, eval_every=2, device="cpu", count=2, factor="train.loss")
+    write_run(tmp_path, "loss_type", "cispo-s0", A=0.6, value="cispo", seed=0, contention=0.3, status="failed",
+              error="CurriculumExhausted: no_positive_resampling: all 200 training prompts have been dropped", **kw)
+    write_run(tmp_path, "loss_type", "cispo-s1", A=0.6, value="cispo", seed=1, **kw)
+    write_run(tmp_path, "loss_type", "dapo-s0", A=0.52, value="dapo", seed=0, **kw)
+    write_run(tmp_path, "loss_type", "dapo-s1", A=0.52, value="dapo", seed=1, status="failed", error="boom", **kw)
+    data = RunData(tmp_path)
+    fig, ax = plt.subplots()
+    draw_curves_on(ax, FIGURES["fig5a"], select(data.eval, FIGURES["fig5a"]), OPTS, data)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
+    assert any(t.startswith("cispo (2/2 seeds): A=") for t in labels), labels
+    assert any(t.startswith("cispo (seed 0) [pool ran out] [contention 30%]") for t in labels), labels
+    assert any(t.startswith("dapo (2/2 seeds): A=") for t in labels), labels
+    assert len(labels) == 3, labels

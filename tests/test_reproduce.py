@@ -161,6 +161,16 @@ def test_thin_lines_keeps_the_epoch_line():
     assert [k["step"] for k in kept] == [1, 6, 7, 11, 16, 21, 26, 30]  # every 5th, epoch 1 at step 7, the last
 
 
+def test_thin_lines_keeps_the_line_where_the_prompt_pool_ran_dry():
+    from analysis.runs import pool_dry_step
+
+    lines = [json.dumps({"step": i, "prompts": 8, "curriculum_active": 100 - 4 * i}) for i in range(1, 31)]
+    text = "\n".join(lines)
+    thinned = study_runs._thin_lines(text, 5)
+    assert pool_dry_step(text) == 24 and pool_dry_step(thinned) == 24  # the collected copy ends its curve there too
+    assert [json.loads(x)["step"] for x in thinned.splitlines()] == [1, 6, 11, 16, 21, 24, 26, 30]
+
+
 # ------------------------------------------------------------------------------ the report
 
 
@@ -327,6 +337,22 @@ def test_collect_only_takes_finished_uncontended_runs_submits_nothing_and_says_w
     assert scalerl(cmd + ["--report-only"]) == 2  # not with --report-only
 
 
+def test_a_study_whose_chosen_sweeps_all_ran_says_complete_and_names_the_sweeps_it_left_out(tmp_path, capsys):
+    runs, res = tmp_path / "runs", tmp_path / "results"
+    kw = dict(B=1.8, C_mid=0.26, steps=40, eval_every=2, device="cpu", count=2, factor="train.precision")
+    for value, A in (("bf16", 0.52), ("bf16_fp32_head", 0.6)):
+        for seed in (0, 1):
+            write_run(runs, "fp32_head", f"{value}-s{seed}", A=A, value=value, seed=seed, **kw)
+    cmd = _args(tmp_path, "--sweeps", "fp32_head", "--seeds", "2", "--executor", "local", "--collect-only",
+                "--no-figures")
+    assert scalerl(cmd) == 0, capsys.readouterr().out
+    text = (res / "REPORT.md").read_text()
+    progress = text[text.index("## Study progress"):text.index("## Verdicts")]
+    assert "**Complete**: every run of the 1 sweeps this study chose is here (4 runs)." in progress
+    assert "not part of this study (`--sweeps`)" in progress and "`loss_type`" in progress
+    assert "Part-way" not in text
+
+
 def test_collect_only_takes_a_run_whose_prompt_pool_ran_out_and_not_one_that_crashed(tmp_path, capsys):
     runs, res = tmp_path / "runs", tmp_path / "results"
     kw = dict(B=1.8, C_mid=0.01, steps=30, eval_every=2, device="cpu", count=2, factor="train.precision",
@@ -344,3 +370,19 @@ def test_collect_only_takes_a_run_whose_prompt_pool_ran_out_and_not_one_that_cra
                                                             act=False)[0].planned}
     assert planned["bf16-s0"].action == "skip-done" and "collected as ended" in planned["bf16-s0"].reason
     assert planned["bf16-s1"].action == "skip-failed"  # a crash is re-run only with --retry-failed
+
+
+def test_the_report_prints_the_mechanism_measurement_when_the_claims_are_judged():
+    from experiments.study_report import _mechanism_line
+
+    unclear = ("the mean |trainer − generator| log-prob gap per token: 0.003259 without it (bf16), 0.003155 with it "
+               "(bf16_fp32_head); it removes +0.000104 [-0.000257, +0.000465] (paired by seed, n=3)")
+    line = _mechanism_line(pd.DataFrame({"claim_id": ["x"], "mechanism": [unclear]}))
+    assert line.startswith("**Mechanism:** the mean |trainer") and "[-0.000257, +0.000465]" in line
+    assert "judged as usual" in line
+    # not testable: each claim says so itself; no mechanism named: nothing
+    assert _mechanism_line(pd.DataFrame({"claim_id": ["x"], "mechanism": ["not testable at this scale: ..."]})) == ""
+    assert _mechanism_line(pd.DataFrame({"claim_id": ["x"], "mechanism": [""]})) == ""
+    assert _mechanism_line(pd.DataFrame(columns=["claim_id", "verdict"])) == ""
+    assert _mechanism_line(pd.DataFrame({"claim_id": ["x"], "mechanism": ["logprob_gap_mean not logged by these runs"]})
+                           ) == "**Mechanism:** logprob_gap_mean not logged by these runs; the claims below are judged as usual."

@@ -447,8 +447,8 @@ def test_a_fresh_start_cancels_the_jobs_a_controller_saved_and_a_plain_one_keeps
         assert "SCALERL_SLURM_FRESH=1: cancelling the 1 job(s) an earlier controller saved" in out, out
         assert job not in _queued_ids(), "a fresh start must cancel the saved job"
         state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True,
-                               text=True, timeout=30).stdout.split()
-        assert state and state[-1].startswith("CANCELLED"), state  # job ids go on: accounting sees it once
+                               text=True, timeout=30).stdout.splitlines()
+        assert state and state[-1].startswith("CANCELLED"), state  # "CANCELLED by 0"
     finally:
         if subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode != 0:  # left down by a failure
             subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "start.sh")], capture_output=True, timeout=180)
