@@ -16,18 +16,18 @@ evaluations yet (present in the run table, absent from the evaluation rows).
 - `fit_run(eval_df_of_one_run)`     the sigmoid fit of one run, or None when it cannot be fitted
 - `run_finished(status, error)`    whether a run ran to its end (done, or its prompt pool ran out)
 - `pool_dry_step(metrics_text)`    the step at which its prompt pool could no longer fill a step
+- `fit_runs(eval_df)`               a table of fits, one row per run, by the paper's protocol
+                                    (analysis/protocol.py)
 
 A run's held-out curve ends where its prompt pool ran dry. No-Positive-Resampling drops every
 prompt that reaches a pass rate of 0.9, so a finite pool thins; once fewer prompts are active
 than one step orders (`curriculum_active < prompts` in metrics.jsonl), each step trains on the
 same handful of hard prompts, and the held-out pass rate falls (the tiny-long study's bs64 runs:
-0.93 -> 0.26-0.69 within ~60 steps). That is a property of the pool's size, not of the
+0.91-0.93 -> 0.26-0.69 within ~150 steps as the last ~100 prompts go). That is a property of the pool's size, not of the
 configuration, so what="eval" keeps only the evaluations before that step and the run table
 says where (`pool_dry_step`, `n_evals_after_pool_dry`). A run that then stopped with
 `CurriculumExhausted` (every prompt dropped) ran to its end: `run_finished` counts it with the
 done ones.
-- `fit_runs(eval_df)`               a table of fits, one row per run, by the paper's protocol
-                                    (analysis/protocol.py)
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def _pool_dry_text(runs: Any) -> str:
     if dry.empty:
         return head + " No run's pool ran dry."
     parts = [f"{r.sweep}/{r.run} (step {int(r.pool_dry_step)}, curve ends at {r.final_compute:.3g}"
-             + ("; stopped CurriculumExhausted" if r.status == "failed" else "") + ")"
+             + ("; stopped CurriculumExhausted" if r.finished and r.status != "done" else "") + ")"
              for r in dry.sort_values(["sweep", "run"]).itertuples()]
     return head + f" {len(dry)} run(s): " + ", ".join(parts) + "."
 

@@ -14,7 +14,6 @@ otherwise its jobs would queue behind them until pytest's timeout, with nothing 
 from __future__ import annotations
 
 import os
-
 import shutil
 
 import pytest
