@@ -23,7 +23,7 @@
    final/) are copied into OUT/<sweep>/<run>/. OUT must stay under `--max-mb` (50): with
    `--thin-metrics auto` (default) metrics.jsonl keeps every N-th step line (plus the line
    where epoch 1 ends and the last line) with the smallest N that fits; the report says N.
-5. Figures (PNG) into OUT/figures/ (`paper_figures.render.render_all`), and OUT/REPORT.md:
+5. Figures (PNG and PDF) into OUT/figures/ (`paper_figures.render.render_all`), and OUT/REPORT.md:
    per ablation the paper's finding (analysis/findings.py), ours (mean A and B over seeds
    with 95% t-intervals; `analysis.study.summarize`, the code path of `scalerl fit`), the
    comparison rule's verdict with the margin used, agree / disagree / inconclusive, and for
@@ -135,7 +135,9 @@ def _draw_figures(out: Path, console) -> tuple[dict, dict, dict]:
     from paper_figures.common import Options
     from paper_figures.render import render_all
 
-    written, missing, failed = render_all(out, out / FIGURES_DIR, Options(compute="auto", formats=("png",), dpi=110))
+    # PNG for REPORT.md, PDF for a paper (both ~2 MB for a study's ~20 figures)
+    opts = Options(compute="auto", formats=("png", "pdf"), dpi=110)
+    written, missing, failed = render_all(out, out / FIGURES_DIR, opts)
     for fig_id, err in failed.items():
         console.print(f"[red]figure {fig_id} failed:[/red] {err}", highlight=False)
     console.print(f"figures: {len(written)} drawn, {len(missing)} missing, {len(failed)} failed -> {out / FIGURES_DIR}")

@@ -505,7 +505,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     written, missing, failed = figures if figures is not None else ({}, {}, {})
     if written:
         for fig_id in written:
-            w(f"![{fig_id}]({FIGURES_DIR}/{fig_id}.png)")
+            w(f"![{fig_id}]({FIGURES_DIR}/{fig_id}.png) ([PDF]({FIGURES_DIR}/{fig_id}.pdf))")
         w("")
     not_here = {k: v for k, v in NOT_AT_TINY_SCALE.items() if k.split(" ")[0] not in written}
     if scale == "tiny" and not_here:

@@ -321,7 +321,8 @@ def save(fig, out_dir: str | Path, stem: str, opts: Options) -> list[Path]:
     paths = []
     for fmt in opts.formats:
         p = out / f"{stem}.{fmt}"
-        fig.savefig(p, dpi=opts.dpi, bbox_inches="tight")
+        # no creation date in a PDF: the same runs give the same bytes
+        fig.savefig(p, dpi=opts.dpi, bbox_inches="tight", metadata={"CreationDate": None} if fmt == "pdf" else None)
         paths.append(p)
     plt.close(fig)
     return paths

@@ -296,3 +296,17 @@ def test_a_configuration_keeps_its_legend_entry_when_its_first_seed_is_contended
     assert any(t.startswith("cispo (seed 0) [pool ran out] [contention 30%]") for t in labels), labels
     assert any(t.startswith("dapo (2/2 seeds): A=") for t in labels), labels
     assert len(labels) == 3, labels
+
+
+def test_the_same_figure_saves_to_the_same_pdf_bytes(tmp_path):
+    """No creation date in the PDF: regenerating a study's figures from the same runs leaves git clean."""
+    from paper_figures.common import save
+
+    paths = []
+    for i in range(2):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], [0.2, 0.5, 0.6])
+        paths += save(fig, tmp_path / str(i), "fig", Options(dpi=30, formats=("pdf", "png")))
+    pdfs = [p.read_bytes() for p in paths if p.suffix == ".pdf"]
+    assert pdfs[0][:5] == b"%PDF-" and pdfs[0] == pdfs[1]
+    assert b"CreationDate" not in pdfs[0]
