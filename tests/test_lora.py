@@ -300,6 +300,10 @@ def _rank_main(rank: int, world: int, init_file: str, model_path: str, out: str)
         if rank == 0:
             with open(out, "wb") as f:
                 pickle.dump(result, f)
+        # both ranks done before either tears its gloo pairs down: a rank that closed them while the
+        # other was still inside its last collective once aborted it ("terminate called without an
+        # active exception", SIGABRT; CI, 2026-11-27)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
