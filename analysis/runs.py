@@ -122,10 +122,6 @@ def pool_dry_step(metrics_text: str) -> int | None:
     return None
 
 
-def _int_or_none(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(float(v)) else None
-
-
 def _metrics_text(run_dir: Path) -> str:
     p = run_dir / "metrics.jsonl"
     return p.read_text(encoding="utf-8", errors="replace") if p.is_file() else ""
@@ -442,7 +438,7 @@ def fit_runs(
         row["path"] = meta.get("path")
         row.update(n_evals=int(c.size), final_compute=float(c[-1]) if c.size else math.nan,
                    finished=run_finished(meta.get("status"), meta.get("error")),
-                   pool_dry_step=_int_or_none(meta.get("pool_dry_step")))
+                   pool_dry_step=None if (dry := _num(meta.get("pool_dry_step"))) is None else int(dry))
         proto = get_protocol(protocol) if protocol is not None else sweep_protocol(meta.get("sweep"))
         ep1, max_ep = epoch_info(meta, compute)
         pf = fit_with_protocol(c, r, protocol=proto, min_compute=min_compute, epoch1=ep1, max_epoch=max_ep,
