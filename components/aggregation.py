@@ -15,16 +15,23 @@ WHOLE step batch (`token_weights`), then each micro-batch's loss is
 `weighted_sum(per_token_loss_mb, weights_mb)`, and the sum of micro-batch gradients equals
 the whole-batch gradient. (Normalising by micro-batch counts instead is the bug verl,
 prime-rl and open-instruct each shipped: verl #5625, prime-rl #583, open-instruct #1161.)
+
+`dr_grpo` (added in 2026) is linear too: sum over every masked token / (B x a constant token
+count), B the number of sequences of the step batch, so its weights are one number for every
+token of the batch and micro-batching stays exact. Its constant is a hyper-parameter
+(``dr_grpo.max_tokens``), bound in gin like any other.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from components.registry import AGGREGATIONS
 
-__all__ = ["token_mean", "sample_mean", "prompt_mean", "token_weights", "weighted_sum", "group_index"]
+__all__ = ["token_mean", "sample_mean", "prompt_mean", "dr_grpo", "token_weights", "weighted_sum", "group_index"]
 
 
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
@@ -61,6 +68,29 @@ def prompt_mean(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor) -> Tens
     per_group_sum = torch.zeros(num_groups, dtype=per_seq.dtype, device=per_seq.device).index_add(0, idx, per_seq)  # [P]
     per_group_len = torch.zeros(num_groups, dtype=lengths.dtype, device=lengths.device).index_add(0, idx, lengths)  # [P]
     return (per_group_sum / per_group_len.clamp(min=1)).sum() / max(num_groups, 1)  # []
+
+
+@AGGREGATIONS.register("dr_grpo", ranges={"max_tokens": ">= 1"})
+def dr_grpo(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor, *, max_tokens: Optional[int] = None) -> Tensor:
+    """Dr. GRPO: sum over every masked token / (number of sequences x max_tokens), a constant normaliser.
+
+    value = sum_{b, t: mask} loss[b, t] / (B * L), B the sequences of the step batch, L =
+    `max_tokens` (the generation budget: bind ``dr_grpo.max_tokens`` to the run's
+    ``train.max_tokens``, e.g. through one gin macro). With max_tokens None (the default) L is the
+    padded completion length T of the step batch, which is the longest completion of the step, not a
+    constant: bind it for the paper's estimator.
+
+    Sources: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
+    (arXiv 2503.20783), Dr. GRPO's fix of the length bias: the per-sequence 1/|o_i| is replaced by
+    a constant (the generation budget, MAX_TOKENS). Peers: TRL GRPOTrainer ``loss_type="dr_grpo"``
+    (sum of masked token losses / (batch size x ``max_completion_length``)); verl
+    ``loss_agg_mode="seq-mean-token-sum-norm"`` (sum / ``loss_scale_factor``, by default the
+    padded response length). B and L are taken on the WHOLE step batch (the learner computes the
+    weights there, `token_weights`), so ranks and micro-batches change nothing.
+    """
+    length = per_token_loss.shape[1] if max_tokens is None else int(max_tokens)
+    norm = max(per_token_loss.shape[0], 1) * max(length, 1)
+    return torch.where(mask, per_token_loss, 0.0).sum() / norm  # []
 
 
 def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -346,7 +346,19 @@ def _ref_diagnostics(name, batch, **hp):
     log_r = [lp[b][t] - glp[b][t] for b in range(len(m)) for t in range(len(m[0])) if m[b][t]]
     n_clip = sum(c for row in clipped for c in row)
     ratios = [math.exp(x) for x in log_r]
+    # the side of each clipped token: the ratio the clip acts on below 1 (low) or not (high); GSPO's is
+    # the sequence ratio, exp(mean log-ratio over the sequence's tokens)
+    def acting_log_ratio(b, t):
+        if name == "gspo":
+            row = [lp[b][u] - glp[b][u] for u in range(len(m[0])) if m[b][u]]
+            return sum(row) / len(row)
+        return lp[b][t] - glp[b][t]
+
+    low = sum(1 for b in range(len(m)) for t in range(len(m[0]))
+              if m[b][t] and clipped[b][t] and acting_log_ratio(b, t) < 0)
     return {
+        "clip_frac_low": low / len(log_r),
+        "clip_frac_high": (n_clip - low) / len(log_r),
         "clip_frac": n_clip / len(log_r),
         "is_ratio_mean": sum(ratios) / len(ratios),
         "is_ratio_min": min(ratios),

@@ -19,6 +19,8 @@ Usage by a generator worker::
 
 from __future__ import annotations
 
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Mapping, Optional, Sequence
@@ -28,13 +30,82 @@ FinishReason = Literal["stop", "length", "interrupted"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. One instance is shared by the requests of a call."""
+    """How to sample. One instance is shared by the requests of a call.
+
+    Both engines apply the knobs in vLLM's order, so they sample from the same distribution:
+    repetition penalty on the raw logits (a logit > 0 of a token already in the prompt or the
+    completion is divided by it, one <= 0 multiplied), then / temperature, softmax, min-p (drop
+    tokens less likely than min_p x the most likely one), top-k (keep the k most likely, ties with
+    the k-th kept), then top-p on what is left, renormalised. Greedy sampling (temperature <= 0)
+    takes the argmax of the penalised logits and ignores min-p, top-k and top-p.
+    gen_logp is unchanged by every one of them: log_softmax(logits / T) of the raw logits
+    (`Completion`), the quantity the trainer recomputes.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 64  # completion budget in sampled tokens (thinking + answer for interruption)
     stop_token_ids: tuple[int, ...] = ()  # the tokenizer's EOS is always a stop token too
     seed: Optional[int] = None
+    top_k: int = 0  # sample among the k most likely tokens; 0: off
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one; 0: off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion; 1: off
+    max_prompt_length: Optional[int] = None  # a longer prompt is refused (ValueError); None: no limit
+
+
+# The knobs added with train.top_k / min_p / repetition_penalty / max_prompt_length, and their ranges
+# (the same as components.trainer.config.TRAIN_RANGES: a config is refused before anything runs, an
+# engine refuses a SamplingParams built by hand).
+SAMPLING_KNOB_RANGES = {"top_k": "an integer >= 0", "min_p": "in [0, 1]", "repetition_penalty": "finite and > 0",
+                        "max_prompt_length": "None or an integer >= 1"}
+
+
+def _is_integer(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_sampling_knobs(params: SamplingParams) -> None:
+    """Refuse top_k, min_p, repetition_penalty or max_prompt_length outside its range (ValueError naming
+    the value and the range), before any request is queued."""
+    ok = {
+        "top_k": _is_integer(params.top_k) and params.top_k >= 0,
+        "min_p": _is_real(params.min_p) and 0.0 <= params.min_p <= 1.0,
+        "repetition_penalty": _is_real(params.repetition_penalty) and math.isfinite(params.repetition_penalty)
+        and params.repetition_penalty > 0,
+        "max_prompt_length": params.max_prompt_length is None
+        or (_is_integer(params.max_prompt_length) and params.max_prompt_length >= 1),
+    }
+    bad = [name for name, good in ok.items() if not good]
+    if bad:
+        raise ValueError("; ".join(f"SamplingParams.{name} = {getattr(params, name)!r} is out of range: must be "
+                                   f"{SAMPLING_KNOB_RANGES[name]}" for name in bad))
+
+
+def check_prompt_length(request: "GenerationRequest", params: SamplingParams) -> None:
+    """Refuse a prompt longer than params.max_prompt_length, naming its length, the limit and the setting."""
+    limit = params.max_prompt_length
+    if limit is not None and len(request.prompt_ids) > limit:
+        raise ValueError(
+            f"request {request.group_id!r}: its prompt has {len(request.prompt_ids)} tokens, more than "
+            f"max_prompt_length = {limit} (train.max_prompt_length); raise the limit, or shorten the prompt "
+            "(the task's template or system prompt), or leave such problems out of the task"
+        )
+
+
+def sampling_knobs(settings: Any) -> dict:
+    """SamplingParams' top_k, min_p, repetition_penalty and max_prompt_length from a config that has them
+    (a TrainConfig: train.top_k, ...); a missing one, or top_k None, is the knob's off value."""
+    top_k = getattr(settings, "top_k", 0)
+    return {
+        "top_k": 0 if top_k is None else int(top_k),
+        "min_p": float(getattr(settings, "min_p", 0.0)),
+        "repetition_penalty": float(getattr(settings, "repetition_penalty", 1.0)),
+        "max_prompt_length": getattr(settings, "max_prompt_length", None),
+    }
 
 
 @dataclass(frozen=True)
@@ -109,7 +180,8 @@ class Completion:
     token_ids, gen_logp, versions and forced all have the completion's length.
     gen_logp[t] is the sampler's float32 log-prob of token_ids[t]:
     log_softmax(logits / temperature)[token] under the weights that sampled it (not
-    renormalised after top-p; the trainer recomputes exactly this quantity).
+    renormalised after top-p, top-k or min-p, and without the repetition penalty; the trainer
+    recomputes exactly this quantity).
     Forced (injected) tokens have gen_logp 0.0 and forced True; they are excluded from the loss.
     versions[t] is the policy version that produced token t.
     """

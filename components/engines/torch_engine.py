@@ -39,6 +39,12 @@ on. `SamplingParams.max_tokens` stays a hard cap on sampled tokens.
 Sampling: probabilities softmax(logits / T) (float32), optional top-p (nucleus) filtering,
 then `torch.multinomial` with the engine's seeded generator; temperature <= 0 is greedy.
 gen_logp = log_softmax(logits / T)[token] before top-p (`logprobs.token_logprobs`).
+The other knobs of `SamplingParams` follow vLLM's order (`sampling_probs`): the repetition
+penalty on the raw logits (`repetition_penalized`, over the prompt and every completion token
+so far, forced ones included, tracked in a [rows, vocab] bool tensor only while some row uses
+it), then / T, min-p, top-k, then top-p on the renormalised rest. gen_logp stays the
+log-prob of the raw logits / T, as with top-p. With every knob at its default the sampling
+path is exactly the top-p one above (no extra operation).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from components.engines.base import (
     GenerationRequest,
     Interruption,
     SamplingParams,
+    check_prompt_length,
+    check_sampling_knobs,
     still_thinking,
 )
 from components.engines.logprobs import scaled_log_softmax
@@ -66,7 +74,7 @@ from components.registry import ENGINES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TorchEngine", "top_p_filter", "eos_token_ids"]
+__all__ = ["TorchEngine", "top_p_filter", "min_p_top_k_keep", "sampling_probs", "repetition_penalized", "eos_token_ids"]
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -87,6 +95,58 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p.unsqueeze(-1), 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def repetition_penalized(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """vLLM's repetition penalty: a logit of a token already seen is divided by the penalty when > 0,
+    multiplied by it otherwise.  [B, V]
+
+    logits [B, V] (float32), seen [B, V] bool (the token is in the prompt or the completion so far),
+    penalty [B] (> 0; 1 leaves the row unchanged).
+    """
+    factor = torch.where(seen, penalty.to(logits.dtype).unsqueeze(-1), torch.ones_like(logits))  # [B, V]
+    return logits * torch.where(logits > 0, 1.0 / factor, factor)  # [B, V]
+
+
+def min_p_top_k_keep(logp: torch.Tensor, top_k: Optional[torch.Tensor], min_p: Optional[torch.Tensor]) -> torch.Tensor:
+    """The tokens min-p then top-k keep.  [B, V] bool
+
+    logp [B, V] (log-probs after the penalty and the temperature); min_p [B] in [0, 1]: keep a token
+    whose probability is >= min_p x the row's largest; top_k [B] (0: off): of those, keep the ones
+    whose log-prob is >= the k-th largest (ties with the k-th are kept, as vLLM keeps them).
+    """
+    keep = torch.ones_like(logp, dtype=torch.bool)  # [B, V]
+    if min_p is not None:
+        probs = logp.exp()  # [B, V]
+        keep = probs >= min_p.to(probs.dtype).unsqueeze(-1) * probs.amax(dim=-1, keepdim=True)  # [B, V]
+    if top_k is not None:
+        k = top_k.clamp(max=logp.shape[-1])  # [B]
+        kmax = int(k.max())
+        if kmax > 0:
+            kept = logp.masked_fill(~keep, float("-inf"))  # [B, V]
+            kth = kept.topk(kmax, dim=-1).values.gather(-1, (k - 1).clamp(min=0).unsqueeze(-1))  # [B, 1]
+            kth = torch.where(k.unsqueeze(-1) > 0, kth, torch.full_like(kth, float("-inf")))  # [B, 1]
+            keep = keep & (kept >= kth)  # [B, V]
+    return keep
+
+
+def sampling_probs(logp: torch.Tensor, top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
+                   min_p: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The (unnormalised) distribution a row samples from.  [B, V]
+
+    logp [B, V]: log-probs after the repetition penalty and the temperature. min-p and top-k
+    (`min_p_top_k_keep`) zero the tokens they drop and the rest is renormalised; top-p then keeps
+    the nucleus of that renormalised distribution (`top_p_filter`). A knob given as None is off;
+    with all three None this is exp(logp).
+    """
+    probs = logp.exp()  # [B, V]
+    if top_k is not None or min_p is not None:
+        keep = min_p_top_k_keep(logp, top_k, min_p)  # [B, V]
+        probs = torch.where(keep, probs, torch.zeros_like(probs))  # [B, V]
+        probs = probs / probs.sum(dim=-1, keepdim=True)  # [B, V]
+    if top_p is not None:
+        probs = top_p_filter(probs, top_p)  # [B, V]
+    return probs
 
 
 def eos_token_ids(model_config, tokenizer) -> set[int]:
@@ -118,6 +178,9 @@ class _Row:
     cap: int  # hard cap on sampled tokens
     stop_ids: frozenset
     interruption: Optional[Interruption]
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     tokens: list = field(default_factory=list)
     logps: list = field(default_factory=list)
     versions: list = field(default_factory=list)
@@ -221,6 +284,7 @@ class TorchEngine(Engine):
         self._rows: list[_Row] = []
         self._cache = None
         self._mask: Optional[torch.Tensor] = None  # [B, L] long
+        self._seen: Optional[torch.Tensor] = None  # [B, V] bool: tokens each row has seen (only with a repetition penalty)
         self._mergeable: Optional[bool] = None
         self._done: list[CompletedGroup] = []
 
@@ -230,6 +294,9 @@ class TorchEngine(Engine):
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
         if not 0.0 < params.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+        check_sampling_knobs(params)
+        for req in requests:
+            check_prompt_length(req, params)  # every prompt of the call before any is queued
         if params.seed is not None:
             self._generator.manual_seed(int(params.seed))
         for req in requests:
@@ -299,13 +366,13 @@ class TorchEngine(Engine):
         for row in self._rows:
             if row.finish_reason is None:
                 self._finish(row, "length")
-        self._rows, self._cache, self._mask = [], None, None
+        self._rows, self._cache, self._mask, self._seen = [], None, None, None
         done, self._done = self._done, []
         return done
 
     def close(self) -> None:
         self._queue.clear()
-        self._rows, self._cache, self._mask = [], None, None
+        self._rows, self._cache, self._mask, self._seen = [], None, None, None
 
     # ------------------------------------------------------------------ internals
     @staticmethod
@@ -351,7 +418,7 @@ class TorchEngine(Engine):
             use_cache=True,
         )
         self._cache = out.past_key_values
-        self._choose(out.logits[:, -1, :], rows)
+        self._choose(out.logits[:, -1, :], rows, self._seen)
         self._drop_finished()
 
     def _admit(self) -> None:
@@ -433,31 +500,62 @@ class TorchEngine(Engine):
                         cap=int(params.max_tokens),
                         stop_ids=stop,
                         interruption=it,
+                        top_k=int(params.top_k),
+                        min_p=float(params.min_p),
+                        repetition_penalty=float(params.repetition_penalty),
                     )
                 )
-        self._choose(logits, new_rows)
-        self._merge(new_rows, cache, mask)
+        penalised = self._seen is not None or any(r.repetition_penalty != 1.0 for r in new_rows)
+        seen = self._seen_of(new_rows, logits.shape[-1]) if penalised else None  # [Bn, V] bool, or None
+        self._choose(logits, new_rows, seen)
+        self._merge(new_rows, cache, mask, seen)
         self._drop_finished()
 
-    def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> None:
-        """Pick each row's next token (sampled or forced) from logits [B, V]; update the rows."""
+    def _seen_of(self, rows: list[_Row], vocab: int) -> torch.Tensor:
+        """Which tokens each row has seen: its prompt and its completion so far.  [len(rows), V] bool"""
+        seen = torch.zeros((len(rows), vocab), dtype=torch.bool, device=self.device)  # [B, V]
+        for i, row in enumerate(rows):
+            ids = list(row.group.request.prompt_ids) + list(row.tokens)
+            seen[i, torch.as_tensor(ids, dtype=torch.long, device=self.device)] = True
+        return seen
+
+    def _sampling_distribution(self, logits: torch.Tensor, rows: list[_Row], temperature, seen: Optional[torch.Tensor],
+                               logp_all: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(what each row samples from [B, V], the penalised logits [B, V] or None without a penalty)."""
+        penalised = None
+        sample_logp = logp_all  # [B, V]
+        if seen is not None and any(r.repetition_penalty != 1.0 for r in rows):
+            penalty = torch.tensor([r.repetition_penalty for r in rows], dtype=torch.float32, device=logits.device)  # [B]
+            penalised = repetition_penalized(logits.float(), seen, penalty)  # [B, V]
+            sample_logp = scaled_log_softmax(penalised, temperature)  # [B, V]
+        top_k = min_p = top_p = None
+        if any(r.top_k > 0 for r in rows):
+            top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=logits.device)  # [B]
+        if any(r.min_p > 0.0 for r in rows):
+            min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=logits.device)  # [B]
+        if any(r.top_p < 1.0 for r in rows):
+            top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=logits.device)  # [B]
+        return sampling_probs(sample_logp, top_k=top_k, top_p=top_p, min_p=min_p), penalised  # [B, V], [B, V] | None
+
+    def _choose(self, logits: torch.Tensor, rows: list[_Row], seen: Optional[torch.Tensor] = None) -> None:
+        """Pick each row's next token (sampled or forced) from logits [B, V]; update the rows (and `seen` [B, V],
+        the tokens each row has seen, when a repetition penalty tracks them)."""
         temps = [r.temperature if r.temperature > 0 else 1.0 for r in rows]
         if all(t == temps[0] for t in temps):
-            logp_all = scaled_log_softmax(logits, temps[0])  # [B, V], the shared definition
+            temperature = temps[0]
         else:
-            logp_all = scaled_log_softmax(logits, torch.tensor(temps, dtype=torch.float32, device=logits.device))
-        probs = logp_all.exp()
-        if any(r.top_p < 1.0 for r in rows):
-            top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=probs.device)
-            probs = top_p_filter(probs, top_p)
+            temperature = torch.tensor(temps, dtype=torch.float32, device=logits.device)  # [B]
+        logp_all = scaled_log_softmax(logits, temperature)  # [B, V], the shared definition (gen_logp)
+        probs, penalised = self._sampling_distribution(logits, rows, temperature, seen, logp_all)  # [B, V]
         sampled = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)  # [B]
         if any(r.temperature <= 0 for r in rows):
             greedy = torch.tensor([r.temperature <= 0 for r in rows], device=probs.device)
-            sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
+            sampled = torch.where(greedy, (logits if penalised is None else penalised).argmax(dim=-1), sampled)  # [B]
         gen_logp = logp_all.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)  # [B]
         tok_list = sampled.tolist()
         logp_list = gen_logp.tolist()
         version = self.version
+        lengths = [len(r.tokens) for r in rows] if seen is not None else None
         for row, tok, lp in zip(rows, tok_list, logp_list):
             if row.finish_reason is not None:
                 continue
@@ -483,6 +581,15 @@ class TorchEngine(Engine):
                 self._finish(row, "interrupted" if row.interrupted else "stop")
             elif row.sampled >= row.cap:
                 self._finish(row, "length")
+        if seen is not None:
+            self._mark_seen(seen, rows, lengths)
+
+    def _mark_seen(self, seen: torch.Tensor, rows: list[_Row], lengths: list[int]) -> None:
+        """Record in `seen` [B, V] the token each row added this step (sampled or forced)."""
+        added = [(i, row.tokens[-1]) for i, row in enumerate(rows) if len(row.tokens) > lengths[i]]
+        if added:
+            index = torch.tensor(added, dtype=torch.long, device=seen.device)  # [n, 2]
+            seen[index[:, 0], index[:, 1]] = True
 
     def _finish(self, row: _Row, reason: str) -> None:
         row.finish_reason = reason
@@ -503,11 +610,16 @@ class TorchEngine(Engine):
                 log.warning("torch engine: this model's KV cache cannot be merged; admitting requests in waves")
         return self._mergeable
 
-    def _merge(self, new_rows: list[_Row], cache, mask: torch.Tensor) -> None:
-        """Append new rows (cache, mask [Bn, Ln]) to the running batch, left-padding the shorter."""
+    def _merge(self, new_rows: list[_Row], cache, mask: torch.Tensor, seen: Optional[torch.Tensor] = None) -> None:
+        """Append new rows (cache, mask [Bn, Ln], seen [Bn, V] or None) to the running batch, left-padding the shorter."""
         if not self._rows:
-            self._rows, self._cache, self._mask = new_rows, cache, mask
+            self._rows, self._cache, self._mask, self._seen = new_rows, cache, mask, seen
             return
+        if seen is not None or self._seen is not None:  # a repetition penalty in the batch: track every row
+            vocab = (seen if seen is not None else self._seen).shape[1]
+            old_seen = self._seen if self._seen is not None else self._seen_of(self._rows, vocab)  # [B, V]
+            new_seen = seen if seen is not None else self._seen_of(new_rows, vocab)  # [Bn, V]
+            self._seen = torch.cat([old_seen, new_seen], dim=0)  # [B + Bn, V]
         L_old, L_new = self._mask.shape[1], mask.shape[1]
         L = max(L_old, L_new)
         headroom = max(self._max_remaining(self._rows + new_rows), 1)
@@ -568,11 +680,13 @@ class TorchEngine(Engine):
         if dead == 0 or (keep and not force and 4 * dead < len(self._rows)):
             return
         if not keep:
-            self._rows, self._cache, self._mask = [], None, None
+            self._rows, self._cache, self._mask, self._seen = [], None, None, None
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._cache.batch_select_indices(idx)
         self._mask = self._mask.index_select(0, idx)
+        if self._seen is not None:
+            self._seen = self._seen.index_select(0, idx)  # [B', V]
         self._rows = [self._rows[i] for i in keep]
         # Trim leading columns that are padding in every remaining row.
         used = self._mask.any(dim=0).nonzero()

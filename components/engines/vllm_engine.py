@@ -20,9 +20,15 @@ reloaded between two steps:
 - Each sample is its own vLLM request (n=1), streamed with DELTA outputs, so per-token
   versions are exact; a group is returned by the `step()` in which its last sample finished.
 - gen_logp: vLLM's "processed" log-probs are renormalised after top-p, which is not the
-  contract (log_softmax(logits / T) before top-p). The engine wraps vLLM's top-k/top-p sampler
-  in the worker so that the returned log-probs are log_softmax of the temperature-scaled
-  logits taken just before the top-k/top-p filter (`_install_logprob_hook`).
+  contract (log_softmax(logits / T) before top-p). The engine wraps vLLM's sampler in the
+  worker so that the returned log-probs are log_softmax of the raw logits / T, taken as the
+  sampler receives them, before vLLM applies the repetition penalty, min-p and top-k/top-p
+  (`_install_logprob_hook`); with none of those set that is the same tensor as the
+  temperature-scaled logits just before the top-k/top-p filter.
+- Sampling knobs: `SamplingParams` top_p, top_k, min_p and repetition_penalty go to vLLM's
+  SamplingParams as they are (vLLM's defaults 1.0, 0, 0.0, 1.0 are the knobs' off values); the
+  torch engine applies them in vLLM's order (`torch_engine.sampling_probs`). A prompt longer
+  than `SamplingParams.max_prompt_length` is refused in `add_requests`.
 - Forced interruption: vLLM cannot inject tokens into a running request, so a sample with an
   `Interruption` first runs with max_tokens = at_token; if it reaches that point, the phrase
   is appended (forced) and a continuation request (prompt + thinking + phrase) is submitted
@@ -53,44 +59,63 @@ from components.engines.base import (
     GenerationRequest,
     Interruption,
     SamplingParams,
+    check_prompt_length,
+    check_sampling_knobs,
     still_thinking,
 )
 from components.precision import get_precision, vllm_dtype
 from components.registry import ENGINES
 
-__all__ = ["VllmEngine", "vllm_llm_kwargs", "DEFAULT_MAX_NUM_SEQS"]
+__all__ = ["VllmEngine", "vllm_llm_kwargs", "vllm_sampling_knobs", "DEFAULT_MAX_NUM_SEQS"]
 
 
 # ----------------------------------------------------------------------------- worker-side hooks
+_SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it is greedy (and counts as 1 for log-probs)
+
+
+def _scaled_logprobs(logits, temperature):
+    """log_softmax(logits / T) in float32, T per row [B] (None: every row greedy; T < 1e-5 counts as 1, as in
+    vLLM's `Sampler.apply_temperature`, whose division this repeats).  [B, V]"""
+    import torch
+
+    if temperature is None:
+        return logits.log_softmax(dim=-1, dtype=torch.float32)  # [B, V]
+    t = torch.where(temperature < _SAMPLING_EPS, torch.ones_like(temperature), temperature)  # [B]
+    return (logits / t.unsqueeze(dim=1)).log_softmax(dim=-1, dtype=torch.float32)  # [B, V]
+
+
 def _install_logprob_hook(worker) -> str:
-    """Make the sampler return log_softmax(logits / T) taken BEFORE top-k/top-p (runs in the worker)."""
+    """Make the sampler return log_softmax(raw logits / T), taken before vLLM's repetition penalty, min-p and
+    top-k/top-p (runs in the worker).
+
+    vLLM's V1 `Sampler.forward` hands the float32 logits to `apply_logits_processors` (penalties, logit
+    processors), then `sample` (temperature, min-p, top-k/top-p; or greedy) returns the sampled tokens and
+    the "processed" log-probs it gathers. The hook takes the log-probs as `apply_logits_processors`
+    receives the logits (they are modified in place after that) and has `sample` return those instead.
+    """
     sampler = worker.model_runner.sampler
     inner = getattr(sampler, "topk_topp_sampler", None)
-    if inner is None:
+    if inner is None or not all(hasattr(sampler, name) for name in ("apply_logits_processors", "sample")):
         raise RuntimeError(
             f"vllm engine: vLLM's sampler ({type(sampler).__module__}.{type(sampler).__name__}) has no "
             f"topk_topp_sampler to take gen_logp from; the engine needs the V1 model runner ({V2_RUNNER_ENV}=0)"
         )
-    if getattr(inner, "_scalerl_wrapped", False):
+    if getattr(sampler, "_scalerl_prefilter_logprobs", False):
         return "already"
+    apply_processors, sample = sampler.apply_logits_processors, sampler.sample
+    taken: dict = {}
 
-    import torch
+    def apply_logits_processors(logits, sampling_metadata, *args, **kwargs):
+        taken["logprobs"] = _scaled_logprobs(logits, sampling_metadata.temperature)  # [B, V] before any processing
+        return apply_processors(logits, sampling_metadata, *args, **kwargs)
 
-    class _PreFilterLogprobs(torch.nn.Module):
-        """Wraps vLLM's TopKTopPSampler; logits it receives are already divided by the temperature."""
+    def sample_with_prefilter_logprobs(logits, sampling_metadata, *args, **kwargs):
+        sampled, processed = sample(logits, sampling_metadata, *args, **kwargs)
+        return sampled, taken.pop("logprobs", processed)
 
-        _scalerl_wrapped = True
-
-        def __init__(self, wrapped):
-            super().__init__()
-            self.wrapped = wrapped
-
-        def forward(self, logits, generators, k, p):
-            logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # before the filter mutates logits
-            sampled, _ = self.wrapped(logits, generators, k, p)
-            return sampled, logprobs
-
-    sampler.topk_topp_sampler = _PreFilterLogprobs(inner)
+    sampler.apply_logits_processors = apply_logits_processors
+    sampler.sample = sample_with_prefilter_logprobs
+    sampler._scalerl_prefilter_logprobs = True
     return "installed"
 
 
@@ -171,6 +196,12 @@ def use_v1_model_runner(environ=os.environ) -> None:
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def vllm_sampling_knobs(params: SamplingParams) -> dict[str, Any]:
+    """The keyword arguments of vLLM's SamplingParams for the knobs beyond temperature and top_p: top_k,
+    min_p and repetition_penalty, with the same meaning in vLLM (its defaults are their off values)."""
+    return {"top_k": int(params.top_k), "min_p": float(params.min_p), "repetition_penalty": float(params.repetition_penalty)}
 
 
 def vllm_llm_kwargs(
@@ -381,6 +412,9 @@ class VllmEngine(Engine):
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
         if not 0.0 < params.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+        check_sampling_knobs(params)
+        for req in requests:
+            check_prompt_length(req, params)  # every prompt of the call before any is queued
         if params.seed is not None:  # reproducible: per-request seeds drawn from params.seed
             self._rng.seed(int(params.seed))
         for req in requests:
@@ -480,6 +514,7 @@ class VllmEngine(Engine):
             n=1,
             temperature=max(0.0, float(p.temperature)),
             top_p=float(p.top_p),
+            **vllm_sampling_knobs(p),
             max_tokens=int(max_tokens),
             stop_token_ids=list(p.stop_token_ids),
             logprobs=0,

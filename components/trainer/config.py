@@ -118,6 +118,12 @@ class TrainConfig:
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
+    # more sampling knobs, applied by both engines in vLLM's order (components/engines/base.py SamplingParams);
+    # gen_logp stays log_softmax(logits / temperature) of the raw logits whatever they are
+    top_k: Optional[int] = 0  # sample among the k most likely tokens (0 or None: off)
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0: off)
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion (1: off)
+    max_prompt_length: Optional[int] = None  # a longer prompt is refused with an error naming it (None: no limit)
     micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
@@ -313,6 +319,10 @@ TRAIN_RANGES = {
     "max_tokens": ">= 1",
     "temperature": "> 0",
     "top_p": "(0, 1]",
+    "top_k": ">= 0",  # 0: off
+    "min_p": "[0, 1]",  # 0: off
+    "repetition_penalty": "> 0",  # 1: off
+    "max_prompt_length": ">= 1",  # None: no limit
     "micro_batch_size": ">= 1",
     "max_tokens_per_micro_batch": ">= 1",
     "logprob_chunk_size": ">= 1",

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from components.engines.base import GenerationRequest, SamplingParams
+from components.engines.base import GenerationRequest, SamplingParams, sampling_knobs
 from components.tasks import render_prompt
 from components.trainer.rollout import safe_verify
 
@@ -125,10 +125,12 @@ class Graded:
 
 def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int, seed: int, temperature: float,
                      top_p: float, max_tokens: int, length_control=None, verifier_timeout_s: float = 10.0,
-                     on_sample: Optional[Callable] = None) -> Graded:
+                     on_sample: Optional[Callable] = None, **knobs) -> Graded:
     """k samples per problem with the engine's current weights, each graded by `verifier.verify`.
 
     Prompts go through `render_prompt` (the chat template, with the problem's system prompt).
+    `knobs`: SamplingParams' other sampling knobs (top_k, min_p, repetition_penalty,
+    max_prompt_length; `engines.base.sampling_knobs(cfg)` gives the run's), off when not given.
     `on_sample(problem_index, sample_index, problem, prompt_ids, completion, text, verdict)` is
     called for every graded completion (`scalerl eval --dump`).
     """
@@ -141,7 +143,7 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
                                           interruptions=interruptions))
     if length_control is not None and hasattr(length_control, "max_tokens"):
         max_tokens = int(length_control.max_tokens(max_tokens))
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, **knobs)
     out = Graded(passed=[None] * len(problems))
     for group in engine.generate(requests, params):
         i = int(group.request.group_id)
@@ -167,7 +169,7 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
 
 
 def evaluate(engine, task, problems: Sequence, tokenizer, *, k: int, seed: int, temperature: float, top_p: float,
-             max_tokens: int, task_name: str, length_control=None, verifier_timeout_s: float = 10.0) -> dict:
+             max_tokens: int, task_name: str, length_control=None, verifier_timeout_s: float = 10.0, **knobs) -> dict:
     """mean@k over `problems` with the engine's current weights. Returns the eval.jsonl fields.
 
     ``per_task``: mean@k per task, keyed by ``problem.meta["task"]`` (a task mixture sets it
@@ -175,12 +177,13 @@ def evaluate(engine, task, problems: Sequence, tokenizer, *, k: int, seed: int, 
     forced) completion tokens. gen_logp is log softmax(logits / T) of the sampled token, so at
     top_p = 1 this is an unbiased estimate of the per-token entropy (nats) of the sampling
     distribution at temperature T, averaged over the positions the samples visit (token-weighted).
-    With top_p < 1 it estimates E[-log p_T(token)] under the truncated sampler instead, which
-    is not that distribution's entropy.
+    With top_p < 1 (or top_k, min_p, a repetition penalty) it estimates E[-log p_T(token)] under
+    the filtered sampler instead, which is not that distribution's entropy.
     """
     t0 = time.perf_counter()
     graded = sample_and_grade(engine, task, problems, tokenizer, k=k, seed=seed, temperature=temperature, top_p=top_p,
-                              max_tokens=max_tokens, length_control=length_control, verifier_timeout_s=verifier_timeout_s)
+                              max_tokens=max_tokens, length_control=length_control, verifier_timeout_s=verifier_timeout_s,
+                              **knobs)
     per_task: dict[str, list[float]] = defaultdict(list)
     for problem, verdicts in zip(problems, graded.passed):
         name = (getattr(problem, "meta", None) or {}).get("task", task_name)
@@ -211,7 +214,7 @@ def is_downstream_record(row: dict) -> bool:
 
 def evaluate_benchmark(engine, benchmark, tokenizer, *, k: int, seed: int, temperature: float = 1.0, top_p: float = 1.0,
                        max_tokens: int = 1024, length_control=None, verifier_timeout_s: float = 10.0,
-                       ks: Optional[Iterable[int]] = None, on_sample: Optional[Callable] = None) -> dict:
+                       ks: Optional[Iterable[int]] = None, on_sample: Optional[Callable] = None, **knobs) -> dict:
     """One downstream benchmark with the engine's current weights: k samples per problem.
 
     `benchmark`: a `components.benchmarks.Benchmark` (its problems and their verifier). Returns::
@@ -229,7 +232,7 @@ def evaluate_benchmark(engine, benchmark, tokenizer, *, k: int, seed: int, tempe
     t0 = time.perf_counter()
     graded = sample_and_grade(engine, benchmark.task, benchmark.problems, tokenizer, k=int(k), seed=seed,
                               temperature=temperature, top_p=top_p, max_tokens=max_tokens, length_control=length_control,
-                              verifier_timeout_s=verifier_timeout_s, on_sample=on_sample)
+                              verifier_timeout_s=verifier_timeout_s, on_sample=on_sample, **knobs)
     scores = benchmark_scores([sum(v) for v in graded.passed], int(k), ks)
     return {
         "benchmark": benchmark.name,
@@ -261,7 +264,8 @@ def evaluate_downstream(engine, benchmarks: Sequence, tokenizer, cfg, *, step: i
     """Every benchmark at `step` with the engine's current weights; one `evaluate_benchmark` record each.
 
     Sampling follows the held-out evaluation's settings (``train.eval_temperature`` or the
-    training temperature, ``train.top_p``, ``train.max_tokens`` under the run's length control)
+    training temperature, ``train.top_p``, ``train.top_k``, ``train.min_p``,
+    ``train.repetition_penalty``, ``train.max_prompt_length``, ``train.max_tokens`` under the run's length control)
     with ``train.downstream_k`` samples per problem; the seed is `downstream_seed(train.seed,
     step, index)`. The caller adds step, version, compute_hours, flops and wall_s and appends
     each record to eval.jsonl.
@@ -270,7 +274,7 @@ def evaluate_downstream(engine, benchmarks: Sequence, tokenizer, cfg, *, step: i
     return [
         evaluate_benchmark(engine, b, tokenizer, k=int(cfg.downstream_k), seed=downstream_seed(cfg.seed, step, i),
                            temperature=temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                           length_control=length_control, verifier_timeout_s=cfg.verifier_timeout_s)
+                           length_control=length_control, verifier_timeout_s=cfg.verifier_timeout_s, **sampling_knobs(cfg))
         for i, b in enumerate(benchmarks)
     ]
 

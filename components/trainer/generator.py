@@ -276,6 +276,7 @@ class _EvalView:
 
 
 def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on_training_group) -> dict:
+    from components.engines.base import sampling_knobs
     from components.trainer.evaluation import evaluate
 
     problems = [p for _, p in order.problems]
@@ -293,6 +294,7 @@ def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on
         task_name=order.task_name,
         length_control=length_control,
         verifier_timeout_s=cfg.verifier_timeout_s,
+        **sampling_knobs(cfg),  # the run's train.top_k, min_p, repetition_penalty, max_prompt_length
     )
     record["version"] = order.version
     record["indices"] = [i for i, _ in order.problems]
@@ -348,7 +350,7 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
 def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, proc_stats) -> None:
     import torch
 
-    from components.engines.base import SamplingParams
+    from components.engines.base import SamplingParams, sampling_knobs
     from components.models import load_tokenizer
     from components.tasks import make_task
     from components.trainer.weight_group import weight_group_of
@@ -367,7 +369,8 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     # joined at the first update (a vLLM engine joins from inside its worker)
     weight_group = weight_group_of(cfg, endpoints, layout, setup.device)
     receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
-    base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control))
+    base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control),
+                                 **sampling_knobs(cfg))  # train.top_k, min_p, repetition_penalty, max_prompt_length
     scorer = _Scorer(task, tokenizer, length_control, cfg, index)
     settle_heap()  # start-up's objects out of the collector's full passes
     problems: dict[int, Any] = {}
