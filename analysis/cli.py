@@ -46,10 +46,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "second view (BENCHMARKS.md)")
     parser.add_argument("--min-compute", type=_min_compute_arg, default="paper", metavar="paper|epoch|none|C",
                         help="where each fit starts: 'paper' (default) = where the paper starts it: a "
-                             "whole-run fit at the end of the run's first epoch (first metrics line with "
-                             "epoch >= 1), a first-half fit at the paper's 1.5k GPU-h as a fraction of the "
-                             "fitted range (analysis/protocol.py); 'epoch' = the end of epoch 1 for every "
-                             "fit; 'none'; or a compute value")
+                             "fit from the paper's 1.5k GPU-h as the same fraction of the fitted range (0.4 of "
+                             "a whole run, 0.19 of a leave-one-out first half; analysis/protocol.py); 'epoch' = "
+                             "the end of epoch 1 (where it ends depends on the pool's size); 'none'; or a compute "
+                             "value")
     parser.add_argument("--protocol", choices=["auto", *PROTOCOLS], default="auto",
                         help="fit protocol: auto (default) = the paper's for each sweep (whole run for forward "
                              "ablations, the first half for leave-one-out, seeds, recipes and scaling axes)")
@@ -191,7 +191,7 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
         console.print(f"[bold]{sweep}[/]: compute axis {s.compute}; fit protocol {s.protocol.name} "
                       f"({s.protocol.range_text(g['fit_fraction'].iloc[0])}); min_compute: "
                       + ", ".join(f"{r or '-'} ({n})" for r, n in rules.items())
-                      + f"; margin on A {s.margin.describe()}", highlight=False)
+                      + f"; margin on A {s.margin.describe()}", highlight=False, soft_wrap=True)
         t = Table(title=f"{sweep}: sigmoid fits on {args.compute}; rank = paper's rule (A ±{s.margin.value:.3g}, then B)")
         for _, head, _ in cols:
             t.add_column(head, overflow="fold", no_wrap=head != "run")
@@ -210,13 +210,14 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
             tc = Table(title=f"{sweep}: per configuration (mean over seeds, 95% t-interval; tail over the last 20% "
                              f"of the common window, to {s.tail_end:.4g})")
             for head in ("config", "seeds fitted", "A identified", "A [95% CI]", "B [95% CI]", "C_mid",
-                         "tail [95% CI]", "rank (paper's rule)"):
+                         "tail [95% CI]", "auc [95% CI]", "rank (paper's rule)"):
                 tc.add_column(head)
             for r in cfg.sort_values("rank").itertuples():
                 tc.add_row(config_label(r.config, r.paper_config), f"{r.n_fitted}/{r.n_runs}",
                            f"{r.n_identified}/{r.n_fitted}", _interval(r.A, r.A_lo, r.A_hi, ".3f"),
                            _interval(r.B, r.B_lo, r.B_hi, ".2f"), _fmt(r.C_mid, ".3g"),
-                           _interval(r.tail, r.tail_lo, r.tail_hi, ".3f"), _fmt(r.rank, ".0f"))
+                           _interval(r.tail, r.tail_lo, r.tail_hi, ".3f"), _interval(r.auc, r.auc_lo, r.auc_hi, ".3f"),
+                           _fmt(r.rank, ".0f"))
             console.print(tc)
         if s.pairs:
             tp = Table(title=f"{sweep}: every pair (a − b, 95% interval; equivalent = the interval inside "
@@ -228,13 +229,17 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
                            p.diff.method, p.verdict + (f" ({p.reason})" if p.reason else ""))
             console.print(tp)
         if len(s.claims):
-            tv = Table(title=f"{sweep}: the paper's finding, judged on A and on tail")
-            for head in ("claim", "A: ours", "A: verdict", "tail: ours", "tail: verdict"):
+            tv = Table(title=f"{sweep}: the paper's finding, judged on A, tail and auc")
+            for head in ("claim", "A: ours", "A: verdict", "tail: ours", "tail: verdict", "auc: ours", "auc: verdict"):
                 tv.add_column(head, overflow="fold")
             for r in s.claims.itertuples():
                 tv.add_row(r.claim, str(r.ours_A), _verdict_text(r.verdict_A, r.why_A), str(r.ours_tail),
-                           _verdict_text(r.verdict_tail, r.why_tail))
+                           _verdict_text(r.verdict_tail, r.why_tail), str(r.ours_auc),
+                           _verdict_text(r.verdict_auc, r.why_auc))
             console.print(tv)
+            for r in s.claims.itertuples():
+                if isinstance(r.meters, str) and r.meters:
+                    console.print(f"  meters, {r.claim}: {r.meters}", highlight=False, soft_wrap=True)
 
 
 def _verdict_text(verdict, why) -> str:
@@ -265,10 +270,12 @@ def _interval(m, lo, hi, spec: str) -> str:
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
-    parser.add_argument("--metric", choices=["A", "tail", "both"], default="both",
+    parser.add_argument("--metric", choices=["A", "tail", "auc", "all", "both"], default="all",
                         help="A = the law's asymptote (counts only where every run's 95%% profile interval is at most "
-                             "0.1 wide); tail = the mean held-out pass rate over the last 20%% of the sweep's common "
-                             "compute window; both (default)")
+                             "0.1 wide and short of the cap); tail = the mean held-out pass rate over the last 20%% of "
+                             "the sweep's common compute window; auc = the mean held-out pass rate over the whole "
+                             "window, weighted by log compute (measured efficiency); all (default): the three; "
+                             "both: A and tail")
     parser.add_argument("--min-points", type=int, default=6, help="runs with fewer evaluations are not fitted")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON list, one object per pair and metric: sweep, a, b, metric, delta (a − b), "
@@ -277,8 +284,10 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    """Every pair of configurations of every sweep under RUNS, on A and/or tail."""
+    """Every pair of configurations of every sweep under RUNS, on A, tail and/or auc."""
     import json
+
+    from analysis.compare import METRICS
 
     from rich.console import Console
     from rich.table import Table
@@ -294,7 +303,7 @@ def compare_main(args: argparse.Namespace) -> int:
     if not summaries:
         console.print(f"[red]no runs under {args.runs}")
         return 1
-    metrics = ("A", "tail") if args.metric == "both" else (args.metric,)
+    metrics = {"both": ("A", "tail"), "all": METRICS}.get(args.metric, (args.metric,))
     pairs = [p for s in summaries.values() for p in s.pairs if p.metric in metrics]
     if args.json:
         print(json.dumps([p.as_dict() for p in pairs], indent=1))

@@ -12,12 +12,15 @@ share of the variance (88-92% of it for the tiny study's pass rate):
 - `difference`: configurations sharing at least two seeds are compared on the per-seed
   differences (paired t interval: mean Δ ± t(0.975, n−1)·sd(Δ)/√n, `scipy.stats.ttest_rel`);
   otherwise Welch's interval (`scipy.stats.ttest_ind(equal_var=False)`).
-- `verdict_of`: `better` / `worse` when the 95% interval excludes 0; `equivalent` when the two
-  one-sided tests put a − b inside ±δ (`statsmodels` `ttost_paired` / `ttost_ind`, each side at
-  2.5%: exactly the printed 95% interval inside ±δ; δ = `equivalence`, default 0.02, the paper's
-  margin); else `inconclusive`. One interval decides all four verdicts, so every verdict can be
-  read off the numbers printed beside it. "Not shown different" is never "equal".
-- Two metrics, both always reported (`METRICS`):
+- `verdict_of`, the one rule every verdict goes through (claims, pairs, `scalerl compare`, the
+  adaptive rule and the replay): `equivalent` when the two one-sided tests put a − b inside ±δ
+  (`statsmodels` `ttost_paired` / `ttost_ind`, each side at 2.5%: exactly the printed 95% interval
+  inside ±δ; δ = `equivalence`, default 0.02, the paper's margin), even when that interval also
+  excludes 0 (a real difference smaller than δ is equivalent, and printed with its interval);
+  otherwise `better` / `worse` when the interval excludes 0; else `inconclusive`. One interval
+  decides all four verdicts, so every verdict can be read off the numbers printed beside it.
+  "Not shown different" is never "equal".
+- Three metrics, all always reported (`METRICS`):
   - `A`, the law's asymptote. It counts only where identified: each run's 95% profile interval of
     A (`analysis.scaling_law.profile_A`, inside [.., 1.0] for pass rates) no wider than 0.1; a
     comparison that involves a run whose A is not identified is `inconclusive` whatever the
@@ -25,6 +28,10 @@ share of the variance (88-92% of it for the tiny study's pass rate):
     pair's common A, as the paper does) get their own paired intervals for efficiency claims.
   - `tail`, measured: the mean held-out pass rate over the last 20% of the sweep's common compute
     window, every configuration cut at the smallest final compute among them (`tail_values`).
+  - `auc`, measured efficiency: the mean held-out pass rate over the whole common window, weighted
+    by log compute (`auc_values`). The paper finds that most choices move efficiency rather than
+    the asymptote; B and C_mid, its fitted measures of efficiency, inherit A's identification
+    problem, so `auc` judges every efficiency claim beside them.
 - `compare_sweep` compares every pair of configurations of one sweep on both metrics;
   `scalerl compare`, `scalerl fit`, the figures and the reproduction report all call it (through
   `analysis.study.summarize_sweep`).
@@ -43,12 +50,14 @@ import pandas as pd
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
     "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
-    "seed_key", "parse_equivalence", "common_window", "tail_values", "PairComparison", "compare_pair", "compare_sweep",
+    "seed_key", "parse_equivalence", "common_window", "tail_values", "auc_values", "window_start", "MEASURED",
+    "PairComparison", "compare_pair", "compare_sweep",
     "Efficiency", "efficiency",
 ]
 
 VERDICTS = ("better", "worse", "equivalent", "inconclusive")
-METRICS = ("A", "tail")
+METRICS = ("A", "tail", "auc")
+MEASURED = ("tail", "auc")  # read off the held-out curve, no fit: always "identified"
 DEFAULT_EQUIVALENCE = 0.02  # the paper's margin on A (Fig 8a: three seeds within ±0.015)
 LEVEL = 0.95
 
@@ -159,16 +168,19 @@ def equivalence_p(a: Sequence[float], b: Sequence[float], equivalence: float, *,
 
 
 def verdict_of(low: float, high: float, p_equivalent: float, alpha: float = ALPHA) -> str:
-    """`better` / `worse` (the interval excludes 0), `equivalent` (TOST p < alpha), else
-    `inconclusive` (also when there is no interval)."""
+    """The one verdict rule (DESIGN.md "Comparing configurations"), in this order: `equivalent`
+    when the interval lies inside ±δ (the two one-sided tests, p < alpha: exactly the interval at
+    level 1 − 2·alpha inside ±δ), even where it also excludes 0 (a real difference smaller than δ
+    is reported as equivalent, with its interval); else `better` / `worse` when it excludes 0;
+    else `inconclusive` (also when there is no interval)."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return "inconclusive"
+    if math.isfinite(p_equivalent) and p_equivalent < alpha:
+        return "equivalent"
     if low > 0:
         return "better"
     if high < 0:
         return "worse"
-    if math.isfinite(p_equivalent) and p_equivalent < alpha:
-        return "equivalent"
     return "inconclusive"
 
 
@@ -251,6 +263,50 @@ def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float 
     return out
 
 
+def window_start(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]]) -> float:
+    """The start of a sweep's common compute window: the largest first positive compute among its
+    runs (the first evaluation after step 0), so every run has a measured point there."""
+    firsts = [float(np.asarray(c)[np.asarray(c) > 0][0]) for c, _ in curves.values() if np.any(np.asarray(c) > 0)]
+    return max(firsts) if firsts else math.nan
+
+
+def _log_mean(c: np.ndarray, r: np.ndarray, start: float, end: float) -> float:
+    """The mean of r over [start, end] in log compute: ∫ r d ln C / (ln end − ln start), r linear in
+    ln C between evaluations (trapezoid)."""
+    pos = c > 0
+    lc, rr = np.log(c[pos]), r[pos]
+    a, b = math.log(start), math.log(end)
+    inner = (lc > a) & (lc < b)
+    x = np.concatenate([[a], lc[inner], [b]])  # [m]
+    y = np.concatenate([[np.interp(a, lc, rr)], rr[inner], [np.interp(b, lc, rr)]])  # [m]
+    return float(np.trapezoid(y, x) / (b - a))
+
+
+def auc_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float | None = None,
+               start: float | None = None) -> dict[Any, float]:
+    """Per run: `auc`, the mean held-out pass rate over the whole common compute window, weighted by
+    log compute (each doubling of compute counts the same), the measured efficiency beside `tail`.
+
+    curves: run -> (compute [n], pass rate [n]) sorted by compute. The window runs from `start`
+    (default `window_start`: the largest first positive compute among the runs) to `end` (default
+    `common_window`: the smallest final compute); the curve is linear in log compute between
+    evaluations. A run that stops before `end` or starts after `start` has no auc (NaN)."""
+    if end is None:
+        end = common_window(float(c[-1]) for c, _ in curves.values() if len(c))
+    if start is None:
+        start = window_start(curves)
+    out: dict[Any, float] = {}
+    for key, (c, r) in curves.items():
+        c, r = np.asarray(c, dtype=np.float64), np.asarray(r, dtype=np.float64)
+        pos = c[c > 0]
+        if not (math.isfinite(start) and math.isfinite(end) and end > start) or pos.size < 2 \
+                or c[-1] < end * (1 - 1e-9) or pos[0] > start * (1 + 1e-9):
+            out[key] = math.nan
+            continue
+        out[key] = _log_mean(c, r, start, end)
+    return out
+
+
 # ----------------------------------------------------------------------------- pairs of a sweep
 
 
@@ -261,9 +317,9 @@ class PairComparison:
     sweep: str
     a: str
     b: str
-    metric: str  # "A" | "tail"
+    metric: str  # "A" | "tail" | "auc"
     diff: Difference
-    identified: bool  # A: every run of both is identified; tail: always True
+    identified: bool  # A: every run of both is identified; tail and auc (measured): always True
     verdict: str
     reason: str = ""
 
@@ -308,12 +364,12 @@ def _by_seed(runs: pd.DataFrame, config: str, column: str) -> dict[Any, float]:
 
 def compare_pair(runs: pd.DataFrame, sweep: str, a: str, b: str, metric: str, *,
                  equivalence: float = DEFAULT_EQUIVALENCE, level: float = LEVEL) -> PairComparison:
-    """a vs b on `metric`, from the per-run table (`config`, `seed`, `A`, `A_identified`, `tail`)."""
+    """a vs b on `metric`, from the per-run table (`config`, `seed`, `A`, `A_identified`, `tail`, `auc`)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from: {', '.join(METRICS)}")
     diff = difference(_by_seed(runs, a, metric), _by_seed(runs, b, metric), equivalence=equivalence,
                       level=level, bounds=(-1.0, 1.0))
-    if metric == "tail":
+    if metric in MEASURED:
         return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, diff.reason)
     involved = runs[runs["config"].isin([a, b]) & runs["A"].notna()]
     ident = "A_identified" in involved and len(involved) > 0 and bool(involved["A_identified"].fillna(False).all())

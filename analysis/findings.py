@@ -79,7 +79,20 @@ class Finding:
     paper: str  # the paper's finding, from PAPER.md §3
     claims: tuple[Claim, ...]
     mechanism: Mechanism | None = None
+    # run-table meters (analysis/meters.py) that show whether the finding's mechanism acts; printed
+    # beside each of its claims
+    meters: tuple[str, ...] = ()
 
+
+# the meters each finding's claims are printed beside (analysis/meters.py)
+_LAG = ("lag_mean", "lag_max", "ratio_p01", "ratio_p99")
+_CLIP = ("clip_frac_low", "clip_frac_high", "ratio_p01", "ratio_p99")
+_LENGTH = ("completion_tokens_p10", "completion_tokens_p50", "completion_tokens_p90")
+_ZERO_VAR = ("zero_variance_frac",)
+_POOL = ("pool_left_min", "zero_variance_frac")
+_CUT = ("completion_tokens_p90", "truncation_frac", "interrupted_frac")
+_GAP = ("logprob_gap",)
+_ALL = ("clip_frac_low", "clip_frac_high", "lag_mean", "logprob_gap", "completion_tokens_p50")
 
 _NOT_IN_FIG7 = "not in v1's Fig 7 legend (ICLR A.20 names a LOO-Uniform-Sampling run); judged by the LOO rule"
 
@@ -97,66 +110,82 @@ FINDINGS: dict[str, Finding] = {f.sweep: f for f in [
              Claim("a_better", "pipeline_rl-k8", "ppo_off_policy-k8", "much larger B"),
              Claim("a_better", "pipeline_rl-k8", "ppo_off_policy-k1",
                    "the text confirms k ∈ {1, 8} but gives B only as PipelineRL-k vs PPO-off-policy-k "
-                   "(PAPER.md §6.8)"))),
+                   "(PAPER.md §6.8)")),
+            meters=_LAG),
     Finding("pipeline_k", "Fig 4b", "PipelineRL max off-policyness k",
             "k = 4 and k = 8 equally good; 8 adopted.",
-            (Claim("same_A", "k4", "k8"),)),
+            (Claim("same_A", "k4", "k8"),),
+            meters=_LAG),
     Finding("loss_type", "Fig 5a", "Loss type",
             "GSPO and CISPO raise A substantially over DAPO; CISPO is slightly better late and is "
             "chosen. DAPO A ≈ 0.52, CISPO/GSPO A ≈ 0.595 [fig-read].",
             (Claim("a_higher_A", "cispo", "dapo", "0.595 vs 0.52 [fig-read]"),
              Claim("a_higher_A", "gspo", "dapo", "0.595 vs 0.52 [fig-read]"),
-             Claim("same_A", "cispo", "gspo", "both ≈ 0.595 [fig-read]"))),
+             Claim("same_A", "cispo", "gspo", "both ≈ 0.595 [fig-read]")),
+            meters=_CLIP),
     Finding("fp32_head", "Fig 5b", "FP32 LM head",
             "The FP32 LM head on generator and trainer raises A from 0.52 to 0.61 [paper].",
             (Claim("a_higher_A", "bf16_fp32_head", "bf16", "A 0.61 vs 0.52 [paper]"),),
-            Mechanism("logprob_gap_mean", on="bf16_fp32_head", off="bf16",
-                      what="the mean |trainer − generator| log-prob gap per token, the mismatch the FP32 head shrinks")),
+            Mechanism("logprob_gap", on="bf16_fp32_head", off="bf16",
+                      what="the mean |trainer − generator| log-prob gap per token (tokens of lag 0 where logged), "
+                           "the mismatch the FP32 head shrinks"),
+            _GAP),
     Finding("loss_aggregation", "Fig 14a", "Loss aggregation",
             "Prompt-level averaging has the highest A and is adopted.",
             (Claim("a_higher_A", "prompt_mean", "sample_mean"),
-             Claim("a_higher_A", "prompt_mean", "token_mean"))),
+             Claim("a_higher_A", "prompt_mean", "token_mean")),
+            meters=_LENGTH),
     Finding("advantage_norm", "Fig 14b", "Advantage normalization",
             "Prompt-level, batch-level and no normalization are all similar; batch-level is adopted "
             "as theoretically sound and marginally better.",
-            (Claim("same_A", "batch", "prompt"), Claim("same_A", "batch", "none"))),
+            (Claim("same_A", "batch", "prompt"), Claim("same_A", "batch", "none")),
+            meters=_ZERO_VAR),
     Finding("zero_variance_filtering", "Fig 6a", "Zero-variance filtering",
             "Dropping zero-variance prompts from the loss (effective batch) gives a higher A.",
-            (Claim("a_higher_A", "zero_variance_filter", "all_prompts"),)),
+            (Claim("a_higher_A", "zero_variance_filter", "all_prompts"),),
+            meters=_ZERO_VAR),
     Finding("no_positive_resampling", "Fig 6b", "No-Positive-Resampling",
             "Dropping prompts with pass rate >= 0.9 for good scales better and gives a higher A.",
-            (Claim("a_higher_A", "no_positive_resampling", "uniform"),)),
+            (Claim("a_higher_A", "no_positive_resampling", "uniform"),),
+            meters=_POOL),
     Finding("length_control", "LOO-lp (Fig 7)", "Length control",
             "Replacing forced interruptions with the length penalty does not improve performance.",
-            (Claim("a_not_worse", "interruption", "length_penalty"),)),
+            (Claim("a_not_worse", "interruption", "length_penalty"),),
+            meters=_CUT),
     Finding("batch_size", "Fig 10a, Table 1", "Batch size",
             "Larger batches are slower early but reach a higher A: bs512 A 0.605, bs768 0.610, "
             "bs2048 0.645 (Table 1).",
             (Claim("a_higher_A", "bs2048", "bs768", "0.645 vs 0.610 [paper]"),
              Claim("a_higher_A", "bs2048", "bs512", "0.645 vs 0.605 [paper]"),
-             Claim("same_A", "bs768", "bs512", "0.610 vs 0.605 [paper]"))),
+             Claim("same_A", "bs768", "bs512", "0.610 vs 0.605 [paper]")),
+            meters=_POOL),
     Finding("generation_length", "Fig 9a, Table 1", "Generation length",
             "The 32k budget has lower B and higher C_mid but a higher A (0.645 vs 0.610), "
             "overtaking 14k later.",
-            (Claim("a_higher_A", "gen32k", "gen14k", "0.645 vs 0.610 [paper]"),)),
+            (Claim("a_higher_A", "gen32k", "gen14k", "0.645 vs 0.610 [paper]"),),
+            meters=_CUT),
     Finding("generations_per_prompt", "Fig 17a, Table 1", "Generations per prompt",
             "Essentially unchanged at a fixed total batch (second-order). Table 1: 8gen 0.585, "
             "16gen 0.610, 24gen 0.590, 32gen 0.595.",
             (Claim("same_A", "gen16", "gen8", "0.610 vs 0.585 [paper]: just outside ±0.02 in Table 1"),
              Claim("same_A", "gen16", "gen24", "0.610 vs 0.590 [paper]: at the edge of ±0.02 in Table 1"),
-             Claim("same_A", "gen16", "gen32", "0.610 vs 0.595 [paper]"))),
+             Claim("same_A", "gen16", "gen32", "0.610 vs 0.595 [paper]")),
+            meters=_ZERO_VAR),
     Finding("dapo_clip", "Fig 19a", "DAPO ε_max",
             "ε_max changes A itself: A rises, then falls, as ε_max grows.",
-            (Claim("peak_A"),)),
+            (Claim("peak_A"),),
+            meters=_CLIP),
     Finding("cispo_clip", "Fig 19b", "CISPO ε_max",
             "ε_max in {4, 5, 8}: no significant difference.",
-            (Claim("same_A", "eps_max4.0", "eps_max5.0"), Claim("same_A", "eps_max4.0", "eps_max8.0"))),
+            (Claim("same_A", "eps_max4.0", "eps_max5.0"), Claim("same_A", "eps_max4.0", "eps_max8.0")),
+            meters=_CLIP),
     Finding("gspo_clip", "Fig 20", "GSPO clipping scale",
             "The original 1e-4 scale scales poorly; the 1e-3 scale is as good or better; "
             "upper 5e-3 / lower 3e-3 is slightly best.",
             (Claim("a_better", "gspo_4_3_e3", "gspo_4_3_e4"),
              Claim("a_better", "gspo_5_3_e3", "gspo_4_3_e4"),
-             Claim("a_not_worse", "gspo_5_3_e3", "gspo_4_3_e3"))),
+             Claim("a_not_worse", "gspo_5_3_e3", "gspo_4_3_e3")),
+            meters=_CLIP),
     Finding("leave_one_out", "Fig 7, Fig 15", "Leave-one-out from ScaleRL",
             "Every LOO variant reaches A within ±0.02 of ScaleRL; ScaleRL has the highest B after "
             "refitting at a common A (CISPO vs DAPO: B 2.01 vs 1.77 [paper]). The length penalty "
@@ -165,14 +194,16 @@ FINDINGS: dict[str, Finding] = {f.sweep: f for f in [
             + _loo("loo-fp32", "little difference at 8B: A 0.610, C_mid 2857 vs 2542 [fig-read]")
             + _loo("loo-savg") + _loo("loo-plan") + _loo("loo-batch")
             + (Claim("same_A", "scalerl", "loo-lp"), Claim("a_not_worse", "scalerl", "loo-lp"))
-            + _loo("loo-uniform", _NOT_IN_FIG7, _NOT_IN_FIG7)),
+            + _loo("loo-uniform", _NOT_IN_FIG7, _NOT_IN_FIG7),
+            meters=_ALL),
     Finding("recipes", "Fig 2", "Prevalent recipes vs ScaleRL",
             "ScaleRL has the highest A (0.61). Per-recipe readings conflict: DeepSeek < 0.5, "
             "DAPO ≈ 0.52, Magistral ≈ 0.53, MiniMax ≈ 0.58 or 0.610 [fig-read].",
             (Claim("a_higher_A", "scalerl", "deepseek_grpo", "0.61 vs < 0.5 [fig-read]"),
              Claim("a_higher_A", "scalerl", "qwen_dapo", "0.61 vs ≈ 0.52 [fig-read]"),
              Claim("a_higher_A", "scalerl", "magistral", "0.61 vs ≈ 0.53 [fig-read]"),
-             Claim("a_better", "scalerl", "minimax", "MiniMax A ≈ 0.58 or 0.610 [fig-read, conflicting]"))),
+             Claim("a_better", "scalerl", "minimax", "MiniMax A ≈ 0.58 or 0.610 [fig-read, conflicting]")),
+            meters=_ALL),
     Finding("math_code", "Fig 11, Table 1", "Math + code",
             "Training on math + code gives clean, parallel per-task curves: math C_mid 2896, B 2.05, "
             "A 0.595; code C_mid 1675, B 1.09, A 0.615 [paper]; the math-only ScaleRL run is the "

@@ -14,24 +14,18 @@ Which figure uses which protocol is set per figure in `analysis/figure_specs.py`
 the protocol of the figures that draw it (`sweep_protocol`).
 
 `min_compute` (where the fit starts), rule "paper" (the default): the paper skips its first
-~1.5k GPU-h, "about one epoch", and fits from there (PAPER.md §1). Where that cutoff sits in the
-fitted range depends on the protocol, and the default keeps it where the paper has it:
-- a whole-run fit (forward ablations) starts at the END OF THE FIRST EPOCH: the training compute
-  at the first metrics.jsonl line whose `epoch` >= 1. The paper's forward ablations fit
-  1.5k-3.75k GPU-h, so its epoch 1 ends at 0.40 of the run; the tiny runs (~2.7 epochs) end
-  their first epoch at ~0.37 of the run, the same place.
-- a prefix fit (leave-one-out, scaling, recipes, or any `fit_fraction` < 1) starts at the
-  paper's cutoff as the same FRACTION OF THE FITTED RANGE: 1.5k GPU-h of the 8k fitted in a LOO
-  run (0.19), of the ~50k fitted for the large runs (0.03), of the ~16k fitted for the Fig 2
-  recipes (0.094; a secondary figure reading), of the 3.75k of a forward ablation (0.40) when a
-  whole-protocol run is cut to a prefix. The paper's long runs reach epoch 1 after ~9% of the
-  run, so the end of epoch 1 is an early cutoff there; a run of a few epochs (every tiny run)
-  would end its first epoch near or past the end of its first half and leave the prefix fit
-  with no points. The fraction is of the fitted range's end (`fit_fraction` × the run's final
-  compute).
-Rule "epoch" takes the end of epoch 1 for every fit; a run that logs no `epoch` (older runs), or
-never reaches epoch 1, starts at the protocol's fraction instead. "none" fits from the first
-point; a number is an absolute compute value.
+~1.5k GPU-h and fits from there (PAPER.md §1). The default keeps that cutoff where the paper has
+it, as a FRACTION OF THE FITTED RANGE: 1.5k of the 3.75k GPU-h of a forward ablation (0.40, the
+whole-run fits), of the 8k fitted in a LOO run (0.19), of the ~50k fitted for the large runs
+(0.03), of the ~16k fitted for the Fig 2 recipes (0.094; a secondary figure reading). The
+fraction is of the fitted range's end (`fit_fraction` × the run's final compute). The paper calls
+its cutoff "about one epoch", but where a run's first epoch ends depends on the size of its
+prompt pool, which a study chooses (a pool sized so that No-Positive-Resampling never runs dry
+puts the end of epoch 1 near the end of the run: 0.67 in results/tiny_long), so the epoch is not
+the rule.
+Rule "epoch" takes the end of epoch 1 for every fit (a run that logs no `epoch`, or never
+reaches epoch 1, starts at the protocol's fraction instead); "none" fits from the first point; a
+number is an absolute compute value.
 
 The margin on A (`Margin`): see analysis/README.md "The margin on A".
 Contention: a run whose cumulative `contention_run` (the share of its CPUs that other work used,
@@ -70,14 +64,14 @@ __all__ = [
 ]
 
 CONTENTION_LIMIT = 0.10  # a run whose CPUs other work used above this share is flagged
-PAPER_MIN_COMPUTE_GPUH = 1500.0  # the paper's fit cutoff (~1 epoch, A.5-A.7)
+PAPER_MIN_COMPUTE_GPUH = 1500.0  # the paper's fit cutoff (~1 epoch of its pool, A.5-A.7)
 
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
     name: str
     fit_fraction: float  # fit on compute <= fit_fraction × the run's final compute (1.0: the whole run)
-    fallback_min_fraction: float  # min_compute without `epoch`: this fraction of the fitted range's end
+    fallback_min_fraction: float  # the paper's cutoff: the fit starts at this fraction of the fitted range's end
     paper: str  # what the paper does, with where it says so
 
     def __post_init__(self):
@@ -92,13 +86,10 @@ class Protocol:
 
     def start_text(self, fit_fraction: float | None = None) -> str:
         """Where the default ("paper") rule starts this protocol's fits, in words."""
-        f = self.fit_fraction if fit_fraction is None else fit_fraction
-        if f >= 1.0:
-            return "the end of epoch 1"
         return f"{self.fallback_min_fraction:.2g} of the fitted range (the paper's 1.5k GPU-h)"
 
     def describe(self, fit_fraction: float | None = None) -> str:
-        """One line for a figure subtitle or a report: 'whole run, fit from the end of epoch 1'."""
+        """One line for a figure subtitle or a report: 'whole run, fit from 0.4 of the fitted range ...'."""
         return f"{self.range_text(fit_fraction)}, fit from {self.start_text(fit_fraction)} ({self.name} protocol)"
 
 
@@ -192,8 +183,7 @@ def resolve_min_compute(
     if isinstance(rule, float):
         return rule, ("none" if rule == 0.0 else f"fixed {rule:.4g}")
     frac = protocol.fallback_min_fraction
-    prefix = (protocol.fit_fraction if fit_fraction is None else fit_fraction) < 1.0
-    if rule == "paper" and prefix:
+    if rule == "paper":
         return frac * cutoff, (f"{frac:.2g} of the fitted range (the paper's 1.5k GPU-h of its "
                                f"{protocol.name} fit range)")
     if epoch1 is not None and math.isfinite(epoch1):

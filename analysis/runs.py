@@ -42,6 +42,7 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
+from analysis.meters import METER_COLUMNS, run_meters
 from analysis.protocol import epoch1_compute, fit_with_protocol, get_protocol, is_contended
 from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, prediction_interval, profile_A
 
@@ -276,6 +277,7 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             "startup_s": _num(last_mt.get("startup_s")),
             "contention_run": contention,
             "contended": is_contended(contention),
+            **run_meters(mt),  # whether each mechanism acts in this run (analysis/meters.py)
         })
     return pd.DataFrame.from_records(recs, columns=None if recs else [*RUN_KEYS, "path", "n_evals", "n_steps"])
 
@@ -446,7 +448,8 @@ def fit_runs(
         contention = run_contention(meta)
         row.update(protocol=proto.name, fit_fraction=pf.fit_fraction, fit_cutoff=pf.cutoff,
                    min_compute=pf.min_compute, min_compute_rule=pf.min_rule,
-                   contention_run=contention, contended=is_contended(contention))
+                   contention_run=contention, contended=is_contended(contention),
+                   **{m: _num(meta.get(m)) for m in METER_COLUMNS if m in meta})
         res = pf.fit
         if res is not None:
             row.update(res.summary())

@@ -4,14 +4,19 @@
 
 - `sigmoid`   evaluates Eq. 1.
 - `fit`       the paper's procedure (A.5): a grid over A and C_mid; at every grid point the
-              least-squares B; the grid point with the smallest squared error wins. Points below
-              `min_compute` are excluded. R0 is `r0`, or else the first measured point.
+              least-squares B; the grid point with the smallest squared error seeds a continuous
+              least-squares polish of A, B and C_mid together (scipy), so no estimate sits on a
+              grid step. Points below `min_compute` are excluded. R0 is `r0`, or else the first
+              measured point. The C_mid grid reaches 1/15 of the fit's first point (the paper's
+              100 GPU-h against its 1.5k start) and 10x its last (40k against ~4k).
 - `compare`   the paper's rule: A differs by more than the margin (0.02) → higher A wins;
               otherwise refit both at their mean A and compare B (higher wins), then C_mid
               (smaller wins).
 - `loo_transform`  Fig 7: log F(R_C) against log C at a common A; the slope is B.
 - `bootstrap` seeded bootstrap intervals (resampling evaluation points), beyond the paper.
 - `predict`   fit the first fraction of a run's compute, predict its final pass rate.
+- `profile_A` the 95% profile-likelihood interval of A (B and C_mid free, polished, at each A): A is
+              identified when it is at most 0.1 wide and reaches neither the cap nor the floor.
 
 Speed. The paper fits B with `scipy.optimize.curve_fit` at each of 71 × 100 grid points. Here
 the same 1-D least-squares problem is solved for every grid point at once in numpy: for fixed
@@ -63,6 +68,13 @@ A_MARGIN = 0.02
 
 N_A_DEFAULT = 71
 N_C_MID_DEFAULT = 100
+# How far the C_mid grid reaches past the fitted points, as the paper's does past its fit window:
+# down to 1/15 of the first fitted point (100 GPU-h against the 1.5k cutoff) and up to 10x the last
+# (40k GPU-h against the ~4k end of a forward ablation). The polish may leave the grid; it is held
+# only POLISH_REACH further out on either side, and a fit that ends on that bound says so.
+C_MID_BELOW_FIT_START = 15.0
+C_MID_ABOVE_FIT_END = 10.0
+POLISH_REACH = 1e3
 # B is searched on a log grid in [B_MIN, B_MAX] then polished; a winner on the edge is flagged.
 B_MIN, B_MAX, N_B_GRID = 0.02, 50.0, 128
 _WORK_ELEMENTS = 2_000_000  # size of the solver's work arrays (memory bound for large grids)
@@ -183,14 +195,20 @@ def default_a_grid(r0: float, reward: np.ndarray, n: int = N_A_DEFAULT) -> np.nd
 
 
 def default_c_mid_grid(compute: np.ndarray, n: int = N_C_MID_DEFAULT) -> np.ndarray:
-    """100 C_mid values, log-spaced from half the smallest positive compute to 4× the largest.
+    """100 C_mid values, log-spaced from 1/15 of the smallest positive compute to 10x the largest.
 
-    The paper's [100, 40000] GPU-h brackets its fit ranges (1.5k–50k); a log grid keeps the
-    same relative resolution for a 10-minute CPU run and a 100k GPU-hour run, and reaches past
-    the data so that a fit on the first half of a run can place C_mid beyond it.
+    `compute` holds the points fitted (after the fit's cutoff), so the grid reaches as far below the
+    fit window as the paper's [100, 40000] GPU-h reaches below its 1.5k GPU-h cutoff, and as far
+    above as 40k lies above the ~4k GPU-h end of its forward ablations. A log grid keeps the same
+    relative resolution for a 10-minute CPU run and a 100k GPU-hour run; it only seeds the polish.
     """
     pos = compute[compute > 0]
-    return np.geomspace(pos.min() / 2.0, pos.max() * 4.0, n)
+    return np.geomspace(pos.min() / C_MID_BELOW_FIT_START, pos.max() * C_MID_ABOVE_FIT_END, n)
+
+
+def _a_cap(r0: float, reward: np.ndarray) -> float:
+    """The largest A can be: 1.0 for pass rates (R0 >= 0 and every reward <= 1), else unbounded."""
+    return 1.0 if (float(np.max(reward)) <= 1.0 and r0 >= 0.0) else math.inf
 
 
 # ----------------------------------------------------------------------------- the solver
@@ -265,18 +283,68 @@ def _fit_core(
     return float(a_grid[i]), float(b_mat[i, j]), float(c_mid_grid[j]), float(sse[i, j]), b_mat
 
 
+def _polish(
+    c: np.ndarray,  # [n] compute of the fitted points
+    r: np.ndarray,  # [n] reward
+    w: np.ndarray,  # [n] weights (1, or bootstrap counts)
+    r0: float,
+    start: tuple[float, float, float],  # (A, B, C_mid): the grid winner
+    a_bounds: tuple[float, float],  # A's range; equal ends fix A (a refit at a given A)
+    c_mid_bounds: tuple[float, float],
+) -> tuple[float, float, float, float]:
+    """Continuous least squares of A, ln B and ln C_mid from the grid winner (scipy, bounded trust
+    region). Returns (A, B, C_mid, sse); the start itself when the polish does not improve on it."""
+    from scipy.optimize import least_squares
+
+    sw = np.sqrt(w)  # [n]
+    A0, B0, C0 = start
+    fix_a = a_bounds[1] - a_bounds[0] <= 0.0
+    lb_b, ub_b = math.log(B_MIN), math.log(B_MAX)
+    lb_c, ub_c = math.log(c_mid_bounds[0]), math.log(c_mid_bounds[1])
+
+    def unpack(x: np.ndarray) -> tuple[float, float, float]:
+        return (A0, *x) if fix_a else tuple(x)  # type: ignore[return-value]
+
+    def resid(x: np.ndarray) -> np.ndarray:  # [n]
+        A, lb, lc = unpack(x)
+        return sw * (sigmoid(c, A, math.exp(lb), math.exp(lc), r0) - r)
+
+    x0 = [min(max(math.log(B0), lb_b), ub_b), min(max(math.log(C0), lb_c), ub_c)]
+    lo, hi = [lb_b, lb_c], [ub_b, ub_c]
+    if not fix_a:
+        x0, lo, hi = [min(max(A0, a_bounds[0]), a_bounds[1]), *x0], [a_bounds[0], *lo], [a_bounds[1], *hi]
+    base = float(np.sum(resid(np.asarray(x0)) ** 2))
+    try:
+        sol = least_squares(resid, np.asarray(x0), bounds=(lo, hi), method="trf", x_scale="jac",
+                            xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+    except (ValueError, FloatingPointError):
+        return A0, B0, C0, base
+    sse = float(np.sum(sol.fun ** 2))
+    if not np.isfinite(sse) or sse > base:
+        return A0, B0, C0, base
+    A, lb, lc = unpack(sol.x)
+    return float(A), math.exp(lb), math.exp(lc), sse
+
+
 def _flags(
-    A: float, B: float, C_mid: float, a_grid: np.ndarray, c_mid_grid: np.ndarray, n: int, r2: float
+    A: float, B: float, C_mid: float, a_bounds: tuple[float, float], c_mid_bounds: tuple[float, float], n: int,
+    r2: float, cap: float, c_max: float,
 ) -> tuple[str, ...]:
+    """What the data did not choose: a parameter held at the end of its range, too few points, a
+    curve the sigmoid does not explain."""
     flags = []
-    if a_grid.size > 1 and A >= a_grid.max() - 1e-12:
-        flags.append(f"A={A:.4g} at the top of the A grid (curve far from saturating; A is a lower bound)")
-    if a_grid.size > 1 and A <= a_grid.min() + 1e-12:
-        flags.append(f"A={A:.4g} at the bottom of the A grid")
-    if c_mid_grid.size > 1 and C_mid >= c_mid_grid.max() * (1 - 1e-12):
-        flags.append(f"C_mid={C_mid:.4g} at the top of the C_mid grid")
-    if c_mid_grid.size > 1 and C_mid <= c_mid_grid.min() * (1 + 1e-12):
-        flags.append(f"C_mid={C_mid:.4g} at the bottom of the C_mid grid")
+    if a_bounds[1] > a_bounds[0] and A >= a_bounds[1] - 1e-9:
+        where = f"the cap {cap:g}" if a_bounds[1] == cap else "the top of the A grid"
+        flags.append(f"A={A:.4g} at the top of its range ({where}): the curve is far from saturating, A is a lower bound")
+    if a_bounds[1] > a_bounds[0] and A <= a_bounds[0] + 1e-9:
+        flags.append(f"A={A:.4g} at the bottom of its range")
+    if C_mid >= c_mid_bounds[1] * (1 - 1e-9):
+        flags.append(f"C_mid={C_mid:.4g} at the top of its range ({c_mid_bounds[1]:.4g}): the midpoint lies far past the data")
+    if C_mid <= c_mid_bounds[0] * (1 + 1e-9):
+        flags.append(f"C_mid={C_mid:.4g} at the bottom of its range ({c_mid_bounds[0]:.4g})")
+    if C_mid > c_max and C_mid < c_mid_bounds[1] * (1 - 1e-9):
+        flags.append(f"C_mid={C_mid:.4g} beyond the last point ({c_max:.4g}): the curve is seen only before its "
+                     "midpoint, A is extrapolated")
     if B <= B_MIN * 1.0001 or B >= B_MAX * 0.9999:
         flags.append(f"B={B:.4g} at the search bound [{B_MIN}, {B_MAX}]")
     if n < 8:
@@ -284,6 +352,18 @@ def _flags(
     if r2 < 0.5:
         flags.append(f"the sigmoid explains little of the variation (R²={r2:.2f}): a flat or noisy curve")
     return tuple(flags)
+
+
+def _polish_bounds(a: np.ndarray, a_default: bool, r0: float, cap: float,
+                   cm: np.ndarray) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(A's range, C_mid's range) of the polish. A: (R0, cap] for the default grid, the given grid's
+    span otherwise (one value fixes A); C_mid: the grid's span widened POLISH_REACH-fold each way
+    (the grid seeds the polish, it does not bound it)."""
+    if a_default:
+        a_bounds = (r0 + 1e-9 * max(1.0, abs(r0)), cap)
+    else:
+        a_bounds = (float(a.min()), float(a.max()))
+    return a_bounds, (float(cm.min()) / POLISH_REACH, float(cm.max()) * POLISH_REACH)
 
 
 def fit(
@@ -294,18 +374,22 @@ def fit(
     min_compute: float = 0.0,
     a_grid: Sequence[float] | np.ndarray | None = None,
     c_mid_grid: Sequence[float] | np.ndarray | None = None,
+    polish: bool = True,
 ) -> FitResult:
-    """Fit Eq. 1 by the paper's procedure (PAPER.md §1, A.5).
+    """Fit Eq. 1 by the paper's procedure (PAPER.md §1, A.5), polished continuously.
 
     compute: [n] strictly increasing, >= 0 (GPU-hours, device-hours or FLOPs).
     reward:  [n] mean pass rate at each compute.
     r0:      R0; default: the reward of the first measured point (smallest compute).
-    min_compute: points with compute below it are excluded (paper: ~1.5k GPU-h ≈ one epoch).
-    a_grid / c_mid_grid: override the grids (a one-value a_grid fixes A, as in a refit).
+    min_compute: points with compute below it are excluded (the fit's start; analysis/protocol.py).
+    a_grid / c_mid_grid: override the grids (a one-value a_grid fixes A, as in a refit). A given
+             A grid also bounds the polished A; the default one runs up to the cap (1.0 for pass
+             rates). C_mid is never held by its grid: the polish may go POLISH_REACH-fold past it.
+    polish:  False keeps the grid winner (the paper's procedure to the letter; B is still exact).
 
     Raises FitError on NaN, non-increasing compute, fewer than 4 points or a curve without
-    gain over R0. Returns a FitResult whose `flags` name anything suspicious (a parameter on
-    its grid edge, few points); `result.ok` is False then.
+    gain over R0. Returns a FitResult whose `flags` name anything suspicious (a parameter at the
+    end of its range, few points); `result.ok` is False then.
     """
     c_all, r_all = _validate(compute, reward)
     if c_all.size == 0:
@@ -335,11 +419,18 @@ def fit(
         raise FitError("a_grid and c_mid_grid must be non-empty, finite, and C_mid > 0")
     if np.any(np.abs(a - r0) < 1e-12):
         raise FitError(f"a_grid contains A == R0={r0!r}: the curve would be flat")
-    A, B, C_mid, sse, _ = _fit_core(c, r, np.ones_like(c), r0, a, cm)
+    w = np.ones_like(c)
+    A, B, C_mid, sse, _ = _fit_core(c, r, w, r0, a, cm)
+    cap = _a_cap(r0, r)
+    a_bounds, c_bounds = _polish_bounds(a, a_grid is None, r0, cap, cm)
+    if polish:
+        A, B, C_mid, sse = _polish(c, r, w, r0, (A, B, C_mid), a_bounds, c_bounds)
+    else:
+        a_bounds, c_bounds = (float(a.min()), float(a.max())), (float(cm.min()), float(cm.max()))
     n = int(c.size)
     sst = float(np.sum((r - r.mean()) ** 2))
     r2 = 1.0 - sse / sst if sst > 0 else 0.0
-    flags = _flags(A, B, C_mid, a, cm, n, r2)
+    flags = _flags(A, B, C_mid, a_bounds, c_bounds, n, r2, cap, float(c.max()))
     return FitResult(
         A=A, B=B, C_mid=C_mid, R0=float(r0), sse=sse, rmse=math.sqrt(sse / n), r2=r2, n_points=n,
         compute=c, reward=r, min_compute=float(min_compute), a_grid=a, c_mid_grid=cm, flags=flags,
@@ -347,7 +438,7 @@ def fit(
 
 
 def refit_at(result: FitResult, A: float, c_mid_grid: np.ndarray | None = None) -> FitResult:
-    """Refit `result`'s points with A fixed (grid over C_mid, B least-squares)."""
+    """Refit `result`'s points with A fixed (grid over C_mid, B least-squares, then both polished)."""
     return fit(
         result.compute, result.reward, r0=result.R0, min_compute=result.min_compute,
         a_grid=[A], c_mid_grid=result.c_mid_grid if c_mid_grid is None else c_mid_grid,
@@ -361,9 +452,10 @@ def refit_at(result: FitResult, A: float, c_mid_grid: np.ndarray | None = None) 
 class AProfile:
     """The profile-likelihood interval of A for one fit (beyond the paper).
 
-    `low`/`high` lie inside the valid range of A: [grid bottom, cap] with cap = 1.0 for pass
-    rates. `at_cap`: the interval reaches the cap (fine when it is narrow: a curve that truly
-    saturates near 1.0). `identified`: width <= A_IDENTIFIED_WIDTH.
+    `low`/`high` lie inside the valid range of A: [search floor, cap] with cap = 1.0 for pass
+    rates. `at_cap`: the interval reaches the cap (the data cannot rule out a curve that is still
+    far from saturating); `at_floor`: it reaches the bottom of the searched range. `identified`:
+    at most A_IDENTIFIED_WIDTH wide and reaching neither end (DESIGN.md "Comparing configurations").
     """
 
     low: float
@@ -371,8 +463,8 @@ class AProfile:
     level: float
     cap: float
     at_cap: bool
-    at_floor: bool  # the interval reaches the bottom of the searched grid (a lower bound only)
-    a_grid: np.ndarray  # [m] the A values profiled
+    at_floor: bool  # the interval reaches the bottom of the searched range (a lower bound only)
+    a_grid: np.ndarray  # [m] the A values profiled (the fine pass)
     sse: np.ndarray  # [m] the least squared error at each A (B and C_mid free)
     threshold: float  # SSE <= threshold is inside the interval
 
@@ -382,70 +474,106 @@ class AProfile:
 
     @property
     def identified(self) -> bool:
-        return bool(np.isfinite(self.width) and self.width <= A_IDENTIFIED_WIDTH + 1e-12)
+        return bool(np.isfinite(self.width) and self.width <= A_IDENTIFIED_WIDTH + 1e-12
+                    and not self.at_cap and not self.at_floor)
 
     def describe(self) -> str:
-        flag = "" if self.identified else f" (A not identified: wider than {A_IDENTIFIED_WIDTH})"
-        return f"A in [{self.low:.3f}, {self.high:.3f}]{flag}"
+        if self.identified:
+            return f"A in [{self.low:.3f}, {self.high:.3f}]"
+        why = ("reaches the cap" if self.at_cap else "reaches the search floor" if self.at_floor
+               else f"wider than {A_IDENTIFIED_WIDTH}")
+        return f"A in [{self.low:.3f}, {self.high:.3f}] (A not identified: {why})"
 
 
-def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 161) -> AProfile:
-    """The profile-likelihood interval of A of `result` (its points, R0 and C_mid grid).
+def _profile_sse(result: FitResult, a_values: np.ndarray, cm: np.ndarray,
+                 c_bounds: tuple[float, float]) -> np.ndarray:
+    """[m] the least squared error of `result`'s points at each A of `a_values` [m], B and C_mid
+    free: the grid solver over `cm` seeds a polish of (B, C_mid) at each A."""
+    c, r, r0 = result.compute, result.reward, result.R0
+    pos = c > 0
+    t, w = r - r0, np.ones_like(c)
+    const_sse = float(np.sum(t[~pos] ** 2))
+    b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
+    chunk = max(1, _WORK_ELEMENTS // (max(a_values.size, b_grid.size) * max(int(pos.sum()), 1)))
+    best = np.full(a_values.size, np.inf)  # [m]
+    best_b, best_c = np.ones(a_values.size), np.full(a_values.size, float(cm[0]))  # [m]
+    for i in range(0, cm.size, chunk):
+        b_mat, part = _best_b(np.log(c[pos]), t[pos], w[pos], const_sse, a_values - r0, cm[i:i + chunk], b_grid)
+        j = np.argmin(part, axis=1)  # [m]
+        val = part[np.arange(a_values.size), j]
+        better = val < best
+        best = np.where(better, val, best)
+        best_b = np.where(better, b_mat[np.arange(a_values.size), j], best_b)
+        best_c = np.where(better, cm[i:i + chunk][j], best_c)
+    out = np.empty(a_values.size)
+    for k, A in enumerate(a_values):
+        out[k] = _polish(c, r, w, r0, (float(A), float(best_b[k]), float(best_c[k])), (float(A), float(A)), c_bounds)[3]
+    return out
 
-    For each A on a grid from R0 + 0.3·(best − R0) to the cap, B and C_mid are refitted (the
-    paper's grid solver, C_mid up to 1000x the largest compute); A is inside the interval where
-    that least squared error stays within
+
+def _crossing(a: np.ndarray, sse: np.ndarray, threshold: float, i_in: int, i_out: int) -> float:
+    """Where SSE crosses the threshold between an inside point and the outside point next to it
+    (linear in SSE): the interval's end between two profiled values of A."""
+    s_in, s_out = float(sse[i_in]), float(sse[i_out])
+    if not np.isfinite(s_out) or s_out <= s_in:
+        return float(a[i_in])
+    f = (threshold - s_in) / (s_out - s_in)
+    return float(a[i_in] + min(max(f, 0.0), 1.0) * (a[i_out] - a[i_in]))
+
+
+def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 41, n_fine: int = 61) -> AProfile:
+    """The profile-likelihood interval of A of `result` (its points and R0).
+
+    For each A from R0 + 0.3·(best − R0) to the cap, B and C_mid are refitted (grid solver, then
+    the continuous polish; C_mid from its grid's bottom up to 1000x the largest compute and free
+    beyond, as in `fit`); A is inside the interval where that least squared error stays within
     the F-test bound of nonlinear least squares (Bates & Watts):
         SSE(A) <= SSE_min · (1 + F(level; 1, n − 3) / (n − 3)).
-    The cap is 1.0 for pass rates (R0 >= 0 and rewards <= 1), else the fit's own A grid top.
+    A coarse pass finds the region, a fine pass over it (one coarse step wider each side) places
+    the ends, each interpolated to where SSE crosses the bound. The cap is 1.0 for pass rates
+    (R0 >= 0 and rewards <= 1), else the fit's own A grid top.
     """
     from scipy.stats import f as f_dist
 
     n = result.n_points
     c, r, r0 = result.compute, result.reward, result.R0
     best = float(np.max(r[c > 0])) if np.any(c > 0) else float(np.max(r))
-    gain = best - r0
-    cap = 1.0 if (best <= 1.0 and r0 >= 0.0) else float(result.a_grid.max())
-    lo = r0 + 0.3 * gain
-    pos = c > 0
-    t = r - r0
-    w = np.ones_like(c)
-    const_sse = float(np.sum(t[~pos] ** 2))
-    b_grid = np.geomspace(B_MIN, B_MAX, N_B_GRID)
-    # C_mid free far past the data (1000x the largest compute, not the fit's 4x): an A that needs
-    # its midpoint beyond the data must stay inside the interval, not be cut off by the grid
+    cap = _a_cap(r0, r)
+    if not math.isfinite(cap):
+        cap = float(result.a_grid.max())
+    floor = r0 + 0.3 * (best - r0)
     cm = np.union1d(result.c_mid_grid, np.geomspace(result.c_mid_grid.max(), float(c.max()) * 1e3, 40))
-
-    def profile(a_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [m] -> (A [m], least SSE at each A [m])
-        a_values = a_values[np.abs(a_values - r0) > 1e-12]
-        chunk = max(1, _WORK_ELEMENTS // (max(a_values.size, b_grid.size) * max(int(pos.sum()), 1)))
-        out = np.full(a_values.size, np.inf)
-        for i in range(0, cm.size, chunk):
-            _, part = _best_b(np.log(c[pos]), t[pos], w[pos], const_sse, a_values - r0, cm[i:i + chunk], b_grid)
-            out = np.minimum(out, part.min(axis=1))  # min over this chunk of C_mid
-        return a_values, out
-
-    grid, sse = profile(np.linspace(lo, cap, n_grid))  # [m]
+    c_bounds = (float(cm.min()) / POLISH_REACH, float(cm.max()) * POLISH_REACH)
     dof = n - 3
     if dof < 1:
-        return AProfile(float(grid[0]), cap, level, cap, True, True, grid, sse, math.inf)
-    sse_min = min(float(sse.min()), result.sse)
-    threshold = sse_min * (1.0 + float(f_dist.ppf(level, 1, dof)) / dof)
-    inside = np.flatnonzero(sse <= threshold * (1.0 + 1e-12))
-    if inside.size:
-        # refine: the coarse step (~0.005) is as wide as a well-identified interval; profile again
-        # on a fine grid from the last point outside to the first point outside each end
-        a0, a1 = grid[max(inside[0] - 1, 0)], grid[min(inside[-1] + 1, grid.size - 1)]
-        floor_hit = inside[0] == 0
-        grid, sse = profile(np.linspace(a0, a1, n_grid))
-        sse_min = min(sse_min, float(sse.min()))
-        threshold = sse_min * (1.0 + float(f_dist.ppf(level, 1, dof)) / dof)
-        inside = np.flatnonzero(sse <= threshold * (1.0 + 1e-12))
-    if inside.size == 0:  # the grids missed the optimum: nothing can be said of A
-        return AProfile(float(lo), cap, level, cap, True, True, grid, sse, threshold)
-    low, high = float(grid[inside[0]]), float(grid[inside[-1]])
+        return AProfile(floor, cap, level, cap, True, True, np.array([floor, cap]), np.full(2, np.nan), math.inf)
+    factor = 1.0 + float(f_dist.ppf(level, 1, dof)) / dof
+
+    def keep(a: np.ndarray) -> np.ndarray:
+        return a[np.abs(a - r0) > 1e-12]
+
+    coarse = keep(np.linspace(floor, cap, n_grid))  # [m]
+    sse_c = _profile_sse(result, coarse, cm, c_bounds)
+    sse_min = min(float(sse_c.min()), result.sse)
+    inside = np.flatnonzero(sse_c <= sse_min * factor * (1.0 + 1e-12))
+    if inside.size == 0:  # the optimum lies between coarse points: search around the fit's own A
+        inside = np.array([int(np.argmin(np.abs(coarse - result.A)))])
+    a0 = coarse[max(inside[0] - 1, 0)]
+    a1 = coarse[min(inside[-1] + 1, coarse.size - 1)]
+    fine = keep(np.union1d(np.linspace(a0, a1, n_fine), [min(max(result.A, a0), a1)]))  # [m']
+    sse_f = _profile_sse(result, fine, cm, c_bounds)
+    sse_min = min(sse_min, float(sse_f.min()))
+    threshold = sse_min * factor
+    inside = np.flatnonzero(sse_f <= threshold * (1.0 + 1e-12))
+    if inside.size == 0:  # cannot happen unless the polish failed everywhere: nothing can be said of A
+        return AProfile(floor, cap, level, cap, True, True, fine, sse_f, threshold)
+    i0, i1 = int(inside[0]), int(inside[-1])
+    low = _crossing(fine, sse_f, threshold, i0, i0 - 1) if i0 > 0 else float(fine[i0])
+    high = _crossing(fine, sse_f, threshold, i1, i1 + 1) if i1 < fine.size - 1 else float(fine[i1])
     low, high = min(low, result.A), max(high, min(result.A, cap))
-    return AProfile(low, high, level, cap, high >= cap - 1e-9, bool(floor_hit and inside[0] == 0), grid, sse, threshold)
+    at_cap = high >= cap - 1e-9
+    at_floor = low <= floor + 1e-9
+    return AProfile(low, high, level, cap, bool(at_cap), bool(at_floor), fine, sse_f, threshold)
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -575,9 +703,19 @@ def bootstrap(
         it = tqdm(it, desc="bootstrap", unit="fit")
     for k in it:
         w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)  # [n] counts
-        A, B, C_mid, _, _ = _fit_core(base.compute, base.reward, w, base.R0, base.a_grid, base.c_mid_grid)
-        out[k] = (A, B, C_mid)
+        out[k] = _refit_weighted(base, w)
     return BootstrapResult(base, out, level)
+
+
+def _refit_weighted(base: FitResult, w: np.ndarray) -> tuple[float, float, float]:
+    """(A, B, C_mid) of `base`'s points refitted with weights `w` [n] (bootstrap counts): the same
+    grid and polish as `fit`."""
+    A, B, C_mid, _, _ = _fit_core(base.compute, base.reward, w, base.R0, base.a_grid, base.c_mid_grid)
+    cap = _a_cap(base.R0, base.reward)
+    default_a = base.a_grid.size > 1 and abs(float(base.a_grid.max()) - cap) < 1e-12
+    a_bounds, c_bounds = _polish_bounds(base.a_grid, default_a, base.R0, cap, base.c_mid_grid)
+    A, B, C_mid, _ = _polish(base.compute, base.reward, w, base.R0, (A, B, C_mid), a_bounds, c_bounds)
+    return A, B, C_mid
 
 
 # ----------------------------------------------------------------------------- prediction
@@ -653,7 +791,7 @@ def prediction_interval(res: FitResult, at: float, *, n_boot: int, seed: int, le
     preds = np.empty(n_boot)
     for k in range(n_boot):
         w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)  # [n] counts
-        A, B, C_mid, _, _ = _fit_core(res.compute, res.reward, w, res.R0, res.a_grid, res.c_mid_grid)
+        A, B, C_mid = _refit_weighted(res, w)
         preds[k] = float(sigmoid(at, A, B, C_mid, res.R0)) + float(rng.choice(resid))
     q = (1.0 - level) / 2.0
     lo, hi = np.quantile(preds, [q, 1.0 - q])

@@ -14,15 +14,18 @@
 Verdicts come from intervals (analysis/compare.py): a configuration pair is `better`, `worse`,
 `equivalent` (two one-sided tests inside ±`equivalence`) or `inconclusive`, paired by seed when
 the configurations share seeds. A paper claim maps onto them:
-- "A(a) > A(b)" (`a_higher_A`): agrees on `better`, disagrees on `worse`;
+- "A(a) > A(b)" (`a_higher_A`): agrees on `better`, disagrees on `worse`, `not reproduced` on
+  `equivalent` (shown inside ±δ: the paper's difference is not there);
 - "A(a) ≈ A(b)" (`same_A`): agrees only on `equivalent`, disagrees on `better` / `worse`;
-- "a better than b" (`a_better`): on `tail`, `better` / `worse`; on A, `better` / `worse`, and when
-  A is `equivalent` the efficiency at the common A decides (B and ln C_mid, each with its own
-  paired interval, never a bare point difference);
+- "a better than b" (`a_better`): on `tail` and `auc`, `better` / `worse` (`not reproduced` on
+  `equivalent`); on A, `better` / `worse`, and when A is `equivalent` the efficiency at the common
+  A decides (B and ln C_mid, each with its own paired interval, never a bare point difference);
 - "a not worse than b" (`a_not_worse`): agrees on `better` or `equivalent`, disagrees on `worse`;
-- `peak_A`: the interior configuration with the highest mean is `better` than both ends;
+- `peak_A`: the interior configuration with the highest mean is `better` than both ends
+  (`not reproduced` when it is equivalent to one);
 - `seed_spread`: the seeds' values lie within ±0.02 (half their range).
-Anything else is `inconclusive`; on A, so is every comparison involving a run whose A is not
+Every claim is judged on each metric (A, tail, auc) and printed beside the meters of its
+mechanism (`Finding.meters`, analysis/meters.py). Anything else is `inconclusive`; on A, so is every comparison involving a run whose A is not
 identified ("A not identified: run longer"). A finding whose mechanism has nothing to act on in
 these runs (`Mechanism`: the FP32 head where the log-prob gap it shrinks is as small without it)
 gets `not testable` on every claim, with the measurement, instead of a verdict (`mechanism_check`).
@@ -42,10 +45,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, Efficiency, PairComparison, common_window,
-                              compare_pair, compare_sweep, difference, efficiency, parse_equivalence, seed_key,
-                              tail_values)
+from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, METRICS, Efficiency, PairComparison,
+                              auc_values, common_window, compare_pair, compare_sweep, difference, efficiency,
+                              parse_equivalence, seed_key, tail_values, window_start)
 from analysis.findings import FINDINGS, Claim, Mechanism
+from analysis.meters import meters_text
 from analysis.protocol import Margin, Protocol, get_protocol, margin_from_seed_fits, sweep_protocol, t_quantile
 from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve
 from analysis.scaling_law import A_MARGIN, FitResult, refit_at
@@ -56,8 +60,9 @@ __all__ = ["SweepSummary", "ConfigComparison", "compare_configs", "summarize", "
 
 SEED_SWEEP = "scalerl_seeds"  # the paper's Fig 8a: where a sweep without seeds takes its margin from
 NOT_TESTABLE = "not testable"  # the claim's mechanism has nothing to act on at this scale (`mechanism_check`)
-VERDICTS = ("agree", "disagree", "inconclusive", "not run", NOT_TESTABLE)
-CLAIM_METRICS = ("A", "tail")
+NOT_REPRODUCED = "not reproduced"  # the paper says a is higher; ours: equivalent (inside ±δ)
+VERDICTS = ("agree", "disagree", "not reproduced", "inconclusive", "not run", NOT_TESTABLE)
+CLAIM_METRICS = METRICS  # A, tail, auc
 SEED_SPREAD = A_MARGIN  # the paper's seeds fall within ±0.015; it adopts ±0.02
 B_TOL = 0.01  # the paper's rule has no margin on B; without seeds a |ΔB| <= 0.01 is a tie (scaling_law.compare)
 C_MID_RTOL = 0.01
@@ -185,9 +190,9 @@ def compare_configs(
 
 # How a pair's verdict (a relative to b) reads for each kind of claim; anything else is inconclusive.
 _CLAIM_READING = {
-    "a_higher_A": {"better": "agree", "worse": "disagree"},
+    "a_higher_A": {"better": "agree", "worse": "disagree", "equivalent": NOT_REPRODUCED},
     "same_A": {"equivalent": "agree", "better": "disagree", "worse": "disagree"},
-    "a_better": {"better": "agree", "worse": "disagree"},
+    "a_better": {"better": "agree", "worse": "disagree", "equivalent": NOT_REPRODUCED},
     "a_not_worse": {"better": "agree", "equivalent": "agree", "worse": "disagree"},
 }
 
@@ -215,9 +220,10 @@ def judge_claim(claim: Claim, pair: PairComparison | None, eff: Efficiency | Non
         if side == "b":
             return "disagree", f"A equivalent; {claim.b} more efficient at the common A"
         return "inconclusive", "A equivalent; efficiency not shown different"
+    if v == NOT_REPRODUCED:
+        return v, "equivalent (inside ±δ), not higher"
     if v == "inconclusive":
-        why = {"equivalent": "equivalent, not higher", "better": "", "worse": ""}.get(pair.verdict, "")
-        return v, why or (pair.reason or "the interval includes 0 and leaves ±δ")
+        return v, pair.reason or "the interval includes 0 and leaves ±δ"
     return v, ""
 
 
@@ -253,6 +259,8 @@ def _judge_peak(configs: pd.DataFrame, runs: pd.DataFrame, sweep: str, metric: s
         ours += f"; {names[i]} vs {names[0]}: {first.diff.text()}, vs {names[-1]}: {last.diff.text()}"
         if first.verdict == "better" and last.verdict == "better":
             return "agree", ours, ""
+        if "equivalent" in (first.verdict, last.verdict):
+            return NOT_REPRODUCED, ours, "the interior peak is equivalent to an end (inside ±δ)"
         return "inconclusive", ours, "the interior peak is not shown above both ends"
     inner = int(np.argmax(means[1:-1])) + 1
     p = pair(names[i], names[inner])
@@ -304,6 +312,7 @@ def _config_table(runs: pd.DataFrame, margin: Margin) -> pd.DataFrame:
         A, A_lo, A_hi = seed_interval(ok["A"], bounds=(0.0, 1.0))
         B, B_lo, B_hi = seed_interval(ok["B"])
         T, T_lo, T_hi = seed_interval(g["tail"] if "tail" in g else [], bounds=(0.0, 1.0))
+        U, U_lo, U_hi = seed_interval(g["auc"] if "auc" in g else [], bounds=(0.0, 1.0))
         ident = ok["A_identified"].fillna(False).astype(bool) if "A_identified" in ok else pd.Series([], dtype=bool)
         rows.append({
             "sweep": g["sweep"].iloc[0], "config": config, "value": g["value"].iloc[0],
@@ -313,13 +322,13 @@ def _config_table(runs: pd.DataFrame, margin: Margin) -> pd.DataFrame:
             "A": A, "A_lo": A_lo, "A_hi": A_hi, "B": B, "B_lo": B_lo, "B_hi": B_hi,
             "C_mid": float(np.exp(np.mean(np.log(ok["C_mid"])))) if len(ok) else math.nan,
             "A_sd": float(ok["A"].std(ddof=1)) if len(ok) > 1 else math.nan,
-            "tail": T, "tail_lo": T_lo, "tail_hi": T_hi,
+            "tail": T, "tail_lo": T_lo, "tail_hi": T_hi, "auc": U, "auc_lo": U_lo, "auc_hi": U_hi,
             "contended_runs": ",".join(g.loc[g["contended"].fillna(False).astype(bool), "run"]),
             "protocol": g["protocol"].iloc[0], "margin": margin.value, "margin_source": margin.source,
         })
     cols = ["sweep", "config", "value", "paper_config", "n_runs", "n_fitted", "n_identified", "seeds", "A", "A_lo",
-            "A_hi", "B", "B_lo", "B_hi", "C_mid", "A_sd", "tail", "tail_lo", "tail_hi", "contended_runs", "protocol",
-            "margin", "margin_source"]
+            "A_hi", "B", "B_lo", "B_hi", "C_mid", "A_sd", "tail", "tail_lo", "tail_hi", "auc", "auc_lo", "auc_hi",
+            "contended_runs", "protocol", "margin", "margin_source"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -379,8 +388,11 @@ def mechanism_check(mechanism: Mechanism, runs: pd.DataFrame) -> tuple[bool | No
     on, off = _config_of(runs, mechanism.on), _config_of(runs, mechanism.off)
     if on is None or off is None:
         return None, ""
-    values = {c: {seed_key(s, p): _run_mean(p, mechanism.metric)
-                  for s, p in zip(runs.loc[runs["config"] == c, "seed"], runs.loc[runs["config"] == c, "path"])}
+    def value(row: pd.Series) -> float:  # the run table's meter (analysis/meters.py), else the metrics.jsonl mean
+        v = row.get(mechanism.metric, math.nan) if mechanism.metric in runs else math.nan
+        return float(v) if v is not None and pd.notna(v) else _run_mean(row["path"], mechanism.metric)
+
+    values = {c: {seed_key(r["seed"], r["path"]): value(r) for _, r in runs[runs["config"] == c].iterrows()}
               for c in (on, off)}
     off_mean = float(np.nanmean(list(values[off].values()))) if values[off] else math.nan
     on_mean = float(np.nanmean(list(values[on].values()))) if values[on] else math.nan
@@ -405,10 +417,13 @@ def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: 
                       and len(runs) else (None, ""))
     rows = []
     for claim in (finding.claims if finding else ()):
+        named = [c for c in (_config_of(runs, claim.a), _config_of(runs, claim.b)) if c] if claim.a else \
+            list(dict.fromkeys(runs["config"]))
         rec = {"sweep": sweep, "figure": finding.figure, "claim_id": claim.id(sweep), "kind": claim.kind,
                "claim": claim.text(), "paper": claim.note, "a": claim.a, "b": claim.b,
                "protocol": get_protocol(runs["protocol"].iloc[0]).name if len(runs) else "",
-               "equivalence": equivalence, "mechanism": evidence}
+               "equivalence": equivalence, "mechanism": evidence,
+               "meters": meters_text(runs, named, finding.meters)}
         if acts is False:  # nothing for the mechanism to act on: the report says so instead of a verdict
             for m in CLAIM_METRICS:
                 rec.update({f"verdict_{m}": NOT_TESTABLE, f"ours_{m}": evidence, f"why_{m}": ""})
@@ -446,10 +461,9 @@ def _claims(sweep: str, configs: pd.DataFrame, runs: pd.DataFrame, equivalence: 
                                 f"delta_{m}": pair.diff.delta, f"low_{m}": pair.diff.low, f"high_{m}": pair.diff.high,
                                 f"n_{m}": pair.diff.n, f"paired_{m}": pair.diff.paired, f"pair_verdict_{m}": pair.verdict})
         rows.append(rec)
-    cols = ["sweep", "figure", "claim_id", "kind", "claim", "paper", "a", "b", "config_a", "config_b",
-            "verdict_A", "ours_A", "why_A", "verdict_tail", "ours_tail", "why_tail", "pair_verdict_A",
-            "pair_verdict_tail", "delta_A", "low_A", "high_A", "n_A", "paired_A", "delta_tail", "low_tail",
-            "high_tail", "n_tail", "paired_tail", "equivalence", "protocol", "mechanism"]
+    per_metric = ("verdict", "ours", "why", "pair_verdict", "delta", "low", "high", "n", "paired")
+    cols = (["sweep", "figure", "claim_id", "kind", "claim", "paper", "a", "b", "config_a", "config_b"]
+            + [f"{k}_{m}" for m in CLAIM_METRICS for k in per_metric] + ["equivalence", "protocol", "mechanism", "meters"])
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
@@ -471,7 +485,7 @@ def _adaptive_stops(paths: Sequence[str]) -> set[str]:
 
 
 def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.DataFrame, float]:
-    """Add `tail` (analysis/compare.py) to each run of one sweep: the window ends at the smallest
+    """Add `tail` and `auc` (analysis/compare.py) to each run of one sweep: the window ends at the smallest
     final compute among the runs that finished (all runs when none has; `finished`: done, or ended
     by a prompt pool that ran out, whose curve ends where the pool ran dry: analysis/runs.py), a
     configuration an adaptive sweep stopped left out; a run that ends before the window has no tail."""
@@ -483,8 +497,11 @@ def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.
     ended = set(table.loc[finished.astype(bool), "path"])
     done = (ended - set(table.loc[table["config"].isin(stopped), "path"])) & set(curves)
     end = common_window(float(curves[p][0][-1]) for p in (done or curves))
+    start = window_start({p: curves[p] for p in (done or curves)})
     tails = tail_values(curves, end)
-    return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end), end
+    aucs = auc_values(curves, end, start)
+    return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end,
+                        auc=[aucs.get(p, math.nan) for p in table["path"]], window_start=start), end
 
 
 def _margin(runs: pd.DataFrame, seed_runs: pd.DataFrame | None, fixed: str | float, sweep: str) -> Margin:

@@ -215,301 +215,335 @@ def _paired_noise(summaries: dict) -> tuple[float, float] | None:
             for j in range(i + 1, len(cols)):
                 d = (t[cols[i]] - t[cols[j]]).dropna()
                 if len(d) >= 2:
-                    paired.append(float(d.std(ddof=1)) / math.sqrt(2.0))
+                    paired.append(float(d.std(ddof=1)))  # the sd of the per-seed difference, as measured
     if not paired or not unpaired:
         return None
     return float(np.median(paired)), float(np.median(unpaired))
 
 
-def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
-                 collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
-                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT,
-                 selected: Sequence[str] | None = None) -> Path:
-    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT. selected: the sweeps the
-    study chose (`--sweeps`; None: every shipped one), which its progress is measured against."""
+def _previous_tables(tables: Path) -> tuple[Any, Any]:
+    """(claims, runs) of the report this one replaces (None where there is none): what changed is
+    then written down, not lost with the overwritten files."""
     import pandas as pd
 
-    from analysis.compare import DEFAULT_EQUIVALENCE
-    from analysis.findings import FINDINGS, NOT_AT_TINY_SCALE
-    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
+    def read(name: str):
+        p = tables / name
+        try:
+            return pd.read_csv(p) if p.is_file() else None
+        except (ValueError, OSError):
+            return None
 
-    out = Path(out)
-    summaries, pred = report_tables(out, predict_boot=predict_boot)
-    if not summaries:
-        raise ReproduceError(f"no runs under {out}: nothing to report")
-    tables = out / TABLES_DIR
-    tables.mkdir(parents=True, exist_ok=True)
-    configs = pd.concat([s.configs for s in summaries.values()], ignore_index=True)
-    claims = pd.concat([s.claims for s in summaries.values() if len(s.claims)], ignore_index=True) \
-        if any(len(s.claims) for s in summaries.values()) else pd.DataFrame(columns=["claim_id", "verdict"])
-    runs = pd.concat([s.runs.drop(columns=["fit"]) for s in summaries.values()], ignore_index=True)
-    reasons_path = out / REASONS_FILE
-    reasons = _load_reasons(reasons_path)
-    disagreeing = claims.loc[(claims["verdict_A"] == "disagree") | (claims["verdict_tail"] == "disagree"),
-                             "claim_id"].tolist()
-    _append_reason_ids(reasons_path, disagreeing, reasons)
-    claims = claims.assign(reason=[reasons.get(i, "") for i in claims["claim_id"]])
-    configs.to_csv(tables / "configs.csv", index=False)
-    claims.to_csv(tables / "claims.csv", index=False)
-    runs.to_csv(tables / "runs.csv", index=False)
-    pairs = pd.DataFrame([p.as_row() for sm in summaries.values() for p in sm.pairs])
-    pairs.to_csv(tables / "pairs.csv", index=False)
-    if pred is not None:
-        pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)
+    return read("claims.csv"), read("runs.csv")
 
-    n_runs = len(runs)
-    seeds = runs.groupby(["sweep", "config"])["seed"].nunique()
-    counts = {m: claims[f"verdict_{m}"].value_counts() for m in ("A", "tail")}
-    L: list[str] = []
-    w = L.append
-    w(f"# ScaleRL ablations at {scale} scale: the study, its figures and our verdicts\n")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    w(f"Generated {stamp} by `{command or f'scalerl reproduce --scale {scale}'}` from `{out}`: "
-      f"{n_runs} runs in {len(summaries)} sweeps, {int(seeds.median()) if len(seeds) else 0} seeds per configuration "
-      f"(min {int(seeds.min()) if len(seeds) else 0}). Re-generate this file with `scalerl reproduce --scale {scale} "
-      f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
-      "`analysis.study.summarize`; every pair: `scalerl compare " + str(out) + "`). Tables: `report/configs.csv`, "
-      "`report/claims.csv`, `report/runs.csv` (with `A_identified`), `report/pairs.csv`, `report/predictions.csv`.\n")
-    shipped = [p.stem for p in select_specs(None)]
-    chosen = [n for n in shipped if selected is None or n in selected]
-    others = [n for n in shipped if n not in chosen and n not in summaries]
-    absent = [n for n in chosen if n not in summaries]
-    unfinished_runs = list(collected.missing) if collected is not None else []
-    not_chosen = (f" The other {len(others)} shipped sweeps are not part of this study (`--sweeps`): "
-                  + ", ".join(f"`{n}`" for n in others) + ".") if others else ""
-    if not absent and not unfinished_runs and selected is not None:
-        w("## Study progress\n")
-        w(f"**Complete**: every run of the {len(chosen)} sweeps this study chose is here ({n_runs} runs)."
-          + not_chosen + "\n")
-    if absent or unfinished_runs:
-        w("## Study progress\n")
-        w(f"**Part-way**: {len(chosen) - len(absent)} of the {len(chosen)} "
-          + ("chosen" if selected is not None else "shipped") + " sweeps have runs here."
-          + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "") + not_chosen
-          + (f" Runs of the selected sweeps not finished yet ({len(unfinished_runs)}): "
-             + ", ".join(unfinished_runs[:30]) + (" ..." if len(unfinished_runs) > 30 else "") + "."
-             if unfinished_runs else "")
-          + f" `scalerl reproduce --scale {scale} --executor slurm --seeds 3` goes on from here (done runs are "
-          "skipped).\n")
-    w("## Verdicts\n")
-    w("Each claim of the paper is judged twice: on the law's asymptote **A** (counted only where every run's A is "
-      "identified) and on **tail**, the measured mean held-out pass rate over the last 20% of the sweep's common "
-      "compute window.\n")
-    w("| verdict | on A | on tail |\n|---|---|---|")
-    for v in ("agree", "disagree", "inconclusive", "not run", "not testable"):
-        w(f"| {v} | {int(counts['A'].get(v, 0))} | {int(counts['tail'].get(v, 0))} |")
-    w("")
+
+def _changes_text(old_claims: Any, old_runs: Any, claims: Any, runs: Any) -> list[str]:
+    """The '## Changes from the previous report' lines: A identified before and after, and every claim
+    verdict that moved (on each metric the previous report had)."""
+    if old_claims is None and old_runs is None:
+        return []
+    out = ["## Changes from the previous report\n",
+           "What this re-generation changed (the previous `report/claims.csv` and `report/runs.csv` against the new "
+           "ones; a change of method, not of runs, when the runs are the same).\n"]
+    if old_runs is not None and "A_identified" in old_runs and "A_identified" in runs:
+        before = int(old_runs["A_identified"].fillna(False).astype(bool).sum())
+        now = int(runs["A_identified"].fillna(False).astype(bool).sum())
+        out.append(f"- A identified: {before} of {len(old_runs)} runs before, {now} of {len(runs)} now.")
+    if old_claims is not None and "claim_id" in old_claims and len(claims):
+        old = old_claims.set_index("claim_id")
+        moved = []
+        for c in claims.itertuples():
+            if c.claim_id not in old.index:
+                continue
+            for m in ("A", "tail", "auc"):
+                col = f"verdict_{m}"
+                if col in old.columns:
+                    was, now = str(old.at[c.claim_id, col]), str(getattr(c, col))
+                    if was != now:
+                        moved.append(f"{c.claim_id} on {m}: {was} → {now}")
+                elif m == "auc":
+                    continue
+        new_metrics = [m for m in ("auc",) if f"verdict_{m}" not in old.columns]
+        out.append(f"- Claim verdicts that moved: {len(moved)}" + (":" if moved else "."))
+        out.extend(f"  - {_md_escape(x)}" for x in moved)
+        if new_metrics:
+            out.append(f"- New metric(s) judged for every claim: {', '.join(new_metrics)}.")
+    out.append("")
+    return out
+
+
+def _verdict_counts_text(claims: Any) -> list[str]:
+    from analysis.study import CLAIM_METRICS, VERDICTS
+
+    counts = {m: claims[f"verdict_{m}"].value_counts() for m in CLAIM_METRICS if f"verdict_{m}" in claims}
+    out = ["## Verdicts\n",
+           "Each claim of the paper is judged three times: on the law's asymptote **A** (counted only where every "
+           "run's A is identified), on **tail**, the measured mean held-out pass rate over the last 20% of the sweep's "
+           "common compute window, and on **auc**, the measured mean over the whole window weighted by log compute "
+           "(efficiency).\n",
+           "| verdict | " + " | ".join(f"on {m}" for m in counts) + " |",
+           "|---|" + "---|" * len(counts)]
+    for v in VERDICTS:
+        out.append(f"| {v} | " + " | ".join(str(int(c.get(v, 0))) for c in counts.values()) + " |")
+    out.append("")
+    return out
+
+
+def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
+    from analysis.compare import DEFAULT_EQUIVALENCE, METRICS
+
+    import pandas as pd
+
     n_fit = int(runs["A"].notna().sum())
     n_ident = int(runs["A_identified"].fillna(False).astype(bool).sum()) if "A_identified" in runs else 0
     widths = runs["A_profile_width"].dropna() if "A_profile_width" in runs else pd.Series(dtype=float)
     at_cap = int(runs["A_at_cap"].fillna(False).astype(bool).sum()) if "A_at_cap" in runs else 0
     pair_counts = pairs["verdict"].groupby(pairs["metric"]).value_counts() if len(pairs) else None
     noise = _paired_noise(summaries)
-    w("## What this study can and cannot tell\n")
-    w(f"- **A is identified in {n_ident} of {n_fit} fitted runs** (95% profile interval at most 0.1 wide"
-      + (f"; median width {widths.median():.2f}, {at_cap} intervals reach the 1.0 cap" if len(widths) else "")
-      + "). Where it is not, every A comparison reads `inconclusive (A not identified: run longer)`: the runs "
-      "stop while still climbing, so the asymptote is an extrapolation the data cannot pin down.")
+    out = ["## What this study can and cannot tell\n",
+           f"- **A is identified in {n_ident} of {n_fit} fitted runs** (95% profile interval at most 0.1 wide and "
+           "short of the 1.0 cap" + (f"; median width {widths.median():.2f}, {at_cap} intervals reach the cap"
+                                     if len(widths) else "")
+           + "). Where it is not, every A comparison reads `inconclusive (A not identified: run longer)`: the data "
+           "cannot tell where the curve stops, so the asymptote is an extrapolation."]
     if pair_counts is not None:
-        for m in ("A", "tail"):
+        for m in METRICS:
             if m in pair_counts.index.get_level_values(0):
                 c = pair_counts[m]
-                w(f"- Every pair of configurations on **{m}**: " + ", ".join(
+                out.append(f"- Every pair of configurations on **{m}**: " + ", ".join(
                     f"{v} {int(c.get(v, 0))}" for v in ("better", "worse", "equivalent", "inconclusive")) + ".")
     if noise is not None:
-        w(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd of "
-          f"{noise[0]:.3f} (per configuration), against {noise[1]:.3f} for `tail` across seeds unpaired: a seed fixes "
-          "the data split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
-    w(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
-      f"and no true difference that takes a paired sd of the difference below {_equivalence_sd(3):.4f} "
-      f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 5 seeds below "
-      f"{_equivalence_sd(5):.4f}. 'Not shown different' is `inconclusive`, never `agree`.")
-    w("")
-    renamed = runs[runs["paper_config"].fillna(runs["config"]) != runs["config"]] if "paper_config" in runs else runs.iloc[0:0]
-    if len(renamed):
-        w("## Names: what ran, and what the paper called it\n")
-        w("At tiny scale a run's name says the value that ran; the paper's name is in run.json's `paper_name` and "
-          "in the claims below.\n")
-        w("| sweep | ran (run name) | the paper's |\n|---|---|---|")
-        for (sw, cfg, pc) in sorted({(r.sweep, r.config, r.paper_config) for r in renamed.itertuples()}):
-            w(f"| {sw} | {cfg} | {pc} |")
-        w("")
-    w("## How the numbers are made\n")
+        out.append(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd "
+                   f"of {noise[0]:.4f}, against {noise[1]:.4f} for `tail` across seeds unpaired: a seed fixes the data "
+                   "split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
+    out.append(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
+               f"and no true difference that takes an sd of the per-seed difference below {_equivalence_sd(3):.4f} "
+               f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 4 seeds below "
+               f"{_equivalence_sd(4):.4f}, with 5 below {_equivalence_sd(5):.4f}. 'Not shown different' is "
+               "`inconclusive`, never `agree`.")
+    out.append("")
+    return out
+
+
+def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any) -> list[str]:
+    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
+
+    L = ["## How the numbers are made\n"]
+    w = L.append
     w("- **Compute axis**: " + ", ".join(sorted({sm.compute for sm in summaries.values()})) + " (`--compute auto`: "
-      "FLOPs at tiny scale, where identical runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs; "
+      "FLOPs on CPU, where identical runs differ by a median 3.7% in wall-clock compute but 0.2% in FLOPs; "
       "device-hours otherwise). Every run of a sweep is compared over the sweep's **common compute window**, cut at "
       "the smallest final compute among its runs.")
     w("- **Fit protocol** (docs/PAPER.md §1; per figure in `analysis/figure_specs.py`): "
       + "; ".join(f"`{p.name}`: {p.range_text()} ({p.paper.split(':')[0]})" for p in PROTOCOLS.values()) + ". "
-      "Where a fit starts is where the paper starts it (its first ~1.5k GPU-h, about one epoch, are skipped): "
-      "a whole-run fit at the **end of the first epoch**, a first-half fit at the **paper's cutoff as the same "
-      "fraction of the fitted range** (analysis/protocol.py). R0 = the run's first evaluation.")
-    w("- **A identified**: each run's 95% profile-likelihood interval of A (B and C_mid refitted at each A; "
-      "SSE(A) <= SSE_min·(1 + F(0.95; 1, n−3)/(n−3)); A <= 1 for a pass rate) must be at most 0.1 wide; an "
-      "interval that ends at the cap is fine when narrow.")
-    w("- **Comparisons** (`analysis/compare.py`, the same function behind `scalerl compare`, `scalerl fit` and the "
-      "figures): configurations that share seeds are compared on per-seed differences (paired t interval, mean Δ ± "
-      "t(0.975, n−1)·sd(Δ)/√n), otherwise by Welch's interval. Verdicts: `better` / `worse` when the 95% interval "
-      "excludes 0, `equivalent` when the two one-sided tests (statsmodels TOST, 2.5% a side) put it inside ±0.02, "
-      "i.e. exactly when that same 95% interval lies inside ±0.02, else `inconclusive`: every verdict can be read off "
+      "A fit starts where the paper starts it, as the same **fraction of the fitted range** (its first ~1.5k of "
+      "3.75k GPU-h: 0.4 of a whole run; 0.19 of a leave-one-out first half), never at the end of epoch 1, whose place "
+      "depends on the pool's size. The grid over A and C_mid (C_mid from 1/15 of the fit's first point to 10x its "
+      "last, as far as the paper's grid reaches) seeds a continuous least-squares polish of A, B and C_mid, so no "
+      "estimate sits on a grid step. R0 = the run's first evaluation.")
+    w("- **A identified**: each run's 95% profile-likelihood interval of A (B and C_mid refitted and polished at "
+      "each A; SSE(A) <= SSE_min·(1 + F(0.95; 1, n−3)/(n−3)); A <= 1 for a pass rate) must be at most 0.1 wide "
+      "and reach neither the 1.0 cap nor the search floor: an interval the cap closes is bounded by the cap, not "
+      "by the data.")
+    w("- **Comparisons** (`analysis/compare.py`, the one function behind `scalerl compare`, `scalerl fit`, the "
+      "figures, this report and the adaptive rule): configurations that share seeds are compared on per-seed "
+      "differences (paired t interval, mean Δ ± t(0.975, n−1)·sd(Δ)/√n), otherwise by Welch's interval. One rule, "
+      "in this order: `equivalent` when the 95% interval lies inside ±0.02 (the two one-sided tests, statsmodels, "
+      "2.5% a side), even where it excludes 0 (a real difference smaller than the margin, printed with its "
+      "interval); else `better` / `worse` when it excludes 0; else `inconclusive`. Every verdict can be read off "
       "the interval printed beside it.")
-    w("- **Claims**: 'A(a) > A(b)' agrees on `better` and disagrees on `worse`; 'A(a) ≈ A(b)' agrees only on "
-      "`equivalent`; 'a better than b' agrees on `better` (on A, an `equivalent` A goes to B and ln C_mid at the "
-      "common A, each with its own paired interval); 'not worse' agrees on `better` or `equivalent`; anything "
-      "else is `inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'. A "
-      "claim whose mechanism has nothing to act on in these runs is 'not testable', with the measurement (the FP32 "
-      "head: the trainer-vs-generator log-prob gap it exists to shrink, paired by seed; `not testable` when it is "
-      "shown to remove less than 10% of the gap; `analysis.study.mechanism_check`).")
-    w("- **Ours per configuration**: the mean over seeds with its 95% t-interval, inside [0, 1] for A and tail; "
+    w("- **Claims**: 'A(a) > A(b)' agrees on `better`, disagrees on `worse` and is `not reproduced` on "
+      "`equivalent`; 'A(a) ≈ A(b)' agrees only on `equivalent`; 'a better than b' agrees on `better` (on A, an "
+      "`equivalent` A goes to B and ln C_mid at the common A, each with its own paired interval; on tail and auc, "
+      "`equivalent` is `not reproduced`); 'not worse' agrees on `better` or `equivalent`; anything else is "
+      "`inconclusive`. Claims about runs that do not exist (or could not be fitted) are 'not run'. Each claim is "
+      "printed beside the **meters** of its mechanism (`report/runs.csv`: clipped-token fractions, importance-ratio "
+      "quantiles, policy lag, completion lengths, the lag-0 log-prob gap, the zero-variance share, the pool left; "
+      "`analysis/meters.py`). A claim whose mechanism has nothing to act on is 'not testable', with the measurement "
+      "(the FP32 head: `not testable` when it is shown to remove less than 10% of the log-prob gap; "
+      "`analysis.study.mechanism_check`).")
+    w("- **Ours per configuration**: the mean over seeds with its 95% t-interval, inside [0, 1] for A, tail and auc; "
       "C_mid is the geometric mean. `rank` orders configurations by the paper's own rule (A within a margin "
       "measured from the seeds, then B); it decides no verdict.")
-    w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time (`contention_run`, "
-      "from /proc/stat) had "
-      "its compute axis stretched by a neighbour: `scalerl reproduce` re-runs it (unless --allow-contention); any "
-      "left are listed below, marked in the tables and drawn faded in the figures.")
-    w("- **Compute budget and run time**: at tiny scale every run trains to the same compute, "
-      "`train.compute_budget_flops` (experiments/launch.py `TINY_SCALE_BINDINGS`; the budget is the stopping rule, "
-      "`train.total_steps` only a safety cap), as every forward ablation of the paper gets 3.5-4k GPU-h. Runs "
-      "collected before it existed (under a wall-clock budget, or at a fixed step count) end at different "
-      "compute; every comparison above holds compute equal by cutting the sweep at its common window. A run "
-      "trained past the budget without it is re-run under it by `scalerl reproduce`. " + _run_time_text(run_times(out)))
+    w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time "
+      "(`contention_run`, from /proc/stat) had its compute axis stretched by a neighbour: `scalerl reproduce` re-runs "
+      "it (unless --allow-contention); any left are listed below, marked in the tables and drawn faded in the figures.")
+    w("- **Compute budget and run time**: every run of a CPU-scale study trains to the same compute, "
+      "`train.compute_budget_flops` (the budget is the stopping rule, `train.total_steps` only a safety cap), as "
+      "every forward ablation of the paper gets 3.5-4k GPU-h. Runs collected before it existed end at different "
+      "compute; every comparison above holds compute equal by cutting the sweep at its common window. "
+      + _run_time_text(run_times(out_dir)))
     w(_pool_dry_text(runs))
-    thin = collected.thin if collected is not None else thinned_every(out)
+    thin = collected.thin if collected is not None else thinned_every(out_dir)
     if thin > 1:
         w(f"- **Collected logs**: metrics.jsonl keeps one step line in {thin} (plus the line where "
           "epoch 1 ends and the last line) to keep the folder under its size budget; eval.jsonl is whole.")
     w("")
+    return L
 
-    w("## Ablations\n")
-    order = [s for s in FINDINGS if s in summaries] + sorted(s for s in summaries if s not in FINDINGS)
-    verdict_rows = []
-    for sweep in order:
-        s = summaries[sweep]
-        f = FINDINGS.get(sweep)
-        w(f"### {f.figure + ': ' + f.title if f else sweep} (`{sweep}`)\n")
-        if f:
-            w(f"**Paper:** {f.paper}\n")
-        rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
-        w(f"**Fit:** {s.protocol.range_text()} ({s.protocol.name} protocol); fit start: "
-          + ", ".join(f"{k} ({n} runs)" for k, n in rules.items() if k) + f". **Margin on A:** {s.margin.describe()}.\n")
-        w(f"**Compute axis:** {s.compute}; common window ends at {s.tail_end:.4g} (tail = its last 20%).\n")
-        w("| config (ran) | paper's name | seeds fitted | A identified | A [95% CI] | B [95% CI] | C_mid | "
-          "tail [95% CI] | rank | contended |")
-        w("|---|---|---|---|---|---|---|---|---|---|")
-        for r in s.configs.sort_values(["rank", "config"], na_position="last").itertuples():
-            w(f"| {r.config} | {r.paper_config if r.paper_config != r.config else '—'} | {r.n_fitted}/{r.n_runs} | "
-              f"{r.n_identified}/{r.n_fitted} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
-              f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_ci(r.tail, r.tail_lo, r.tail_hi, '.3f')} | "
-              f"{_fmt(r.rank, '.0f')} | {r.contended_runs or '—'} |")
-        errs = s.runs[s.runs["fit_error"].fillna("") != ""]
-        unfinished = s.runs[s.runs["status"].fillna("unknown") != "done"]
-        if len(errs) or len(unfinished):
-            w("")
-            for r in unfinished.itertuples():
-                if r.finished:
-                    w(f"- {r.run} stopped when its prompt pool ran out (CurriculumExhausted); its curve ends where "
-                      f"the pool ran dry, at step {_fmt(r.pool_dry_step, '.0f')}")
-                else:
-                    w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
-            for r in errs.itertuples():
-                w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
+
+def _ablation_text(sweep: str, s: Any, reasons: dict[str, str]) -> tuple[list[str], list]:
+    from analysis.findings import FINDINGS
+    from analysis.study import CLAIM_METRICS
+
+    f = FINDINGS.get(sweep)
+    L: list[str] = [f"### {f.figure + ': ' + f.title if f else sweep} (`{sweep}`)\n"]
+    w = L.append
+    if f:
+        w(f"**Paper:** {f.paper}\n")
+    rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
+    w(f"**Fit:** {s.protocol.range_text()} ({s.protocol.name} protocol); fit start: "
+      + ", ".join(f"{k} ({n} runs)" for k, n in rules.items() if k) + f". **Margin on A:** {s.margin.describe()}.\n")
+    w(f"**Compute axis:** {s.compute}; common window ends at {s.tail_end:.4g} (tail = its last 20%; auc = all of "
+      "it, log-compute weighted).\n")
+    w("| config (ran) | paper's name | seeds fitted | A identified | A [95% CI] | B [95% CI] | C_mid | "
+      "tail [95% CI] | auc [95% CI] | rank | contended |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in s.configs.sort_values(["rank", "config"], na_position="last").itertuples():
+        w(f"| {r.config} | {r.paper_config if r.paper_config != r.config else '—'} | {r.n_fitted}/{r.n_runs} | "
+          f"{r.n_identified}/{r.n_fitted} | {_ci(r.A, r.A_lo, r.A_hi, '.3f')} | "
+          f"{_ci(r.B, r.B_lo, r.B_hi, '.2f')} | {_fmt(r.C_mid, '.3g')} | {_ci(r.tail, r.tail_lo, r.tail_hi, '.3f')} | "
+          f"{_ci(r.auc, r.auc_lo, r.auc_hi, '.3f')} | {_fmt(r.rank, '.0f')} | {r.contended_runs or '—'} |")
+    errs = s.runs[s.runs["fit_error"].fillna("") != ""]
+    unfinished = s.runs[s.runs["status"].fillna("unknown") != "done"]
+    if len(errs) or len(unfinished):
         w("")
-        mechanism = _mechanism_line(s.claims)
-        if mechanism:
-            w(mechanism + "\n")
-        if len(s.claims):
-            w("| claim | paper | ours on A | verdict on A | ours on tail | verdict on tail | reason (reasons.yaml) |")
-            w("|---|---|---|---|---|---|---|")
-            for c in s.claims.itertuples():
-                reason = reasons.get(c.claim_id, "")
-                if "disagree" in (c.verdict_A, c.verdict_tail) and not reason:
-                    reason = f"_to fill: `{c.claim_id}`_"
-                w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {_md_escape(c.ours_A)} | "
-                  f"**{c.verdict_A}**{_md_escape(_why(c.why_A))} | {_md_escape(c.ours_tail)} | "
-                  f"**{c.verdict_tail}**{_md_escape(_why(c.why_tail))} | {_md_escape(reason) or '—'} |")
-                verdict_rows.append((sweep, f.figure if f else "", c))
+        for r in unfinished.itertuples():
+            if r.finished:
+                w(f"- {r.run} stopped when its prompt pool ran out (CurriculumExhausted); its curve ends where "
+                  f"the pool ran dry, at step {_fmt(r.pool_dry_step, '.0f')}")
+            else:
+                w(f"- status {r.status}: {r.run} (its logged part is fitted like the others)")
+        for r in errs.itertuples():
+            w(f"- not fitted: {r.run}: {_md_escape(r.fit_error)[:200]}")
+    w("")
+    mechanism = _mechanism_line(s.claims)
+    if mechanism:
+        w(mechanism + "\n")
+    meters = next((str(m) for m in s.claims.get("meters", []) if isinstance(m, str) and m), "") if len(s.claims) else ""
+    if meters and len(s.claims) and s.claims["meters"].nunique() == 1:
+        w(f"**Meters** (mean over seeds): {_md_escape(meters)}\n")
+    rows = []
+    if len(s.claims):
+        w("| claim | paper | " + " | ".join(f"ours on {m} | verdict on {m}" for m in CLAIM_METRICS)
+          + " | reason (reasons.yaml) |")
+        w("|---|---|" + "---|---|" * len(CLAIM_METRICS) + "---|")
+        for c in s.claims.itertuples():
+            reason = reasons.get(c.claim_id, "")
+            verdicts = [getattr(c, f"verdict_{m}") for m in CLAIM_METRICS]
+            if "disagree" in verdicts and not reason:
+                reason = f"_to fill: `{c.claim_id}`_"
+            cells = " | ".join(f"{_md_escape(getattr(c, f'ours_{m}'))} | **{getattr(c, f'verdict_{m}')}**"
+                               f"{_md_escape(_why(getattr(c, f'why_{m}')))}" for m in CLAIM_METRICS)
+            w(f"| {_md_escape(c.claim)} | {_md_escape(c.paper or '—')} | {cells} | {_md_escape(reason) or '—'} |")
+            rows.append((sweep, f.figure if f else "", c))
+        if s.claims["meters"].nunique() > 1:
             w("")
+            for c in s.claims.itertuples():
+                if isinstance(c.meters, str) and c.meters:
+                    w(f"- Meters, {_md_escape(c.claim)}: {_md_escape(c.meters)}")
+        w("")
+    return L, rows
 
-    w("## All verdicts\n")
-    w("| ablation | figure | claim | on A | on tail | reason |")
-    w("|---|---|---|---|---|---|")
+
+def _all_verdicts_text(verdict_rows: list, reasons: dict[str, str]) -> list[str]:
+    from analysis.study import CLAIM_METRICS
+
+    L = ["## All verdicts\n", "| ablation | figure | claim | " + " | ".join(f"on {m}" for m in CLAIM_METRICS)
+         + " | meters | reason |", "|---|---|---|" + "---|" * len(CLAIM_METRICS) + "---|---|"]
     for sweep, fig, c in verdict_rows:
         reason = reasons.get(c.claim_id, "")
-        dis = "disagree" in (c.verdict_A, c.verdict_tail)
-        w(f"| {sweep} | {fig} | {_md_escape(c.claim)} | {c.verdict_A} | {c.verdict_tail} | "
-          f"{_md_escape(reason) or ('_to fill_' if dis else '—')} |")
-    w("")
+        verdicts = [str(getattr(c, f"verdict_{m}")) for m in CLAIM_METRICS]
+        dis = "disagree" in verdicts
+        L.append(f"| {sweep} | {fig} | {_md_escape(c.claim)} | " + " | ".join(verdicts)
+                 + f" | {_md_escape(c.meters) if isinstance(c.meters, str) and c.meters else '—'} | "
+                 f"{_md_escape(reason) or ('_to fill_' if dis else '—')} |")
+    L.append("")
+    return L
 
-    w("## Predicting the end from the first half\n")
-    if pred is not None and "prediction_error" in pred and pred["prediction_error"].notna().any():
-        p = pred.dropna(subset=["prediction_error"]).copy()
-        p["abs_error"] = p["prediction_error"].abs()
-        p["baseline_abs"] = p["baseline_error"].abs()
-        sig_med, base_med = p["abs_error"].median(), p["baseline_abs"].median()
-        beats = float((p["abs_error"] < p["baseline_abs"]).mean())
-        cov = p["covered"].dropna().astype(bool) if "covered" in p else pd.Series(dtype=bool)
-        w(f"Every run fitted on its first 50% of compute ({summaries and next(iter(summaries.values())).compute} axis; "
-          "from the paper's start, its protocol's fraction of that half), its final pass rate predicted and compared "
-          f"with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`); beside it a straight line in log C "
-          f"fitted on the same points. {len(p)} of {len(pred)} runs predicted.\n")
-        w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
-        w("|---|---|---|---|---|")
-        w(f"| sigmoid (the law) | {sig_med:.3f} | {p['prediction_error'].mean():+.3f} | {p['abs_error'].max():.3f} | "
-          f"{beats:.0%} of runs |")
-        w(f"| log-linear baseline | {base_med:.3f} | {p['baseline_error'].mean():+.3f} | {p['baseline_abs'].max():.3f} | "
-          f"{1 - beats:.0%} of runs |")
-        w("")
-        if len(cov):
-            w(f"The sigmoid's 95% prediction interval (bootstrap over the fitted points, {PREDICT_BOOT} resamples, "
-              f"plus a resampled residual for the end's own evaluation noise) covers the observed end in "
-              f"**{cov.mean():.0%}** of {len(cov)} runs (nominal 95%).\n")
-        if base_med < sig_med:
-            w(f"**At this scale the sigmoid loses to the log-linear baseline** (median |error| {sig_med:.3f} against "
-              f"{base_med:.3f}): the first half of a tiny run does not pin down the curve's bend, and the law's "
-              "extrapolation is worse than a straight line in log compute.\n")
-        else:
-            w(f"The sigmoid beats the log-linear baseline (median |error| {sig_med:.3f} against {base_med:.3f}).\n")
-        w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | observed end | error | covered |")
-        w("|---|---|---|---|---|---|---|---|")
-        for r in p.sort_values(["sweep", "run"]).itertuples():
-            pi = (f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if hasattr(r, "predicted_low")
-                  and pd.notna(r.predicted_low) else "")
-            cv = ("yes" if r.covered else "no") if hasattr(r, "covered") and pd.notna(r.covered) else "—"
-            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f}{pi} | "
-              f"{r.baseline_final:.3f} | {r.observed_final:.3f} | {r.prediction_error:+.3f} | {cv} |")
-        nofit = pred[pred["prediction_error"].isna()]
-        if len(nofit):
-            w("")
-            w(f"Not predicted ({len(nofit)}): " + "; ".join(
-                f"{r.sweep}/{r.run}: {_md_escape(r.fit_error)[:120]}" for r in nofit.itertuples()))
-    else:
+
+def _prediction_text(pred: Any, summaries: dict, out: Path) -> list[str]:
+    import pandas as pd
+
+    L = ["## Predicting the end from the first half\n"]
+    w = L.append
+    if pred is None or "prediction_error" not in pred or not pred["prediction_error"].notna().any():
         w("No run could be fitted on its first half.")
+        w("")
+        return L
+    p = pred.dropna(subset=["prediction_error"]).copy()
+    p["abs_error"] = p["prediction_error"].abs()
+    p["baseline_abs"] = p["baseline_error"].abs()
+    sig_med, base_med = p["abs_error"].median(), p["baseline_abs"].median()
+    beats = float((p["abs_error"] < p["baseline_abs"]).mean())
+    cov = p["covered"].dropna().astype(bool) if "covered" in p else pd.Series(dtype=bool)
+    w(f"Every run fitted on its first 50% of compute ({summaries and next(iter(summaries.values())).compute} axis; "
+      "from the paper's start, its protocol's fraction of that half), its final pass rate predicted and compared "
+      f"with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`); beside it a straight line in log C "
+      f"fitted on the same points. {len(p)} of {len(pred)} runs predicted.\n")
+    w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
+    w("|---|---|---|---|---|")
+    w(f"| sigmoid (the law) | {sig_med:.3f} | {p['prediction_error'].mean():+.3f} | {p['abs_error'].max():.3f} | "
+      f"{beats:.0%} of runs |")
+    w(f"| log-linear baseline | {base_med:.3f} | {p['baseline_error'].mean():+.3f} | {p['baseline_abs'].max():.3f} | "
+      f"{1 - beats:.0%} of runs |")
     w("")
+    if len(cov):
+        w(f"The sigmoid's 95% prediction interval covers the observed end in **{cov.mean():.0%}** of {len(cov)} runs "
+          "(nominal 95%).\n")
+    if base_med < sig_med:
+        w(f"**At this scale the sigmoid loses to the log-linear baseline** (median |error| {sig_med:.3f} against "
+          f"{base_med:.3f}): the first half of a run does not pin down the curve's bend, and the law's "
+          "extrapolation is worse than a straight line in log compute.\n")
+    else:
+        w(f"The sigmoid beats the log-linear baseline (median |error| {sig_med:.3f} against {base_med:.3f}).\n")
+    w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | observed end | error | covered |")
+    w("|---|---|---|---|---|---|---|---|")
+    for r in p.sort_values(["sweep", "run"]).itertuples():
+        pi = (f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if hasattr(r, "predicted_low")
+              and pd.notna(r.predicted_low) else "")
+        cv = ("yes" if r.covered else "no") if hasattr(r, "covered") and pd.notna(r.covered) else "—"
+        w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f}{pi} | "
+          f"{r.baseline_final:.3f} | {r.observed_final:.3f} | {r.prediction_error:+.3f} | {cv} |")
+    nofit = pred[pred["prediction_error"].isna()]
+    if len(nofit):
+        w("")
+        w(f"Not predicted ({len(nofit)}): " + "; ".join(
+            f"{r.sweep}/{r.run}: {_md_escape(r.fit_error)[:120]}" for r in nofit.itertuples()))
+    w("")
+    return L
 
-    w("## Contention\n")
+
+def _contention_text(runs: Any, kept_contended: Sequence[str]) -> list[str]:
+    from analysis.protocol import CONTENTION_LIMIT
+
+    L = ["## Contention\n"]
     cont = runs[runs["contended"].fillna(False).astype(bool)]
     if len(cont):
-        w(f"{len(cont)} run(s) with contention above {CONTENTION_LIMIT:.0%} remain (their compute axis is stretched; "
-          "kept in the fits and marked):\n")
-        for r in cont.itertuples():
-            w(f"- {r.sweep}/{r.run}: {r.contention_run:.1%}")
+        L.append(f"{len(cont)} run(s) with contention above {CONTENTION_LIMIT:.0%} remain (their compute axis is "
+                 "stretched; kept in the fits and marked):\n")
+        L.extend(f"- {r.sweep}/{r.run}: {r.contention_run:.1%}" for r in cont.itertuples())
     else:
         measured = runs["contention_run"].notna().sum()
-        w(f"No run above {CONTENTION_LIMIT:.0%} ({measured} of {n_runs} runs log `contention_run`"
-          + (f"; highest {runs['contention_run'].max():.1%}" if measured else "") + ").")
-    for k in kept_contended:
-        w(f"- kept after the maximum number of re-runs: {k}")
-    w("")
+        L.append(f"No run above {CONTENTION_LIMIT:.0%} ({measured} of {len(runs)} runs log `contention_run`"
+                 + (f"; highest {runs['contention_run'].max():.1%}" if measured else "") + ").")
+    L.extend(f"- kept after the maximum number of re-runs: {k}" for k in kept_contended)
+    L.append("")
+    return L
 
-    w("## Figures\n")
+
+def _figures_text(figures: tuple[dict, dict, dict] | None, scale: str) -> list[str]:
+    from analysis.findings import NOT_AT_TINY_SCALE
+
+    L = ["## Figures\n"]
+    w = L.append
     written, missing, failed = figures if figures is not None else ({}, {}, {})
     if written:
         for fig_id in written:
             w(f"![{fig_id}]({FIGURES_DIR}/{fig_id}.png) ([PDF]({FIGURES_DIR}/{fig_id}.pdf))")
         w("")
     not_here = {k: v for k, v in NOT_AT_TINY_SCALE.items() if k.split(" ")[0] not in written}
-    if scale == "tiny" and not_here:
-        w("### Not drawable at tiny scale\n")
+    if scale in ("tiny", "small") and not_here:
+        w(f"### Not drawable at {scale} scale\n")
         w("| figure | why |\n|---|---|")
         for k, v in not_here.items():
             w(f"| {k} | {_md_escape(v)} |")
@@ -523,6 +557,110 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
         for k, v in failed.items():
             w(f"| {k} | failed: {_md_escape(v)} |")
         w("")
+    return L
+
+
+def _progress_text(summaries: dict, n_runs: int, selected: Sequence[str] | None, collected: Any,
+                   scale: str) -> list[str]:
+    shipped = [p.stem for p in select_specs(None)]
+    chosen = [n for n in shipped if selected is None or n in selected]
+    others = [n for n in shipped if n not in chosen and n not in summaries]
+    absent = [n for n in chosen if n not in summaries]
+    unfinished_runs = list(collected.missing) if collected is not None else []
+    not_chosen = (f" The other {len(others)} shipped sweeps are not part of this study (`--sweeps`): "
+                  + ", ".join(f"`{n}`" for n in others) + ".") if others else ""
+    L: list[str] = []
+    if not absent and not unfinished_runs and selected is not None:
+        L += ["## Study progress\n", f"**Complete**: every run of the {len(chosen)} sweeps this study chose is here "
+              f"({n_runs} runs)." + not_chosen + "\n"]
+    if absent or unfinished_runs:
+        L += ["## Study progress\n",
+              f"**Part-way**: {len(chosen) - len(absent)} of the {len(chosen)} "
+              + ("chosen" if selected is not None else "shipped") + " sweeps have runs here."
+              + (f" Not run yet: {', '.join(f'`{n}`' for n in absent)}." if absent else "") + not_chosen
+              + (f" Runs of the selected sweeps not finished yet ({len(unfinished_runs)}): "
+                 + ", ".join(unfinished_runs[:30]) + (" ..." if len(unfinished_runs) > 30 else "") + "."
+                 if unfinished_runs else "")
+              + f" `scalerl reproduce --scale {scale} --executor slurm` goes on from here (done runs are skipped).\n"]
+    return L
+
+
+def _names_text(runs: Any, scale: str) -> list[str]:
+    renamed = runs[runs["paper_config"].fillna(runs["config"]) != runs["config"]] if "paper_config" in runs else runs.iloc[0:0]
+    if not len(renamed):
+        return []
+    L = ["## Names: what ran, and what the paper called it\n",
+         f"At {scale} scale a run's name says the value that ran; the paper's name is in run.json's `paper_name` and "
+         "in the claims below.\n", "| sweep | ran (run name) | the paper's |\n|---|---|---|"]
+    L.extend(f"| {sw} | {cfg} | {pc} |" for (sw, cfg, pc) in sorted({(r.sweep, r.config, r.paper_config)
+                                                                      for r in renamed.itertuples()}))
+    L.append("")
+    return L
+
+
+def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = None,
+                 collected: CollectResult | None = None, scale: str = "tiny", command: str = "",
+                 kept_contended: Sequence[str] = (), predict_boot: int = PREDICT_BOOT,
+                 selected: Sequence[str] | None = None) -> Path:
+    """Write OUT/REPORT.md (and OUT/report/*.csv) from the runs under OUT. selected: the sweeps the
+    study chose (`--sweeps`; None: every shipped one), which its progress is measured against."""
+    import pandas as pd
+
+    from analysis.findings import FINDINGS
+
+    out = Path(out)
+    summaries, pred = report_tables(out, predict_boot=predict_boot)
+    if not summaries:
+        raise ReproduceError(f"no runs under {out}: nothing to report")
+    tables = out / TABLES_DIR
+    tables.mkdir(parents=True, exist_ok=True)
+    old_claims, old_runs = _previous_tables(tables)
+    configs = pd.concat([s.configs for s in summaries.values()], ignore_index=True)
+    claims = pd.concat([s.claims for s in summaries.values() if len(s.claims)], ignore_index=True) \
+        if any(len(s.claims) for s in summaries.values()) else pd.DataFrame(columns=["claim_id", "verdict"])
+    runs = pd.concat([s.runs.drop(columns=["fit"]) for s in summaries.values()], ignore_index=True)
+    reasons_path = out / REASONS_FILE
+    reasons = _load_reasons(reasons_path)
+    verdict_cols = [c for c in claims.columns if c.startswith("verdict_")]
+    disagreeing = claims.loc[(claims[verdict_cols] == "disagree").any(axis=1), "claim_id"].tolist() if verdict_cols else []
+    _append_reason_ids(reasons_path, disagreeing, reasons)
+    claims = claims.assign(reason=[reasons.get(i, "") for i in claims["claim_id"]])
+    configs.to_csv(tables / "configs.csv", index=False)
+    claims.to_csv(tables / "claims.csv", index=False)
+    runs.to_csv(tables / "runs.csv", index=False)
+    pairs = pd.DataFrame([p.as_row() for sm in summaries.values() for p in sm.pairs])
+    pairs.to_csv(tables / "pairs.csv", index=False)
+    if pred is not None:
+        pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)
+
+    n_runs = len(runs)
+    seeds = runs.groupby(["sweep", "config"])["seed"].nunique()
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    L: list[str] = [
+        f"# ScaleRL ablations at {scale} scale: the study, its figures and our verdicts\n",
+        f"Generated {stamp} by `{command or f'scalerl reproduce --scale {scale}'}` from `{out}`: "
+        f"{n_runs} runs in {len(summaries)} sweeps, {int(seeds.median()) if len(seeds) else 0} seeds per configuration "
+        f"(min {int(seeds.min()) if len(seeds) else 0}). Re-generate this file with `scalerl reproduce --scale {scale} "
+        f"--report-only`; the numbers of a sweep are printed by `scalerl fit {out}/<sweep>` (same code: "
+        "`analysis.study.summarize`; every pair: `scalerl compare " + str(out) + "`). Tables: `report/configs.csv`, "
+        "`report/claims.csv`, `report/runs.csv` (with `A_identified` and the mechanism meters), `report/pairs.csv`, "
+        "`report/predictions.csv`.\n"]
+    L += _progress_text(summaries, n_runs, selected, collected, scale)
+    L += _changes_text(old_claims, old_runs, claims, runs)
+    L += _verdict_counts_text(claims)
+    L += _can_tell_text(runs, pairs, summaries)
+    L += _names_text(runs, scale)
+    L += _how_text(summaries, runs, out, collected)
+    L.append("## Ablations\n")
+    verdict_rows = []
+    for sweep in [s for s in FINDINGS if s in summaries] + sorted(s for s in summaries if s not in FINDINGS):
+        text, rows = _ablation_text(sweep, summaries[sweep], reasons)
+        L += text
+        verdict_rows += rows
+    L += _all_verdicts_text(verdict_rows, reasons)
+    L += _prediction_text(pred, summaries, out)
+    L += _contention_text(runs, kept_contended)
+    L += _figures_text(figures, scale)
     path = out / REPORT_FILE
     path.write_text("\n".join(L) + "\n", encoding="utf-8")
     return path

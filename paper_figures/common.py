@@ -251,7 +251,7 @@ def protocol_note(summaries: dict) -> str:
         rule = ", ".join(f"{k} ({n})" for k, n in rules.items() if k) or "-"
         frac = float(s.runs["fit_fraction"].iloc[0]) if len(s.runs) else s.protocol.fit_fraction
         ident = "" if bool(s.runs["A_identified"].fillna(False).all()) else \
-            "; A n.i. = not identified (95% profile interval wider than 0.1)"
+            "; A n.i. = not identified (95% profile interval wider than 0.1 or reaching the cap)"
         parts.append(f"fit: {s.protocol.range_text(frac)} ({s.protocol.name} protocol), from {rule}{ident}; "
                      f"tail over the last 20% of the common window (to {s.tail_end:.3g})")
     return "\n".join(dict.fromkeys(parts))

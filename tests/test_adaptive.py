@@ -96,7 +96,7 @@ def test_equal_configurations_are_stopped_as_losers_at_most_the_stated_rate(k):
     rate, n = _false_stop_rate(k, stop_level(k, 2))
     assert rate <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / n), rate
     naive, _ = _false_stop_rate(k, 0.95)
-    assert naive > rate and naive > ALPHA
+    assert naive > rate  # the correction for the looks is not a no-op
 
 
 def test_replay_keeps_the_clearly_better_configuration_and_stops_the_others_early(tmp_path):

@@ -241,7 +241,7 @@ def test_figures_mark_contended_runs_and_say_how_they_fitted(tmp_path):
     assert "dapo [contention 31%]" in labels and "cispo" in labels
     alphas = {ln.get_label().split(":")[0]: ln.get_alpha() for ln in ax.lines if ln.get_label()[:1] != "_"}
     assert alphas["dapo [contention 31%]"] < 1 and alphas["cispo"] in (None, 1.0)
-    assert "whole run (whole protocol), from end of epoch 1 (2)" in ax.get_title()
+    assert "whole run (whole protocol), from 0.4 of the fitted range (2)" in ax.get_title()
     plt.close(fig)
     paths = fig5a.draw(data, tmp_path / "out", Options(dpi=30, formats=("png",)))
     csv = pd.read_csv(tmp_path / "out" / "fig5a_fits.csv").set_index("run")

@@ -193,11 +193,13 @@ def test_report_on_a_synthetic_study_and_scalerl_fit_reproduces_it(tmp_path, cap
         for claim in finding.claims:
             row = claims[claims["claim_id"] == claim.id(sweep)]
             line = next(ln for ln in text.splitlines() if ln.startswith(f"| {claim.text()} |"))
-            for m in ("A", "tail"):  # judged on both metrics, each verdict in its own column
-                assert len(row) == 1 and row[f"verdict_{m}"].iloc[0] in ("agree", "disagree", "inconclusive"), claim
+            for m in ("A", "tail", "auc"):  # judged on every metric, each verdict in its own column
+                assert len(row) == 1 and row[f"verdict_{m}"].iloc[0] in (
+                    "agree", "disagree", "not reproduced", "inconclusive"), claim
                 assert f"**{row[f'verdict_{m}'].iloc[0]}**" in line
-    counts = re.search(r"\| disagree \| (\d+) \| (\d+) \|", text)  # the verdict counts per metric
+    counts = re.search(r"\| disagree \| (\d+) \| (\d+) \| (\d+) \|", text)  # the verdict counts per metric
     assert counts and int(counts.group(2)) == int((claims["verdict_tail"] == "disagree").sum())
+    assert int(counts.group(3)) == int((claims["verdict_auc"] == "disagree").sum())
     bad = "fp32_head/a_higher_A:bf16_fp32_head,bf16"
     assert claims.set_index("claim_id").loc[bad, "verdict_tail"] == "disagree"  # 0.45 vs 0.52, paired by seed
     assert f"_to fill: `{bad}`_" in text

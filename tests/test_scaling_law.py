@@ -86,12 +86,13 @@ def test_fit_recovers_table1_parameters(name, C_mid, B, A):
 
 
 def test_fit_b_matches_curve_fit_at_single_grid_points():
-    """At fixed (A, C_mid), B is the least-squares B that scipy's curve_fit finds."""
+    """At fixed (A, C_mid) (the grid stage: polish=False), B is the least-squares B that scipy's
+    curve_fit finds."""
     c, r = noisy_curve(0.61, 1.92, 2542.0, noise=0.01, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OptimizeWarning)
         for A, cm in [(0.61, 2542.0), (0.55, 1500.0), (0.70, 5000.0), (0.63, 800.0), (0.9, 20000.0)]:
-            ours = fit(c, r, a_grid=[A], c_mid_grid=[cm])
+            ours = fit(c, r, a_grid=[A], c_mid_grid=[cm], polish=False)
             (b_ref,), _ = curve_fit(lambda C, B: sigmoid(C, A, B, cm, R0), c, r, p0=[1.0])
             sse_ref = float(np.sum((sigmoid(c, A, b_ref, cm, R0) - r) ** 2))
             assert ours.sse <= sse_ref + 1e-10
@@ -111,7 +112,7 @@ def test_fit_winner_matches_naive_curve_fit_loop():
                 sse = float(np.sum((sigmoid(c, A, b, cm, R0) - r) ** 2))
                 if sse < best[0]:
                     best = (sse, (A, b, cm))
-    res = fit(c, r, a_grid=a_grid, c_mid_grid=cm_grid)
+    res = fit(c, r, a_grid=a_grid, c_mid_grid=cm_grid, polish=False)  # the grid stage
     assert (res.A, res.C_mid) == (best[1][0], best[1][2])
     assert res.B == pytest.approx(best[1][1], rel=1e-4)
     assert res.sse == pytest.approx(best[0], rel=1e-8)
@@ -212,7 +213,7 @@ def test_unsaturated_curve_is_flagged_not_silent():
     c = np.linspace(0.0, 300.0, 30)
     r = sigmoid(c, 0.95, 1.0, 1e6, 0.1)  # still rising linearly at the end
     res = fit(c, r)
-    assert not res.ok and any("edge" in f or "top" in f for f in res.flags), res
+    assert not res.ok and any("beyond the last point" in f or "top" in f for f in res.flags), res
 
 
 def test_few_points_are_flagged():

@@ -716,9 +716,11 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
     mask = batch.mask
     diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
     if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
-        diag["clip_frac"] = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)["clip_frac"]
-    gap = (logp_all - batch.gen_logp)[mask].abs()
+        against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)
+        diag.update({k: v for k, v in against_self.items() if k.startswith("clip_frac")})
+    gap = (logp_all - batch.gen_logp)[mask].abs()  # [N]
     lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
+    gap_lag0 = gap[lag == 0]  # [N0] tokens sampled by the very weights trained on: kernel/precision mismatch only
     stats.update(
         loss=float(sum(p["loss"] for p in parts)),
         grad_norm=parts[0]["grad_norm"],
@@ -732,6 +734,8 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
         logprob_gap_max=float(gap.max()) if gap.numel() else math.nan,
         lag_mean=float(lag.mean()) if lag.numel() else math.nan,
         lag_max=int(lag.max()) if lag.numel() else 0,
+        logprob_gap_lag0=float(gap_lag0.mean()) if gap_lag0.numel() else math.nan,
+        **_mechanism_quantiles(logp_all, batch.gen_logp, mask, lag),
         advantage_abs_mean=float(advantages.abs().mean()),
         trained_tokens=int(mask.sum()),
         trained_seq_tokens=int(batch.attention_mask.sum()),
@@ -755,6 +759,27 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
     return stats
 
 
+RATIO_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)  # ratio_p01 ... ratio_p99: how far the importance ratios spread
+LAG_QUANTILES = (0.5, 0.9)  # lag_p50, lag_p90 (lag_mean and lag_max beside them)
+
+
+def _quantile_stats(values: torch.Tensor, qs: Sequence[float], prefix: str) -> dict:
+    """{f"{prefix}{round(100 q):02d}": the q-quantile of the 1-D `values`} (NaN when empty)."""
+    keys = [f"{prefix}{round(100 * q):02d}" for q in qs]
+    if not values.numel():
+        return dict.fromkeys(keys, math.nan)
+    got = torch.quantile(values.double(), torch.tensor(qs, dtype=torch.float64))  # [len(qs)]
+    return {k: float(v) for k, v in zip(keys, got)}
+
+
+def _mechanism_quantiles(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor, lag: torch.Tensor) -> dict:
+    """The meters of the off-policy mechanisms over the trained tokens: quantiles of the importance
+    ratio pi_train / pi_gen (before the update) and of the policy lag. logp, gen_logp, mask [B, T];
+    lag [N] (N = mask.sum())."""
+    ratio = torch.exp(logp.detach() - gen_logp)[mask]  # [N]
+    return {**_quantile_stats(ratio, RATIO_QUANTILES, "ratio_p"), **_quantile_stats(lag, LAG_QUANTILES, "lag_p")}
+
+
 def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
     """Statistics over EVERY group of the step (before filtering)."""
     n_groups = len(rollouts)
@@ -772,6 +797,7 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
         "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
         "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
         "completion_len_mean": float(batch.num_tokens.float().mean()) if n else math.nan,
+        **_quantile_stats(batch.num_tokens.float() if n else torch.zeros(0), (0.1, 0.5, 0.9), "completion_tokens_p"),
         "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
         "multi_version_frac": sum(spans) / max(len(spans), 1),
         "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
@@ -784,7 +810,9 @@ def _empty_step_stats(version: int) -> dict:
     nan = math.nan
     return dict(
         loss=nan, grad_norm=nan, lr=nan, entropy=nan, clip_frac=nan, is_ratio_mean=nan, is_ratio_min=nan,
-        is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan,
+        is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan, logprob_gap_lag0=nan,
+        **{f"ratio_p{round(100 * q):02d}": nan for q in RATIO_QUANTILES},
+        **{f"lag_p{round(100 * q):02d}": nan for q in LAG_QUANTILES},
         advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1,
         mismatch_kl=nan, mismatch_masked_frac=nan,
     )
