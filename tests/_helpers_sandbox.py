@@ -9,12 +9,18 @@
   sandbox then picks bubblewrap by itself (``backend="auto"``). The sandbox's files (`SANDBOX_FILES`) are copied to a world-readable temp dir,
   so this works from a clone anywhere (that uid may not be able to read the checkout).
 
-Jobs are dicts: ``code``, optional ``stdin``, ``files``, ``limits`` (SandboxLimits fields),
-``config`` (SandboxConfig fields).
+Jobs are dicts: ``code``, optional ``stdin``, ``files``, ``readonly_files``, ``limits``
+(SandboxLimits fields), ``config`` (SandboxConfig fields).
+
+``run_batch("bwrap", jobs, delegate=True)`` gives that user a delegated cgroup subtree of its
+own (`delegated_cgroups`: this machine's real hierarchies, v1 or v2, made and chowned to it,
+named by ``$SCALERL_SANDBOX_CGROUP``), as a cluster node that delegates would; without it the
+user has no cgroup, as a plain Slurm job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,8 +58,9 @@ def one(job):
     try:
         config = sb.SandboxConfig(**{**job.get("config", {}), "hide_paths": tuple(job.get("config", {}).get("hide_paths", ()))})
         r = sb.run_python(job["code"], job.get("stdin", ""), limits=sb.SandboxLimits(**job.get("limits", {})),
-                          config=config, files=job.get("files"))
-        out = {"result": dataclasses.asdict(r), "plan": sb.isolation_plan(config)["backend"]}
+                          config=config, files=job.get("files"), readonly_files=job.get("readonly_files"))
+        out = {"result": dataclasses.asdict(r), "plan": sb.isolation_plan(config)["backend"],
+               "cgroups": sb.run_cgroups()["version"]}
     except Exception as err:
         out = {"exception": f"{type(err).__name__}: {err}"}
     out["seconds"] = time.monotonic() - t0
@@ -92,7 +99,7 @@ def _run_here(jobs, threads):
     def one(job):
         config = SandboxConfig(**{"uid_base": UID_BASE, "backend": "namespaces", **job.get("config", {})})
         return sandbox.run_python(job["code"], job.get("stdin", ""), limits=SandboxLimits(**job.get("limits", {})),
-                                  config=config, files=job.get("files"))
+                                  config=config, files=job.get("files"), readonly_files=job.get("readonly_files"))
 
     def timed(job):
         t0 = time.monotonic()
@@ -103,7 +110,37 @@ def _run_here(jobs, threads):
         return list(pool.map(timed, jobs))
 
 
-def _run_unprivileged(jobs, threads, home):
+@contextlib.contextmanager
+def delegated_cgroups(uid: int):
+    """(``$SCALERL_SANDBOX_CGROUP``, a command prefix) for a subtree of this machine's real cgroups
+    made for `uid`, as an administrator delegates one: each dir and its cgroup.procs chowned to
+    it (v2: memory and pids enabled for its children), and a leaf "trainer" where the prefix puts
+    the command (as root) before it runs: the grader lives inside its subtree, as v2 requires.
+    Removed afterwards."""
+    plan = sandbox.run_cgroups()
+    assert plan["version"], f"no cgroup to delegate here: {plan['reason']}"
+    dirs = []
+    for parent in sorted(set(plan["parents"].values())):
+        d = os.path.join(os.path.dirname(parent), f"scalerl-test-delegated-{os.getpid()}")
+        for sub in (d, os.path.join(d, "trainer")):
+            os.mkdir(sub)
+            for name in ("", "cgroup.procs", "tasks"):
+                if os.path.exists(os.path.join(sub, name)):
+                    os.chown(os.path.join(sub, name), uid, uid)
+        if plan["version"] == 2:
+            with open(os.path.join(d, "cgroup.subtree_control"), "w") as f:
+                f.write("+memory +pids")
+        dirs.append(d)
+    join = " && ".join(f"echo $$ > {os.path.join(d, 'trainer', 'cgroup.procs')}" for d in dirs)
+    try:
+        yield ":".join(dirs), ["sh", "-c", join + ' && exec "$@"', "sh"]
+    finally:
+        for d in dirs:
+            for sub in (os.path.join(d, "trainer"), d):
+                sandbox.CGROUP.remove_run({"version": plan["version"], "dirs": {"memory": sub}})
+
+
+def _run_unprivileged(jobs, threads, home, delegate=False):
     python = sandbox.find_python(SandboxConfig(hide_repo=False), need_world_executable=True)
     top = tempfile.mkdtemp(prefix="scalerl-sandbox-user-", dir="/tmp")  # the user must reach it
     try:
@@ -123,12 +160,14 @@ def _run_unprivileged(jobs, threads, home):
         jobs = [{**j, "config": {**j.get("config", {}), "hide_paths": [sandbox.REPO_ROOT, *j.get("config", {}).get("hide_paths", ())]}}
                 for j in jobs]
         args = {"sandbox_py": os.path.join(pkg, "sandbox.py"), "jobs": jobs, "threads": threads}
-        proc = subprocess.run(
-            ["setpriv", f"--reuid={USER_UID}", f"--regid={USER_UID}", "--clear-groups", "--",
-             python, "-I", "-c", RUNNER, RUNNER_MARK],
-            input=json.dumps(args), capture_output=True, text=True, timeout=120, cwd="/",
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": tmp, "HOME": home or "/nonexistent", "LANG": "C.UTF-8"},
-        )
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": tmp, "HOME": home or "/nonexistent", "LANG": "C.UTF-8"}
+        with delegated_cgroups(USER_UID) if delegate else contextlib.nullcontext(("", [])) as (cgroups, prefix):
+            proc = subprocess.run(
+                prefix + ["setpriv", f"--reuid={USER_UID}", f"--regid={USER_UID}", "--clear-groups", "--",
+                          python, "-I", "-c", RUNNER, RUNNER_MARK],
+                input=json.dumps(args), capture_output=True, text=True, timeout=120, cwd="/",
+                env={**env, sandbox.CGROUP_ENV: cgroups} if delegate else env,
+            )
         assert proc.returncode == 0, f"the runner as uid {USER_UID} failed ({proc.returncode}): {proc.stderr[-2000:]}"
         assert os.listdir(tmp) == [], "sandbox control dirs were left behind"
     finally:
@@ -137,17 +176,20 @@ def _run_unprivileged(jobs, threads, home):
     for item in json.loads(proc.stdout):
         assert "exception" not in item, item["exception"]
         assert item["plan"] == "bwrap", f"not as root, the sandbox chose {item['plan']!r}, not bubblewrap"
+        assert bool(item["cgroups"]) == delegate, f"delegated {delegate}, yet the runs' cgroups are {item['cgroups']}"
         out.append((SandboxResult(**item["result"]), item["seconds"]))
     return out
 
 
-def run_batch(backend: str, jobs: list[dict], threads: int = 4, home: str = "") -> list[tuple[SandboxResult, float]]:
+def run_batch(backend: str, jobs: list[dict], threads: int = 4, home: str = "",
+              delegate: bool = False) -> list[tuple[SandboxResult, float]]:
     """Run `jobs` (concurrently, `threads` at a time) under `backend`; [(result, seconds)] in order.
-    `home`: the unprivileged user's $HOME (``bwrap``; in-process runs use this process's)."""
+    `home`: the unprivileged user's $HOME (``bwrap``; in-process runs use this process's);
+    `delegate`: give that user a delegated cgroup subtree (`delegated_cgroups`)."""
     if backend == "namespaces":
         return _run_here(jobs, threads)
     if backend == "bwrap":
-        return _run_unprivileged(jobs, threads, home)
+        return _run_unprivileged(jobs, threads, home, delegate)
     raise ValueError(f"unknown backend {backend!r}; valid: {BACKENDS}")
 
 

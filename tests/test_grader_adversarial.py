@@ -64,6 +64,12 @@ def runs(tmp_path, monkeypatch):
     assert sandbox_processes() == [], "sandbox processes were left running"
 
 
+def harness_job(plan: dict) -> dict:
+    """The sandbox job (`_helpers_sandbox.run_batch`) that grades as `code_file.grade_program` would."""
+    return {"code": code_file.harness_source(), "stdin": plan["stdin"], "files": plan["files"],
+            "readonly_files": plan["readonly_files"], "limits": dataclasses.asdict(plan["limits"])}
+
+
 def grade(row: dict, code: str, limits: SandboxLimits = LIMITS, **kwargs) -> tuple[bool, str]:
     passed, error, reason = run_program_tests(parse_tests(row, "test row"), code, limits=limits, config=CONFIG, **kwargs)
     assert error is None, error  # a failing program, never a sandbox failure
@@ -209,11 +215,11 @@ def test_check_candidate_tests_that_nothing_calls_are_refused():
 
 
 def test_the_harness_never_imports_a_module_the_program_wrote(tmp_path):
-    """Before Python 3.11, ``python -I`` keeps the script's directory (the program's writable
+    """Before Python 3.11, ``python -I`` keeps the script's directory (then the program's writable
     working dir) on sys.path: a program that wrote colorsys.py there and imported colorsys had
     it imported by the harness (for the test namespace), which ran it and wrote the program's
     verdict (+1). Run here with 3.10's -I (-E -s, no -P), outside the sandbox (no sandbox needed
-    to show what the harness imports)."""
+    to show what the harness imports), laid out as in the sandbox: the harness in ../readonly."""
     import subprocess
     import sys
 
@@ -222,11 +228,13 @@ def test_the_harness_never_imports_a_module_the_program_wrote(tmp_path):
             "            fn({'verdict': 'pass'}); fn({'done': True}); sys.stdout.flush(); os._exit(0)\n")
     program = f"with open('colorsys.py', 'w') as out:\n    out.write({evil!r})\nimport colorsys\n" + WRONG_F
     plan = code_file.plan_grading(parse_tests(ASSERT_ROW, "row"), program, limits=LIMITS)
-    (tmp_path / "main.py").write_text(code_file.harness_source())
-    for name, text in plan["files"].items():
-        (tmp_path / name).write_text(text)
-    proc = subprocess.run([sys.executable, "-E", "-s", "-B", "main.py"], cwd=tmp_path, input=plan["stdin"],
-                          capture_output=True, text=True, timeout=60)
+    for sub, files in (("readonly", {"main.py": code_file.harness_source(), **plan["readonly_files"]}),
+                       ("work", plan["files"])):
+        (tmp_path / sub).mkdir()
+        for name, text in files.items():
+            (tmp_path / sub / name).write_text(text)
+    proc = subprocess.run([sys.executable, "-E", "-s", "-B", "../readonly/main.py"], cwd=tmp_path / "work",
+                          input=plan["stdin"], capture_output=True, text=True, timeout=60)
     res = sandbox.SandboxResult(proc.stdout, proc.stderr, proc.returncode, None, False, False, False, 0.1, 0.1)
     report = code_file.judge_grading(plan, res)
     assert not report["passed"] and report["reason"].startswith("AssertionError"), report["reason"]
@@ -420,8 +428,7 @@ def test_every_program_gets_its_verdict_under_bubblewrap_as_an_unprivileged_user
     names = sorted(programs)
     plans = [code_file.plan_grading(parse_tests(programs[n][0], n), programs[n][1],
                                     limits=SHORT if n == "stop_the_parent_then_exit" else LIMITS) for n in names]
-    jobs = [{"code": code_file.harness_source(), "stdin": p["stdin"], "files": p["files"],
-             "limits": dataclasses.asdict(p["limits"])} for p in plans]
+    jobs = [harness_job(p) for p in plans]
     results = [code_file.judge_grading(p, res) for p, (res, _) in zip(plans, run_batch("bwrap", jobs, threads=4))]
     wrong = {n: (r["passed"], r["error"], r["reason"]) for n, r in zip(names, results)
              if r["error"] is not None or r["passed"] != n.startswith("correct_")}
@@ -509,8 +516,7 @@ def _grade_all(backend: str, programs: dict) -> dict:
     names = sorted(programs)
     plans = [code_file.plan_grading(parse_tests(programs[n][0], n), programs[n][1], limits=programs[n][2],
                                     case_workers=programs[n][3]) for n in names]
-    jobs = [{"code": code_file.harness_source(), "stdin": p["stdin"], "files": p["files"],
-             "limits": dataclasses.asdict(p["limits"])} for p in plans]
+    jobs = [harness_job(p) for p in plans]
     results = run_batch("bwrap", jobs, threads=2)
     return {n: code_file.judge_grading(p, res) for n, p, (res, _) in zip(names, plans, results)}
 
@@ -559,3 +565,106 @@ def test_host_side_judging_is_bounded():
         assert time.process_time() - t0 < 0.5 and equal is want, (expected[:40], equal)
     with pytest.raises(code_file.JudgingBudgetExceeded):
         code_file.encoded_equal([1] * 10, [1] * 10, deadline=time.monotonic() - 1)
+
+
+# -- the third red team (issue 44) --------------------------------------------------------------
+# A test module the program leaves in its working dir: imported inside the harness, it finds the
+# harness's `emit` and reports a pass.
+EVIL_TEST_MODULE = (
+    "import gc, os, sys\n"
+    "for fn in gc.get_objects():\n"
+    "    if getattr(fn, '__name__', '') == 'emit' and 'chain' in getattr(getattr(fn, '__code__', None), 'co_freevars', ()):\n"
+    "        fn({'verdict': 'pass'}); fn({'done': True}); sys.stdout.flush(); os._exit(0)\n"
+)
+# A module object NAMED `unittest.__main__`: the old harness imported the real module of every
+# stdlib name the program bound a module to, and unittest/__main__.py runs test discovery in the
+# working dir, which imports the program's test_*.py inside the harness.
+UNITTEST_MAIN = (f"with open('test_pass.py', 'w') as out:\n    out.write({EVIL_TEST_MODULE!r})\n"
+                 "import types\nrunner = types.ModuleType('unittest.__main__')\n" + WRONG_F)
+SEEDED_ROW = {"test": "import random\nrandom.seed(7)\nfor _ in range(5):\n    x = random.randint(1, 6)\n"
+                      "    assert f(x) == x ** x\n"}
+NP_ROW = {"test": "assert np.allclose(root(2.0), 1.41421356)\n"}
+# Case 0 rewrites the harness's main.py (which the old harness ran again for every later case):
+# case 1 then prints the expected "10" with no solution at all.
+REWRITES_THE_HARNESS = (
+    "import os, sys\n"
+    "if sys.stdin.readline().split() == ['1', '2']:\n"
+    "    for path in ('main.py', '../readonly/main.py'):\n"
+    "        try:\n            with open(path, 'w') as f:\n                f.write('print(10)\\n')\n"
+    "        except OSError:\n            pass\n"
+    "    print(3)\n"
+    "else:\n    print(0)\n"
+)
+TWO_SUMS_ROW = {"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]}
+# Case 0 writes "999" into every other process's stdout it can open, for 1.5 s, while 20 more
+# cases start one after another beside it: an exec'd case supervisor was dumpable (so its
+# /proc/<pid>/fd/1, the case's stdout, writable by a same-uid sibling) until it called prctl.
+RACE_ROW = {"tests": [{"input": "attacker\n", "output": "ok\n"}] + [{"input": "victim\n", "output": "ok\n"}] * 20}
+RACE_WRITER = (
+    "import glob, os, sys, time\n"
+    "if sys.stdin.readline().strip() == 'attacker':\n"
+    "    end, me = time.monotonic() + 1.5, str(os.getpid())\n"
+    "    while time.monotonic() < end:\n"
+    "        for path in glob.glob('/proc/[0-9]*/fd/1'):\n"
+    "            if path.split('/')[2] != me:\n"
+    "                try:\n                    with open(path, 'w') as f:\n                        f.write('999\\n')\n"
+    "                except OSError:\n                    pass\n"
+    "print('ok')\n"
+)
+RACE_LIMITS = dataclasses.replace(LIMITS, cpu_seconds=3, wall_seconds=5)
+# name: (row, program, limits, case_workers); each got +1 from the grader before issue 44.
+THIRD_HOSTILE = {
+    "unittest_main_module_assert": (ASSERT_ROW, UNITTEST_MAIN, LIMITS, 2),
+    "unittest_main_module_check": (CHECK_ROW, UNITTEST_MAIN, LIMITS, 2),
+    "unittest_main_module_seeded_random": (SEEDED_ROW, UNITTEST_MAIN, LIMITS, 2),
+    "fake_np_class": (NP_ROW, "class np:\n    @staticmethod\n    def allclose(*a, **k):\n        return True\n"
+                              "def root(x):\n    return 0.0\n", LIMITS, 2),
+    "rewrites_the_harness": (TWO_SUMS_ROW, REWRITES_THE_HARNESS, LIMITS, 1),
+}
+THIRD_CORRECT = {
+    # the victims' outputs are their own: no case's stdout is ever open to a sibling
+    "stdio_cases_isolated_from_their_first_instruction": (RACE_ROW, RACE_WRITER, RACE_LIMITS, 2),
+    "seeded_random": (SEEDED_ROW, "import unittest\ndef f(x):\n    return x ** x\n", LIMITS, 2),
+    "modules_the_tests_use_without_importing": (
+        {"test": "assert math.isclose(f(2), 4)\nassert collections.Counter([f(1)])[1] == 1\n"},
+        "import math as m\ndef f(x):\n    return m.pow(x, x)\n", LIMITS, 2),
+    "writes_in_its_own_dir": (TWO_SUMS_ROW, "open('notes.txt', 'w').write('x')\na, b = map(int, input().split())\n"
+                                            "print(a + b)\n", LIMITS, 1),
+}
+
+
+@pytest.mark.parametrize("backend", ["namespaces", "bwrap"])
+def test_third_red_team_hacks_get_minus_one_and_correct_programs_pass(backend, runs):
+    """Issue 44: a module object named `unittest.__main__` no longer makes the harness import
+    anything (it ran test discovery and the program's test_*.py inside the harness: assert,
+    check(candidate) and seeded-random rows passed with no solution); a fake `np` class is not
+    taken for numpy; case 0 cannot rewrite the harness for the later cases (it is in a read-only
+    dir); a sibling case cannot write into a case's stdout in the moment it starts (bubblewrap:
+    the case's supervisor was exec'd, dumpable until its prctl). The correct counterparts pass."""
+    reports = _grade_all(backend, {**THIRD_HOSTILE, **THIRD_CORRECT})
+    wrong = {n: (r["passed"], r["error"], r["reason"]) for n, r in reports.items()
+             if r["error"] is not None or r["passed"] != (n in THIRD_CORRECT)}
+    assert wrong == {}
+    assert "NameError" in reports["fake_np_class"]["reason"], reports["fake_np_class"]["reason"]
+    assert reports["rewrites_the_harness"]["reason"] == "case 1: wrong output", reports["rewrites_the_harness"]["reason"]
+    assert bwrap_leftovers() == []
+
+
+def test_the_modules_of_a_test_come_from_the_test_alone(monkeypatch):
+    """`test_modules` (run in the harness before the program starts) takes the names the tests
+    import or use as modules: installed ones (standard library, or third party: numpy here, in
+    this interpreter), a conventional alias (`np`), nothing else (a program class `Stack` the
+    tests call a method of stays the program's); an alias whose module is not installed is
+    reserved (None: the test gets a NameError, never the program's object)."""
+    import sys
+
+    import numpy
+
+    from components.tasks import _grade_rpc
+
+    found = _grade_rpc.test_modules("import unittest.mock\nassert np.allclose(f(1), 1)\n"
+                                    "assert json.dumps(Stack.new()) == '[]'\nassert numpy.pi > 3\n", "import heapq\n")
+    assert set(found) == {"np", "json", "numpy"} and found["np"] is numpy and found["numpy"] is numpy, found
+    assert "unittest.mock" in sys.modules and "heapq" in sys.modules  # the tests' own imports, done now
+    monkeypatch.setitem(_grade_rpc.CONVENTIONAL_ALIASES, "zz", "scalerl_no_such_module")
+    assert _grade_rpc.test_modules("assert zz.ok(f(1))\n") == {"zz": None}

@@ -462,62 +462,91 @@ def test_launcher_refuses_uids_of_real_accounts(monkeypatch):
         launcher.kill_uid(0)
 
 
-# -- one memory budget per run: where a cgroup v2 memory controller can be had ------------------------
+# -- one memory, CPU and pids budget per run: where a cgroup (v2 or v1) can be had ------------------
+# (the budgets themselves, on this machine's real cgroups: tests/test_sandbox_budgets.py)
+V2_MOUNTS = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
+V1_MOUNTS = ("cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,relatime,memory 0 0\n"
+             "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,relatime,cpu,cpuacct 0 0\n"
+             "cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,relatime,pids 0 0\n")
+
+
 def _cgroup_tree(root, controllers="cpu memory pids", subtree=""):
     mount = root / "sys/fs/cgroup"
     mount.mkdir(parents=True)
     (mount / "cgroup.controllers").write_text(controllers + "\n")
     (mount / "cgroup.subtree_control").write_text(subtree + "\n")
-    return str(root), "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
+    return str(root)
 
 
-def test_memory_controller_decision_as_root_with_cgroup_v2(tmp_path):
-    """As root, with memory in the v2 root's controllers, runs go under <mount>/scalerl-sandbox,
-    memory enabled on the way; applying the plan makes the dir and writes +memory."""
-    fs, mounts = _cgroup_tree(tmp_path)
-    plan = sandbox.decide_memory_controller(0, mounts, {}, fs_root=fs)
-    assert plan["parent"] == "/sys/fs/cgroup/scalerl-sandbox", plan
+def test_cgroup_decision_as_root(tmp_path):
+    """As root: with memory and pids in the v2 root's controllers, runs go under
+    <mount>/scalerl-sandbox, both enabled on the way (applying the plan makes the dir and writes
+    them); with cgroup v1 (this machine: v2 mounted empty beside it), under scalerl-sandbox of
+    each of the memory, cpuacct and pids hierarchies."""
+    fs = _cgroup_tree(tmp_path)
+    plan = sandbox.CGROUP.decide(0, V2_MOUNTS, {}, fs_root=fs)
+    assert plan["version"] == 2 and set(plan["parents"].values()) == {"/sys/fs/cgroup/scalerl-sandbox"}, plan
     assert plan["enable"] == ["/sys/fs/cgroup/cgroup.subtree_control", "/sys/fs/cgroup/scalerl-sandbox/cgroup.subtree_control"]
     assert plan["create"] == ["/sys/fs/cgroup/scalerl-sandbox"]
-    applied = sandbox.apply_memory_controller(plan, fs_root=fs)
-    assert applied["parent"] and (tmp_path / "sys/fs/cgroup/scalerl-sandbox/cgroup.subtree_control").read_text() == "+memory"
+    applied = sandbox.CGROUP.apply(plan, fs_root=fs)
+    assert applied["version"] == 2
+    assert (tmp_path / "sys/fs/cgroup/scalerl-sandbox/cgroup.subtree_control").read_text() == "+memory +pids"
+    empty_v2 = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+    plan = sandbox.CGROUP.decide(0, empty_v2 + V1_MOUNTS, {}, fs_root=str(tmp_path / "none"))
+    assert plan["version"] == 1 and plan["parents"] == {
+        "memory": "/sys/fs/cgroup/memory/scalerl-sandbox", "cpu": "/sys/fs/cgroup/cpu,cpuacct/scalerl-sandbox",
+        "pids": "/sys/fs/cgroup/pids/scalerl-sandbox"}, plan
 
 
-@pytest.mark.parametrize("case", ["no_cgroup2", "v1_holds_memory", "not_root", "delegated_ok", "delegated_no_subtree",
-                                  "delegated_outside"])
-def test_memory_controller_decision_without_one(tmp_path, case):
-    """No cgroup v2, its memory controller bound to v1 (this machine), not root without a
-    delegated subtree, or a delegated dir that does not enable memory: no parent, and a reason."""
-    fs, mounts = _cgroup_tree(tmp_path, controllers="cpu pids" if case == "v1_holds_memory" else "cpu memory pids")
-    deleg = tmp_path / "sys/fs/cgroup/user.slice/job"
-    deleg.mkdir(parents=True)
-    (deleg / "cgroup.controllers").write_text("memory pids\n")
-    (deleg / "cgroup.subtree_control").write_text("" if case == "delegated_no_subtree" else "memory\n")
-    env = {sandbox.CGROUP_ENV: "/sys/fs/cgroup/user.slice/job"} if case.startswith("delegated") else {}
-    if case == "delegated_outside":
-        env = {sandbox.CGROUP_ENV: "/tmp/job"}
-    plan = sandbox.decide_memory_controller(0 if case in ("v1_holds_memory", "no_cgroup2") else 1000,
-                                            "" if case == "no_cgroup2" else mounts, env, fs_root=fs)
-    if case == "delegated_ok":
-        assert plan["parent"] == "/sys/fs/cgroup/user.slice/job" and not plan["enable"], plan
+@pytest.mark.parametrize("case", ["no_cgroups", "v1_without_pids", "not_root", "delegated_v2", "delegated_v2_no_subtree",
+                                  "delegated_outside", "delegated_v1", "delegated_v1_without_pids", "delegated_mixed"])
+def test_cgroup_decision_delegated_or_none(tmp_path, case):
+    """Not root, runs go under the delegated dir(s) of $SCALERL_SANDBOX_CGROUP (one v2 dir that
+    enables memory and pids for its children, or one dir per v1 hierarchy, together offering
+    memory, CPU and pids); otherwise there is none, and the reason says why."""
+    fs = _cgroup_tree(tmp_path, controllers="cpu pids" if case == "v1_without_pids" else "cpu memory pids")
+    v2 = tmp_path / "sys/fs/cgroup/user.slice/job"
+    v2.mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory pids\n")
+    (v2 / "cgroup.subtree_control").write_text("" if case == "delegated_v2_no_subtree" else "memory pids\n")
+    for c in ("memory", "cpu,cpuacct", "pids"):
+        (tmp_path / "v1" / c / "job").mkdir(parents=True)
+    v1_mounts = V1_MOUNTS.replace("/sys/fs/cgroup/", "/v1/")
+    v1_dirs = ":".join(f"/v1/{c}/job" for c in ("memory", "cpu,cpuacct", "pids"))
+    mounts = {"no_cgroups": "", "v1_without_pids": V2_MOUNTS + v1_mounts.splitlines()[0]}.get(case, V2_MOUNTS + v1_mounts)
+    env = {"delegated_v2": "/sys/fs/cgroup/user.slice/job", "delegated_v2_no_subtree": "/sys/fs/cgroup/user.slice/job",
+           "delegated_outside": "/tmp/job", "delegated_v1": v1_dirs, "delegated_v1_without_pids": v1_dirs.rsplit(":", 1)[0],
+           "delegated_mixed": "/sys/fs/cgroup/user.slice/job:/v1/pids/job"}
+    plan = sandbox.CGROUP.decide(0 if case in ("no_cgroups", "v1_without_pids") else 1000, mounts,
+                                 {sandbox.CGROUP_ENV: env[case]} if case in env else {}, fs_root=fs)
+    if case == "delegated_v2":
+        assert plan["version"] == 2 and set(plan["parents"].values()) == {"/sys/fs/cgroup/user.slice/job"}, plan
         return
-    assert plan["parent"] is None and plan["reason"], plan
-    assert {"no_cgroup2": "no cgroup v2", "v1_holds_memory": "no memory controller", "not_root": "not root",
-            "delegated_no_subtree": "does not enable memory", "delegated_outside": "is not a dir of"}[case] in plan["reason"]
+    if case == "delegated_v1":
+        assert plan["version"] == 1 and plan["parents"]["cpu"] == "/v1/cpu,cpuacct/job", plan
+        return
+    assert plan["version"] is None and not plan["parents"] and plan["reason"], plan
+    assert {"no_cgroups": "no cgroup v2 hierarchy offers memory and pids", "v1_without_pids": "no cgroup v1 hierarchy holds cpuacct, pids",
+            "not_root": "not root", "delegated_v2_no_subtree": "lacks memory pids in its cgroup.subtree_control",
+            "delegated_outside": "not a dir of a cgroup hierarchy", "delegated_v1_without_pids": "offer no pids budget",
+            "delegated_mixed": "mix cgroup v1 and v2"}[case] in plan["reason"], plan
+
+
+NO_CGROUP = {"version": None, "parents": {}, "reason": "test: none", "create": [], "enable": []}
 
 
 def test_the_residual_memory_risk_is_named_once(monkeypatch, caplog):
-    """Without a controller (this machine: cgroup v1 holds memory) the sandbox names the risk:
-    `residual_memory_risk()` returns the sentence and the first sandbox created logs it, once."""
-    monkeypatch.setattr(sandbox, "_memcg", {"parent": None, "reason": "test: none", "enable": [], "create": []})
+    """Without a cgroup the sandbox names the risk: `residual_memory_risk()` returns the sentence
+    (its bound measured in tests/test_sandbox_budgets.py) and the first sandbox created logs it, once."""
+    monkeypatch.setattr(sandbox, "_cgroups", NO_CGROUP)
     monkeypatch.setattr(sandbox, "_warned", False)
     risk = sandbox.residual_memory_risk()
-    assert risk and "no cgroup v2 memory controller" in risk and "test: none" in risk and "RLIMIT_AS" in risk
+    assert risk and risk.startswith("sandbox: no cgroup for sandboxed runs (test: none)") and "RLIMIT_AS" in risk
     with caplog.at_level("WARNING", logger=sandbox.__name__):
         sandbox._warn_once()
         sandbox._warn_once()
     assert [r.getMessage() for r in caplog.records].count(risk) == 1
-    monkeypatch.setattr(sandbox, "_memcg", {"parent": "/sys/fs/cgroup/scalerl-sandbox", "reason": "root", "enable": [], "create": []})
+    monkeypatch.setattr(sandbox, "_cgroups", {**NO_CGROUP, "version": 1, "reason": "root"})
     assert sandbox.residual_memory_risk() is None
 
 
@@ -543,10 +572,10 @@ def test_train_with_a_code_task_prints_the_memory_risk_at_start(monkeypatch, tmp
     path = tmp_path / "code.jsonl"
     path.write_text("\n".join(json.dumps({"problem": f"sum {i}", "tests": SUM_TESTS}) for i in range(3)) + "\n")
     model = tiny_model(tmp_path)
-    monkeypatch.setattr(sandbox, "_memcg", {"parent": None, "reason": "test: none", "enable": [], "create": []})
+    monkeypatch.setattr(sandbox, "_cgroups", NO_CGROUP)
     monkeypatch.setattr(sandbox, "_warned", False)
     validate_components(TrainConfig(model_path=model, task="arithmetic", task_kwargs={"num_train": 20, "num_eval": 5}))
-    assert "no cgroup v2 memory controller" not in capsys.readouterr().err
+    assert "no cgroup for sandboxed runs" not in capsys.readouterr().err
     validate_components(TrainConfig(model_path=model, task="code_file", task_kwargs={"path": str(path), "eval_size": 1}))
     err = capsys.readouterr().err
-    assert "sandbox: no cgroup v2 memory controller for sandboxed runs (test: none)" in err
+    assert "sandbox: no cgroup for sandboxed runs (test: none)" in err

@@ -557,3 +557,98 @@ def test_a_fork_chain_cannot_outrun_the_runs_cpu_budget(backend):
     result, seconds = run_one(backend, FORK_CHAIN, limits={"cpu_seconds": 2, "wall_seconds": 20})
     assert result.cpu_limit and not result.ok and result.describe() == "CPU time limit", result
     assert "chain done" not in result.stdout and 2.0 <= result.cpu_s < 3.5, result
+
+
+# -- issue 44: loopback, the read-only dir, the OOM killer's choice -------------------------------
+LOOPBACK = r"""
+import json, socket
+out = {}
+try:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname(), timeout=2)
+    client.setblocking(False)
+    queued = 0
+    try:
+        while queued < (64 << 20):
+            queued += client.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    out["queued_mib"] = queued >> 20
+except OSError as err:
+    out["error"] = err.strerror
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loopback_is_down_so_no_socket_buffers_pile_up_on_it(backend):
+    """The run's network namespace has its loopback down under both backends: a TCP connection
+    to the program's own listener fails. Under bubblewrap the loopback was up (its --unshare-net
+    brings it up): one process queued 300 MiB in loopback socket buffers, host memory no budget
+    counted (this one connection queued 3 MiB)."""
+    out = _json(run_one(backend, LOOPBACK)[0])
+    assert "queued_mib" not in out and out["error"] in ("Cannot assign requested address", "Network is unreachable"), out
+
+
+READONLY = r"""
+import json, os
+out = {"owner_uid": os.stat("../readonly").st_uid, "me": os.getuid()}
+for name, act in (("write", lambda: open("../readonly/main.py", "w").write("x")),
+                  ("append", lambda: open("../readonly/helper.py", "a").write("x")),
+                  ("create", lambda: open("../readonly/new.py", "w").write("x")),
+                  ("unlink", lambda: os.unlink("../readonly/helper.py")),
+                  ("rename_file", lambda: os.rename("../readonly/helper.py", "../readonly/x.py")),
+                  ("rename_dir", lambda: os.rename("../readonly", "../elsewhere")),
+                  ("chmod", lambda: os.chmod("../readonly/helper.py", 0o777)),
+                  ("write_own_dir", lambda: open("notes.txt", "w").write("x"))):
+    try:
+        act()
+        out[name] = "done"
+    except OSError as err:
+        out[name] = type(err).__name__
+out["helper"] = open("../readonly/helper.py").read()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_readonly_dir_cannot_be_changed(backend):
+    """`run_python`'s readonly_files (the grading harness) lie beside the working dir in a dir no
+    process of the run can change: root's under `namespaces`, a read-only mount under both (the
+    program could rewrite the harness's main.py in its working dir before). The working dir
+    stays the program's."""
+    out = _json(run_one(backend, READONLY, readonly_files={"helper.py": "HELPER"})[0])
+    assert all(out[k] not in ("done", None) for k in ("write", "append", "create", "unlink", "rename_file",
+                                                      "rename_dir", "chmod")), out
+    assert out["write_own_dir"] == "done" and out["helper"] == "HELPER", out
+    if backend == "namespaces":
+        assert out["owner_uid"] == 0 != out["me"], out  # not its own dir
+
+
+OOM = r"""
+import json, os
+out = {"self": open("/proc/self/oom_score_adj").read().strip()}
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("0")
+    out["lower"] = "lowered"
+except OSError as err:
+    out["lower"] = type(err).__name__
+r, w = os.pipe()
+if os.fork() == 0:
+    os.write(w, open("/proc/self/oom_score_adj").read().strip().encode())
+    os._exit(0)
+os.wait()
+out["child"] = os.read(r, 10).decode()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_runs_processes_are_the_oom_killers_first_choice(backend):
+    """Every process of a run has oom_score_adj 1000 and cannot lower it (the run's /proc is
+    read-only): where memory runs short, the OOM killer takes a sandboxed program, not the trainer."""
+    out = _json(run_one(backend, OOM)[0])
+    assert out["self"] == "1000" and out["child"] == "1000" and out["lower"] != "lowered", out

@@ -1,38 +1,43 @@
 """The grading harness: runs a program's tests in the sandbox without letting the program reach them.
 
 `components.tasks.code_file` runs this file as ``main.py`` in ONE sandbox run per verification,
-with the program in ``solution.py`` next to it, beside the harness's own modules (`SIBLINGS`):
-``_grade_wire.py`` (what crosses a boundary: plain data, report MACs, output digests) and
-``_grade_rpc.py`` (the program's server and the harness's end of it, for functional and assert
-tests); the test spec comes on this process's stdin (never in a file). Standard library only.
+from the run's read-only dir (``/tmp/readonly``: no process of the run can change it), beside
+the harness's own modules (`SIBLINGS`): ``_grade_wire.py`` (what crosses a boundary: plain data,
+report MACs, output digests) and ``_grade_rpc.py`` (the program's server and the harness's end
+of it, for functional and assert tests). The program is ``solution.py`` in the working dir
+(``/tmp/work``, the program's own); the test spec comes on this process's stdin (never in a
+file). Standard library only.
 Also imported on the host as ``components.tasks._grade_harness`` (its siblings then as modules of
 the package), for the wire helpers it re-exports (`encode`, `decode`, `report_mac`,
 `output_digest`, `normalize_output`, `PROGRAM_FILE`).
 
 Order of operations (harness mode, ``main.py``):
 
-0. takes its own directory (the program's writable working dir) off sys.path and loads its
-   siblings from it by path (`load_siblings`), before any program runs;
+0. takes its own directory off sys.path and loads its siblings from it by path
+   (`load_siblings`), before any program runs;
 1. ``prctl(PR_SET_DUMPABLE, 0)``: processes of the same uid (the program) can no longer open
    this process's ``/proc/<pid>/fd``, ``mem`` or ``environ`` (so not its stdin, its stdout or
    its memory) nor ptrace it; it has no child yet;
-2. reads all of stdin (the spec) and empties the stdin file where it may (`take_stdin`); the
+2. forks the *spawner* (`Spawner`), before it reads anything: every program process is forked
+   from it, never exec'd, so each is undumpable from its first instruction and holds nothing
+   of the spec (the spawner never read it);
+3. reads all of stdin (the spec) and empties the stdin file where it may (`take_stdin`); the
    spec's header is parsed now, the cases one at a time as they start;
-3. starts the program as SEPARATE child processes with fresh pipes and no other descriptor:
-   - ``stdio``: one ``main.py --case`` per case (`supervise_program`: an undumpable
-     subreaper that forks the program, runs solution.py in it and counts one CPU budget for
-     all of its processes) (at most ``workers`` at a time) with
-     the case's input on a pipe, a per-case wall-clock deadline, a per-case RLIMIT_CPU (set with
-     prlimit right after the start) and a per-case output cap; the harness reports a salted
+4. has the spawner start the program as SEPARATE processes with fresh pipes and no other descriptor:
+   - ``stdio``: one per case (`supervise_program`: an undumpable subreaper that forks the
+     program, runs solution.py in it and counts one CPU budget for all of its processes) (at
+     most ``workers`` at a time) with the case's input on a pipe, a per-case wall-clock
+     deadline, a per-case RLIMIT_CPU and a per-case output cap; the harness reports a salted
      digest of each case's normalised stdout and stops starting cases after the first failure;
-   - ``functional`` / ``assert``: one ``python -I -B main.py --serve`` child (`start_server`,
-     `_grade_rpc.serve`) that imports the program (as a module named ``solution``, its stdin /
-     stdout / stderr on /dev/null) and then answers calls over a pair of pipes. The harness
-     calls the function once per functional case, or runs the assert / ``check(candidate)``
-     test code in ITS OWN interpreter with proxies (`_grade_rpc.Remote`) for the program's
-     top-level names, so every call is a round trip whose arguments and return value cross as
-     plain data only (`encode` / `decode`);
-4. writes its findings, one JSON line each prefixed by the run's nonce and a MAC chained over
+   - ``functional`` / ``assert``: one server (`start_server`, `_grade_rpc.serve`) that imports
+     the program (as a module named ``solution``, its stdin / stdout / stderr on /dev/null) and
+     then answers calls over a pair of pipes. The harness calls the function once per
+     functional case, or runs the assert / ``check(candidate)`` test code in ITS OWN interpreter
+     with proxies (`_grade_rpc.Remote`) for the program's top-level names, so every call is a
+     round trip whose arguments and return value cross as plain data only (`encode` /
+     `decode`); the modules the test code uses are imported before the server starts, from the
+     tests' own names only (`_grade_rpc.test_modules`);
+5. writes its findings, one JSON line each prefixed by the run's nonce and a MAC chained over
    the lines before it (`report_mac`, keyed by a secret of the spec), to its own stdout, which
    no child shares.
 
@@ -47,8 +52,10 @@ from __future__ import annotations
 import io
 import os
 import resource
+import select
 import selectors
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -56,8 +63,6 @@ import time
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
-SERVE_FLAG = "--serve"
-CASE_FLAG = "--case"
 # The harness's own modules, in load order (one may import those before it). In the sandbox they
 # are files beside main.py, written there by code_file as main.py is; on the host, modules of
 # this package.
@@ -70,11 +75,12 @@ __all__ = ["PROGRAM_FILE", "SIBLINGS", "decode", "dumps", "encode", "loads", "no
 
 # -- start-up: sys.path and the sibling modules ------------------------------------------------
 def drop_own_dir_from_path() -> None:
-    """Remove this file's directory (the program's writable working dir) from sys.path.
+    """Remove this file's directory from sys.path.
 
     ``python -I`` keeps the script's directory on sys.path before Python 3.11 (3.11 adds -P to
-    -I): a module the program writes there (``colorsys.py``) would be imported by the harness
-    when the tests or `_grade_rpc.test_namespace` import that name, and run inside the harness.
+    -I): were it writable by the program (it was its working dir before the harness moved to the
+    read-only dir), a module the program wrote there (``colorsys.py``) would be imported by the
+    harness when the tests import that name, and run inside the harness.
     """
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
@@ -113,48 +119,216 @@ else:  # run as main.py in the sandbox: before stdin is read, before any child s
     from _grade_wire import PROGRAM_FILE, decode, dumps, encode, loads, normalize_output, output_digest, report_mac
 
 
-# -- harness side: child processes -------------------------------------------------------------
-# A child's open-file limit (the harness's own is raised to hold its workers' pipes); set by `harness`.
-_child_open_files = None
+# -- the spawner: program processes forked from a process that never held the spec -------------
+class Spawner:
+    """The harness's end of the spawner: a process forked from the harness at its start, after it
+    became undumpable and before it read anything, that forks every program process (a stdio
+    case's supervisor, the server) on request (`spawn`), reaps them and reports each exit.
 
+    Forked, not exec'd: exec makes a process dumpable again until it calls prctl, and in that
+    window a sibling case (same uid) could open its /proc/<pid>/fd (the case's stdin and stdout)
+    or write its memory. Not forked from the harness itself after the spec was read: the
+    program would hold a copy of the spec (MAC key, salt, digests) in its memory."""
 
-def _set_cpu_limit(pid: int, seconds: float) -> None:
-    """RLIMIT_CPU (and RLIMIT_NOFILE) of a started child: it inherits the harness's, which cover
-    every case; the program gets its own."""
-    cpu = max(1, int(-(-float(seconds) // 1)))
-    limits = [(resource.RLIMIT_CPU, (cpu, cpu + 1))]
-    if _child_open_files:
-        limits.append((resource.RLIMIT_NOFILE, (_child_open_files, _child_open_files)))
-    for which, value in limits:
+    def __init__(self, sock: socket.socket, pid: int):
+        self.sock, self.pid = sock, pid
+        self.exits: dict[int, tuple] = {}  # pid -> (wait status, CPU seconds)
+
+    @classmethod
+    def fork(cls):
+        """(Spawner, None) in the harness; (None, request) in a program process the spawner forked."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid:
+            theirs.close()
+            return cls(ours, pid), None
+        ours.close()
+        return None, _spawner_loop(theirs)
+
+    def spawn(self, request: dict, fds) -> int:
+        """Start a program process for `request` ({"mode": "case" | "serve", "cpu", "open_files"})
+        holding `fds` (stdin / stdout / stderr of a case; the server's two pipe ends); its pid."""
+        socket.send_fds(self.sock, [dumps(request).encode()], list(fds))
+        while True:
+            msg = self._read(None)
+            if msg is None:
+                raise OSError("the spawner is gone")
+            if "pid" in msg:
+                return int(msg["pid"])
+            self._record(msg)
+
+    def _read(self, timeout):
+        """The spawner's next message, waiting up to `timeout` seconds (None: as long as it takes);
+        None when none came or the spawner is gone."""
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return None
         try:
-            resource.prlimit(pid, which, value)
-        except (OSError, ValueError):
-            pass  # already gone, or a limit the harness may not set: the wall deadline still applies
+            data = self.sock.recv(65536)
+        except OSError:
+            return None
+        return loads(data) if data else None
+
+    def _record(self, msg) -> None:
+        if isinstance(msg, dict) and "exit" in msg:
+            self.exits[int(msg["exit"])] = (int(msg["status"]), float(msg["cpu"]))
+
+    def drain(self) -> None:
+        """Record every exit report that has arrived."""
+        while True:
+            msg = self._read(0)
+            if msg is None:
+                return
+            self._record(msg)
+
+    def exit_of(self, pid: int, timeout: float = 0.0):
+        """(wait status, CPU seconds) of the program process `pid` once it exited, else None
+        (waiting up to `timeout` seconds for the spawner's report)."""
+        end = time.monotonic() + timeout
+        self.drain()
+        while pid not in self.exits:
+            left = end - time.monotonic()
+            msg = self._read(left) if left > 0 else None
+            if msg is None:
+                break
+            self._record(msg)
+        return self.exits.get(pid)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # a program may have stopped it: never wait on it
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
 
 
-def _start(argv: list, cpu_seconds: float) -> subprocess.Popen:
-    """A stdio case's program: fresh pipes, no other descriptor, its own session, its CPU limit."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            close_fds=True, start_new_session=True)
-    _set_cpu_limit(proc.pid, cpu_seconds)
-    return proc
+def _spawner_loop(sock: socket.socket) -> dict:
+    """The spawner's life: one program process per request, an exit report per reaped child,
+    until the harness closes its end. Returns only in a program process: the request it is to
+    run, with its descriptors (``"fds"``)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the spec (stdin) and the report (stdout) are the harness's alone
+        os.dup2(null, fd)
+    os.close(null)
+    pidfds: dict[int, int] = {}
+    polling = False  # no pidfds here: poll for exits
+    while True:
+        ready = select.select([sock, *pidfds], [], [], 0.01 if polling else None)[0]
+        _report_exits(sock, pidfds)
+        if sock not in ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 65536, 8)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            os._exit(0)  # the harness is gone
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            for fd in pidfds:
+                os.close(fd)
+            return {**loads(data), "fds": fds}
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfds[os.pidfd_open(pid)] = pid
+        except (AttributeError, OSError):
+            polling = True
+        sock.send(dumps({"pid": pid}).encode())
 
 
-def supervised_argv(mode: str, cpu_seconds: float, *args) -> list:
-    """The command that runs the program (mode `CASE_FLAG`: a stdio case; `SERVE_FLAG`: the server)
-    under `supervise_program` with one CPU budget of `cpu_seconds` for all its processes."""
-    return [sys.executable, "-I", "-B", os.path.abspath(__file__), mode, repr(float(cpu_seconds)),
-            str(int(_child_open_files or 0)), *map(str, args)]
+def _report_exits(sock: socket.socket, pidfds: dict) -> None:
+    """Reap every exited child and report it: {"exit": pid, "status": wait status, "cpu": seconds}."""
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for fd in [fd for fd, p in pidfds.items() if p == pid]:
+            os.close(fd)
+            del pidfds[fd]
+        sock.send(dumps({"exit": pid, "status": status, "cpu": usage.ru_utime + usage.ru_stime}).encode())
 
 
-def start_server(cpu_seconds: float, req_fd: int, rep_fd: int) -> subprocess.Popen:
+class Child:
+    """A program process the spawner started, as the harness sees it: its pid, pipes and exit
+    (from the spawner's reports), with Popen's `poll` / `wait` / `returncode`."""
+
+    def __init__(self, spawner: Spawner, pid: int, stdin=None, stdout=None, stderr=None):
+        self.spawner, self.pid = spawner, pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode = None
+        self.status, self.cpu_s = None, 0.0
+
+    def _exit(self, timeout: float):
+        if self.returncode is None:
+            found = self.spawner.exit_of(self.pid, timeout)
+            if found is not None:
+                self.status, self.cpu_s = found
+                self.returncode = os.waitstatus_to_exitcode(self.status)
+        return self.returncode
+
+    def poll(self):
+        return self._exit(0.0)
+
+    def wait(self, timeout=None):
+        if self._exit(1e9 if timeout is None else timeout) is None:
+            raise subprocess.TimeoutExpired(f"program process {self.pid}", timeout)
+        return self.returncode
+
+
+def start_case(spawner: Spawner, cpu_seconds: float, open_files: int) -> Child:
+    """A stdio case's program (`supervise_program`): fresh pipes as its stdin / stdout / stderr, its own session."""
+    pipes = [os.pipe() for _ in range(3)]
+    theirs = (pipes[0][0], pipes[1][1], pipes[2][1])
+    ours = (pipes[0][1], pipes[1][0], pipes[2][0])
+    try:
+        pid = spawner.spawn({"mode": "case", "cpu": cpu_seconds, "open_files": open_files}, theirs)
+    except OSError:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return Child(spawner, pid, os.fdopen(ours[0], "wb", 0), os.fdopen(ours[1], "rb", 0), os.fdopen(ours[2], "rb", 0))
+
+
+def start_server(spawner: Spawner, open_files: int, cpu_seconds: float, req_fd: int, rep_fd: int) -> Child:
     """The program's server (`_grade_rpc.Server`'s `start`): its two pipe ends as its only other
-    descriptors, /dev/null for stdin / stdout / stderr, its own session, its CPU limit."""
-    argv = supervised_argv(SERVE_FLAG, cpu_seconds, req_fd, rep_fd)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, pass_fds=(req_fd, rep_fd), start_new_session=True)
-    _set_cpu_limit(proc.pid, cpu_seconds)
-    return proc
+    descriptors, /dev/null for stdin / stdout / stderr, its own session, its CPU budget."""
+    pid = spawner.spawn({"mode": "serve", "cpu": cpu_seconds, "open_files": open_files}, (req_fd, rep_fd))
+    return Child(spawner, pid)
+
+
+def run_program_process(request: dict) -> int:
+    """In a program process the spawner forked: its own session and descriptors, then the
+    supervised program (`supervise_program`): a stdio case's solution.py, or the server."""
+    os.setsid()
+    fds = request["fds"]
+    if request["mode"] == "case":
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        first_free = 3
+    else:  # the server: /dev/null as stdio, its pipe ends as 3 and 4
+        null = os.open(os.devnull, os.O_RDWR)
+        moved = [os.dup(fd) for fd in fds]  # above every target first, so no dup2 overwrites one
+        for target, fd in enumerate([null, null, null, *moved]):
+            os.dup2(fd, target)
+        first_free = 5
+    os.closerange(first_free, 65536)  # nothing else of the spawner's
+    if supervise_program(float(request["cpu"]), int(request["open_files"] or 0)):
+        if request["mode"] == "case":
+            run_case_program()
+            return 0
+        serve(3, 4)  # never returns
+    return 0
 
 
 # -- program side: one CPU budget for all of a case's processes, no sibling can reach it -------
@@ -304,13 +478,6 @@ def run_case_program() -> None:
     runpy.run_path(PROGRAM_FILE, run_name="__main__")
 
 
-def _pidfd(pid: int):
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -318,14 +485,18 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _reap(proc: subprocess.Popen):
-    """(wait status, CPU seconds) of an exited (or killed) child, via wait4."""
+# How long the harness waits for the spawner's report of a case it saw exit (or killed).
+REAP_WAIT_S = 5.0
+
+
+def _reap(proc: Child):
+    """(wait status, CPU seconds) of an exited (or killed) case, from the spawner's report; killed
+    by SIGKILL, with no CPU time, if no report comes (the spawner was stopped or killed)."""
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:
-        return 0, 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)  # so Popen never waits again
-    return status, usage.ru_utime + usage.ru_stime
+        proc.wait(REAP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return int(signal.SIGKILL), 0.0
+    return proc.status, proc.cpu_s
 
 
 def _describe(status, cpu_s, cpu_limit, timed_out, over_cap, err_tail: bytes) -> tuple[bool, str]:
@@ -359,7 +530,6 @@ class _Case:
         self.err = bytearray()  # the last bytes of stderr (for the reason)
         self.sizes = {"out": 0, "err": 0}  # bytes written to stdout / stderr (each capped)
         self.over_cap = False
-        self.pidfd = _pidfd(proc.pid)
         for f in (proc.stdin, proc.stdout, proc.stderr):
             os.set_blocking(f.fileno(), False)
         if not data:
@@ -374,12 +544,13 @@ class _Case:
             self.proc.stdin = None
 
 
-def run_stdio(header: dict, read_case, emit) -> None:
+def run_stdio(header: dict, read_case, emit, spawner: Spawner) -> None:
     """Run every stdio case (at most `workers` at once), emitting one result per finished case."""
     cap, wall, cpu = int(header["output_cap"]), float(header["case_wall"]), float(header["case_cpu"])
     salt, workers, n = header["salt"], max(1, int(header["workers"])), int(header["n"])
-    argv = supervised_argv(CASE_FLAG, cpu)
+    open_files = int(header.get("open_files") or 0)
     sel = selectors.DefaultSelector()
+    sel.register(spawner, selectors.EVENT_READ, ("exit", None))  # its exit reports wake the loop
     running: dict[int, _Case] = {}
     started = 0
     stop = False
@@ -396,9 +567,6 @@ def run_stdio(header: dict, read_case, emit) -> None:
         if case.proc.stdin is not None:
             sel.unregister(case.proc.stdin)
             case.close_stdin()
-        if case.pidfd is not None:
-            sel.unregister(case.pidfd)
-            os.close(case.pidfd)
         _kill_group(case.proc.pid)  # whatever it left in its process group
         ok, why = _describe(status, cpu_s, cpu, timed_out, case.over_cap, bytes(case.err))
         digest = output_digest(salt, bytes(case.out).decode("utf-8", "replace"))
@@ -415,7 +583,7 @@ def run_stdio(header: dict, read_case, emit) -> None:
             spec = read_case()
             expectations[started] = spec["digest"]
             try:
-                proc = _start(argv, cpu)
+                proc = start_case(spawner, cpu, open_files)
             except OSError as err:  # e.g. no process slot left (a fork bomb of an earlier case)
                 emit({"case": started, "ok": False, "why": f"cannot start the program: {err}", "digest": "", "head": ""})
                 stop = True
@@ -427,16 +595,15 @@ def run_stdio(header: dict, read_case, emit) -> None:
                 sel.register(case.proc.stdin, selectors.EVENT_WRITE, ("in", case))
             sel.register(case.proc.stdout, selectors.EVENT_READ, ("out", case))
             sel.register(case.proc.stderr, selectors.EVENT_READ, ("err", case))
-            if case.pidfd is not None:
-                sel.register(case.pidfd, selectors.EVENT_READ, ("exit", case))
         if not running:
             break
         now = time.monotonic()
         timeout = max(0.0, min(c.deadline for c in running.values()) - now)
-        if any(c.pidfd is None for c in running.values()):
-            timeout = min(timeout, 0.01)
         for key, _ in sel.select(timeout):
             what, case = key.data
+            if what == "exit":
+                spawner.drain()  # each case looks its own report up below
+                continue
             if case.j not in running:
                 continue
             if what == "in":
@@ -449,19 +616,11 @@ def run_stdio(header: dict, read_case, emit) -> None:
         for case in list(running.values()):
             if case.over_cap:
                 finish(case, timed_out=False)
-            elif _exited(case):
+            elif case.proc.poll() is not None:
                 finish(case, timed_out=False)
             elif now >= case.deadline:
                 finish(case, timed_out=True)
     emit({"started": started})
-
-
-def _exited(case: _Case) -> bool:
-    """Has the case's process exited (without reaping it)?"""
-    try:
-        return os.waitid(os.P_PID, case.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
 
 
 def _feed(case: _Case, sel) -> None:
@@ -525,12 +684,20 @@ def harness(stdin, stdout) -> int:
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         stdout.write("harness: cannot make the harness undumpable\n")
         return 3
-    spec = take_stdin(stdin)
+    spawner, request = Spawner.fork()  # before anything is read: the spawner never holds the spec
+    if request is not None:
+        return run_program_process(request)
+    try:
+        run_spec(take_stdin(stdin), stdout, spawner)
+    finally:
+        spawner.close()
+    return 0
+
+
+def run_spec(spec: io.BytesIO, stdout, spawner: Spawner) -> None:
+    """Run the tests the spec describes, reporting on `stdout` (`emit`: nonce, chained MAC, JSON)."""
     header = loads(spec.readline())
     nonce = header["nonce"]
-    global _child_open_files
-    _child_open_files = header.get("open_files")
-
     chain = [""]
 
     def emit(obj) -> None:
@@ -542,25 +709,20 @@ def harness(stdin, stdout) -> int:
     def read_case() -> dict:
         return loads(spec.readline())
 
+    def start(cpu_seconds: float, req_fd: int, rep_fd: int) -> Child:
+        return start_server(spawner, int(header.get("open_files") or 0), cpu_seconds, req_fd, rep_fd)
+
     kind = header["kind"]
     if kind == "stdio":
-        run_stdio(header, read_case, emit)
+        run_stdio(header, read_case, emit, spawner)
     elif kind == "functional":
-        run_functional(header, read_case, emit, start_server)
+        run_functional(header, read_case, emit, start)
     else:
-        run_assert(header, emit, start_server)
+        run_assert(header, emit, start)
     emit({"done": True})
-    return 0
 
 
 def main(argv) -> int:
-    if len(argv) == 6 and argv[1] == SERVE_FLAG:
-        if supervise_program(float(argv[2]), int(argv[3])):
-            serve(int(argv[4]), int(argv[5]))
-    if len(argv) == 4 and argv[1] == CASE_FLAG:
-        if supervise_program(float(argv[2]), int(argv[3])):
-            run_case_program()
-            return 0
     return harness(sys.stdin, sys.stdout)
 
 

@@ -3,13 +3,17 @@
 Runs in the sandbox as ``_grade_rpc.py`` beside the harness's ``main.py``, which loads it by path
 at start-up (before any program runs) and uses both halves: the harness side (`Server`, `Remote`,
 `run_assert`, `run_functional`) in the harness's own process, the program side (`serve`) in the
-``main.py --serve`` child that imports the program. Every call is a round trip whose arguments
+server process (forked by the harness's spawner) that imports the program. Every call is a round trip whose arguments
 and return value cross as plain data only (`_grade_wire.encode` / `decode`); the program's other
 objects stay in its process and reach the harness as opaque handles (`Remote`). The host imports
 it as ``components.tasks._grade_rpc`` only through `_grade_harness`. Standard library only.
 
 Starting the server process is the harness's job (`_grade_harness.start_server`, passed in as
 `start`): this module does not import the harness, which imports it.
+
+Nothing here imports, runs or trusts a name the program chose: the modules the test code uses
+are found from the test code alone and imported before the program's server starts
+(`test_modules`); the program's own module bindings are not even reported.
 """
 
 from __future__ import annotations
@@ -312,70 +316,120 @@ class Remote:
     __ge__ = lambda self, other: self._compare("ge", other)
 
 
-def module_names_used(test_code: str) -> set:
-    """Names the test code uses as modules: ``name.attr`` (``math.isclose``) for a bare `name`."""
+def module_names_used(tree) -> set:
+    """Names the code (an ast tree) uses as modules: ``name.attr`` (``math.isclose``) for a bare `name`."""
     import ast
 
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError:
-        return set()
     return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
 
 
-def test_namespace(server: Server, test_code: str = "") -> dict:
-    """Globals for the test code: the program's top-level names, as proxies or plain values.
+def _imported_modules(tree) -> list:
+    """Dotted names of the modules the code's own import statements load (absolute imports only)."""
+    import ast
 
-    Names of built-ins and dunders are never taken from the program (a program-defined ``abs``
-    or ``AssertionError`` cannot change what the test means). A module name always means the
-    real module, imported here: a name the program bound to a standard-library module (or one
-    of its submodules), a stdlib module name the program bound to anything but a function or
-    class, and every stdlib module name the test code uses as a module (``math.isclose``),
-    whatever the program defines under it (a class named ``math`` whose ``isclose`` is always
-    True cannot stand in for `math`), and even when the program does not define it.
-    """
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append(node.module)
+            out += [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"]
+    return out
+
+
+def _installed(name: str) -> bool:
+    """Is `name` a top-level module this interpreter has (built in, standard library or installed)?
+
+    Looked up by the import system's finders on sys.path, which run nothing: the harness's own dir
+    is off sys.path and the program's working dir was never on it."""
+    import importlib.util
+
+    try:
+        return name in sys.builtin_module_names or importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# Names that stand for a module by convention, the module they stand for: a test that uses one
+# without importing it (``np.allclose``) gets that module where it is installed, and never the
+# program's object of that name (a class ``np`` whose ``allclose`` is always True).
+CONVENTIONAL_ALIASES = {"np": "numpy", "pd": "pandas", "plt": "matplotlib.pyplot", "nx": "networkx"}
+
+
+def test_modules(test_code: str, prompt_code: str = "") -> dict:
+    """{name: module, or None} for the names the tests use as modules, imported here and now,
+    BEFORE the program's server starts (so no import happens after any program code has run).
+
+    From the test code and the prompt's helpers only: every module their own import statements
+    load (bound again when they run, from sys.modules), and each bare name they use as a module
+    (``math.isclose``) that names an installed module (`_installed`: standard library or third
+    party) or is a `CONVENTIONAL_ALIASES` name, whatever the program defines under that name and
+    even when it imports nothing. None for an alias whose module is not installed: the name is
+    then no one's (the test fails with a NameError), never the program's."""
+    import ast
     import importlib
 
+    wanted, used = [], set()
+    for source in (prompt_code or "", test_code or ""):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue  # the tests fail when they run
+        wanted += _imported_modules(tree)
+        used |= module_names_used(tree)
+    modules = {}
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        for name in wanted:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - not a module (a name from a module), or missing: the tests say so
+                pass
+        for name in sorted(used):
+            module = CONVENTIONAL_ALIASES.get(name, name)
+            if hasattr(builtins, name) or not (name in CONVENTIONAL_ALIASES or _installed(name)):
+                continue
+            modules[name] = None
+            if _installed(module.split(".")[0]):
+                try:
+                    modules[name] = importlib.import_module(module)
+                except Exception:  # noqa: BLE001 - an installed module that does not import here
+                    pass
+    return modules
+
+
+def test_namespace(server: Server, modules: dict) -> dict:
+    """Globals for the test code: the program's top-level names, as proxies or plain values, and
+    the tests' `modules` (`test_modules`) over them (a name it maps to None is left undefined).
+
+    Names of built-ins and dunders are never taken from the program (a program-defined ``abs``
+    or ``AssertionError`` cannot change what the test means); a name the tests use as a module
+    is the real module (a class named ``math`` whose ``isclose`` is always True cannot stand in
+    for `math`); a name the program bound to a module is not taken at all.
+    """
     # "__main__", as when the tests were appended to the program: a test guarded by
     # ``if __name__ == "__main__":`` runs (else nothing is checked and every program passes).
     ns = {"__name__": "__main__", "__builtins__": builtins}
-    used_as_module = {n for n in module_names_used(test_code) if n in sys.stdlib_module_names}
-
-    def real_module(name: str, module: str) -> None:
-        if module.split(".")[0] in sys.stdlib_module_names:
-            try:
-                ns[name] = importlib.import_module(module)
-            except ImportError:
-                pass
-
     for name, info in server.names.items():
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or hasattr(builtins, name):
-            continue
-        module = info.get("module")
-        if module is None and name in sys.stdlib_module_names and (
-                info.get("kind") not in ("function", "class") or name in used_as_module):
-            module = name  # e.g. a fake `math` object or class: the test gets the real module
-        if module is not None:
-            real_module(name, str(module))
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__") or hasattr(builtins, name) \
+                or name in modules:
             continue
         if "value" in info:
             ns[name] = info["value"]
         elif "handle" in info:
             ns[name] = info["handle"]
-    for name in used_as_module - set(ns):
-        if not hasattr(builtins, name):
-            real_module(name, name)
+    ns.update({name: module for name, module in modules.items() if module is not None})
     return ns
 
 
 def run_assert(header: dict, emit, start) -> None:
     """Run the assert / check(candidate) test code here, against the program's server (`start`: see `Server`)."""
-    deadline = time.monotonic() + float(header["case_wall"])
     server = None
     try:
-        server = Server(deadline, float(header["case_cpu"]), int(header["output_cap"]), start)
         code = header["test_code"]
-        ns = test_namespace(server, code)
+        modules = test_modules(code, header.get("prompt_code") or "")  # before any program code runs
+        deadline = time.monotonic() + float(header["case_wall"])
+        server = Server(deadline, float(header["case_cpu"]), int(header["output_cap"]), start)
+        ns = test_namespace(server, modules)
         # What the test code prints must not break the report's lines (emit keeps the real stdout).
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
             if header.get("prompt_code"):  # the prompt's own helpers, not the program's (see code_file)
@@ -460,7 +514,7 @@ def serve(req_fd: int, rep_fd: int) -> None:
             if name.startswith("__"):
                 continue
             if isinstance(value, types.ModuleType):
-                names[name] = {"module": str(value.__name__)}
+                names[name] = {"kind": "module"}  # its name is the program's choice: not reported
                 continue
             kind = "class" if isinstance(value, type) else "function" if callable(value) else "object"
             try:

@@ -3,7 +3,7 @@
 Executed by `components.tasks.sandbox` as its own process (``python -I -S -B this_file ...``),
 never imported. Standard library only; its siblings beside this file, loaded by path at its
 start: `_sandbox_libc.py` (mount, unshare, prctl, ... through ctypes), `_sandbox_view.py` (the
-run's filesystem view), `_sandbox_cgroup.py` (the run's own cgroup), `_sandbox_reap.py`
+run's filesystem view), `_sandbox_cgroup.py` (the run's own cgroups), `_sandbox_reap.py`
 (killing and reaping what a run left), `_sandbox_seccomp.py` (the seccomp filter) and
 `_sandbox_supervisor.py` (bubblewrap's supervisor). Modes:
 
@@ -18,24 +18,33 @@ Backend ``namespaces`` (the launcher runs as root), in order:
 2. ``unshare(CLONE_NEWPID)`` and forks the *supervisor*, which is PID 1 of the new PID
    namespace and stays root: the program's uid can neither see nor signal it, and when it
    exits or is killed the kernel kills every process of the namespace;
-3. the supervisor joins the run's cgroup (if any), unshares network (only a down loopback),
-   mount, IPC and UTS namespaces, and builds the run's filesystem view (an allow-list,
-   `_sandbox_view.setup_filesystem`: read-only binds of the allowed paths, a minimal /dev, a /proc of the new
-   PID namespace, a fresh size-capped /tmp holding /tmp/work), then pivot_roots into it;
+3. the supervisor joins the run's cgroups (if any; `_sandbox_cgroup`: v2 or v1, memory, CPU and
+   pids), sets its oom_score_adj to 1000 (the run's /proc is read-only: no process lowers it),
+   unshares network (only a down loopback), mount, IPC and UTS namespaces, and builds the run's
+   filesystem view (an allow-list, `_sandbox_view.setup_filesystem`: read-only binds of the
+   allowed paths, a minimal /dev, a /proc of the new PID namespace, a fresh size-capped /tmp
+   holding /tmp/work and the read-only /tmp/readonly), then pivot_roots into it;
 4. it forks the program: new process group, rlimits, all groups dropped and uid/gid set to a
-   fresh unprivileged id (``uid_base + launcher pid``), no-new-privileges, the seccomp filter,
-   scrubbed environment, exec. It reaps every process of the namespace until the program
-   exits, counting one CPU budget for all of them (`_sandbox_supervisor.watch`), reports the program's status and CPU time over a pipe, and exits (by itself a few
-   seconds after the deadline, should the launcher be gone or stopped);
+   fresh unprivileged id (``uid_base + launcher pid``), no-new-privileges, the seccomp filter
+   (with the rules of a run without a cgroup where it has none), scrubbed environment, exec.
+   It reaps every process of the namespace until the program exits, counting one CPU budget
+   for all of them (`_sandbox_supervisor.watch`), reports the program's status and CPU time
+   over a pipe, and exits (by itself a few seconds after the deadline, should the launcher be
+   gone or stopped);
 5. the launcher waits for the supervisor until the wall-clock deadline, then SIGKILLs it
    (which kills the whole namespace), SIGKILLs from root whatever process of the run's uid
    is still alive anywhere (none should be), reaps, and writes result.json.
 
-Backend ``bwrap`` (any user; `bwrap` from bubblewrap): the launcher runs bubblewrap with new
-user, PID, network, IPC, UTS (and cgroup) namespaces, ``--as-pid-1``, ``--die-with-parent``,
-``--new-session``, the same allow-listed view (read-only, `_sandbox_view.view_entries`) with a fresh /dev, /proc and a size-capped tmpfs
-/tmp holding /tmp/work (the files are copied in), the hidden paths covered, and the seccomp
-filter (``--seccomp FD``; bubblewrap sets no-new-privileges). Inside, a supervisor
+Backend ``bwrap`` (any user; `bwrap` from bubblewrap): the launcher's child joins the run's
+cgroups (if any), sets oom_score_adj to 1000 and enters a network namespace of its own whose
+loopback stays down (not root: with a user namespace around it; bubblewrap's ``--unshare-net``
+would bring the loopback up, and TCP buffers on it are host memory that no budget counts), then
+runs bubblewrap with new user, PID, IPC, UTS (and cgroup) namespaces, ``--as-pid-1``,
+``--die-with-parent``, ``--new-session``, the same allow-listed view (read-only,
+`_sandbox_view.view_entries`) with a fresh /dev, a read-only /proc (so no process lowers its
+oom_score_adj) and a size-capped tmpfs /tmp holding /tmp/work (the files are copied in) and the
+read-only tmpfs /tmp/readonly, the hidden paths covered, and the seccomp filter (``--seccomp
+FD``; bubblewrap sets no-new-privileges). Inside, a supervisor
 (`_sandbox_supervisor.py`), undumpable and the namespace's init (so no process there that the
 program could read through /proc/1 holds the run's stdin / stdout), forks the program with the rlimits (RLIMIT_NPROC counts per user
 namespace on Linux >= 5.14) and reports its status over a pipe. On the deadline the
@@ -81,7 +90,7 @@ VIEW = load_sibling("_sandbox_view")
 # bubblewrap's supervisor; its status_fields is shared.
 SUPERVISOR = load_sibling("_sandbox_supervisor")
 
-from _sandbox_libc import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS,  # noqa: E402
+from _sandbox_libc import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS,  # noqa: E402
                            MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_CHILD_SUBREAPER,
                            PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, mount, prctl, unshare)
 
@@ -89,7 +98,8 @@ from _sandbox_libc import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
 kill_uid, kill_children, reap_all = REAP.kill_uid, REAP.kill_children, REAP.reap_all
 wait_until, kill_and_wait = REAP.wait_until, REAP.kill_and_wait
 view_entries, view_covers, setup_filesystem = VIEW.view_entries, VIEW.view_covers, VIEW.setup_filesystem
-join_cgroup, remove_run_cgroup, cgroup_for = CGROUP.join_cgroup, CGROUP.remove_run_cgroup, CGROUP.cgroup_for
+cgroups_for, join_cgroups, close_cgroups = CGROUP.cgroups_for, CGROUP.join, CGROUP.close_run
+READONLY_DIR, WORK_DIR = VIEW.READONLY_DIR, VIEW.WORK_DIR
 
 
 def load_seccomp_module():
@@ -127,8 +137,30 @@ def _check_unused_uid(uid):
     raise OSError(1, f"sandbox uid {uid} belongs to the account {name!r}; choose another uid_base")
 
 
+def set_oom_score_adj():
+    """oom_score_adj 1000 for this process and all it starts: the OOM killer takes the run's
+    processes before any other. The run's /proc is read-only, so none of them lowers it."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def enter_private_network(root):
+    """A network namespace of this process's own, whose loopback is down (a new one's is).
+    Not root: inside a new user namespace mapping only this uid and gid."""
+    if root:
+        unshare(CLONE_NEWNET)
+        return
+    uid, gid = os.getuid(), os.getgid()
+    unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
 def read_files(workdir):
     files = {}
+    if not os.path.isdir(workdir):
+        return files
     for name in os.listdir(workdir):
         p = os.path.join(workdir, name)
         if os.path.isfile(p) and not os.path.islink(p):
@@ -180,7 +212,7 @@ def exec_program(spec, workdir, fds, uid, drop, seccomp):
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries give nothing
         if seccomp is not None:
-            seccomp.load()
+            seccomp.load(without_cgroup=not spec.get("cgroup"))
         os.umask(0o077)
         argv = spec["argv"]
         os.execve(argv[0], argv, spec["env"])
@@ -210,7 +242,7 @@ def _read_report(fd):
     return out
 
 
-def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup_dir=None, cpu_stat_fd=None):
+def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroups=None):
     """The forked supervisor (PID 1 of the run's PID namespace, still root): isolate, start the
     program, reap until it exits, report. Never returns; its exit kills the namespace."""
 
@@ -219,8 +251,9 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup
 
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dies -> so does the namespace
-        if cgroup_dir:  # the whole run, this supervisor included, in the run's own cgroup
-            join_cgroup(cgroup_dir)
+        if cgroups:  # the whole run, this supervisor included, in the run's own cgroups
+            join_cgroups(cgroups)
+        set_oom_score_adj()
         SUPERVISOR.set_own_deadline(float(spec["wall_seconds"]))
         flags = (CLONE_NEWNET if spec["net_ns"] else 0) | (
             CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS if spec["mount_ns"] else 0
@@ -228,13 +261,14 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup
         if flags:
             unshare(flags)
         if spec["mount_ns"]:
-            workdir = setup_filesystem(spec, files, uid, spec["pid_ns"])
+            workdir = setup_filesystem(spec, files["work"], uid, spec["pid_ns"], files["readonly"])
         else:
             workdir = spec["host_workdir"]
             if drop:
                 for name in os.listdir(workdir):
                     os.chown(os.path.join(workdir, name), uid, uid)
                 os.chown(workdir, uid, uid)
+                os.chmod(os.path.dirname(workdir), 0o711)  # ../readonly (root's) reachable from it
         if not spec["pid_ns"]:
             prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans come to us, and so to the cleanup
         pid = os.fork()
@@ -249,7 +283,7 @@ def supervise_namespaces(spec, files, fds, uid, drop, report_fd, seccomp, cgroup
     for fd in fds:
         os.close(fd)
     try:  # reap every orphan of the namespace; one CPU budget for all of the run's processes
-        report(SUPERVISOR.watch(pid, float(spec["run_cpu_seconds"]), cpu_stat_fd))
+        report(SUPERVISOR.watch(pid, float(spec["run_cpu_seconds"]), cgroups["cpu_fd"] if cgroups else None))
     finally:
         if not spec["pid_ns"]:
             try:
@@ -265,7 +299,7 @@ def run_namespaces(control, spec, t0):
     drop = bool(spec["drop_privileges"])
     uid = int(spec["uid_base"]) + os.getpid() if drop else os.getuid()
     result["uid"] = uid
-    cgroup_dir = cpu_stat_fd = None
+    cgroups = None
     try:
         if drop:
             _check_unused_uid(uid)
@@ -278,14 +312,13 @@ def run_namespaces(control, spec, t0):
             os.open(os.path.join(control, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
         )
         spec["host_workdir"] = os.path.join(control, "work")
-        files = read_files(spec["host_workdir"]) if spec["mount_ns"] else {}
-        cgroup_dir, cpu_stat_fd = cgroup_for(spec)
+        files = ({"work": read_files(spec["host_workdir"]), "readonly": read_files(os.path.join(control, "readonly"))}
+                 if spec["mount_ns"] else {})
+        cgroups = cgroups_for(spec)
         if spec["pid_ns"]:
             unshare(CLONE_NEWPID)  # our next child is PID 1 of a new PID namespace
     except OSError as err:
-        if cgroup_dir:
-            os.close(cpu_stat_fd)
-            remove_run_cgroup(cgroup_dir)
+        close_cgroups(cgroups)
         result["setup_error"] = f"{type(err).__name__}: {err}"
         return result
     report_r, report_w = os.pipe()
@@ -293,7 +326,7 @@ def run_namespaces(control, spec, t0):
     sup = os.fork()
     if sup == 0:
         os.close(report_r)
-        supervise_namespaces(spec, files, fds, uid, drop, report_w, seccomp, cgroup_dir, cpu_stat_fd)
+        supervise_namespaces(spec, files, fds, uid, drop, report_w, seccomp, cgroups)
     os.close(report_w)
     for fd in fds:
         os.close(fd)
@@ -306,11 +339,16 @@ def run_namespaces(control, spec, t0):
     kill_rest = (lambda: kill_uid(uid)) if drop else kill_children
     kill_rest()
     result["reaped_leftovers"] = reap_all(kill_rest)
-    if cgroup_dir:
-        os.close(cpu_stat_fd)
-        remove_run_cgroup(cgroup_dir)
+    _cgroup_fields(result, cgroups)
+    close_cgroups(cgroups)
     result["wall_s"] = time.monotonic() - t0
     return result
+
+
+def _cgroup_fields(result, cgroups):
+    """What the run's cgroups say, before they go: which version held the run, its memory peak."""
+    result["cgroup"] = f"v{cgroups['version']}" if cgroups else None
+    result["memory_peak"] = CGROUP.memory_peak(cgroups) if cgroups else None
 
 
 def _finish(result, reports, waited, deadline_hit):
@@ -330,11 +368,11 @@ def _finish(result, reports, waited, deadline_hit):
 
 
 # -- bubblewrap backend ----------------------------------------------------------------
-def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command):
-    """bubblewrap's command line for one run (`file_fds`: [(fd, name)] copied into /tmp/work)."""
+def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command, readonly_fds=(), readonly_bytes=0):
+    """bubblewrap's command line for one run (`file_fds`: [(fd, name)] copied into /tmp/work;
+    `readonly_fds`: the same into the read-only /tmp/readonly). No ``--unshare-net``: the
+    launcher's child made the run's network namespace, with its loopback down (`exec_bwrap`)."""
     argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if spec["net_ns"]:
-        argv.append("--unshare-net")
     # --as-pid-1: the supervisor itself is the namespace's init, not bubblewrap's own init
     # process. That one runs as the program's uid, is dumpable and holds the run's stdin /
     # stdout / stderr, so a program could read its input back, or write forged output, through
@@ -349,17 +387,23 @@ def bwrap_argv(bwrap, spec, file_fds, seccomp_fd, command):
         argv += ["--symlink", target, path]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     argv += ["--size", str(int(spec["tmpfs_bytes"])), "--perms", "1777", "--tmpfs", "/tmp"]
-    argv += ["--perms", "0700", "--dir", "/tmp/work"]
+    argv += ["--perms", "0700", "--dir", WORK_DIR]
     for fd, name in file_fds:
-        argv += ["--perms", "0600", "--file", str(fd), f"/tmp/work/{name}"]
+        argv += ["--perms", "0600", "--file", str(fd), f"{WORK_DIR}/{name}"]
+    if readonly_fds:  # a tmpfs of its own, read-only once filled: no process of the run changes it
+        argv += ["--size", str(int(readonly_bytes)), "--perms", "0755", "--tmpfs", READONLY_DIR]
+        for fd, name in readonly_fds:
+            argv += ["--perms", "0444", "--file", str(fd), f"{READONLY_DIR}/{name}"]
+        argv += ["--remount-ro", READONLY_DIR]
     for real, isdir in view_covers(spec, binds):
         if isdir:
             argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
         else:
             argv += ["--ro-bind", "/dev/null", real]
     # /dev is a fresh tmpfs (bubblewrap's --dev), sized only by half the RAM: read-only, so no
-    # program can fill host memory there (its device nodes stay usable); so is the root
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp/work"]
+    # program can fill host memory there (its device nodes stay usable); so is the root. /proc
+    # read-only: the oom_score_adj of 1000 the run starts with cannot be lowered.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/proc", "--remount-ro", "/", "--chdir", WORK_DIR]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--"] + list(command)
@@ -370,18 +414,23 @@ def _supervisor_source():
         return f.read()
 
 
-def exec_bwrap(argv, env, fds, keep, uid, cgroup_dir=None):
-    """In the forked child: stdio, drop root (if root), exec bubblewrap. Never returns. It stays
-    in the launcher's process group, so killing that group kills it (and so its namespace)."""
+def exec_bwrap(argv, env, fds, keep, uid, cgroups=None, private_net=True):
+    """In the forked child: stdio, the run's cgroups, oom_score_adj, the network namespace, drop
+    root (if root), exec bubblewrap. Never returns. It stays in the launcher's process group, so
+    killing that group kills it (and so its namespace)."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in keep:
             os.set_inheritable(fd, True)
-        if cgroup_dir:  # bubblewrap and everything of the run in the run's own cgroup
-            join_cgroup(cgroup_dir)
-        if os.geteuid() == 0:  # bubblewrap never runs as root: as root its sandbox would be root's
+        if cgroups:  # bubblewrap and everything of the run in the run's own cgroups
+            join_cgroups(cgroups)
+        root = os.geteuid() == 0
+        set_oom_score_adj()  # as root also the floor of every process of the run
+        if private_net:
+            enter_private_network(root)
+        if root:  # bubblewrap never runs as root: as root its sandbox would be root's
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
@@ -393,6 +442,16 @@ def exec_bwrap(argv, env, fds, keep, uid, cgroup_dir=None):
         _die_reporting(err)
 
 
+def _open_files(d, opened):
+    """[(fd, name)] of the regular files in the dir `d` (none if it does not exist), each fd added to `opened`."""
+    out = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        fd = os.open(os.path.join(d, name), os.O_RDONLY)
+        opened.append(fd)
+        out.append((fd, name))
+    return out
+
+
 def run_bwrap(control, spec, t0):
     """Backend ``bwrap``: see the module docstring."""
     result = {"setup_error": None, "exit_code": None, "signal": None, "timed_out": False, "cpu_s": None}
@@ -400,7 +459,7 @@ def run_bwrap(control, spec, t0):
     uid = int(spec["uid_base"]) + os.getpid() if root else os.getuid()
     result["uid"] = uid
     opened = []
-    cgroup_dir = cpu_stat_fd = None
+    cgroups = None
     try:
         if root:
             _check_unused_uid(uid)
@@ -414,20 +473,17 @@ def run_bwrap(control, spec, t0):
         if root:  # bubblewrap runs as the run's uid: it must be able to write the program's output
             for fd in fds[1:]:
                 os.fchown(fd, uid, uid)
-        work = os.path.join(control, "work")
-        file_fds = []
-        for name in sorted(os.listdir(work)):
-            fd = os.open(os.path.join(work, name), os.O_RDONLY)
-            opened.append(fd)
-            file_fds.append((fd, name))
-        seccomp_fd = load_seccomp_module().export_bpf_fd() if spec["seccomp"] else None
+        file_fds = _open_files(os.path.join(control, "work"), opened)
+        readonly_fds = _open_files(os.path.join(control, "readonly"), opened)
+        readonly_bytes = VIEW.readonly_tmpfs_bytes(os.fstat(fd).st_size for fd, _ in readonly_fds)
+        seccomp_fd = (load_seccomp_module().export_bpf_fd(without_cgroup=not spec.get("cgroup"))
+                      if spec["seccomp"] else None)
         if seccomp_fd is not None:
             opened.append(seccomp_fd)
         report_r, report_w = os.pipe()
         opened.append(report_w)
-        cgroup_dir, cpu_stat_fd = cgroup_for(spec)
-        if cpu_stat_fd is not None:
-            opened.append(cpu_stat_fd)
+        cgroups = cgroups_for(spec)
+        cpu_stat_fd = cgroups["cpu_fd"] if cgroups else None
         sup_spec = {
             "argv": spec["argv"],
             "env": spec["env"],
@@ -438,19 +494,19 @@ def run_bwrap(control, spec, t0):
             "rlimits": program_rlimits(spec, BWRAP_OWN_PROCESSES),
         }
         command = [spec["supervisor_python"], "-I", "-S", "-B", "-c", _supervisor_source(), json.dumps(sup_spec)]
-        argv = bwrap_argv(spec["bwrap"], spec, file_fds, seccomp_fd, command)
+        argv = bwrap_argv(spec["bwrap"], spec, file_fds, seccomp_fd, command, readonly_fds, readonly_bytes)
     except OSError as err:
         for fd in opened:
             os.close(fd)
-        remove_run_cgroup(cgroup_dir)
+        close_cgroups(cgroups)
         result["setup_error"] = f"{type(err).__name__}: {err}"
         return result
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     child = os.fork()
     if child == 0:
         os.close(report_r)
-        keep = [fd for fd, _ in file_fds] + [f for f in (seccomp_fd, cpu_stat_fd) if f is not None] + [report_w]
-        exec_bwrap(argv, spec["env"], fds, keep, uid, cgroup_dir)
+        keep = [fd for fd, _ in file_fds + readonly_fds] + [f for f in (seccomp_fd, cpu_stat_fd) if f is not None]
+        exec_bwrap(argv, spec["env"], fds, keep + [report_w], uid, cgroups, private_net=spec["net_ns"])
     for fd in opened:
         os.close(fd)
     waited = wait_until(child, t0 + float(spec["wall_seconds"]))
@@ -462,7 +518,8 @@ def run_bwrap(control, spec, t0):
     result["reaped_leftovers"] = reap_all(kill_rest)  # the namespace's init, if it outlived bubblewrap
     if root:
         kill_uid(uid)
-    remove_run_cgroup(cgroup_dir)
+    _cgroup_fields(result, cgroups)
+    close_cgroups(cgroups)
     if any(r.get("started") for r in reports) or deadline_hit:
         _finish(result, reports, waited, deadline_hit)
     else:
@@ -546,7 +603,7 @@ def _probe_bwrap(bwrap, seccomp):
     """Run `true` through bubblewrap with every option a run uses (as root: as nobody)."""
     spec = {"net_ns": True, "tmpfs_bytes": 65536, "readonly_empty": ["/dev/shm"], "hide_paths": [],
             "allow_paths": ["/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache"]}
-    seccomp_fd = seccomp.export_bpf_fd() if seccomp is not None else None
+    seccomp_fd = seccomp.export_bpf_fd(without_cgroup=True) if seccomp is not None else None
     argv = bwrap_argv(bwrap, spec, [], seccomp_fd, ["/bin/sh", "-c", "exit 0"])
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -579,7 +636,7 @@ def probe():
     seccomp = None
     try:
         seccomp = load_seccomp_module()
-        ctx = seccomp.build_filter()
+        ctx = seccomp.build_filter(without_cgroup=True)
         seccomp.release(ctx)
         out["seccomp"], out["seccomp_error"] = True, None
     except OSError as err:

@@ -14,6 +14,16 @@ added to future kernels.
 
 Nothing an ordinary program or the grading harness needs is denied: fork / clone without
 namespace flags, threads, execve, pipes, wait, kill of its own children and prctl all work.
+
+Where the run has no cgroup (`build_filter(without_cgroup=True)`), what only a cgroup would
+count is refused too (`DENIED_WITHOUT_CGROUP`): SysV shared memory, message queues and
+semaphores and memfd_create (their pages belong to no process: RLIMIT_AS does not see them and
+an OOM kill would fall elsewhere), a socket or pipe buffer above the default (``setsockopt`` of
+``SO_SNDBUF`` / ``SO_RCVBUF`` and their ``FORCE`` forms, ``fcntl(F_SETPIPE_SZ)``: kernel memory no
+rlimit counts), and a new
+SIGCHLD disposition (``rt_sigaction(SIGCHLD, act)`` with an action; queries still work): a parent
+that ignores SIGCHLD has its children auto-reaped, and their CPU time reaches nobody's
+``cutime``, so the supervisors' polls could not count it.
 """
 
 from __future__ import annotations
@@ -43,6 +53,16 @@ DENIED = {
         "fanotify_init", "nfsservctl", "uselib",
     ),
 }
+# Refused only where the run has no cgroup (see the module docstring).
+DENIED_WITHOUT_CGROUP = {
+    "memory that belongs to no process": ("shmget", "msgget", "semget", "memfd_create"),
+}
+SIGCHLD = 17  # x86_64 and aarch64
+# setsockopt(fd, SOL_SOCKET, one of these): a socket buffer larger than the default (net.core.wmem_max,
+# 4 MiB here, against 208 KiB: the buffers of a run's unix sockets held 455 MiB per process).
+SOL_SOCKET = 1
+SOCKET_BUFFER_OPTIONS = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}
+F_SETPIPE_SZ = 1031  # fcntl: a pipe buffer above the default 64 KiB (up to fs.pipe-max-size, 1 MiB)
 # clone(2) flags that create a namespace: clone with any of them fails (clone's flags are its
 # first argument on x86_64 and aarch64).
 CLONE_NAMESPACE_FLAGS = {
@@ -62,6 +82,7 @@ ALLOWED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
 SOCKET_FAMILY_RULES_UP_TO = 64
 
 SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_NE = 1
 SCMP_CMP_EQ = 4
 SCMP_CMP_GE = 5
 SCMP_CMP_MASKED_EQ = 7
@@ -121,17 +142,23 @@ def _add(lib, ctx, action: int, name: str, cmps=()) -> bool:
     return True
 
 
-def build_filter():
-    """A libseccomp filter context with the rules above (free it with `release`)."""
+def build_filter(without_cgroup: bool = False):
+    """A libseccomp filter context with the rules above (free it with `release`); `without_cgroup`:
+    also the rules of a run that no cgroup bounds (`DENIED_WITHOUT_CGROUP`, SIGCHLD's disposition)."""
     lib = library()
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError(errno.ENOMEM, "seccomp_init failed")
     try:
         eperm = SCMP_ACT_ERRNO(errno.EPERM)
-        for names in DENIED.values():
+        for names in list(DENIED.values()) + (list(DENIED_WITHOUT_CGROUP.values()) if without_cgroup else []):
             for name in names:
                 _add(lib, ctx, eperm, name)
+        if without_cgroup:  # rt_sigaction(SIGCHLD, act != NULL, ...): no auto-reaping
+            _add(lib, ctx, eperm, "rt_sigaction", [_ArgCmp(0, SCMP_CMP_EQ, SIGCHLD, 0), _ArgCmp(1, SCMP_CMP_NE, 0, 0)])
+            for option in SOCKET_BUFFER_OPTIONS.values():  # no socket buffer beyond the default
+                _add(lib, ctx, eperm, "setsockopt", [_ArgCmp(1, SCMP_CMP_EQ, SOL_SOCKET, 0), _ArgCmp(2, SCMP_CMP_EQ, option, 0)])
+            _add(lib, ctx, eperm, "fcntl", [_ArgCmp(1, SCMP_CMP_EQ, F_SETPIPE_SZ, 0)])  # nor pipe buffer
         _add(lib, ctx, SCMP_ACT_ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: force clone
         for flag in CLONE_NAMESPACE_FLAGS.values():
             _add(lib, ctx, eperm, "clone", [_ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag)])
@@ -152,18 +179,18 @@ def release(ctx) -> None:
     library().seccomp_release(ctx)
 
 
-def load() -> None:
+def load(without_cgroup: bool = False) -> None:
     """Install the filter on the calling thread (sets no-new-privileges first, as seccomp needs)."""
-    ctx = build_filter()
+    ctx = build_filter(without_cgroup)
     try:
         _check(library().seccomp_load(ctx), "load")
     finally:
         release(ctx)
 
 
-def export_bpf_fd() -> int:
+def export_bpf_fd(without_cgroup: bool = False) -> int:
     """A memfd holding the filter as raw BPF (bubblewrap's ``--seccomp FD``), rewound; caller closes it."""
-    ctx = build_filter()
+    ctx = build_filter(without_cgroup)
     fd = os.memfd_create("scalerl-seccomp")  # close-on-exec: pass it on explicitly
     try:
         _check(library().seccomp_export_bpf(ctx, fd), "export")

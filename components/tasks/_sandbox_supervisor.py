@@ -4,7 +4,8 @@ The launcher (`_sandbox_launcher.py`) runs this file's source as
 ``python -I -S -B -c <source> <json>`` inside bubblewrap, so it is small and imports little
 (every run pays its start-up). The JSON holds ``argv``, ``env``, ``rlimits``
 ([[resource, [soft, hard]], ...]), ``wall_seconds``, ``run_cpu_seconds``, ``report_fd`` (the
-write end of a pipe to the launcher) and ``cpu_stat_fd`` (the run's cgroup's cpu.stat, or null).
+write end of a pipe to the launcher) and ``cpu_stat_fd`` (the run's cgroup's CPU time: v2 cpu.stat
+or v1 cpuacct.usage; or null).
 
 It runs already filtered by seccomp and with no-new-privileges (bubblewrap set both). It
 makes itself undumpable, so the program, though of the same uid, can neither open its report
@@ -84,20 +85,22 @@ def descendants(root, stats=None):
 
 
 def cgroup_cpu_seconds(fd):
-    """usage_usec of a cgroup v2 cpu.stat (an open descriptor), in seconds; None if unreadable."""
+    """The run's cgroup's CPU time in seconds, from an open descriptor of its v2 cpu.stat
+    (``usage_usec``) or v1 cpuacct.usage (nanoseconds); None if unreadable."""
     try:
-        for line in os.pread(fd, 4096, 0).decode().splitlines():
+        text = os.pread(fd, 4096, 0).decode()
+        for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "usage_usec":
                 return int(value) / 1e6
+        return int(text) / 1e9 if text.strip().isdigit() else None
     except (OSError, ValueError):
         return None
-    return None
 
 
 def run_cpu_seconds(cpu_stat_fd=None):
     """CPU seconds spent by every process of the run so far, this supervisor's own excluded: the
-    run's cgroup's cpu.stat where there is one, else the children this process reaped (every
+    run's cgroup's CPU time where there is one, else the children this process reaped (every
     orphan comes to it: it is the namespace's init, or a subreaper) plus its live descendants
     (with the children they reaped)."""
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -88,6 +88,15 @@ DEV_NODES = ("null", "zero", "full", "random", "urandom")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"))
 NEW_ROOT = "/tmp"  # where the view's root tmpfs is mounted (in the run's own mount namespace) before pivot_root
+WORK_DIR = "/tmp/work"  # the program's working dir (its `files`), its own and writable
+# Files the program may read but not change (the grading harness): a read-only tmpfs beside the
+# working dir, root-owned under ``namespaces``; the program runs them as ``../readonly/NAME``.
+READONLY_DIR = "/tmp/readonly"
+
+
+def readonly_tmpfs_bytes(sizes):
+    """Size of the read-only dir's tmpfs for files of these `sizes`: a page each more, and some room to spare."""
+    return sum(int(n) + 4096 for n in sizes) + 65536
 
 
 def _pivot_root(new_root):
@@ -103,11 +112,12 @@ def _bind_ro(fd, target, rec=True):
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
 
 
-def setup_filesystem(spec, files, uid, pid_ns):
+def setup_filesystem(spec, files, uid, pid_ns, readonly=None):
     """In a fresh mount namespace, the run's whole filesystem view, an allow-list: a read-only
     root tmpfs holding read-only binds of the allowed paths (the interpreter, its standard
     library, the system libraries, a few files of /etc), a minimal /dev (null, zero, full,
-    random, urandom), the run's own /proc, and a private size-capped /tmp holding /tmp/work;
+    random, urandom), the run's own /proc (read-only), and a private size-capped /tmp holding /tmp/work
+    (`files`, the program's) and /tmp/readonly (`readonly`: root's, a read-only tmpfs);
     the hidden paths inside allowed dirs are covered. Then pivot_root into it: nothing else of
     the host (the repository, homes, /var, /srv, /run, ...) exists for the program. Returns the workdir."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -156,11 +166,14 @@ def setup_filesystem(spec, files, uid, pid_ns):
             # hidepid=2 hides the root supervisor (PID 1) from the program too; a process whose
             # effective gid is the run's view gid (`view_gid`: the grading harness, not its programs)
             # sees every process of the run (its programs are undumpable, which hidepid hides)
+            # read-only: no process of the run lowers the oom_score_adj of 1000 it starts with (the
+            # floor root sets needs CAP_SYS_RESOURCE, which root may lack, as in some VMs)
             view = spec.get("view_gid")
-            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
                   "hidepid=2" + (f",gid={view}" if view else ""))
         else:
             mount(f"/proc/self/fd/{fds['/proc']}", root + "/proc", None, MS_BIND | MS_REC)
+            mount(None, root + "/proc", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         os.mkdir(root + "/tmp", 0o755)
         mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(spec['tmpfs_bytes'])},mode=1777")
     finally:
@@ -168,11 +181,24 @@ def setup_filesystem(spec, files, uid, pid_ns):
             os.close(fd)
     _pivot_root(root)
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    workdir = "/tmp/work"
-    os.mkdir(workdir, 0o700)
+    if readonly:
+        _readonly_dir(readonly)
+    os.mkdir(WORK_DIR, 0o700)
     for name, data in files.items():
-        with open(os.path.join(workdir, name), "wb") as f:
+        with open(os.path.join(WORK_DIR, name), "wb") as f:
             f.write(data)
-        os.chown(os.path.join(workdir, name), uid, uid)
-    os.chown(workdir, uid, uid)
-    return workdir
+        os.chown(os.path.join(WORK_DIR, name), uid, uid)
+    os.chown(WORK_DIR, uid, uid)
+    return WORK_DIR
+
+
+def _readonly_dir(files):
+    """`READONLY_DIR`: a tmpfs of root's holding `files` (root's, 0644), then remounted read-only."""
+    os.mkdir(READONLY_DIR, 0o755)
+    mount("tmpfs", READONLY_DIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={readonly_tmpfs_bytes(len(d) for d in files.values())},mode=755")
+    for name, data in files.items():
+        path = os.path.join(READONLY_DIR, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o644)
+    mount(None, READONLY_DIR, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)

@@ -405,7 +405,7 @@ def harness_source() -> str:
 
 def harness_files() -> dict:
     """{file name: source} of the harness's sibling modules (`_grade_harness.SIBLINGS`), which
-    main.py loads by path from its own directory: written there as main.py is (read once)."""
+    main.py loads by path from its own directory: the run's read-only dir, with main.py (read once)."""
     global _HARNESS_FILES
     if _HARNESS_FILES is None:
         here = Path(_grade_harness.__file__).parent
@@ -447,7 +447,7 @@ def grading_limits(kind: str, num_cases: int, limits: "sandbox.SandboxLimits", c
         run_cpu_seconds=total + programs * rounds * float(limits.cpu_seconds),
         # the run's one memory budget (its cgroup, where there is one): the harness and each program at once
         run_memory_bytes=(1 + programs) * int(limits.memory_bytes) + int(limits.tmpfs_bytes),
-        max_processes=1 + programs * limits.max_processes,
+        max_processes=2 + programs * limits.max_processes,  # the harness and its spawner, then the programs
         max_open_files=limits.max_open_files + 8 * programs,  # the harness's pipes; each program gets its own
         output_bytes=max(limits.output_bytes, 1024 * num_cases + 65536),  # the harness's report
     )
@@ -483,7 +483,7 @@ def grade_program(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", co
     if plan.get("refused"):
         return _report(False, None, plan["refused"], 0, None)
     res = sandbox.run_python(harness_source(), plan["stdin"], limits=plan["limits"], config=config, files=plan["files"],
-                             process_view=True)
+                             readonly_files=plan["readonly_files"], process_view=True)
     return judge_grading(plan, res)
 
 
@@ -519,7 +519,8 @@ def plan_grading(tests: dict, code: str, *, limits: "sandbox.SandboxLimits", max
         "kind": kind, "nonce": nonce, "mac_key": mac_key, "expected": expected,
         "unwrap_singleton": bool(tests.get("unwrap_singleton")),
         "stdin": "".join(json.dumps(x) + "\n" for x in [header] + lines),
-        "files": {_grade_harness.PROGRAM_FILE: code, **harness_files()},
+        "files": {_grade_harness.PROGRAM_FILE: code},  # the program's working dir
+        "readonly_files": harness_files(),  # beside main.py, in the run's read-only dir
         "limits": grading_limits(kind, len(cases), limits, case_workers, max_total_seconds),
     }
 

@@ -5,7 +5,7 @@ the order of operations). Two backends give the same protections; ``SandboxConfi
 picks one (``"auto"``, the default: ``"namespaces"`` when this process is root, else
 ``"bwrap"`` when bubblewrap works here):
 
-- **no network**: a new network namespace (only a loopback device, nothing listening);
+- **no network**: a new network namespace (only a loopback device, down);
 - **a private PID namespace**: /proc lists only the run's own processes (host command lines
   are not readable), and killing the namespace's init kills every process of the run;
 - **an unprivileged uid**: ``namespaces`` uses a fresh per-run uid/gid
@@ -20,14 +20,17 @@ picks one (``"auto"``, the default: ``"namespaces"`` when this process is root, 
   read-only binds of the allowed paths (`allowed_paths`: the interpreter, its standard library,
   the system libraries, a few files of /etc, ``SandboxConfig.allow_paths``), a minimal
   read-only /dev, the run's /proc and a fresh size-capped tmpfs /tmp holding the working dir
-  /tmp/work; hidden paths inside allowed dirs (the repository, the task's data) are covered.
+  /tmp/work and the read-only dir /tmp/readonly (``readonly_files``: the grading harness);
+  hidden paths inside allowed dirs (the repository, the task's data) are covered.
   Nothing else of the host (homes, /var, /srv, /run, the repository) exists inside;
 - **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE (caps stdout / stderr too:
   exactly ``output_bytes`` is allowed, one byte more is an output-limit failure),
-  RLIMIT_NOFILE, no core dumps, a wall-clock timeout; ONE CPU budget for all the run's
-  processes (``run_cpu_seconds``) and, where a cgroup v2 memory controller can be had, one
-  memory limit for all of them (``run_memory_bytes``, the run's own cgroup; else
-  `residual_memory_risk` names what is missing, logged once). Afterwards the launcher, from outside
+  RLIMIT_NOFILE, no core dumps, a wall-clock timeout, oom_score_adj 1000; ONE CPU budget for
+  all the run's processes (``run_cpu_seconds``) and, where a cgroup can be had (v2, or v1's
+  memory, cpuacct and pids: `run_cgroups`), one memory limit and one process limit for all of
+  them (``run_memory_bytes``, ``max_processes``; the run's own cgroups, which also count its
+  CPU); else SysV IPC, memfd and new SIGCHLD dispositions are refused and
+  `residual_memory_risk` says what bounds a run, logged once. Afterwards the launcher, from outside
   the run's uid, kills the namespace and anything of the run left anywhere; nothing
   outlives a run, and no process of the run can stop the cleanup;
 - a scrubbed environment.
@@ -64,6 +67,8 @@ READONLY_EMPTY_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 DEFAULT_HIDDEN = ("/run", "/var/run", "/root", "/home", "/var/spool", "/srv", "/etc/munge", "/var/lib/munge",
                   "/var/log", "/mnt", "/media")
 BACKENDS = ("auto", "namespaces", "bwrap")
+# The run's read-only dir (`run_python`'s readonly_files), beside its working dir /tmp/work.
+READONLY_DIR = "/tmp/readonly"
 # The filesystem view is an allow-list: these host paths (read-only, where they exist), the
 # interpreter's own prefixes and standard library (`interpreter_paths`), the program's argv[0]
 # and `SandboxConfig.allow_paths`; plus a minimal /dev, the run's /proc and a private /tmp.
@@ -88,13 +93,14 @@ class SandboxLimits:
     output_bytes: int = 4 * 2**20  # RLIMIT_FSIZE: stdout, stderr and any file written
     max_open_files: int = 64  # RLIMIT_NOFILE
     tmpfs_bytes: int = 64 * 2**20  # size of the private /tmp (the working dir lives there)
-    # ONE CPU budget for all the run's processes together, reaped ones included (the supervisor
-    # sums them, or reads the run's cgroup's cpu.stat); None: cpu_seconds. Whole seconds, >= 1.
+    # ONE CPU budget for all the run's processes together, reaped ones included (the run's
+    # cgroup's CPU time, else the supervisor's sum); None: cpu_seconds. Whole seconds, >= 1.
     run_cpu_seconds: Optional[float] = None
     # ONE memory budget for all the run's processes together, page cache, memfd, shared memory
-    # and tmpfs pages included: memory.max of the run's own cgroup (swap off), where a cgroup v2
-    # memory controller can be had (`memory_controller`); None: memory_bytes + tmpfs_bytes.
-    # Without a controller only the per-process RLIMIT_AS and the tmpfs sizes hold (`residual_memory_risk`).
+    # and tmpfs pages included: the memory limit of the run's own cgroup (swap off), where a
+    # cgroup can be had (`run_cgroups`, v2 or v1); None: memory_bytes + tmpfs_bytes. The same
+    # cgroups cap the run's processes at max_processes (pids.max, plus the sandbox's own few).
+    # Without a cgroup only the per-process RLIMIT_AS and the tmpfs sizes hold (`residual_memory_risk`).
     run_memory_bytes: Optional[int] = None
 
     def run_cpu(self) -> float:
@@ -156,6 +162,8 @@ class SandboxResult:
     wall_s: float
     cpu_s: Optional[float]
     error: Optional[str] = None  # the sandbox itself failed (the program may not have run)
+    cgroup: Optional[str] = None  # "v1" / "v2": the cgroups that held the run's budgets (None: none)
+    memory_peak_bytes: Optional[int] = None  # the most memory the run's cgroup held, where it had one
 
     @property
     def ok(self) -> bool:
@@ -185,103 +193,57 @@ class SandboxResult:
         return "ok"
 
 
-# -- one memory budget per run: the run's own cgroup v2 ------------------------------------------
-# A delegated cgroup v2 dir (not root): writable by you, "memory" in its cgroup.controllers and
-# cgroup.subtree_control, and holding no process itself; each run gets a child cgroup there.
-CGROUP_ENV = "SCALERL_SANDBOX_CGROUP"
-CGROUP_DIR_NAME = "scalerl-sandbox"  # as root: <cgroup2 mount>/scalerl-sandbox/scalerl-run-<pid>
-_memcg: Optional[dict] = None
-_memcg_lock = threading.Lock()
+# -- one memory, CPU and pids budget per run: the run's own cgroups (v2 or v1) ---------------------
+def _load_sibling(name: str):
+    """The module `name`.py beside this file, loaded by path (this file also runs as a copy
+    outside the package: tests/_helpers_sandbox.py loads it as another user)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"scalerl_{name}", Path(__file__).with_name(name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Where runs get their cgroups (`CGROUP.decide`) and, in the launcher, making and removing them.
+CGROUP = _load_sibling("_sandbox_cgroup")
+CGROUP_ENV = CGROUP.ENV
+_cgroups: Optional[dict] = None
+_cgroups_lock = threading.Lock()
 _warned = False
 log = logging.getLogger(__name__)
 
 
-def _words(path: str) -> Optional[list]:
-    try:
-        with open(path) as f:
-            return f.read().split()
-    except OSError:
-        return None
-
-
-def decide_memory_controller(euid: int, mounts: str, env: Mapping[str, str], fs_root: str = "") -> dict:
-    """Where runs get their own cgroup with a memory limit: {"parent": dir or None, "reason",
-    "enable": [cgroup.subtree_control files to write "+memory" to, in order], "create": [dirs]}.
-
-    `mounts` is /proc/self/mounts; `fs_root` prefixes every path read (tests). A delegated dir
-    named by ``$SCALERL_SANDBOX_CGROUP`` is used as it is (it must offer and enable memory for
-    its children, and be writable); as root, ``<cgroup2 mount>/scalerl-sandbox`` is made,
-    with the memory controller enabled on the way. Otherwise (no cgroup v2, its memory
-    controller bound to cgroup v1, not root and nothing delegated) there is none."""
-    mount = next((f[1] for f in (line.split() for line in mounts.splitlines()) if len(f) > 2 and f[2] == "cgroup2"), None)
-    if mount is None:
-        return {"parent": None, "reason": "no cgroup v2 hierarchy is mounted", "enable": [], "create": []}
-    delegated = env.get(CGROUP_ENV)
-    if delegated:
-        d = os.path.normpath(delegated)
-        if not (os.path.isabs(d) and (d == mount or d.startswith(mount.rstrip("/") + "/"))):
-            return {"parent": None, "reason": f"${CGROUP_ENV}={delegated!r} is not a dir of the cgroup v2 hierarchy at {mount}",
-                    "enable": [], "create": []}
-        if "memory" not in (_words(fs_root + d + "/cgroup.controllers") or []):
-            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) has no memory controller", "enable": [], "create": []}
-        if "memory" not in (_words(fs_root + d + "/cgroup.subtree_control") or []):
-            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) does not enable memory for its children "
-                    "(echo +memory > cgroup.subtree_control)", "enable": [], "create": []}
-        if not os.access(fs_root + d, os.W_OK):
-            return {"parent": None, "reason": f"the cgroup {d} (${CGROUP_ENV}) is not writable", "enable": [], "create": []}
-        return {"parent": d, "reason": f"delegated cgroup {d}", "enable": [], "create": []}
-    if euid != 0:
-        return {"parent": None, "reason": f"not root and no delegated cgroup v2 subtree (${CGROUP_ENV})", "enable": [], "create": []}
-    if "memory" not in (_words(fs_root + mount + "/cgroup.controllers") or []):
-        return {"parent": None, "reason": f"the cgroup v2 hierarchy at {mount} has no memory controller "
-                "(cgroup v1 holds it here)", "enable": [], "create": []}
-    parent = os.path.join(mount, CGROUP_DIR_NAME)
-    enable = []
-    if "memory" not in (_words(fs_root + mount + "/cgroup.subtree_control") or []):
-        enable.append(mount + "/cgroup.subtree_control")
-    if "memory" not in (_words(fs_root + parent + "/cgroup.subtree_control") or []):
-        enable.append(parent + "/cgroup.subtree_control")
-    create = [] if os.path.isdir(fs_root + parent) else [parent]
-    return {"parent": parent, "reason": f"root: runs in {parent}", "enable": enable, "create": create}
-
-
-def apply_memory_controller(plan: dict, fs_root: str = "") -> dict:
-    """Make `plan`'s dirs and enable its controllers; on failure the plan without a parent."""
-    try:
-        for d in plan["create"]:
-            os.makedirs(fs_root + d, 0o755, exist_ok=True)
-        for path in plan["enable"]:
-            with open(fs_root + path, "w") as f:
-                f.write("+memory")
-    except OSError as err:
-        return {**plan, "parent": None, "reason": f"cannot set up the memory controller ({err})"}
-    return plan
-
-
-def memory_controller() -> dict:
-    """{"parent", "reason"} of this machine, decided and set up once (`decide_memory_controller`)."""
-    global _memcg
-    with _memcg_lock:
-        if _memcg is None:
+def run_cgroups() -> dict:
+    """{"version": 1 | 2 | None, "parents", "reason"} of this machine, decided and set up once
+    (`_sandbox_cgroup.decide`, then `apply`): where each run gets its memory, CPU and pids budget."""
+    global _cgroups
+    with _cgroups_lock:
+        if _cgroups is None:
             try:
                 with open("/proc/self/mounts") as f:
                     mounts = f.read()
             except OSError:
                 mounts = ""
-            _memcg = apply_memory_controller(decide_memory_controller(os.geteuid(), mounts, os.environ))
-        return dict(_memcg)
+            _cgroups = CGROUP.apply(CGROUP.decide(os.geteuid(), mounts, os.environ))
+        return dict(_cgroups)
 
 
 def residual_memory_risk() -> Optional[str]:
-    """None where each run gets its own cgroup with memory.max; else the sentence naming the risk."""
-    mc = memory_controller()
-    if mc["parent"]:
+    """None where each run gets its own cgroups; else the sentence saying what then bounds a run
+    (measured: `tests/test_sandbox_budgets.py::test_without_a_cgroup_what_a_run_can_hold_is_what_the_warning_says`)."""
+    plan = run_cgroups()
+    if plan["version"]:
         return None
-    return (f"sandbox: no cgroup v2 memory controller for sandboxed runs ({mc['reason']}): a run's memory is "
-            "bounded only per process (RLIMIT_AS, which does not count memfd / shared-memory pages) and by its "
-            "tmpfs sizes, so the processes of one run together (up to max_processes) can hold several times "
-            "memory_mb of host memory, and a few hostile programs could get the trainer OOM-killed; run as root "
-            f"where cgroup v2 has the memory controller, or set {CGROUP_ENV} to a delegated cgroup v2 subtree")
+    return (f"sandbox: no cgroup for sandboxed runs ({plan['reason']}): a run's memory is bounded per process, not "
+            "per run: its processes (up to max_processes) can together hold about max_processes x memory_mb "
+            "(RLIMIT_AS each) plus tmpfs_mb of /tmp, plus what the kernel buffers for their pipes and sockets "
+            "(about 0.25 MiB per descriptor, max_open_files of them per process). SysV shared memory, message "
+            "queues, semaphores, memfd and socket or pipe buffers above the default are refused, the run's processes are the "
+            "OOM killer's first choice (oom_score_adj 1000), and their CPU time is summed by polling /proc (a "
+            "new SIGCHLD disposition is refused, so no child is reaped uncounted). Run as root where cgroup v2 "
+            "offers memory and pids or cgroup v1 has memory, cpuacct and pids, or set "
+            f"{CGROUP_ENV} to delegated cgroup dir(s)")
 
 
 def sandbox_used() -> bool:
@@ -520,14 +482,21 @@ def run_python(
     limits: SandboxLimits = SandboxLimits(),
     config: SandboxConfig = SandboxConfig(),
     files: Optional[Mapping[str, str]] = None,
+    readonly_files: Optional[Mapping[str, str]] = None,
     process_view: bool = False,
 ) -> SandboxResult:
-    """Run Python source `code` (as main.py in its working dir) with `stdin`. `process_view`: see `run_program`."""
+    """Run Python source `code` (as main.py) with `stdin`, in a working dir holding `files`.
+
+    With `readonly_files`, main.py goes with them into the run's read-only dir (`READONLY_DIR`,
+    beside the working dir: a directory no process of the run owns or can write) and runs from
+    there (``python -I -B ../readonly/main.py``). `process_view`: see `run_program`."""
     plan = isolation_plan(config)
     python = find_python(config, need_world_executable=plan["drop_privileges"])
-    all_files = {"main.py": code, **dict(files or {})}
-    return run_program([python, "-I", "-B", "main.py"], all_files, stdin, limits=limits, config=config, _plan=plan,
-                       process_view=process_view)
+    if readonly_files is None:
+        return run_program([python, "-I", "-B", "main.py"], {"main.py": code, **dict(files or {})}, stdin,
+                           limits=limits, config=config, _plan=plan, process_view=process_view)
+    return run_program([python, "-I", "-B", "../readonly/main.py"], dict(files or {}), stdin, limits=limits, config=config,
+                       _plan=plan, process_view=process_view, readonly_files={"main.py": code, **readonly_files})
 
 
 def run_program(
@@ -539,8 +508,10 @@ def run_program(
     config: SandboxConfig = SandboxConfig(),
     _plan: Optional[dict] = None,
     process_view: bool = False,
+    readonly_files: Optional[Mapping[str, str]] = None,
 ) -> SandboxResult:
-    """Run `argv` (argv[0] an absolute path) in the sandbox with `files` in its working dir.
+    """Run `argv` (argv[0] an absolute path) in the sandbox with `files` in its working dir, and
+    `readonly_files` in the read-only dir beside it (`READONLY_DIR`, reached as ``../readonly``).
 
     `process_view` (the grading harness): under ``namespaces`` the program starts with a second,
     effective gid that /proc's hidepid exempts, so it sees the CPU time of its own children
@@ -550,7 +521,7 @@ def run_program(
     _warn_once()
     if not argv or not os.path.isabs(argv[0]):
         raise ValueError(f"argv[0] must be an absolute path, got {list(argv)[:1]}")
-    for name in files:
+    for name in [*files, *(readonly_files or {})]:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"sandbox file names must be plain names, got {name!r}")
     # bubblewrap's supervisor is a Python program inside the sandbox.
@@ -559,11 +530,10 @@ def run_program(
     try:
         os.chmod(control, 0o700)
         work = os.path.join(control, "work")
-        os.mkdir(work, 0o700)
-        for name, text in files.items():
-            with open(os.path.join(work, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        with open(os.path.join(control, "stdin"), "w", encoding="utf-8") as f:
+        _write_files(work, files, 0o700, 0o600)
+        if readonly_files:  # readable by the run's uid, written by nobody of it
+            _write_files(os.path.join(control, "readonly"), readonly_files, 0o755, 0o644)
+        with _private(os.path.join(control, "stdin")) as f:
             f.write(stdin)
         spec = {
             "argv": list(argv),
@@ -584,8 +554,7 @@ def run_program(
             "max_open_files": limits.max_open_files,
             "tmpfs_bytes": limits.tmpfs_bytes,
             "run_cpu_seconds": limits.run_cpu(),
-            "cgroup": ({"parent": memory_controller()["parent"], "memory_max": limits.run_memory()}
-                       if memory_controller()["parent"] else None),
+            "cgroup": _cgroup_spec(limits),
             "uid_base": config.uid_base,
             "readonly_empty": list(READONLY_EMPTY_DIRS),
             "hide_paths": hidden_paths(config, argv[0], supervisor or "") + control_hidden(control, argv[0], supervisor),
@@ -594,11 +563,34 @@ def run_program(
             "process_view": bool(process_view),
             **plan,
         }
-        with open(os.path.join(control, "spec.json"), "w") as f:
+        with _private(os.path.join(control, "spec.json")) as f:
             json.dump(spec, f)
         return _launch(control, limits, config, plan)
     finally:
         shutil.rmtree(control, ignore_errors=True)
+
+
+def _private(path: str, mode: int = 0o600):
+    """`path` opened for writing text, created with `mode` (a control dir's files are the grader's alone)."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8")
+
+
+def _write_files(d: str, files: Mapping[str, str], dir_mode: int, file_mode: int) -> None:
+    """Make the dir `d` holding `files` ({name: text}), with these modes."""
+    os.mkdir(d, dir_mode)
+    for name, text in files.items():
+        with _private(os.path.join(d, name), file_mode) as f:
+            f.write(text)
+        os.chmod(os.path.join(d, name), file_mode)  # as asked, whatever the umask
+
+
+def _cgroup_spec(limits: SandboxLimits) -> Optional[dict]:
+    """The launcher's part of the run's cgroups: where, and its memory and pids limits (None: no cgroup)."""
+    plan = run_cgroups()
+    if not plan["version"]:
+        return None
+    return {"version": plan["version"], "parents": plan["parents"], "memory_max": limits.run_memory(),
+            "pids_max": int(limits.max_processes) + CGROUP.PIDS_SLACK}
 
 
 # At most this many sandboxed programs run at once in this process (more grading threads
@@ -613,7 +605,7 @@ def _launch(control: str, limits: SandboxLimits, config: SandboxConfig, plan: di
 
 
 def _launch_now(control: str, limits: SandboxLimits, config: SandboxConfig, plan: dict) -> SandboxResult:
-    with open(os.path.join(control, "launcher.log"), "wb") as log:
+    with open(os.open(os.path.join(control, "launcher.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", LAUNCHER, control],
             stdin=subprocess.DEVNULL,
@@ -668,6 +660,8 @@ def _launch_now(control: str, limits: SandboxLimits, config: SandboxConfig, plan
         wall_s=float(res.get("wall_s") or 0.0),
         cpu_s=cpu_s,
         error=res.get("setup_error"),
+        cgroup=res.get("cgroup"),
+        memory_peak_bytes=res.get("memory_peak"),
     )
 
 
