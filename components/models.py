@@ -21,7 +21,7 @@ import json
 import os
 import string
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 # Characters a tiny arithmetic policy needs. Specials come first so their ids are stable.
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<think>", "</think>", "<|user|>", "<|assistant|>"]
@@ -66,6 +66,30 @@ def make_char_tokenizer(alphabet: str = DEFAULT_ALPHABET):
     return fast
 
 
+def make_word_tokenizer(words: Sequence[str]):
+    """A word-level `PreTrainedTokenizerFast` trained with `tokenizers` (WordLevelTrainer) on
+    `words`: one token per whitespace-separated word of the corpus, the specials first (stable ids),
+    the same chat template as the char tokenizer. Decoding joins tokens with a space."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1, show_progress=False)
+    tok.train_from_iterator(list(dict.fromkeys(words)), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<think>", "</think>", "<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
 def build_tiny_policy(
     path: str | os.PathLike,
     *,
@@ -77,8 +101,11 @@ def build_tiny_policy(
     tie_word_embeddings: bool = False,
     seed: int = 0,
     alphabet: str = DEFAULT_ALPHABET,
+    vocabulary: Optional[Sequence[str]] = None,
 ) -> Path:
-    """Write a tiny random Llama + char tokenizer to `path` (save_pretrained); returns the path."""
+    """Write a tiny random Llama + tokenizer to `path` (save_pretrained); returns the path. The
+    tokenizer is character-level over `alphabet`, or word-level over `vocabulary` when given
+    (`make_word_tokenizer`: a task's whole vocabulary, e.g. `StoryTask.vocabulary()`)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -87,7 +114,7 @@ def build_tiny_policy(
     quiet_libraries()  # no "Writing model shards" bar
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_char_tokenizer(alphabet)
+    tokenizer = make_char_tokenizer(alphabet) if vocabulary is None else make_word_tokenizer(vocabulary)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

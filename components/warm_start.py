@@ -180,6 +180,7 @@ def sampled_pass_rate(model, tokenizer, task, problems, *, temperature: float, m
     """Held-out pass rate of `model`: k samples per problem at `temperature` (<= 0: greedy), mean verdict."""
     import torch
 
+    from components.engines.torch_engine import kv_cache_name
     from components.tasks import render_prompt
 
     pad = tokenizer.pad_token_id
@@ -200,8 +201,10 @@ def sampled_pass_rate(model, tokenizer, task, problems, *, temperature: float, m
             position = (attention.cumsum(-1) - 1).clamp(min=0)  # [N, P]
             step_ids = ids
             for _ in range(max_tokens):
-                res = model(input_ids=step_ids, attention_mask=attention, position_ids=position, past_key_values=past, use_cache=True)
-                past = res.past_key_values
+                name = kv_cache_name(model)  # "cache" in transformers 5.2x ("past_key_values" warns there)
+                res = model(input_ids=step_ids, attention_mask=attention, position_ids=position, use_cache=True,
+                            **{name: past})
+                past = getattr(res, name)
                 logits = res.logits[:, -1].float()  # [N, V]
                 if temperature <= 0:
                     nxt = logits.argmax(-1)
@@ -250,10 +253,15 @@ def build_warm_policy(
     t0 = time.perf_counter()
     path = Path(path)
     with _torch_threads(num_threads):
-        build_tiny_policy(path, seed=seed, **model_kwargs)
+        the_task = make_task(task, seed=seed, **task_kwargs)
+        build = dict(model_kwargs)
+        if build.pop("tokenizer", "chars") == "words":  # a word-level tokenizer over the task's vocabulary
+            if not hasattr(the_task, "vocabulary"):
+                raise TypeError(f"model_kwargs tokenizer='words' needs a task with vocabulary(); {task!r} has none")
+            build["vocabulary"] = the_task.vocabulary()
+        build_tiny_policy(path, seed=seed, **build)
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype=torch.float32)
-        the_task = make_task(task, seed=seed, **task_kwargs)
         train, held_out = list(the_task.train_problems()), list(the_task.eval_problems())
         torch.manual_seed(seed)
         draw = sft_examples(the_task, tokenizer, train, label_noise=label_noise, noise_offsets=noise_offsets,

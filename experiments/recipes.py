@@ -10,6 +10,7 @@ here touches, or is touched by, the gin config a run trains with:
     algorithm_bindings(recipe)                  # ['train.loss = "cispo"', 'cispo.eps_max = 4.0', ...]
     tiny_batch_bindings(recipe, tiny_base)      # the recipe's batch ratio kept at tiny scale
     gin_literal(("a", 1))                       # '("a", 1)': a Python value written back as gin
+    resolved_bindings(files, bindings)          # every setting the files and bindings make (last wins)
 
 `SweepError` is the error every part of the launcher raises for a wrong spec, recipe or option,
 before anything is submitted.
@@ -184,4 +185,34 @@ def tiny_batch_bindings(recipe: str, tiny_base: Sequence[str]) -> list[str]:
         scaled = max(1, int(math.floor(int(ours) * int(tiny) / int(ref) + 0.5)))
         if scaled != int(tiny):
             out.append(f"train.{param} = {scaled}")
+    return out
+
+
+def resolved_bindings(files: Sequence[str], bindings: Sequence[str] = ()) -> dict[str, str]:
+    """Every setting a run's config files (following their includes) and extra bindings make, the
+    last binding of each (scope, configurable, parameter) winning, values written back as gin text;
+    imports as `import <module>` keys. Two runs with the same result are the same configuration
+    (with the same code), whatever files and override lists they were spelled with."""
+    cp = gin_parser()
+    out: dict[str, str] = {}
+
+    def statements(text: str, here: Path | None, seen: set):
+        for stmt in cp.ConfigParser(text, _KeepDelegate()):
+            if isinstance(stmt, cp.IncludeStatement):
+                path = Path(resolve_config(stmt.filename, here)).resolve()
+                if path not in seen:
+                    seen.add(path)
+                    yield from statements(path.read_text(), path.parent, seen)
+            else:
+                yield stmt
+
+    seen: set = set()
+    sources = [(Path(f).read_text(), Path(f).resolve().parent) for f in files] + [("\n".join(bindings), None)]
+    for text, here in sources:
+        for stmt in statements(text, here, seen):
+            if isinstance(stmt, cp.BindingStatement):
+                scope = f"{stmt.scope}/" if stmt.scope else ""
+                out[f"{scope}{stmt.selector}.{stmt.arg_name}"] = gin_literal(stmt.value)
+            elif isinstance(stmt, cp.ImportStatement):
+                out[f"import {stmt.module}"] = ""
     return out

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from experiments.run_config import DEFAULT_TARGET
 from experiments.study_report import FIGURES_DIR, PREDICT_BOOT, write_report
-from experiments.study_runs import (ReproduceError, collect, dir_bytes, plan_study, print_plans, run_contention,
-                                    run_ended, run_study, select_specs, validate_plan)
+from experiments.study_runs import (ReproduceError, collect, dir_bytes, materialize_shared, plan_study, print_plans,
+                                    run_contention, run_ended, run_study, select_specs, validate_plan)
 from experiments.sweep_cli import add_slurm_arguments
 
 __all__ = ["add_arguments", "main"]
@@ -56,8 +56,9 @@ def _sweep_seeds(text: str) -> tuple[str, int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scale", choices=("tiny", "paper"), default="tiny",
-                        help="tiny: every sweep mapped onto the CPU setting (default); paper: the paper's recipes")
+    parser.add_argument("--scale", choices=("tiny", "small", "paper"), default="tiny",
+                        help="tiny: every sweep mapped onto the CPU quickstart setting (default); small: onto the "
+                             "small testbed (small_cpu.gin), where the paper's mechanisms act; paper: the paper's recipes")
     parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
                         help="slurm (default): one job array per sweep; local: subprocesses here, one sweep at a "
                              "time; debug: in this process")
@@ -157,6 +158,7 @@ def _collect_finished(args: argparse.Namespace, console):
         return args.allow_contention or cont is None or cont <= CONTENTION_LIMIT
 
     plans = plan_study(args, console, act=False)
+    materialize_shared(plans, args.runs)  # a shared run takes its source's logs once the source has ended
     thin = "auto" if str(args.thin_metrics) == "auto" else int(args.thin_metrics)
     collected = collect(args.runs, args.out, plans, max_mb=args.max_mb, thin=thin, accept=finished)
     console.print(f"collected {collected.runs} finished runs into {args.out}; {len(collected.missing)} not finished "
@@ -206,6 +208,7 @@ def main(args: argparse.Namespace) -> int:
             if last:
                 kept += [f"{sp.spec.name}/{x} (still contended after {rounds} rounds)" for sp in plans
                          for x in sp.set_aside]
+            materialize_shared(plans, args.runs)
             thin = "auto" if str(args.thin_metrics) == "auto" else int(args.thin_metrics)
             collected = collect(args.runs, args.out, plans, max_mb=args.max_mb, thin=thin)
             console.print(f"collected {collected.runs} runs into {args.out} ({collected.bytes / 1e6:.1f} MB"

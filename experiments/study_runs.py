@@ -25,7 +25,8 @@ from experiments.sweep_spec import RunSpec, SweepSpec, load_spec, select_runs
 from experiments.sweep_spec import budget_of as _budget_of  # the tiny scale's stopping rule
 
 __all__ = ["ReproduceError", "SweepPlan", "CollectResult", "select_specs", "plan_study", "run_study",
-           "collect", "over_budget", "run_contention", "COLLECTED_FILES"]
+           "collect", "over_budget", "run_contention", "COLLECTED_FILES", "settings_key", "share_identical",
+           "materialize_shared", "SHARED_ACTION", "SHARED_KEY"]
 
 COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
 CONTENDED_DIR = ".contended"
@@ -69,6 +70,70 @@ class SweepPlan:
     planned: list[Planned]
     set_aside: list[str] = dataclasses.field(default_factory=list)  # contended runs moved away (to re-run)
     kept_contended: list[str] = dataclasses.field(default_factory=list)
+    shared: dict = dataclasses.field(default_factory=dict)  # run name -> (sweep, run) it is identical to
+
+
+SHARED_ACTION = "skip-shared"
+SHARED_KEY = "shared_with"  # run.json of a shared run: "<sweep>/<run>" whose logs it is
+
+
+def settings_key(run: RunSpec) -> str:
+    """A digest of every setting a run makes (`recipes.resolved_bindings`: its files, following their
+    includes, and its bindings, the last of each winning): two runs with the same key train the same
+    configuration with the same seed."""
+    import hashlib
+
+    from experiments.recipes import resolved_bindings
+
+    settings = resolved_bindings(run.config_files, run.bindings)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def share_identical(plans: Sequence[SweepPlan]) -> int:
+    """A configuration identical to one in an earlier sweep of the study (same resolved settings and
+    seed: the baseline appears in most sweeps) runs once: the later ones are planned as
+    `skip-shared` and take the first one's logs once it has ended (`materialize_shared`). Returns how
+    many runs are shared."""
+    first: dict[str, tuple[str, str]] = {}
+    n = 0
+    for sp in plans:
+        for i, p in enumerate(sp.planned):
+            key = settings_key(p.run)
+            if key not in first:
+                first[key] = (p.run.sweep, p.run.name)
+                continue
+            sp.shared[p.run.name] = first[key]
+            if not p.action.startswith("skip"):
+                src = "/".join(first[key])
+                sp.planned[i] = Planned(p.run, p.run_dir, SHARED_ACTION, f"identical to {src}: runs once, shared")
+                n += 1
+    return n
+
+
+def materialize_shared(plans: Sequence[SweepPlan], work: Path) -> list[str]:
+    """Give every shared run whose source has ended the source's logs (COLLECTED_FILES) under its own
+    name and sweep; run.json records `shared_with`. Returns the runs filled in."""
+    filled = []
+    for sp in plans:
+        for p in sp.planned:
+            if p.action != SHARED_ACTION:
+                continue
+            src_sweep, src_name = sp.shared[p.run.name]
+            src = Path(work) / src_sweep / src_name
+            if not run_ended(src):
+                continue
+            dest = Path(p.run_dir)
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in COLLECTED_FILES:
+                if (src / f).is_file() and f != "run.json":
+                    shutil.copyfile(src / f, dest / f)
+            info = read_json(src / "run.json") or {}
+            info.update(p.run.run_info())
+            info.pop("paper_name", None) if not p.run.paper_name else None
+            info[SHARED_KEY] = f"{src_sweep}/{src_name}"
+            (dest / "run.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+            filled.append(f"{p.run.sweep}/{p.run.name}")
+    return filled
 
     @property
     def todo(self) -> list:
@@ -185,6 +250,10 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
             elif not p.action.startswith("skip") and run_ended(out / p.run.sweep / p.run.name):
                 planned[i] = Planned(p.run, p.run_dir, "skip-done", f"collected as ended in {out}")
         plans.append(SweepPlan(spec, runs, opts, planned, set_aside, kept))
+    if getattr(args, "share", True):
+        share_identical(plans)
+        if act:
+            materialize_shared(plans, work)  # sources that ended in an earlier invocation
     return plans
 
 

@@ -52,8 +52,10 @@ from experiments.recipes import (SWEEPS_DIR, SweepError, algorithm_bindings, gin
 
 SPEC_KEYS = (
     "name", "description", "base", "factor", "values", "variants", "seeds", "overrides",
-    "tiny_base", "tiny_values", "tiny_variants", "tiny_names", "tiny_overrides", "seed_binding", "paper_ablation",
+    "tiny_base", "tiny_values", "tiny_variants", "tiny_names", "tiny_overrides",
+    "small_base", "small_values", "small_variants", "small_names", "small_overrides", "seed_binding", "paper_ablation",
 )
+SCALES = ("paper", "tiny", "small")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,14 @@ class SweepSpec:
     tiny_variants: dict | None = None
     tiny_names: dict = field(default_factory=dict)  # variant -> its name at tiny scale (what ran)
     tiny_overrides: tuple = ()
+    # `--scale small` (the small testbed, small_cpu.gin): each key defaults to the PAPER's value (the
+    # small scale runs the paper's settings where they fit), the base to tiny_base with tiny_cpu.gin
+    # replaced by small_cpu.gin; no tiny_overrides apply
+    small_base: tuple | None = None
+    small_values: tuple | None = None
+    small_variants: dict | None = None
+    small_names: dict = field(default_factory=dict)
+    small_overrides: tuple = ()
     seed_binding: str = "train.seed"
     description: str = ""
     path: str = ""
@@ -195,25 +205,32 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
         tiny_variants=_variants(raw["tiny_variants"], "tiny_variants") if "tiny_variants" in raw else None,
         tiny_names=_names(raw.get("tiny_names", {}), where),
         tiny_overrides=_bindings(raw.get("tiny_overrides", []), "tiny_overrides"),
+        small_base=_files(raw["small_base"], "small_base") if "small_base" in raw else None,
+        small_values=_values(raw["small_values"], "small_values") if "small_values" in raw else None,
+        small_variants=_variants(raw["small_variants"], "small_variants") if "small_variants" in raw else None,
+        small_names=_names(raw.get("small_names", {}), where),
+        small_overrides=_bindings(raw.get("small_overrides", []), "small_overrides"),
         seed_binding=str(raw.get("seed_binding", "train.seed")),
         description=str(raw.get("description", "")),
         path=path,
         paper_ablation=_flag(raw.get("paper_ablation", True), "paper_ablation", where),
     )
-    if spec.tiny_values is not None and has_variants:
-        raise SweepError(f"{where}: sweep.tiny_values goes with sweep.values; use sweep.tiny_variants")
-    if spec.tiny_values is not None and len(spec.tiny_values) != len(spec.values):
-        raise SweepError(f"{where}: sweep.tiny_values has {len(spec.tiny_values)} entries but sweep.values "
-                         f"has {len(spec.values)}; they map one to one")
-    if spec.tiny_variants is not None and set(spec.tiny_variants) != set(spec.variants):
-        raise SweepError(f"{where}: sweep.tiny_variants must name the same variants as sweep.variants "
-                         f"({', '.join(spec.variants)})")
+    for scale in ("tiny", "small"):
+        values, variants, names = (getattr(spec, f"{scale}_{k}") for k in ("values", "variants", "names"))
+        if values is not None and has_variants:
+            raise SweepError(f"{where}: sweep.{scale}_values goes with sweep.values; use sweep.{scale}_variants")
+        if values is not None and len(values) != len(spec.values):
+            raise SweepError(f"{where}: sweep.{scale}_values has {len(values)} entries but sweep.values "
+                             f"has {len(spec.values)}; they map one to one")
+        if variants is not None and set(variants) != set(spec.variants):
+            raise SweepError(f"{where}: sweep.{scale}_variants must name the same variants as sweep.variants "
+                             f"({', '.join(spec.variants)})")
+        unknown = sorted(set(names) - set(spec.variants))
+        if unknown:
+            raise SweepError(f"{where}: sweep.{scale}_names names {unknown}, which are not variants; choose from "
+                             f"{', '.join(spec.variants) or '(no variants)'}")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", spec.name):
         raise SweepError(f"{where}: sweep.name {spec.name!r} must use letters, digits, '.', '_' or '-'")
-    unknown = sorted(set(spec.tiny_names) - set(spec.variants))
-    if unknown:
-        raise SweepError(f"{where}: sweep.tiny_names names {unknown}, which are not variants; choose from "
-                         f"{', '.join(spec.variants) or '(no variants)'}")
     return spec
 
 
@@ -224,7 +241,7 @@ def _flag(raw: Any, key: str, where: str) -> bool:
 
 
 def _names(raw: Any, where: str) -> dict:
-    """sweep.tiny_names: {variant: name at tiny scale}, names usable as run names."""
+    """sweep.tiny_names / small_names: {variant: name at that scale}, names usable as run names."""
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise SweepError(f"{where}: sweep.tiny_names must map variant names to names, got {raw!r}")
     for v in raw.values():
@@ -278,7 +295,13 @@ TINY_SCALE_BINDINGS = (f"train.compute_budget_flops = {TINY_COMPUTE_BUDGET_FLOPS
                        f"train.total_steps = {TINY_MAX_STEPS}")
 
 
-BUDGET_KEY = "train.compute_budget_flops"  # the binding TINY_SCALE_BINDINGS sets
+# `--scale small` (small_cpu.gin, the small testbed): every run trains to one compute budget too,
+# set from the pilot (experiments/sweeps/pilots/small.gin, BENCHMARKS.md "The small testbed's pilot").
+SMALL_COMPUTE_BUDGET_FLOPS = 2.0e13
+SMALL_MAX_STEPS = 5000
+SMALL_SCALE_BINDINGS = (f"train.compute_budget_flops = {SMALL_COMPUTE_BUDGET_FLOPS:g}",
+                        f"train.total_steps = {SMALL_MAX_STEPS}")
+BUDGET_KEY = "train.compute_budget_flops"  # the binding TINY_SCALE_BINDINGS and SMALL_SCALE_BINDINGS set
 
 
 def budget_of(bindings: Sequence[str]) -> float | None:
@@ -295,47 +318,71 @@ def budget_of(bindings: Sequence[str]) -> float | None:
     return budget
 
 
+@dataclass(frozen=True)
+class _ScaleView:
+    """What a spec runs at one scale: base files, values or variants, names, overrides, budget."""
+
+    base: tuple
+    values: tuple
+    variants: dict
+    names: dict
+    overrides: tuple
+    scale_bindings: tuple
+    cpu: bool  # a CPU scale (tiny, small): a recipe sweep re-applies the recipe's algorithm onto the base
+
+
+def _scale_view(spec: SweepSpec, scale: str) -> _ScaleView:
+    if scale not in SCALES:
+        raise SweepError(f"unknown scale {scale!r}; choose from: {', '.join(SCALES)}")
+    if scale == "paper":
+        return _ScaleView(spec.base, spec.values, spec.variants, {}, (), (), False)
+    if scale == "tiny":
+        return _ScaleView(spec.tiny_base, spec.tiny_values if spec.tiny_values is not None else spec.values,
+                          spec.tiny_variants if spec.tiny_variants is not None else spec.variants, spec.tiny_names,
+                          spec.tiny_overrides, TINY_SCALE_BINDINGS, True)
+    base = spec.small_base if spec.small_base is not None else tuple(
+        "small_cpu.gin" if Path(f).name == "tiny_cpu.gin" else f for f in spec.tiny_base)
+    return _ScaleView(base, spec.small_values if spec.small_values is not None else spec.values,
+                      spec.small_variants if spec.small_variants is not None else spec.variants, spec.small_names,
+                      spec.small_overrides, SMALL_SCALE_BINDINGS, True)
+
+
 def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
-    """The runs of a sweep at `scale` ("paper" or "tiny"), in spec order, seeds innermost."""
-    if scale not in ("paper", "tiny"):
-        raise SweepError(f"unknown scale {scale!r}; choose from: paper, tiny")
+    """The runs of a sweep at `scale` ("paper", "tiny" or "small"), in spec order, seeds innermost."""
+    view = _scale_view(spec, scale)
     spec_dir = Path(spec.path).parent if spec.path else None
-    tiny = scale == "tiny"
-    # binding order (later wins): the tiny scale's stopping rule (first, so that any spec may change
-    # it), overrides, the factor's bindings, tiny_overrides (they map sizes onto the CPU, also a
+    # binding order (later wins): the CPU scale's stopping rule (first, so that any spec may change
+    # it), overrides, the factor's bindings, the scale's overrides (they map sizes onto the CPU, also a
     # recipe's), the seed
-    scale_bindings = TINY_SCALE_BINDINGS if tiny else ()
-    tiny_overrides = tuple(spec.tiny_overrides) if tiny else ()
     # (value name, value recorded in run.json, config files, factor bindings, the paper's name)
     cells: list[tuple[str, Any, tuple, tuple, str]] = []
-    base = tuple(resolve_config(f, spec_dir) for f in (spec.tiny_base if tiny else spec.base))
+    base = tuple(resolve_config(f, spec_dir) for f in view.base)
     if spec.variants:
-        variants = spec.tiny_variants if (tiny and spec.tiny_variants is not None) else spec.variants
         for vname in spec.variants:  # spec order
-            shown = spec.tiny_names.get(vname, vname) if tiny else vname
-            cells.append((shown, shown, base, tuple(variants[vname]), vname if shown != vname else ""))
+            shown = view.names.get(vname, vname)
+            cells.append((shown, shown, base, tuple(view.variants[vname]), vname if shown != vname else ""))
     elif spec.factor == "recipe":
         # The recipe itself is the factor: each value is a gin file, applied before the
-        # rest of the base (at tiny scale the tiny base maps sizes onto the CPU).
-        # At tiny scale a paper recipe's sizes cannot run on a CPU: the run takes the tiny
-        # base and re-applies the recipe's ALGORITHM bindings (components and their
-        # hyper-parameters, see `algorithm_bindings`) and its batch scaled by the tiny base's
-        # (`tiny_batch_bindings`); tiny_overrides map the rest.
-        values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
-        for shown, value in zip(spec.values, values):
+        # rest of the base (at a CPU scale the CPU base maps sizes onto the CPU).
+        # At a CPU scale a paper recipe's sizes cannot run: the run takes the CPU base and re-applies
+        # the recipe's ALGORITHM bindings (components and their hyper-parameters, see
+        # `algorithm_bindings`) and its batch scaled by the base's (`tiny_batch_bindings`); the
+        # scale's overrides map the rest.
+        for shown, value in zip(spec.values, view.values):
             recipe = resolve_config(str(value), spec_dir)
             label = Path(str(shown)).stem if str(shown).endswith(".gin") else str(shown)
-            if tiny:
+            if view.cpu and Path(recipe).resolve() in {Path(f).resolve() for f in base}:
+                cells.append((label, label, base, (), ""))  # the CPU base IS this recipe (small_cpu.gin)
+            elif view.cpu:
                 cells.append((label, label, base, tuple(algorithm_bindings(recipe)) + tuple(tiny_batch_bindings(recipe, base)), ""))
             else:
                 cells.append((label, label, (recipe,) + base, (), ""))
     else:
-        values = spec.tiny_values if (tiny and spec.tiny_values is not None) else spec.values
         param = spec.factor.rsplit(".", 1)[-1]
         # a number alone makes a poor name: prefix the parameter ("k8", "eps_max4.0"); the name
         # says the value that RAN (at tiny scale the tiny value: "k1" runs the paper's "k4")
         named = lambda v: f"{param}{slug(v)}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v  # noqa: E731
-        for shown, value in zip(spec.values, values):
+        for shown, value in zip(spec.values, view.values):
             vname, paper = named(value), named(shown)
             cells.append((vname, _json_value(value), base, (f"{spec.factor} = {gin_literal(value)}",),
                           paper if paper != vname else ""))
@@ -351,7 +398,7 @@ def expand(spec: SweepSpec, scale: str = "paper") -> list[RunSpec]:
             runs.append(RunSpec(
                 name=name, sweep=spec.name, factor=spec.factor, value=value,
                 recipe="+".join(Path(f).stem for f in files), seed=int(seed), config_files=files,
-                bindings=scale_bindings + tuple(spec.overrides) + tuple(bindings) + tiny_overrides + seed_b,
+                bindings=view.scale_bindings + tuple(spec.overrides) + tuple(bindings) + tuple(view.overrides) + seed_b,
                 paper_name=paper_name,
             ))
     return runs

@@ -3,6 +3,8 @@
 Built-in tasks (each registered under its name):
 
 - ``arithmetic``: procedural integer arithmetic (the embedded CPU demo and the tests);
+- ``stories``: procedural word problems with a worked scratchpad and a 4k-word vocabulary (the
+  small testbed, `--scale small`);
 - ``reasoning_gym``: any reasoning-gym dataset, spelled ``reasoning_gym:<dataset>`` in specs;
 - ``math_file``: a local JSONL / Parquet file with ``problem`` and ``answer`` columns (Polaris-53K
   layout), graded by math-verify on the text after ``</think>``;
@@ -35,6 +37,7 @@ _log = logging.getLogger(__name__)
 # the guard below only protects against a module broken in some other way.
 _BUILTIN_TASK_MODULES = (
     "components.tasks.arithmetic",
+    "components.tasks.stories",
     "components.tasks.reasoning_gym_task",
     "components.tasks.math_file",
     "components.tasks.code_file",
