@@ -72,10 +72,14 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                              "paper's findings judged on each metric) and <stem>_pairs.csv (every pair compared)")
     parser.add_argument("--fraction", type=float, default=None,
                         help="fit only the first FRACTION of each run's compute and predict its end "
-                             "(overrides the protocol's range): the sigmoid's prediction with its bootstrap "
-                             "interval (--predict-boot) beside a log-linear baseline on the same points")
-    parser.add_argument("--predict-boot", type=int, default=100, metavar="N",
-                        help="with --fraction: bootstrap resamples behind each prediction interval (default 100; 0: none)")
+                             "(overrides the protocol's range): the sigmoid's prediction with its calibrated 95%% "
+                             "interval (evaluation noise, correlated; the fit's uncertainty; the law's spread against "
+                             "a straight line in log C: analysis.scaling_law.prediction_interval) beside a log-linear "
+                             "baseline on the same points; a run whose interval is wider than 0.1 is named: its "
+                             "prefix cannot pin the end")
+    parser.add_argument("--predict-boot", type=int, default=None, metavar="N",
+                        help="with --fraction: parametric-bootstrap replicates behind each prediction interval "
+                             "(default analysis.scaling_law.PREDICT_BOOT, 200; 0: none)")
     parser.add_argument("--min-points", type=int, default=6, help="runs with fewer evaluations are not fitted")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N",
                         help="add N-resample bootstrap 95%% intervals for A, B, C_mid (seeded)")
@@ -114,6 +118,10 @@ def fit_main(args: argparse.Namespace) -> int:
     if args.fraction is not None and not 0.0 < args.fraction < 1.0:
         console.print(f"[red]--fraction must be in (0, 1), got {args.fraction}")
         return 2
+    if args.predict_boot is None:
+        from analysis.scaling_law import PREDICT_BOOT
+
+        args.predict_boot = PREDICT_BOOT
     if args.predict_boot < 0:
         console.print(f"[red]--predict-boot must be >= 0, got {args.predict_boot}")
         return 2
@@ -205,6 +213,9 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
         console.print(t)
         for n in notes:
             console.print(n, style="yellow", highlight=False)
+        if getattr(args, "fraction", None) is not None:
+            for line in _prediction_notes(g, args.fraction):
+                console.print(line, highlight=False, soft_wrap=True)
         cfg = s.configs
         if (cfg["n_runs"] > 1).any():
             tc = Table(title=f"{sweep}: per configuration (mean over seeds, 95% t-interval; tail over the last 20% "
@@ -240,6 +251,31 @@ def _print_tables(console, out: pd.DataFrame, summaries: dict, args: argparse.Na
             for r in s.claims.itertuples():
                 if isinstance(r.meters, str) and r.meters:
                     console.print(f"  meters, {r.claim}: {r.meters}", highlight=False, soft_wrap=True)
+
+
+def _prediction_notes(g: pd.DataFrame, fraction: float) -> list[str]:
+    """With --fraction: how many runs' prefixes pin their end (95% prediction interval at most
+    PIN_WIDTH wide), which cannot and why, and how often the interval covered the observed end."""
+    from analysis.scaling_law import PIN_WIDTH
+
+    if "predicted_final" not in g:
+        return [f"  prediction from the first {fraction:.0%}: no run could be fitted on it"]
+    fitted = g[g["predicted_final"].notna()]
+    out = []
+    if "predicted_low" in g and fitted["predicted_low"].notna().any():
+        width = fitted["predicted_high"] - fitted["predicted_low"]
+        wide = fitted[width > PIN_WIDTH]
+        cov = fitted["covered"].dropna().astype(bool) if "covered" in fitted else pd.Series(dtype=bool)
+        out.append(f"  prediction from the first {fraction:.0%}: {len(fitted) - len(wide)} of {len(g)} runs pin their end "
+                   f"(95% interval <= {PIN_WIDTH:g} wide); {len(wide)} cannot; {len(g) - len(fitted)} not fitted"
+                   + (f"; the interval covers the observed end in {cov.mean():.0%} of {len(cov)}" if len(cov) else ""))
+        for _, r in wide.iterrows():
+            out.append(f"    {r['label']}: the first {fraction:.0%} cannot pin the end: 95% interval "
+                       f"[{r['predicted_low']:.3f}, {r['predicted_high']:.3f}] is {r['predicted_high'] - r['predicted_low']:.3f} "
+                       f"wide (> {PIN_WIDTH:g})")
+    for _, r in g[g["predicted_final"].isna()].iterrows():
+        out.append(f"    {r['label']}: the first {fraction:.0%} cannot pin the end: not fitted ({r.get('fit_error') or 'no fit'})")
+    return out
 
 
 def _verdict_text(verdict, why) -> str:
@@ -330,19 +366,39 @@ def compare_main(args: argparse.Namespace) -> int:
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    from analysis.adaptive import DEFAULT_RUNGS, DEFAULT_STOP_RULE, STOP_RULES
     from analysis.runs import COMPUTE_AXES
 
+    rungs = ",".join(f"{r:g}" for r in DEFAULT_RUNGS)
     parser.add_argument("runs", help="a sweep directory or a directory of sweeps (finished runs)")
-    parser.add_argument("--rungs", type=_rungs_arg, default=(0.25, 0.5, 1.0), metavar="R1,R2,...,1.0",
-                        help="shares of the sweep's compute budget at which the rule decides (default 0.25,0.5,1.0)")
+    parser.add_argument("--rungs", type=_rungs_arg, default=DEFAULT_RUNGS, metavar="R1,R2,...,1.0",
+                        help=f"shares of the sweep's compute budget at which the rule decides (default {rungs})")
+    parser.add_argument("--stop-rule", choices=list(STOP_RULES), default=DEFAULT_STOP_RULE,
+                        help="tail: each configuration's own paired interval of the measured tail against the leader "
+                             "(Holm over a rung's comparisons); law: the calibrated prediction of the end, upper bound "
+                             f"below the leader's lower bound; both: either (default {DEFAULT_STOP_RULE}). The text "
+                             "output also sums up every rule")
     parser.add_argument("--equivalence", type=_equivalence_arg, default=0.02, metavar="DELTA",
                         help="δ of the equivalence test that stops a tie (default 0.02)")
     parser.add_argument("--keep-equivalent", action="store_true", help="keep ties running (stop only losers)")
+    parser.add_argument("--stop-when-decided", action="store_true",
+                        help="the sweep ends when one configuration is left (its winner is not trained to the end; "
+                             "default: it runs the full budget)")
     parser.add_argument("--compute", choices=list(COMPUTE_AXES), default="auto",
                         help="compute axis: auto (default) = flops at tiny scale, compute_hours otherwise")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON list, one object per sweep: sweep, compute_fraction, full_best, "
-                             "adaptive_best, agrees, stopped [{config, rung}]")
+                             "adaptive_best, agrees (agreement same or equivalent), agreement (same | equivalent | "
+                             "undecided | different: the full data's verdict on the adaptive pick against the full "
+                             "best), stopped [{config, rung, verdict, rule}]; beside them stop_rule, configs and "
+                             "difference (adaptive pick − full best on the full data: delta, low, high, n, paired, "
+                             "verdict; null when the same)")
+
+
+def _name(config: str) -> str:
+    """A configuration as the replay table prints it: quoted, so that one named 'none' never reads as
+    'no configuration'."""
+    return f'"{config}"'
 
 
 def replay_main(args: argparse.Namespace) -> int:
@@ -352,30 +408,49 @@ def replay_main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.adaptive import replay
+    from analysis.adaptive import STOP_RULES, replay
+    from analysis.runs import load_runs
 
     console = Console(width=max(Console().width, 120), stderr=args.json)
     if not Path(args.runs).exists():
         console.print(f"[red]no such run directory: {args.runs}")
         return 2
-    results = replay(args.runs, rungs=args.rungs, equivalence=args.equivalence,
-                     keep_equivalent=args.keep_equivalent, compute=args.compute)
+    tables = (load_runs(args.runs, what="eval"), load_runs(args.runs, what="runs"))
+    cache: dict = {}
+    kw = dict(rungs=args.rungs, equivalence=args.equivalence, keep_equivalent=args.keep_equivalent,
+              compute=args.compute, finish_leader=not args.stop_when_decided, tables=tables, cache=cache)
+    results = replay(args.runs, stop_rule=args.stop_rule, **kw)
     if not results:
         console.print(f"[red]no sweep with two or more configurations under {args.runs}")
         return 1
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=1))
         return 0
-    t = Table(title=f"adaptive rule replayed (rungs {', '.join(f'{r:g}' for r in args.rungs)}; ties "
-                    f"{'kept' if args.keep_equivalent else 'stopped'}; ±{args.equivalence:g})")
-    for head in ("sweep", "compute", "full best", "adaptive best", "agrees", "stopped (rung: verdict)"):
+    t = Table(title=f"adaptive rule replayed ({args.stop_rule} rule; rungs {', '.join(f'{r:g}' for r in args.rungs)}; "
+                    f"ties {'kept' if args.keep_equivalent else 'stopped'}; ±{args.equivalence:g}; "
+                    f"{'the sweep ends when decided' if args.stop_when_decided else 'the last one runs to the end'})")
+    for head in ("sweep", "configs", "compute", "full sweep's best", "adaptive pick", "agreement (full data)",
+                 "stopped (rung: verdict)"):
         t.add_column(head, overflow="fold")
     for r in results:
-        t.add_row(r.sweep, f"{r.compute_fraction:.0%}", r.full_best, r.adaptive_best, "yes" if r.agrees else "NO",
-                  "; ".join(f"{s['config']} ({s['rung']:g}: {s['verdict']})" for s in r.stopped) or "—")
+        stops = "; ".join(f"{_name(s['config'])} ({s['rung']:g}: {s['verdict']}"
+                          + (", law" if str(s.get("rule", "")).startswith("law") else "") + ")" for s in r.stopped)
+        t.add_row(r.sweep, str(r.configs), f"{r.compute_fraction:.0%}", _name(r.full_best), _name(r.adaptive_best),
+                  r.agreement_text(), stops or "nothing stopped: every configuration ran the full budget")
     console.print(t)
-    frac = float(np.mean([r.compute_fraction for r in results]))
-    agree = sum(r.agrees for r in results)
-    console.print(f"{agree} of {len(results)} sweeps agree with the full sweep; mean compute {frac:.0%} of the full "
-                  "sweeps'", highlight=False)
+    console.print(_replay_summary(args.stop_rule, results), highlight=False)
+    others = [rule for rule in STOP_RULES if rule != args.stop_rule]
+    for rule in others:
+        console.print(_replay_summary(rule, replay(args.runs, stop_rule=rule, **kw)), highlight=False)
     return 0
+
+
+def _replay_summary(rule: str, results: list) -> str:
+    """'tail rule: 7 of 8 sweeps agree (5 same, 2 equivalent, 1 undecided, 0 different); mean compute 67%'."""
+    from collections import Counter
+
+    n = Counter(r.agreement for r in results)
+    frac = float(np.mean([r.compute_fraction for r in results])) if results else float("nan")
+    return (f"{rule} rule: {sum(r.agrees for r in results)} of {len(results)} sweeps agree with the full sweep "
+            f"({n['same']} same, {n['equivalent']} equivalent; {n['undecided']} undecided, {n['different']} different); "
+            f"mean compute {frac:.0%} of the full sweeps'")

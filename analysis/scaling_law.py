@@ -14,7 +14,10 @@
               (smaller wins).
 - `loo_transform`  Fig 7: log F(R_C) against log C at a common A; the slope is B.
 - `bootstrap` seeded bootstrap intervals (resampling evaluation points), beyond the paper.
-- `predict`   fit the first fraction of a run's compute, predict its final pass rate.
+- `predict`   fit the first fraction of a run's compute, predict its final pass rate with a calibrated
+              prediction interval (`prediction_interval`, `predictive_draws`: evaluation noise with
+              correlated successive evaluations, the fit's uncertainty by a parametric bootstrap
+              refitted in one batch, and the law's spread against a straight line in log compute).
 - `profile_A` the 95% profile-likelihood interval of A (B and C_mid free, polished, at each A): A is
               identified when it is at most 0.1 wide and reaches neither the cap nor the floor.
 
@@ -54,6 +57,12 @@ __all__ = [
     "profile_A",
     "loglinear_fit",
     "prediction_interval",
+    "predictive_draws",
+    "PredictiveDraws",
+    "noise_model",
+    "PREDICT_BOOT",
+    "MODEL_SPREAD",
+    "PIN_WIDTH",
     "A_IDENTIFIED_WIDTH",
     "PAPER_A_GRID",
     "PAPER_C_MID_GRID",
@@ -733,6 +742,169 @@ def loglinear_fit(compute: Any, reward: Any) -> tuple[float, float]:
     return float(intercept), float(slope)
 
 
+# The prediction interval (issue 41). The interval of the observed end accounts for
+# - the evaluation noise of the fitted points and of the end itself: AR(1) noise (successive
+#   evaluations of one run are correlated), its sd drawn from its scaled inverse-chi² distribution
+#   (a short prefix estimates it from a few residuals);
+# - the fit's uncertainty: every simulated prefix is refitted (a parametric bootstrap, all
+#   replicates at once by a batched Levenberg-Marquardt from the fit);
+# - the law's own uncertainty over the extrapolated range: a prefix that has not seen the bend
+#   fits a straight line in log compute about as well, and the two extrapolations disagree; the
+#   interval adds a normal term with the sd of a uniform spread over that disagreement (|g|/√12).
+PREDICT_BOOT = 200  # replicates behind a prediction interval
+MODEL_SPREAD = 1.0 / math.sqrt(12.0)  # the sd of a uniform over [0, 1]: a uniform spread over the gap
+AR_MAX = 0.9  # the largest lag-1 correlation of the noise the interval assumes
+PIN_WIDTH = A_IDENTIFIED_WIDTH  # an interval of the end wider than this: the prefix cannot pin the end
+_LM_ITERS = 60
+
+
+def _batch_refit(c: np.ndarray, Y: np.ndarray, r0: float, start: tuple[float, float, float],
+                 a_bounds: tuple[float, float], c_mid_bounds: tuple[float, float],
+                 iters: int = _LM_ITERS) -> np.ndarray:
+    """Least squares of Eq. 1 on K curves at once: c [n] the fitted compute, Y [K, n] the rewards.
+    Levenberg-Marquardt in (A, ln B, ln C_mid), every replicate started at `start` (the fit it
+    was simulated from) with its own damping, steps projected onto the polish's bounds. Returns
+    [K, 3] columns A, B, C_mid (the replicates of a parametric bootstrap lie near the start, so a
+    local solver finds what `fit`'s grid and polish find: tests check it against `fit`)."""
+    K, n = Y.shape
+    pos = c > 0  # [n] points at C = 0 sit at R0 whatever the parameters
+    lc = np.log(np.where(pos, c, 1.0))  # [n]
+    lo = np.array([a_bounds[0], math.log(B_MIN), math.log(c_mid_bounds[0])])
+    hi = np.array([a_bounds[1], math.log(B_MAX), math.log(c_mid_bounds[1])])
+    th = np.tile(np.clip([start[0], math.log(start[1]), math.log(start[2])], lo, hi), (K, 1))  # [K, 3]
+
+    def model(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        z = np.exp(t[:, 1:2]) * (lc[None] - t[:, 2:3])  # [K, n] B·ln(C / C_mid)
+        s = np.where(pos[None], expit(z), 0.0)
+        return r0 + (t[:, 0:1] - r0) * s, s, z
+
+    f, s, z = model(th)
+    res = f - Y  # [K, n]
+    sse = np.sum(res ** 2, axis=1)  # [K]
+    lam = np.full(K, 1e-3)
+    eye = np.eye(3)
+    for _ in range(iters):
+        d, b = th[:, 0:1] - r0, np.exp(th[:, 1:2])
+        q = s * (1.0 - s)
+        J = np.stack([s, d * q * z, -d * q * b], axis=-1)  # [K, n, 3] d model / d (A, ln B, ln C_mid)
+        JtJ = np.einsum("kni,knj->kij", J, J)  # [K, 3, 3]
+        g = np.einsum("kni,kn->ki", J, res)  # [K, 3]
+        M = JtJ + lam[:, None, None] * (np.einsum("kii->ki", JtJ)[:, :, None] * eye + 1e-12 * eye)
+        try:
+            step = -np.linalg.solve(M, g[..., None])[..., 0]  # [K, 3]
+        except np.linalg.LinAlgError:  # a singular system (a degenerate replicate): stop where it is
+            break
+        new = np.clip(th + step, lo, hi)
+        f2, s2, z2 = model(new)
+        res2 = f2 - Y
+        sse2 = np.sum(res2 ** 2, axis=1)
+        ok = np.isfinite(sse2) & (sse2 < sse)
+        th = np.where(ok[:, None], new, th)
+        s, z, res = np.where(ok[:, None], s2, s), np.where(ok[:, None], z2, z), np.where(ok[:, None], res2, res)
+        sse = np.where(ok, sse2, sse)
+        lam = np.clip(np.where(ok, lam / 3.0, lam * 4.0), 1e-10, 1e10)
+    return np.stack([th[:, 0], np.exp(th[:, 1]), np.exp(th[:, 2])], axis=1)
+
+
+def _ar1(rng: np.random.Generator, sd: np.ndarray, n: int, phi: float) -> np.ndarray:
+    """[K, n] stationary AR(1) noise with lag-1 correlation phi and marginal sd `sd` [K]."""
+    z = rng.standard_normal((sd.size, n))
+    if phi > 0 and n > 1:
+        scale = math.sqrt(1.0 - phi * phi)
+        for i in range(1, n):
+            z[:, i] = phi * z[:, i - 1] + scale * z[:, i]
+    return z * sd[:, None]
+
+
+def noise_model(res: FitResult) -> tuple[float, float, float]:
+    """(sd, lag-1 correlation, degrees of freedom) of a fit's evaluation noise, from its residuals at
+    C > 0 (a point at C = 0 sits at R0 by construction). sd² = SSE / (m − 3); the lag-1
+    autocorrelation of the residuals, corrected for the fit (the residuals of a 3-parameter fit to
+    white noise have lag-1 correlation ≈ −3/m: measured, tests/test_prediction.py), clipped to
+    [0, AR_MAX]; the degrees of freedom shrink by (1 − φ)/(1 + φ) for correlated noise."""
+    pos = res.compute > 0
+    e = (res.reward - res(res.compute))[pos]  # [m]
+    m = e.size
+    df = max(m - 3, 1)
+    ss = float(np.sum(e * e))
+    sd = math.sqrt(ss / df)
+    phi = 0.0
+    if m >= 5 and ss > 0:
+        phi = min(max(float(np.sum(e[1:] * e[:-1])) / ss + 3.0 / m, 0.0), AR_MAX)
+    return sd, phi, max(df * (1.0 - phi) / (1.0 + phi), 1.0)
+
+
+def _valid_range(res: FitResult) -> tuple[float, float]:
+    """Where an observed pass rate can lie: [0, 1] for pass rates, else unbounded."""
+    if res.R0 >= 0 and float(np.max(res.reward)) <= 1.0:
+        return min(0.0, float(np.min(res.reward))), 1.0
+    return -math.inf, math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictiveDraws:
+    """Draws of the observed value at `at` (a mean over the evaluations at `at`) given a fit."""
+
+    center: float  # the law's prediction
+    draws: np.ndarray  # [K] fit uncertainty + evaluation noise + the law's spread
+    baseline: float  # the log-linear line's prediction from the same points
+    sd: float  # the evaluation noise (sd, lag-1 correlation, degrees of freedom): `noise_model`
+    phi: float
+    df: float
+    valid: tuple[float, float]  # the range an observation can take
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """The percentile interval at `level`, inside the valid range."""
+        q = (1.0 - level) / 2.0
+        lo, hi = np.quantile(self.draws, [q, 1.0 - q])
+        return float(min(max(lo, self.valid[0]), self.valid[1])), float(max(min(hi, self.valid[1]), self.valid[0]))
+
+
+def predictive_draws(res: FitResult, at: Any, *, n_boot: int = PREDICT_BOOT, seed: int = 0) -> PredictiveDraws:
+    """The calibrated predictive distribution of the observed value at compute `at` (a number: one
+    evaluation; an array: the mean of evaluations there, e.g. a tail window) from the fit `res`.
+
+    Parametric bootstrap: n_boot noise series (AR(1), `noise_model`, the sd drawn from its scaled
+    inverse-chi² distribution) added to the fitted curve at the fitted points, each refitted
+    (`_batch_refit`); the refitted law at `at`, plus the noise of the evaluations at `at` (the
+    same sd, their mean's correlation), plus the law's spread: a normal term of sd
+    MODEL_SPREAD·|g|, g the gap between the log-linear line (fitted on the same points) and the
+    law at `at`. Seeded: the same inputs give the same draws."""
+    at_c = np.atleast_1d(np.asarray(at, dtype=np.float64))  # [m_at]
+    rng = np.random.default_rng(seed)
+    sd, phi, df = noise_model(res)
+    pos = res.compute > 0
+    fitted = res(res.compute)  # [n]
+    center = float(np.mean(res(at_c)))
+    a0, a1 = loglinear_fit(res.compute, res.reward)
+    baseline = float(np.mean(a0 + a1 * np.log(at_c)))
+    valid = _valid_range(res)
+    if n_boot <= 0:
+        return PredictiveDraws(center, np.array([center]), baseline, sd, phi, df, valid)
+    sds = sd * np.sqrt(df / rng.chisquare(df, n_boot))  # [K]
+    Y = np.tile(fitted, (n_boot, 1))  # [K, n]
+    Y[:, pos] += _ar1(rng, sds, int(pos.sum()), phi)
+    cap = _a_cap(res.R0, res.reward)
+    default_a = res.a_grid.size > 1 and abs(float(res.a_grid.max()) - cap) < 1e-12
+    a_bounds, c_bounds = _polish_bounds(res.a_grid, default_a, res.R0, cap, res.c_mid_grid)
+    th = _batch_refit(res.compute, Y, res.R0, (res.A, res.B, res.C_mid), a_bounds, c_bounds)  # [K, 3]
+    law = np.mean(sigmoid(at_c[None, :], th[:, 0:1], th[:, 1:2], th[:, 2:3], res.R0), axis=1)  # [K]
+    k = np.arange(at_c.size)
+    corr = float(np.mean(phi ** np.abs(k[:, None] - k[None, :])))  # var of the mean over sd²
+    noise = rng.standard_normal(n_boot) * sds * math.sqrt(corr)
+    spread = rng.standard_normal(n_boot) * MODEL_SPREAD * abs(baseline - center)
+    return PredictiveDraws(center, law + noise + spread, baseline, sd, phi, df, valid)
+
+
+def prediction_interval(res: FitResult, at: Any, *, n_boot: int = PREDICT_BOOT, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float]:
+    """The `level` prediction interval of the observed value at compute `at` from the fit `res`
+    (`predictive_draws`): evaluation noise, correlated; the fit's uncertainty; the law's spread
+    over the extrapolated range. Percentile interval inside the valid range (0-1 for pass
+    rates). Its coverage is measured: BENCHMARKS.md "Calibrated prediction"."""
+    return predictive_draws(res, at, n_boot=n_boot, seed=seed).interval(level)
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     fit: FitResult  # fitted on compute <= cutoff
@@ -749,10 +921,14 @@ class Prediction:
     # the log-linear baseline on the same points (reward = a + b·ln C)
     baseline_final: float = math.nan
     baseline_error: float = math.nan
-    # the sigmoid's prediction interval for the observed end (bootstrap; NaN when n_boot = 0)
+    # the sigmoid's prediction interval for the observed end (NaN when n_boot = 0)
     low: float = math.nan
     high: float = math.nan
     level: float = 0.95
+    # the last value before the cutoff, as a prediction of the end (the naive baseline)
+    last_value: float = math.nan
+    noise_sd: float = math.nan  # the fitted points' evaluation noise and its lag-1 correlation
+    noise_phi: float = math.nan
 
     @property
     def covered(self) -> bool | None:
@@ -760,6 +936,27 @@ class Prediction:
         if not (math.isfinite(self.low) and math.isfinite(self.high)):
             return None
         return bool(self.low <= self.observed_final <= self.high)
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+    @property
+    def pinned(self) -> bool | None:
+        """Whether the prefix pins the end: its interval is at most PIN_WIDTH (0.1) wide (None: no
+        interval)."""
+        if not math.isfinite(self.width):
+            return None
+        return bool(self.width <= PIN_WIDTH)
+
+    def pin_text(self) -> str:
+        """'' when the prefix pins the end; else why not, in words."""
+        if self.pinned is None:
+            return "no interval"
+        if self.pinned:
+            return ""
+        return (f"the first {self.fraction:.0%} cannot pin the end: its {self.level:.0%} interval "
+                f"[{self.low:.3f}, {self.high:.3f}] is {self.width:.3f} wide (> {PIN_WIDTH:g})")
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -774,42 +971,30 @@ class Prediction:
             "n_heldout": int(self.heldout_compute.size),
             "baseline_final": self.baseline_final,
             "baseline_error": self.baseline_error,
+            "last_value": self.last_value,
+            "last_error": self.last_value - self.observed_final,
             "predicted_low": self.low,
             "predicted_high": self.high,
             "covered": self.covered,
+            "pinned": self.pinned,
         }
 
 
-def prediction_interval(res: FitResult, at: float, *, n_boot: int, seed: int, level: float) -> tuple[float, float]:
-    """Bootstrap prediction interval of one new observation at compute `at`: resample the fitted
-    points (seeded), refit, predict, and add a residual of the full fit drawn at random (the
-    observed end is itself a noisy evaluation). Percentile interval, clipped to the A grid's
-    valid range."""
-    rng = np.random.default_rng(seed)
-    n = res.n_points
-    resid = res.reward - res(res.compute)  # [n]
-    preds = np.empty(n_boot)
-    for k in range(n_boot):
-        w = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)  # [n] counts
-        A, B, C_mid = _refit_weighted(res, w)
-        preds[k] = float(sigmoid(at, A, B, C_mid, res.R0)) + float(rng.choice(resid))
-    q = (1.0 - level) / 2.0
-    lo, hi = np.quantile(preds, [q, 1.0 - q])
-    floor = min(0.0, float(np.min(res.reward))) if res.R0 >= 0 else -math.inf
-    ceil = 1.0 if float(np.max(res.reward)) <= 1.0 and res.R0 >= 0 else math.inf
-    return float(max(lo, floor)), float(min(hi, ceil))
-
-
 def predict(
-    compute: Any, reward: Any, *, fraction: float = 0.5, n_boot: int = 0, seed: int = 0, level: float = 0.95,
-    **fit_kwargs: Any,
+    compute: Any, reward: Any, *, fraction: float = 0.5, n_boot: int = 0, seed: int = 0,
+    level: float = 0.95, **fit_kwargs: Any,
 ) -> Prediction:
-    """Fit on compute <= fraction × final compute; predict the final pass rate.
+    """Fit on compute <= fraction × final compute; predict the final pass rate, with its interval.
 
     The error is predicted − observed at the last point; `heldout_mae` averages over all points
     after the cutoff (the paper's "×" markers). Beside it, the log-linear baseline (reward =
-    a + b·ln C) fitted on the same points (those the sigmoid used) predicts the same end.
-    n_boot > 0 adds the sigmoid's bootstrap prediction interval (`low`, `high`, `covered`).
+    a + b·ln C) fitted on the same points (those the sigmoid used) and the last value before the
+    cutoff predict the same end. n_boot > 0 (PREDICT_BOOT = 200 is what `scalerl fit --fraction`,
+    the report and the benchmark use) adds the calibrated prediction interval of the observed end
+    (`prediction_interval`: `low`, `high`, `covered`; `pinned` is False, and `pin_text` says so,
+    when it is wider than PIN_WIDTH: the prefix cannot pin the end); n_boot = 0: the point
+    prediction only.
+    fit_kwargs go to `fit` (min_compute: where the fit starts; r0 defaults to the first reward).
     """
     if not 0.0 < fraction < 1.0:
         raise FitError(f"fraction must be in (0, 1), got {fraction!r}")
@@ -827,12 +1012,13 @@ def predict(
     pred = res(tail_c)
     a0, a1 = loglinear_fit(res.compute, res.reward)
     base = a0 + a1 * math.log(float(c[-1]))
-    lo, hi = (prediction_interval(res, float(c[-1]), n_boot=n_boot, seed=seed, level=level)
-              if n_boot > 0 else (math.nan, math.nan))
+    draws = predictive_draws(res, float(c[-1]), n_boot=n_boot, seed=seed)
+    lo, hi = draws.interval(level) if n_boot > 0 else (math.nan, math.nan)
     return Prediction(
         fit=res, fraction=float(fraction), cutoff=cutoff, final_compute=float(c[-1]),
         predicted_final=float(pred[-1]), observed_final=float(tail_r[-1]),
         error=float(pred[-1] - tail_r[-1]), heldout_compute=tail_c, heldout_reward=tail_r,
         heldout_predicted=pred, heldout_mae=float(np.mean(np.abs(pred - tail_r))),
         baseline_final=float(base), baseline_error=float(base - tail_r[-1]), low=lo, high=hi, level=level,
+        last_value=float(r[head][-1]), noise_sd=draws.sd, noise_phi=draws.phi,
     )

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from analysis.scaling_law import PREDICT_BOOT  # replicates behind each prediction interval of the report
 from experiments.run_state import read_json
 from experiments.study_runs import (CollectResult, ReproduceError, last_metrics, logged_budget, run_ended, select_specs,
                                     thinned_every)
@@ -170,8 +171,6 @@ def _run_time_text(rows: list[dict]) -> str:
                                                      for r in over) if over else "none") + ".")
     return txt
 
-
-PREDICT_BOOT = 100  # bootstrap resamples behind each prediction interval of the report
 
 
 def report_tables(out: Path, *, predict_boot: int = PREDICT_BOOT) -> tuple[dict, Any]:
@@ -464,50 +463,75 @@ def _all_verdicts_text(verdict_rows: list, reasons: dict[str, str]) -> list[str]
 def _prediction_text(pred: Any, summaries: dict, out: Path) -> list[str]:
     import pandas as pd
 
-    L = ["## Predicting the end from the first half\n"]
+    from analysis.prediction import FRACTIONS, markdown, measure, summarize
+    from analysis.scaling_law import MODEL_SPREAD, PIN_WIDTH, PREDICT_BOOT
+
+    L = ["## Predicting the end from a prefix\n"]
     w = L.append
-    if pred is None or "prediction_error" not in pred or not pred["prediction_error"].notna().any():
-        w("No run could be fitted on its first half.")
+    # intervals as the report asked for them (`--predict-boot 0`: none), each from PREDICT_BOOT replicates
+    boot = PREDICT_BOOT if pred is not None and "predicted_low" in pred and pred["predicted_low"].notna().any() else 0
+    try:
+        rows = measure(out, n_boot=boot)
+    except (FileNotFoundError, ValueError):
+        rows = pd.DataFrame()
+    if rows.empty or not rows["fitted"].any():
+        w("No run could be fitted on a prefix.")
         w("")
         return L
-    p = pred.dropna(subset=["prediction_error"]).copy()
-    p["abs_error"] = p["prediction_error"].abs()
-    p["baseline_abs"] = p["baseline_error"].abs()
-    sig_med, base_med = p["abs_error"].median(), p["baseline_abs"].median()
-    beats = float((p["abs_error"] < p["baseline_abs"]).mean())
-    cov = p["covered"].dropna().astype(bool) if "covered" in p else pd.Series(dtype=bool)
-    w(f"Every run fitted on its first 50% of compute ({summaries and next(iter(summaries.values())).compute} axis; "
-      "from the paper's start, its protocol's fraction of that half), its final pass rate predicted and compared "
-      f"with the observed one (`scalerl fit {out}/<sweep> --fraction 0.5`); beside it a straight line in log C "
-      f"fitted on the same points. {len(p)} of {len(pred)} runs predicted.\n")
-    w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
-    w("|---|---|---|---|---|")
-    w(f"| sigmoid (the law) | {sig_med:.3f} | {p['prediction_error'].mean():+.3f} | {p['abs_error'].max():.3f} | "
-      f"{beats:.0%} of runs |")
-    w(f"| log-linear baseline | {base_med:.3f} | {p['baseline_error'].mean():+.3f} | {p['baseline_abs'].max():.3f} | "
-      f"{1 - beats:.0%} of runs |")
+    table = summarize(rows)
+    axis = next(iter(summaries.values())).compute if summaries else "the study's compute"
+    w(f"Every finished run cut at {', '.join(f'{f:.0%}' for f in FRACTIONS)} of its final compute ({axis} axis), "
+      "fitted as `scalerl fit` fits it (its sweep's protocol; the fit starts at the paper's cutoff as a fraction of "
+      f"the prefix), and its final pass rate predicted by the sigmoid (`scalerl fit {out}/<sweep> --fraction F`), by a "
+      "straight line in log C fitted on the same points, and by the last value the fit used. Errors are predicted − "
+      "observed. The sigmoid's 95% prediction interval (`analysis.scaling_law.prediction_interval`, "
+      f"{PREDICT_BOOT} replicates) is a parametric bootstrap: the fitted curve plus AR(1) evaluation noise (successive "
+      "evaluations correlated; the noise's sd drawn from its scaled inverse-chi² distribution), every replicate "
+      "refitted, plus the end's own evaluation noise, plus the law's spread over the extrapolated range: a normal "
+      f"term of sd {MODEL_SPREAD:.3f}·|g| (a uniform spread over g, the gap between the line's and the law's "
+      "predictions). Target: coverage 90-97% at every prefix. An interval wider than "
+      f"{PIN_WIDTH:g} says the prefix cannot pin the end (`scalerl fit --fraction` names those runs).\n")
+    L.extend(markdown(table))
     w("")
-    if len(cov):
-        w(f"The sigmoid's 95% prediction interval covers the observed end in **{cov.mean():.0%}** of {len(cov)} runs "
-          "(nominal 95%).\n")
-    if base_med < sig_med:
-        w(f"**At this scale the sigmoid loses to the log-linear baseline** (median |error| {sig_med:.3f} against "
-          f"{base_med:.3f}): the first half of a run does not pin down the curve's bend, and the law's "
-          "extrapolation is worse than a straight line in log compute.\n")
-    else:
-        w(f"The sigmoid beats the log-linear baseline (median |error| {sig_med:.3f} against {base_med:.3f}).\n")
-    w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | observed end | error | covered |")
-    w("|---|---|---|---|---|---|---|---|")
-    for r in p.sort_values(["sweep", "run"]).itertuples():
-        pi = (f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if hasattr(r, "predicted_low")
-              and pd.notna(r.predicted_low) else "")
-        cv = ("yes" if r.covered else "no") if hasattr(r, "covered") and pd.notna(r.covered) else "—"
-        w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_cutoff, '.4g')} | {r.predicted_final:.3f}{pi} | "
-          f"{r.baseline_final:.3f} | {r.observed_final:.3f} | {r.prediction_error:+.3f} | {cv} |")
-    nofit = pred[pred["prediction_error"].isna()]
+    for r in table.itertuples():
+        if not pd.notna(r.coverage):
+            continue
+        if r.coverage < 0.90 or r.coverage > 0.97:
+            side = "below" if r.coverage < 0.90 else "above"
+            w(f"- From {r.fraction:.0%}: coverage {r.coverage:.1%} is {side} the 90-97% target by "
+              f"{abs(r.coverage - (0.90 if r.coverage < 0.90 else 0.97)):.1%} ({r.n_intervals} intervals, median width "
+              f"{r.median_width:.3f}).")
+    unfit = table[table["fitted"] < table["runs"]]
+    for r in unfit.itertuples():
+        w(f"- From {r.fraction:.0%}: {r.runs - r.fitted} of {r.runs} runs cannot be fitted (too few evaluations after "
+          "the fit's start): the prefix cannot pin their end.")
+    w("")
+    half = rows[(rows["fraction"] == 0.5) & rows["fitted"]]
+    if len(half):
+        beats = float((half["error"].abs() < half["baseline_error"].abs()).mean())
+        w(f"From the first half ({len(half)} of {int((rows['fraction'] == 0.5).sum())} runs predicted):\n")
+        w("| predictor | median abs. error | mean error (bias) | worst abs. error | beats the other |")
+        w("|---|---|---|---|---|")
+        w(f"| sigmoid (the law) | {half['error'].abs().median():.3f} | {half['error'].mean():+.3f} | "
+          f"{half['error'].abs().max():.3f} | {beats:.0%} of runs |")
+        w(f"| log-linear baseline | {half['baseline_error'].abs().median():.3f} | {half['baseline_error'].mean():+.3f} | "
+          f"{half['baseline_error'].abs().max():.3f} | {1 - beats:.0%} of runs |")
+        w(f"| last value | {half['last_error'].abs().median():.3f} | {half['last_error'].mean():+.3f} | "
+          f"{half['last_error'].abs().max():.3f} | |")
+        w("")
+        w("Per run, from the first 50%:\n")
+        w("| sweep | run | fitted to | predicted end [95% PI] | log-linear | last value | observed end | error | covered |")
+        w("|---|---|---|---|---|---|---|---|---|")
+        for r in half.sort_values(["sweep", "run"]).itertuples():
+            pi = f" [{r.predicted_low:.3f}, {r.predicted_high:.3f}]" if pd.notna(r.predicted_low) else ""
+            cv = ("yes" if r.covered else "no") if pd.notna(r.covered) else "—"
+            wide = "" if not pd.notna(r.width) or r.width <= PIN_WIDTH else " (cannot pin)"
+            w(f"| {r.sweep} | {r.run} | {_fmt(r.fit_to, '.4g')} | {r.predicted_final:.3f}{pi}{wide} | "
+              f"{r.baseline_final:.3f} | {_fmt(r.last_value, '.3f')} | {r.observed_final:.3f} | {r.error:+.3f} | {cv} |")
+    nofit = rows[(rows["fraction"] == 0.5) & ~rows["fitted"]]
     if len(nofit):
         w("")
-        w(f"Not predicted ({len(nofit)}): " + "; ".join(
+        w(f"Not predicted from 50% ({len(nofit)}): " + "; ".join(
             f"{r.sweep}/{r.run}: {_md_escape(r.fit_error)[:120]}" for r in nofit.itertuples()))
     w("")
     return L

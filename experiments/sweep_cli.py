@@ -3,6 +3,7 @@
     scalerl sweep loss_type --scale tiny --dry-run         # the runs, their overrides and memory plan
     scalerl sweep loss_type --scale tiny --executor local  # run here, as many at once as the cores allow
     scalerl sweep loss_type --partition gpu --time 4:00:00 # one Slurm job array
+    scalerl sweep loss_type --scale tiny --seeds 0 1 2 --adaptive --dry-run   # + each rung's budget
 
 A spec (`experiments.sweep_spec`) expands into runs; each run's state is reconciled with the
 scheduler (`experiments.run_state`): re-running a sweep skips runs whose run.json says done,
@@ -12,8 +13,10 @@ from the run's last checkpoint) and resubmits failed runs only with `--retry-fai
 Everything is validated before anything is submitted (`experiments.run_config`,
 `experiments.slurm`): unknown factors (gin configurables and their parameters), values a
 component registry does not know, missing recipe files, runs that do not fit the memory plan,
-and a Slurm partition that does not exist. Then the runs are submitted as one job array
-(`experiments.submission`).
+and a Slurm partition that does not exist; with `--adaptive`, a sweep without one compute budget
+for every run (`train.compute_budget_flops`, which paper scale must set) or with fewer than two
+seeds shared by every configuration (`--seeds`), and the dry run prints each rung's budget. Then
+the runs are submitted as one job array (`experiments.submission`).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep spec (.gin), or the name of one in experiments/sweeps/")
     parser.add_argument("--executor", choices=("slurm", "local", "debug"), default="slurm",
                         help="slurm (the default): one job array; local: subprocesses here; debug: in this process")
-    parser.add_argument("--scale", choices=("paper", "tiny"), default="paper",
-                        help="paper: the spec's recipe at paper scale; tiny: mapped onto the CPU setting")
+    parser.add_argument("--scale", choices=("paper", "tiny", "small"), default="paper",
+                        help="paper: the spec's recipe at paper scale; tiny: mapped onto the CPU quickstart setting "
+                             "(tiny_cpu.gin); small: onto the small testbed, where the paper's mechanisms act "
+                             "(small_cpu.gin)")
     parser.add_argument("--runs", default="runs", help="runs root; runs land in RUNS/<sweep>/<run>/ (default runs/)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their overrides; submit nothing")
     parser.add_argument("--retry-failed", action="store_true", help="resubmit runs whose status is failed")
@@ -53,15 +58,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and report (local/debug always wait)")
     adaptive = parser.add_argument_group("adaptive (experiments/adaptive_sweep.py)")
     adaptive.add_argument("--adaptive", action="store_true",
-                          help="run rung by rung and stop the configurations that have lost (worse than the best, or "
-                               "equivalent to it), paired by seed; survivors resume from their checkpoints; every "
-                               "decision in <sweep dir>/adaptive.jsonl (implies --wait)")
-    adaptive.add_argument("--rungs", default="0.25,0.5,1.0", metavar="R1,R2,...,1.0",
+                          help="run rung by rung and stop the configurations that have lost (worse than the leader, or "
+                               "equivalent to it, each on its own paired interval over the seeds both ran; >= 2 seeds "
+                               "shared by every configuration); survivors resume from their checkpoints; every "
+                               "decision in <sweep dir>/adaptive.jsonl (implies --wait). --dry-run prints each rung's "
+                               "budget and refuses a sweep that cannot be adaptive")
+    adaptive.add_argument("--rungs", default=None, metavar="R1,R2,...,1.0",
                           help="shares of the compute budget (train.compute_budget_flops) at which the rule decides "
-                               "(default 0.25,0.5,1.0)")
+                               "(default: analysis.adaptive.DEFAULT_RUNGS, 0.1,0.15,0.2,0.4,1.0)")
+    adaptive.add_argument("--stop-rule", default=None, choices=("tail", "law", "both"),
+                          help="tail: the measured tail's own paired interval against the leader (Holm over a rung's "
+                               "comparisons); law: the calibrated prediction of the end, upper bound below the "
+                               "leader's lower bound; both: either (default: tail, BENCHMARKS.md)")
     adaptive.add_argument("--equivalence", type=float, default=0.02, metavar="DELTA",
                           help="δ of the equivalence test that stops a tie (default 0.02)")
     adaptive.add_argument("--keep-equivalent", action="store_true", help="keep ties running (stop only losers)")
+    adaptive.add_argument("--stop-when-decided", action="store_true",
+                          help="end the sweep as soon as one configuration is left (its winner is not trained to the "
+                               "full budget); default: the last one runs to the end")
     slurm = parser.add_argument_group("Slurm")
     add_slurm_arguments(slurm)
     slurm.add_argument("--array-parallelism", type=int, default=64,
@@ -158,17 +172,18 @@ def main(args: argparse.Namespace) -> int:
             check_partition(opts.partition)
         elif opts.executor == "slurm" and opts.partition and shutil.which("sinfo"):
             check_partition(opts.partition)
-        if args.adaptive:
-            from analysis.adaptive import parse_rungs
-            from analysis.compare import parse_equivalence
-
-            args.rungs, args.equivalence = parse_rungs(args.rungs), parse_equivalence(args.equivalence)
+        budget = _check_adaptive(runs, args) if getattr(args, "adaptive", False) else None
     except (SweepError, ValueError) as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
     if args.adaptive and not args.dry_run:
         return _adaptive(spec, runs, opts, root, args, console)
     if args.dry_run:
+        if args.adaptive:
+            from experiments.adaptive_sweep import print_rung_budgets
+
+            print_rung_budgets(runs, args.rungs, budget, console, stop_rule=args.stop_rule,
+                               finish_leader=not args.stop_when_decided)
         n = sum(not p.action.startswith("skip") for p in planned)
         console.print(f"dry run: {n} of {len(planned)} runs would be submitted ({opts.executor}); nothing submitted")
         return 0
@@ -189,6 +204,23 @@ def main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_adaptive(runs: Sequence[RunSpec], args: argparse.Namespace) -> float:
+    """Parse the adaptive options (in place) and refuse a sweep that cannot be adaptive (no single
+    compute budget; fewer than two seeds shared by every configuration): on --dry-run as at launch,
+    before anything is submitted. Returns the budget."""
+    from analysis.adaptive import DEFAULT_RUNGS, DEFAULT_STOP_RULE, parse_rungs, parse_stop_rule
+    from analysis.compare import parse_equivalence
+    from experiments.adaptive_sweep import AdaptiveError, check_adaptive
+
+    args.rungs = parse_rungs(args.rungs if args.rungs is not None else DEFAULT_RUNGS)
+    args.equivalence = parse_equivalence(args.equivalence)
+    args.stop_rule = parse_stop_rule(args.stop_rule or DEFAULT_STOP_RULE)
+    try:
+        return check_adaptive(runs, args.rungs)
+    except AdaptiveError as err:
+        raise SweepError(str(err)) from None
+
+
 def _adaptive(spec: SweepSpec, runs: Sequence[RunSpec], opts: LaunchOptions, root: Path, args: argparse.Namespace,
               console) -> int:
     from experiments.adaptive_sweep import AdaptiveError, run_adaptive
@@ -196,7 +228,8 @@ def _adaptive(spec: SweepSpec, runs: Sequence[RunSpec], opts: LaunchOptions, roo
     try:
         return run_adaptive(spec, runs, opts, root, rungs=args.rungs, equivalence=args.equivalence,
                             keep_equivalent=args.keep_equivalent, console=console,
-                            poll_s=2.0 if opts.executor != "slurm" else 5.0, retry_failed=args.retry_failed)
+                            poll_s=2.0 if opts.executor != "slurm" else 5.0, retry_failed=args.retry_failed,
+                            stop_rule=args.stop_rule, finish_leader=not args.stop_when_decided)
     except AdaptiveError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2

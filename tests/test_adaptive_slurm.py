@@ -1,8 +1,11 @@
-"""A live adaptive sweep on the REAL local Slurm (issue 32, item 6): the tiny loss_type sweep plus a
-planted loser (CISPO at 100x the learning rate), 2 seeds, rungs 0.25 / 0.5 / 1.0 of a small FLOP
-budget; `--only` keeps DAPO, CISPO and the loser (six runs: GSPO adds run time, not a case). The planted loser stops at the first rung; the others resume from their own checkpoints in
-the same run directories, and their metrics continue without a gap or a repeated step. A re-run
-of the same command re-decides nothing. `scalerl status` names the stop."""
+"""A live adaptive sweep on the REAL local Slurm (issues 32 and 41): the tiny loss_type sweep plus a
+planted loser (CISPO at 100x the learning rate), 3 seeds (a stop rests on the pair's own paired
+interval: with 2 seeds it has one degree of freedom), rungs 0.25 / 0.5 / 1.0 of a small FLOP
+budget; `--only` keeps DAPO, CISPO and the loser (nine runs: GSPO adds run time, not a case). The
+planted loser stops at the first rung on its own paired interval against the leader; the others
+resume from their own checkpoints in the same run directories, and their metrics continue without
+a gap or a repeated step. A re-run of the same command re-decides nothing. `scalerl status` names
+the stop."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ REPO = HERE.parent
 SPEC = "experiments/sweeps/adaptive/loss_type_planted.gin"
 BUDGET = 3e11  # FLOPs: ~30 tiny steps (1e10 each), rungs at ~7, ~15 and ~30 steps
 CONFIGS = ("dapo", "cispo", "planted_lr_x100")
+SEEDS = (0, 1, 2)
 
 
 def _problem() -> str | None:
@@ -58,8 +62,8 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     monkeypatch.chdir(REPO)
     runs = tmp_path / "runs"
     args = ["sweep", SPEC, "--scale", "tiny", "--executor", "slurm", "--partition", "debug", "--time", "10",
-            "--runs", str(runs), "--adaptive", "--rungs", "0.25,0.5,1.0",
-            "--only", *[f"{c}-s{seed}" for c in CONFIGS for seed in (0, 1)],
+            "--runs", str(runs), "--adaptive", "--rungs", "0.25,0.5,1.0", "--seeds", *map(str, SEEDS),
+            "--only", *[f"{c}-s{seed}" for c in CONFIGS for seed in SEEDS],
             "--gin", f'model.path = "{warm_model}"', "--gin", f"train.compute_budget_flops = {BUDGET:g}",
             "--gin", "train.eval_every = 4", "--gin", "train.eval_prompts = 50", "--gin", "train.checkpoint_every = 100"]
     assert main(args) == 0, capsys.readouterr().out
@@ -68,13 +72,16 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     first = {d["config"]: d for d in decisions if d["rung"] == 0.25}
     assert first["planted_lr_x100"]["verdict"] == "worse" and first["planted_lr_x100"]["action"] == "stop"
     assert first["planted_lr_x100"]["paired"] and first["planted_lr_x100"]["high"] < 0
-    assert first["planted_lr_x100"]["level"] == pytest.approx(1 - 0.05 / (2 * 2))  # 3 configs, 2 early rungs
+    assert first["planted_lr_x100"]["n"] == len(SEEDS) and first["planted_lr_x100"]["pair"][0] == "planted_lr_x100"
+    # Holm's first step over 2 comparisons, ALPHA split over 2 early rungs: the two-sided 1 − 0.05/(2·2) interval
+    assert first["planted_lr_x100"]["level"] == pytest.approx(1 - 0.05 / (2 * 2))
+    assert first["planted_lr_x100"]["rule"].startswith("tail: worse")
     stopped = {d["config"] for d in decisions if d["action"] == "stop"}
     survivors = {"dapo", "cispo"} - stopped
     assert survivors, decisions
     assert {d["rung"] for d in decisions} == {0.25, 0.5, 1.0}
     # the planted loser trained to the first rung only; every survivor to the full budget, each step once
-    for seed in (0, 1):
+    for seed in SEEDS:
         planted = _steps(sweep / f"planted_lr_x100-s{seed}" / "metrics.jsonl")
         assert planted == list(range(1, len(planted) + 1)) and 0 < len(planted) < 15
         for cfg in survivors:
