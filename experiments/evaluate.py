@@ -1,4 +1,12 @@
-"""`scalerl eval MODEL_OR_RUN_DIR --benchmark FILE [--benchmark FILE2 ...] [--k 16] [--engine torch|vllm]`.
+"""`scalerl eval RUN_DIR` (the run's held-out set) or `scalerl eval MODEL_OR_RUN_DIR --benchmark FILE [...]`.
+
+Without --benchmark, a run directory is evaluated on its own task's held-out set, exactly as the
+trainer's held-out evaluation samples it: the run's task (train.task, train.task_kwargs, its
+bindings and seed, so the same split), train.eval_prompts of its held-out prompts, train.eval_k
+samples each, and the run's sampling settings (below, train.top_k / min_p / repetition_penalty
+included); graded by the task's own verifier. The modules the run's gin imported (run.json
+"user_modules": `import my_losses`) are imported from where the run found them, so this works
+from any working directory while their files are where they were.
 
 Evaluates a policy on downstream benchmarks (`components.benchmarks`: any `datasets` source,
 math graded by math-verify after ``</think>``, code by its tests in the sandbox) and reports,
@@ -43,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 __all__ = ["resolve_model", "run_eval", "eval_settings", "describe_settings", "format_table", "add_arguments", "main",
-           "EvalInputError", "EvalSettings", "DEFAULTS"]
+           "EvalInputError", "EvalSettings", "DEFAULTS", "HeldOut", "import_run_modules", "HELD_OUT"]
 
 log = logging.getLogger("scalerl.eval")
 
@@ -149,10 +157,12 @@ def _compute_at(run_dir: Optional[Path], step: Optional[int]) -> dict:
 # What `scalerl eval` samples and prompts with, and each one's value for a model directory (and
 # for a run directory without a config.gin). For a run directory each comes from the run's
 # config.gin: train.engine, train.max_tokens, train.eval_temperature (else train.temperature),
-# train.top_p, train.precision, train.length_control (built with the run's bindings, e.g.
+# train.top_p, train.top_k, train.min_p, train.repetition_penalty, train.precision, train.length_control (built with the run's bindings, e.g.
 # interruption.*) and the prompt format of train.task (its prompt_template and system_prompt).
-DEFAULTS = {"engine": "torch", "max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "precision": "fp32",
-            "length_control": None, "prompt_template": None, "system_prompt": None}
+DEFAULTS = {"engine": "torch", "max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+            "repetition_penalty": 1.0, "precision": "fp32", "length_control": None, "prompt_template": None,
+            "system_prompt": None}
+HELD_OUT = "held_out"  # the benchmark name of a run's held-out set in downstream.jsonl
 NO_LENGTH_CONTROL = "none"
 # the placeholder of a task's prompt_template, in the order they are looked for (arithmetic: {expr},
 # hf_dataset: {prompt}, math_file / code_file: {problem})
@@ -168,6 +178,7 @@ class EvalSettings:
     length_control: Any = None  # the LENGTH_CONTROLS object (None: plain truncation at max_tokens)
     config: Optional[str] = None  # the run's config.gin the run's values were read from
     notes: list = dataclasses.field(default_factory=list)
+    held_out: Any = None  # `HeldOut`: the run's task and held-out problems (an evaluation without --benchmark)
 
     def record(self) -> dict:
         """The fields each downstream.jsonl line carries (`describe_settings` prints them)."""
@@ -245,9 +256,61 @@ def _run_prompt_format(task: Any, task_kwargs: Mapping) -> tuple[str, Optional[s
     return (*_task_format(str(task), task_kwargs), None)
 
 
-def _read_run_config(config: Path) -> dict:
-    """The settings a run's config.gin binds (a "_note" where there is something to say); gin's
-    global config holds the run's bindings on return."""
+@dataclass
+class HeldOut:
+    """A run's held-out set, built from its config (`eval_settings(..., held_out=True)`)."""
+
+    task: Any  # the run's Task (its verifier grades)
+    problems: list  # the first train.eval_prompts held-out problems (or --limit)
+    k: int  # train.eval_k, or --k
+    spec: Any  # train.task as bound (a name or a mixture dict)
+    verifier_timeout_s: float
+    max_prompt_length: Optional[int] = None
+    total: int = 0  # held-out problems the task has
+
+
+def import_run_modules(run_dir: Optional[Path]) -> list[str]:
+    """Import the modules a run's gin imported (run.json "user_modules": module, file, sys.path entry)
+    from where the run found them, before its config.gin is parsed; returns notes. A module whose
+    file is gone is imported from wherever this python finds it, else EvalInputError naming it."""
+    import importlib
+    import importlib.util
+
+    if run_dir is None or not (run_dir / "run.json").is_file():
+        return []
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except ValueError:
+        return []
+    notes = []
+    for rec in info.get("user_modules") or []:
+        name, file, entry = rec.get("module"), rec.get("file"), rec.get("path")
+        if not name or name in sys.modules:
+            continue
+        if file and Path(file).is_file() and entry:
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+            try:
+                importlib.import_module(name)  # now: a same-named module of the working directory must not win
+            except Exception as err:  # noqa: BLE001 - the user's module raised on import
+                raise EvalInputError(f"the run imported module {name!r} from {file}; importing it here failed: "
+                                     f"{type(err).__name__}: {err}") from None
+            continue
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise EvalInputError(f"the run's config imports module {name!r}, which it found at {file or '(unknown)'}; "
+                                 "that file is gone and this python cannot import the module: put it back, or on "
+                                 "PYTHONPATH, or run from its directory")
+        notes.append(f"module {name!r} is no longer at {file}; imported from {found.origin}")
+    return notes
+
+
+def _read_run_config(config: Path) -> tuple[dict, Any]:
+    """(the settings a run's config.gin binds, a "_note" where there is something to say; its TrainConfig);
+    gin's global config holds the run's bindings on return."""
     from components.trainer.config import parse_gin_files, train_config
 
     try:
@@ -263,12 +326,34 @@ def _read_run_config(config: Path) -> dict:
         "max_tokens": int(cfg.max_tokens),
         "temperature": float(cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature),
         "top_p": float(cfg.top_p),
+        "top_k": 0 if cfg.top_k is None else int(cfg.top_k),
+        "min_p": float(cfg.min_p),
+        "repetition_penalty": float(cfg.repetition_penalty),
         "precision": cfg.precision,
         "length_control": cfg.length_control or None,
         "prompt_template": template,
         "system_prompt": system,
     }
-    return {**values, "_note": note} if note else values
+    return ({**values, "_note": note} if note else values), cfg
+
+
+def _build_held_out(cfg, k: Optional[int], limit: Optional[int]) -> HeldOut:
+    """The run's task (under the run's bindings, live now) and the held-out problems its evaluations use."""
+    from components.tasks import make_task
+
+    try:
+        task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
+        problems = list(task.eval_problems())
+    except Exception as err:  # noqa: BLE001 - a dataset that moved, a sandbox that is missing, ...
+        raise EvalInputError(f"cannot build the run's task {cfg.task!r} (task_kwargs={cfg.task_kwargs!r}) for its "
+                             f"held-out set: {type(err).__name__}: {err}") from None
+    if not problems:
+        raise EvalInputError(f"the run's task {cfg.task!r} has no held-out problems")
+    total = len(problems)
+    n = int(limit) if limit is not None else (int(cfg.eval_prompts) if cfg.eval_prompts else total)
+    return HeldOut(task=task, problems=problems[:n], k=int(k) if k is not None else int(cfg.eval_k), spec=cfg.task,
+                   verifier_timeout_s=float(cfg.verifier_timeout_s), max_prompt_length=cfg.max_prompt_length,
+                   total=total)
 
 
 def _check_choice(registry: Any, name: str, flag: str) -> None:
@@ -278,9 +363,13 @@ def _check_choice(registry: Any, name: str, flag: str) -> None:
         raise EvalInputError(f"{flag} {name!r}: {err.args[0] if err.args else err}") from None
 
 
-def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any]) -> EvalSettings:
+def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any], *, held_out: bool = False,
+                  k: Optional[int] = None, limit: Optional[int] = None) -> EvalSettings:
     """The settings of an evaluation: each flag that is not None, else the run's (its config.gin),
-    else `DEFAULTS`. The length control is built here, with the run's bindings where there is a run."""
+    else `DEFAULTS`. The length control is built here, with the run's bindings where there is a run.
+    `held_out`: also build the run's task and its held-out problems (`HeldOut`: k = `k` or
+    train.eval_k, the first `limit` or train.eval_prompts problems); the engine is then the one the
+    run evaluated with (train.eval_engine, else train.engine)."""
     import gin
 
     from components.registry import LENGTH_CONTROLS, PRECISIONS
@@ -298,11 +387,22 @@ def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any]) -> EvalSett
     config = run_dir.resolve() / "config.gin" if run_dir is not None else None
     notes = []
     parsed = config is not None and config.is_file()
+    if held_out and not parsed:
+        raise EvalInputError(f"{run_dir} has no config.gin: its held-out set cannot be rebuilt; give --benchmark FILE")
+    held = None
     try:
         if parsed:
-            run_values = _read_run_config(config)
+            notes += import_run_modules(run_dir.resolve())
+            run_values, cfg = _read_run_config(config)
             if "_note" in run_values:
                 notes.append(run_values.pop("_note"))
+            if held_out:
+                held = _build_held_out(cfg, k, limit)
+                run_values["engine"] = cfg.eval_engine or cfg.engine  # what the run's own evaluations used
+                notes.append(f"held-out set of train.task = {cfg.task!r}: {len(held.problems)} of its {held.total} "
+                             f"prompts (train.eval_prompts = {cfg.eval_prompts}"
+                             + (f", --limit {limit}" if limit is not None else "") + f"), k = {held.k} "
+                             f"({'--k' if k is not None else 'train.eval_k'}), graded by the task's verifier")
         else:
             run_values = {}
             if run_dir is not None:
@@ -316,6 +416,9 @@ def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any]) -> EvalSett
             else:
                 values[name], source[name] = default, "default"
         values["length_control"] = values["length_control"] or None
+        if held is not None:  # the task's own problems, rendered as in training (template, system prompt, chat)
+            for key in ("prompt_template", "system_prompt"):
+                values[key], source[key] = None, "task"
         control = None
         if values["length_control"]:
             try:  # under the run's bindings (interruption.thinking_min, ...), which are live here
@@ -325,7 +428,7 @@ def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any]) -> EvalSett
     finally:
         if parsed:
             gin.clear_config()
-    return EvalSettings(values, source, control, str(config) if parsed else None, notes)
+    return EvalSettings(values, source, control, str(config) if parsed else None, notes, held)
 
 
 def benchmark_specs(args: argparse.Namespace) -> list:
@@ -338,7 +441,7 @@ def benchmark_specs(args: argparse.Namespace) -> list:
     }
     shared = {k: v for k, v in shared.items() if v is not None}
     specs = []
-    for b in args.benchmark:
+    for b in args.benchmark or ():
         spec = {"path": b, **shared}
         if args.allow_unsafe:
             spec["allow_unsafe"] = True
@@ -346,26 +449,31 @@ def benchmark_specs(args: argparse.Namespace) -> list:
     return specs
 
 
-def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, engine: Optional[str] = None,
-             max_tokens: Optional[int] = None, temperature: Optional[float] = None, top_p: Optional[float] = None,
-             seed: int = 0, device: str = "auto", precision: Optional[str] = None, step: Optional[int] = None,
-             out: Optional[str | Path] = None, length_control: Optional[str] = None,
-             prompt_template: Optional[str] = None, system_prompt: Optional[str] = None,
-             dump: Optional[str | Path] = None) -> tuple[list[dict], Path]:
+def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional[int] = None,
+             engine: Optional[str] = None, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
+             top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
+             repetition_penalty: Optional[float] = None, seed: int = 0, device: str = "auto",
+             precision: Optional[str] = None, step: Optional[int] = None, out: Optional[str | Path] = None,
+             length_control: Optional[str] = None, prompt_template: Optional[str] = None,
+             system_prompt: Optional[str] = None, dump: Optional[str | Path] = None,
+             limit: Optional[int] = None) -> tuple[list[dict], Path]:
     """Evaluate; returns (records, the JSONL file they were appended to). Bad input raises before any sampling.
 
+    `benchmarks` empty: a run directory's own held-out set (`HeldOut`: its task, train.eval_prompts
+    prompts or `limit`, train.eval_k samples or `k`), one record named "held_out" with per-task pass
+    rates. Else each benchmark, `k` samples per problem (default 16).
     A setting left None is the run's own (a run directory's config.gin, `eval_settings`), else
     `DEFAULTS`; `length_control="none"` turns a run's length control off. A benchmark spec's own
     prompt_template / system_prompt wins over both. `dump`: a JSONL file that gets one line per
     completion (`DUMP_FIELDS`). Each record carries the settings used and where each came from.
     """
-    from components.benchmarks import load_benchmarks
+    from components.benchmarks import Benchmark, load_benchmarks
     from components.engines import check_engine, make_engine
     from components.models import load_tokenizer
     from components.trainer.evaluation import downstream_seed, evaluate_benchmark
     from components.trainer.runlog import now_iso
 
-    if int(k) < 1:
+    if k is not None and int(k) < 1:
         raise EvalInputError(f"--k must be >= 1, got {k}")
     if max_tokens is not None and int(max_tokens) < 1:
         raise EvalInputError(f"--max-tokens must be >= 1, got {max_tokens}")
@@ -373,18 +481,32 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
         raise EvalInputError(f"--temperature must be >= 0 (0: greedy), got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise EvalInputError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and int(top_k) < 0:
+        raise EvalInputError(f"--top-k must be >= 0 (0: off), got {top_k}")
+    if min_p is not None and not (math.isfinite(min_p) and 0 <= min_p <= 1):
+        raise EvalInputError(f"--min-p must be in [0, 1] (0: off), got {min_p}")
+    if repetition_penalty is not None and not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
+        raise EvalInputError(f"--repetition-penalty must be > 0 (1: off), got {repetition_penalty}")
     if step is not None and int(step) < 0:
         raise EvalInputError(f"--step must be >= 0, got {step}")
+    if limit is not None and int(limit) < 1:
+        raise EvalInputError(f"--limit must be >= 1, got {limit}")
     for spec in benchmarks:
         threshold = spec.get("pass_threshold") if isinstance(spec, Mapping) else None
         if threshold is not None and not math.isfinite(float(threshold)):
             raise EvalInputError(f"--pass-threshold must be a finite number, got {threshold}")
-    if not benchmarks:
-        raise EvalInputError("give at least one --benchmark")
     run_dir = local_run_dir(model_or_run)
-    settings = eval_settings(run_dir, {"engine": engine, "max_tokens": max_tokens, "temperature": temperature,
-                                       "top_p": top_p, "precision": precision, "length_control": length_control,
-                                       "prompt_template": prompt_template, "system_prompt": system_prompt})
+    held_out = not benchmarks
+    if held_out and run_dir is None:
+        raise EvalInputError(f"{model_or_run}: give --benchmark FILE (without it, a RUN directory is evaluated on its own "
+                             "held-out set; this is not a run directory)")
+    if held_out and (prompt_template is not None or system_prompt is not None):
+        raise EvalInputError("--prompt-template and --system-prompt format benchmark problems; the run's held-out set is "
+                             "rendered as the run rendered it (add --benchmark FILE to use them)")
+    flags = {"engine": engine, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+             "min_p": min_p, "repetition_penalty": repetition_penalty, "precision": precision,
+             "length_control": length_control, "prompt_template": prompt_template, "system_prompt": system_prompt}
+    settings = eval_settings(run_dir, flags, held_out=held_out, k=k, limit=limit)
     engine = settings.values["engine"]
     try:
         check_engine(engine)
@@ -395,11 +517,23 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
         raise EvalInputError(why) from None
     if run_dir is not None and step is not None:
         _check_step(run_dir, int(step))
-    fmt = {key: settings.values[key] for key in ("prompt_template", "system_prompt") if settings.values[key] is not None}
-    specs = [{**fmt, **({"path": str(b)} if isinstance(b, (str, Path)) else dict(b))} for b in benchmarks]
-    loaded = load_benchmarks(specs)  # file / column / grader errors before the model loads
+    held = settings.held_out
+    if held is not None:
+        loaded = [Benchmark(name=HELD_OUT, problems=held.problems, task=held.task,
+                            source=f"{run_dir / 'config.gin'}: train.task = {held.spec!r}", grader="task")]
+        k = held.k
+    else:
+        fmt = {key: settings.values[key] for key in ("prompt_template", "system_prompt") if settings.values[key] is not None}
+        specs = [{**fmt, **({"path": str(b)} if isinstance(b, (str, Path)) else dict(b))} for b in benchmarks]
+        loaded = load_benchmarks(specs)  # file / column / grader errors before the model loads
+        k = 16 if k is None else int(k)
     max_tokens, temperature, top_p, precision = (settings.values[key] for key in ("max_tokens", "temperature", "top_p",
                                                                                   "precision"))
+    knobs = {"top_k": int(settings.values["top_k"]), "min_p": float(settings.values["min_p"]),
+             "repetition_penalty": float(settings.values["repetition_penalty"])}
+    if held is not None:
+        knobs["max_prompt_length"] = held.max_prompt_length  # as the run's own evaluations refuse a longer prompt
+    timeout = {"verifier_timeout_s": held.verifier_timeout_s} if held is not None else {}
     dump_path = _dump_path(dump)
     with resolve_model(model_or_run, step) as where:
         model_dir, run_dir = Path(where["model"]), where["run_dir"]
@@ -412,10 +546,19 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
         try:
             dump_file = open(dump_path, "w") if dump_path is not None else None
             for i, bench in enumerate(loaded):
-                on_sample = _dump_writer(dump_file, bench, tokenizer, where["step"]) if dump_file is not None else None
+                hooks = []
+                if dump_file is not None:
+                    hooks.append(_dump_writer(dump_file, bench, tokenizer, where["step"]))
+                per_task: dict = {}
+                if held is not None:
+                    hooks.append(_per_task_counter(per_task, str(held.spec)))
+                on_sample = _all_hooks(hooks) if hooks else None
                 rec = evaluate_benchmark(eng, bench, tokenizer, k=k, seed=downstream_seed(seed, 0, i),
                                          temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                         length_control=settings.length_control, on_sample=on_sample)
+                                         length_control=settings.length_control, on_sample=on_sample, **timeout, **knobs)
+                if held is not None:
+                    rec["per_task"] = {name: c / n for name, (c, n) in sorted(per_task.items())}
+                    rec["task"] = held.spec
                 records.append({
                     **rec,
                     "model": str(model_dir) if where["checkpoint"] is None else None,  # a temporary export has no lasting path
@@ -434,6 +577,26 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence, *, k: int = 16, eng
         for rec in records:
             f.write(json.dumps(_finite(rec)) + "\n")
     return records, out_path
+
+
+def _per_task_counter(counts: dict, default: str):
+    """An `on_sample` hook counting each problem's task's (passed, samples) into `counts` (a mixture's
+    problems name their member in meta["task"])."""
+
+    def on_sample(i, j, problem, prompt_ids, completion, text, verdict) -> None:
+        name = str((problem.meta or {}).get("task", default))
+        c, n = counts.get(name, (0, 0))
+        counts[name] = (c + bool(verdict.passed), n + 1)
+
+    return on_sample
+
+
+def _all_hooks(hooks: Sequence):
+    def on_sample(*args) -> None:
+        for hook in hooks:
+            hook(*args)
+
+    return on_sample
 
 
 def _check_step(run_dir: Path, step: int) -> None:
@@ -513,10 +676,13 @@ def format_table(records: Sequence[dict]) -> str:
 # ---------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_or_run", metavar="MODEL_OR_RUN_DIR",
-                        help="a model directory (save_pretrained) or a run directory (its final/ policy, else its newest checkpoint)")
-    parser.add_argument("--benchmark", action="append", required=True, metavar="FILE",
-                        help="a benchmark: local jsonl / json / parquet / csv / arrow file or a datasets hub name (repeatable)")
-    parser.add_argument("--k", type=int, default=16, help="samples per problem; pass@k for k = 1, 2, 4, ... K (default 16)")
+                        help="a model directory (save_pretrained) or a run directory (its final/ policy, else its newest "
+                             "checkpoint); a run directory without --benchmark is evaluated on its own held-out set")
+    parser.add_argument("--benchmark", action="append", default=[], metavar="FILE",
+                        help="a benchmark: local jsonl / json / parquet / csv / arrow file or a datasets hub name "
+                             "(repeatable); none: the run's own held-out set, with its train.eval_k and train.eval_prompts")
+    parser.add_argument("--k", type=int, default=None, help="samples per problem; pass@k for k = 1, 2, 4, ... K (default: "
+                        "16 for a benchmark, the run's train.eval_k for its held-out set)")
     parser.add_argument("--engine", default=None, help="generation engine: torch or vllm (default: a run's train.engine, "
                         "else torch)")
     parser.add_argument("--max-tokens", type=int, default=None,
@@ -528,6 +694,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature, 0: greedy (default: a run's train.eval_temperature, else its "
                              "train.temperature, else 1.0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: a run's train.top_p, else 1.0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens, 0: off (default: a "
+                        "run's train.top_k, else 0)")
+    parser.add_argument("--min-p", type=float, default=None, help="drop tokens below min_p x the most likely one, 0: off "
+                        "(default: a run's train.min_p, else 0)")
+    parser.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeated tokens, 1: off "
+                        "(default: a run's train.repetition_penalty, else 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     parser.add_argument("--precision", default=None,
@@ -553,7 +725,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-template", default=None,
                         help="the user message, with {problem} (default: a run's own prompt format, e.g. '{problem}=' "
                              "for arithmetic's '{expr}='; else the problem + a \\boxed{} instruction for math)")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems of each benchmark")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems of each benchmark (or of "
+                        "the run's held-out set, instead of its train.eval_prompts)")
     parser.add_argument("--allow-unsafe", action="store_true",
                         help="code: run programs as this user where the sandbox cannot drop privileges (see components/tasks/README.md)")
     parser.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
@@ -572,15 +745,28 @@ def _import_user_modules(names: Sequence[str]) -> None:
             raise EvalInputError(f"--import {name}: {err}") from err
 
 
+# the flags that shape how a benchmark file is read and graded (not the run's held-out set)
+BENCHMARK_ONLY_FLAGS = {"split": "--split", "grader": "--grader", "reward": "--reward", "pass_threshold": "--pass-threshold",
+                        "prompt_column": "--prompt-column", "answer_column": "--answer-column",
+                        "tests_column": "--tests-column", "allow_unsafe": "--allow-unsafe"}
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        held_out = not args.benchmark
+        given = [flag for key, flag in BENCHMARK_ONLY_FLAGS.items() if getattr(args, key, None) not in (None, False)]
+        if held_out and given:
+            raise EvalInputError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --benchmark files; "
+                                 "without --benchmark the run's held-out set is graded by its own task")
         _import_user_modules(args.imports)
         records, out = run_eval(
             args.model_or_run, benchmark_specs(args), k=args.k, engine=args.engine, max_tokens=args.max_tokens,
-            temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device,
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, seed=args.seed, device=args.device,
             precision=args.precision, step=args.step, out=args.out, length_control=args.length_control,
             prompt_template=args.prompt_template, system_prompt=args.system_prompt, dump=args.dump,
+            limit=args.limit if held_out else None,
         )
     except (EvalInputError, ValueError, OSError, RuntimeError, KeyError) as err:
         # KeyError: a registry's unknown name (UnknownComponentError), e.g. --reward, with the names there are
@@ -594,6 +780,9 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(_finite(r)))
     else:
         print(format_table(records))
+        for r in records:
+            if len(r.get("per_task") or {}) > 1:
+                print(f"{r['benchmark']} per task: " + ", ".join(f"{t} {v:.4f}" for t, v in r["per_task"].items()))
     if args.dump:
         print(f"wrote every completion to {args.dump}", file=sys.stderr if args.json else sys.stdout)
     print(f"appended {len(records)} record(s) to {out}", file=sys.stderr if args.json else sys.stdout)

@@ -168,12 +168,30 @@ def _engine_knobs(engine: str) -> dict:
 def _length_control_cap(cfg) -> Optional[int]:
     """The generation cap the run's length control puts on train.max_tokens (None: no length control,
     or one that keeps max_tokens); its constructor reads its gin bindings."""
+    return _length_control_cap_and_source(cfg)[0]
+
+
+def _length_control_cap_and_source(cfg) -> tuple[Optional[int], Optional[str]]:
+    """(the length control's generation cap, the settings it comes from in words), or (None, None)."""
     if not cfg.length_control:
-        return None
+        return None, None
     from components.registry import LENGTH_CONTROLS
 
     control = LENGTH_CONTROLS.get(cfg.length_control)()
-    return int(control.max_tokens(cfg.max_tokens)) if hasattr(control, "max_tokens") else None
+    if not hasattr(control, "max_tokens"):
+        return None, None
+    cap = int(control.max_tokens(cfg.max_tokens))
+    name = cfg.length_control
+    if hasattr(control, "thinking_max") and hasattr(control, "answer_budget"):
+        source = (f"{name}.thinking_max + {name}.answer_budget = {control.thinking_max} + {control.answer_budget} "
+                  f"= {cap}")
+    elif hasattr(control, "l_max"):
+        source = f"{name}.l_max = {cap}"
+    elif getattr(control, "_max_tokens", None) is not None:
+        source = f"{name}.max_tokens = {cap}"
+    else:
+        source = f"the length control {name!r}: {cap}"
+    return cap, source
 
 
 @dataclass
@@ -270,6 +288,7 @@ class PlanInputs:
     model_source: str
     engine_knobs: dict
     length_control_cap: Optional[int]  # the length control's own cap on max_tokens (None: none)
+    length_control_source: Optional[str] = None  # the settings that cap comes from, in words
 
 
 def plan_inputs() -> PlanInputs:
@@ -281,7 +300,7 @@ def plan_inputs() -> PlanInputs:
         cfg = train_config(model_path="<read by scalerl plan>")
     except (ConfigError, TypeError, ValueError) as err:
         raise PlanError(f"{type(err).__name__}: {err}") from None
-    return PlanInputs(config, source, _engine_knobs(cfg.engine), _length_control_cap(cfg))
+    return PlanInputs(config, source, _engine_knobs(cfg.engine), *_length_control_cap_and_source(cfg))
 
 
 def _check_plan_args(gpu_memory_gb: Optional[float], prompt_tokens: int) -> None:
@@ -307,6 +326,12 @@ def plan_memory(cfg, inputs: PlanInputs, *, gpu_memory_gb: Optional[float] = Non
 
     # sequence lengths
     cap = int(cfg.max_tokens) if inputs.length_control_cap is None else inputs.length_control_cap
+    if cap != int(cfg.max_tokens):  # the length control, not train.max_tokens, sets what the generators sample
+        source = inputs.length_control_source or f"the length control {cfg.length_control!r}"
+        notes.insert(0, f"WARNING: train.max_tokens = {cfg.max_tokens} is not the generation cap: train.length_control = "
+                        f"{cfg.length_control!r} {'lowers' if cap < int(cfg.max_tokens) else 'raises'} it to {source} "
+                        f"tokens, and the run samples at most {cap} per completion (planned with {cap}); to sample "
+                        f"{cfg.max_tokens}, change those settings, or set train.max_tokens = {cap} to say what runs")
     max_pos = shape.max_position_embeddings
     is_vllm = engine_memory_model(cfg.engine) == "paged"  # vLLM's knobs and memory model
     max_model_len = knobs.get("max_model_len") if is_vllm else None

@@ -3,7 +3,8 @@
 `finish_report(run_dir)` is called by `scalerl train` when a run finishes (and can be run on
 any finished or partial run directory). It reads the run's `eval.jsonl`, fits
 R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (`analysis.scaling_law.fit`, R0 = the first
-evaluation), prints the start and end pass rates and the fitted A, B, C_mid, and writes
+evaluation), prints the start and end pass rates and the fitted A (with its 95% profile-likelihood
+interval and whether A is identified: `analysis.scaling_law.profile_A`), B, C_mid, and writes
 
     <run_dir>/report.json           start / end pass rate, the fit (or why there is none)
     <run_dir>/pass_rate_vs_compute.png / .pdf
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["finish_report", "load_curve", "FIGURE_STEM", "REPORT_FILE"]
+__all__ = ["finish_report", "load_curve", "describe_A", "FIGURE_STEM", "REPORT_FILE"]
 
 FIGURE_STEM = "pass_rate_vs_compute"
 REPORT_FILE = "report.json"
@@ -81,6 +82,38 @@ def fit_start(run_dir: Path, compute: str) -> tuple[float, str]:
     return float(epoch1), "end of epoch 1 (the paper skips about one epoch)"
 
 
+def _profile(result) -> Optional[dict]:
+    """A's 95% profile-likelihood interval (`analysis.scaling_law.profile_A`) as report.json holds it;
+    None without a fit, or with the reason when the profile cannot be computed."""
+    if result is None:
+        return None
+    from analysis.scaling_law import A_IDENTIFIED_WIDTH, profile_A
+
+    try:
+        prof = profile_A(result)
+    except Exception as err:  # noqa: BLE001 - the fit stands without its interval; say why
+        return {"error": f"{type(err).__name__}: {err}"}
+    return {"A": float(result.A), "low": float(prof.low), "high": float(prof.high), "level": float(prof.level),
+            "width": float(prof.width), "identified": bool(prof.identified), "at_cap": bool(prof.at_cap),
+            "at_floor": bool(prof.at_floor), "identified_width": float(A_IDENTIFIED_WIDTH)}
+
+
+def describe_A(profile: Optional[dict]) -> str:
+    """"A = 0.912, 95% profile interval [0.88, 0.95] (width 0.07): identified" or why it is not."""
+    if not profile:
+        return "no fit"
+    if "error" in profile:
+        return f"A = {profile.get('A', float('nan')):.3f}, no profile interval ({profile['error']})"
+    head = (f"A = {profile['A']:.3f}, {100 * profile['level']:.0f}% profile interval [{profile['low']:.3f}, "
+            f"{profile['high']:.3f}] (width {profile['width']:.3f})")
+    if profile["identified"]:
+        return f"{head}: identified (at most {profile['identified_width']:g} wide)"
+    why = ("it reaches the cap: the run may still be far from its plateau" if profile["at_cap"]
+           else "it reaches the bottom of the searched range" if profile["at_floor"]
+           else f"wider than {profile['identified_width']:g}")
+    return f"{head}: NOT identified ({why}; train longer to pin A down)"
+
+
 def _figure(run_dir: Path, compute: np.ndarray, reward: np.ndarray, result, compute_col: str, title: str,
             min_compute: float = 0.0) -> list[str]:
     import matplotlib
@@ -135,6 +168,7 @@ def finish_report(run_dir: str | Path, *, compute: str = "compute_hours", quiet:
         raise ValueError(f"{run_dir / 'eval.jsonl'} has no evaluation with {compute!r} and pass_rate")
     min_compute, rule = fit_start(run_dir, compute)
     result, error = _fit(cs, rs, min_compute)
+    profile = _profile(result)
     report: dict[str, Any] = {
         "run_dir": str(run_dir),
         "fit_min_compute": min_compute,
@@ -150,6 +184,7 @@ def finish_report(run_dir: str | Path, *, compute: str = "compute_hours", quiet:
         "fit": None if result is None else {k: float(v) for k, v in result.params().items()} | {
             "rmse": float(result.rmse), "r2": float(result.r2), "flags": list(result.flags)},
         "fit_error": error,
+        "A_interval": profile,
     }
     title = f"{run_dir.parent.name}/{run_dir.name}"
     report["figures"] = _figure(run_dir, cs, rs, result, compute, title, min_compute)
@@ -161,6 +196,7 @@ def finish_report(run_dir: str | Path, *, compute: str = "compute_hours", quiet:
             print(f"sigmoid law fit: A={result.A:.3f}  B={result.B:.3f}  C_mid={result.C_mid:.4g} {compute}  "
                   f"(R0={result.R0:.3f}, rmse={result.rmse:.3f}; fitted from {rule})"
                   + (f"  flags: {'; '.join(result.flags)}" if result.flags else ""), flush=True)
+            print(f"asymptote A: {describe_A(profile)}", flush=True)
         else:
             print(f"sigmoid law fit: none ({error})", flush=True)
         print(f"figure: {report['figures'][0]} (+ .pdf)", flush=True)

@@ -28,7 +28,7 @@ from components.trainer.runlog import (
     record_exception,
 )
 
-__all__ = ["run_training", "prepare", "check_config", "config_text", "add_arguments", "main"]
+__all__ = ["run_training", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
 
 log = logging.getLogger("scalerl.train")
 
@@ -234,8 +234,44 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
     from components.models import hub_model_info
 
     merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
+    merged.setdefault("user_modules", user_modules(cfg))  # what `scalerl eval RUN_DIR` imports to read config.gin
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged
+
+
+def user_modules(cfg=None) -> list[dict]:
+    """The modules the run's gin files import (`import my_losses`) and those its train.reward_funcs name
+    by import path, each with the file it was imported from and the sys.path entry that finds it:
+    [{"module": "my_losses", "file": "/home/me/exp/my_losses.py", "path": "/home/me/exp"}]. Recorded in
+    run.json, so that `scalerl eval RUN_DIR` can import them again from any working directory (call
+    while gin holds the run's parsed config)."""
+    import gin
+
+    names = [statement.module for statement in sorted(gin.config._IMPORTS, key=lambda st: st.module)]
+    for spec in getattr(cfg, "reward_funcs", ()) or ():
+        if ":" in spec or ("." in spec and spec not in _registered_rewards()):
+            names.append(spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0])
+    out = []
+    for name in dict.fromkeys(names):
+        module = sys.modules.get(name) or sys.modules.get(name.rpartition(".")[0])  # `from pkg import mod` / attr
+        if module is None:
+            continue
+        file = getattr(module, "__file__", None)
+        entry = None
+        if file:
+            root = Path(file).resolve().parent
+            depth = module.__name__.count(".") + (Path(file).name == "__init__.py")
+            for _ in range(depth):
+                root = root.parent
+            entry = str(root)
+        out.append({"module": module.__name__, "file": str(Path(file).resolve()) if file else None, "path": entry})
+    return out
+
+
+def _registered_rewards() -> list:
+    from components.registry import REWARDS
+
+    return REWARDS.names()
 
 
 def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, progress: bool) -> str:

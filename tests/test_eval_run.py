@@ -1,9 +1,13 @@
-"""`scalerl eval RUN_DIR` with the run's own settings (issue 33 item 4).
+"""`scalerl eval RUN_DIR` with the run's own settings (issue 33 item 4; issue 43 item 6).
 
 A run directory is evaluated as it was trained: its completion budget and forced interruptions,
 precision, evaluation temperature and prompt format, read from its config.gin, unless a flag
 says otherwise; a model directory keeps the defaults. Bad flag values are exit-2 errors (no
 traceback), `--step N` names the steps there are, `--dump FILE` writes every completion.
+
+Without --benchmark, a run directory is evaluated on its own task's held-out set with its own
+settings (train.eval_k, train.eval_prompts, the sampling knobs), and a run whose gin imported a
+user module is evaluable from any working directory while the module's file is where it was.
 
 One tiny run (2 steps, a checkpoint at each) is trained once for the module.
 """
@@ -11,12 +15,17 @@ One tiny run (2 steps, a checkpoint at each) is trained once for the module.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from _helpers_trainer import tiny_model, write_gin
+
+REPO = Path(__file__).resolve().parents[1]
 
 BENCH_ROWS = [{"problem": "3+4", "answer": "7"}, {"problem": "Q: 5+6=", "answer": "11"}, {"problem": "2+9", "answer": "11"}]
 
@@ -33,7 +42,7 @@ def run(tmp_path_factory):
                          train__length_control='"interruption"', interruption__thinking_min="3",
                          interruption__thinking_max="5", interruption__answer_budget="3",
                          interruption__phrase='"</think>"', train__precision='"bf16_fp32_head"',
-                         arithmetic__prompt_template='"Q: {expr}="')
+                         arithmetic__prompt_template='"Q: {expr}="', train__top_k="5", train__min_p="0.01")
     run_dir = root / "run"
     assert run_training([gin_file], [], str(run_dir), progress=False) == "done"
     assert (run_dir / "final" / "config.json").is_file() and (run_dir / "config.gin").is_file()
@@ -68,6 +77,7 @@ def test_eval_of_a_run_uses_its_own_settings_and_dumps_every_completion(run, tmp
     rec = _last_record(out)
     assert rec["max_tokens"] == 8 and rec["temperature"] == 0.7 and rec["top_p"] == 1.0
     assert rec["precision"] == "bf16_fp32_head" and rec["prompt_template"] == "Q: {problem}="
+    assert (rec["top_k"], rec["min_p"], rec["repetition_penalty"]) == (5, 0.01, 1.0)  # the run's sampling knobs
     assert rec["length_control"].startswith("interruption(") and rec["sampled_token_cap"] == 8  # 5 + 3
     assert set(rec["settings_from"].values()) == {"run"} and rec["step"] == 2
     with pytest.raises(ValueError):  # the run's bindings do not stay behind in gin
@@ -97,8 +107,8 @@ def test_flags_override_the_run_and_a_model_directory_keeps_the_defaults(run, tm
     rec = _last_record(out)
     assert (rec["max_tokens"], rec["temperature"], rec["precision"], rec["length_control"]) == (5, 0.0, "fp32", None)
     assert rec["prompt_template"] == "{problem}" and rec["top_p"] == 1.0
-    assert {k: v for k, v in rec["settings_from"].items() if v == "run"} == {"engine": "run", "top_p": "run",
-                                                                               "system_prompt": "run"}
+    assert {k: v for k, v in rec["settings_from"].items() if v == "run"} == {
+        "engine": "run", "top_p": "run", "top_k": "run", "min_p": "run", "repetition_penalty": "run", "system_prompt": "run"}
     capsys.readouterr()
     # the run's final/ policy copied out of the run: a plain model directory, evaluated with the defaults
     model = tmp_path / "model"
@@ -199,3 +209,102 @@ def test_a_run_directory_without_a_config_gets_the_defaults(tmp_path):
     s = eval_settings(tmp_path, {"max_tokens": 6})
     assert s.values == {**DEFAULTS, "max_tokens": 6} and s.config is None
     assert "no config.gin" in s.notes[0]
+
+
+def test_no_benchmark_evaluates_the_run_s_held_out_set_with_its_settings(run, tmp_path, capsys):
+    """`scalerl eval RUN_DIR`, no flags: the run's task (its prompt format, split and seed), its
+    train.eval_prompts (4) of the held-out prompts, train.eval_k (2) samples each, its budget,
+    interruptions, precision, temperature and sampling knobs; graded by the task's verifier."""
+    from experiments.cli import main
+
+    out = tmp_path / "records.jsonl"
+    dump = tmp_path / "dump.jsonl"
+    assert main(["eval", str(run["dir"]), "--out", str(out), "--dump", str(dump)]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "held_out" in printed and "4 of its 8 prompts (train.eval_prompts = 4), k = 2 (train.eval_k)" in printed
+    assert "top_k           5  [run]" in printed and "prompt_template None  [task]" in printed, printed
+    rec = _last_record(out)
+    assert rec["benchmark"] == "held_out" and rec["task"] == "arithmetic" and (rec["k"], rec["prompts"]) == (2, 4)
+    assert (rec["max_tokens"], rec["temperature"], rec["precision"], rec["top_k"]) == (8, 0.7, "bf16_fp32_head", 5)
+    assert rec["length_control"].startswith("interruption(") and rec["sampled_token_cap"] == 8
+    assert set(rec["per_task"]) == {"arithmetic"} and rec["per_task"]["arithmetic"] == pytest.approx(rec["mean@k"])
+    rows = [json.loads(x) for x in dump.read_text().splitlines()]
+    from components.tasks import make_task
+
+    held = make_task("arithmetic", seed=0, num_train=120, num_eval=8, max_operand=12, operators="+").eval_problems()[:4]
+    assert [rows[2 * i]["prompt"] for i in range(4)] == [f"Q: {p.meta['expr']}=" for p in held]  # the run's format
+    assert sum(r["passed"] for r in rows) / len(rows) == pytest.approx(rec["mean@k"])
+    # --k and --limit change the set's size
+    assert main(["eval", str(run["dir"]), "--out", str(out), "--k", "3", "--limit", "2"]) == 0
+    assert (_last_record(out)["k"], _last_record(out)["prompts"]) == (3, 2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--prompt-template", "{problem}"], "--prompt-template and --system-prompt format benchmark problems"),
+    (["--reward", "exact_match"], "--reward applies to --benchmark files"),
+    (["--split", "test", "--grader", "math"], "--split, --grader apply to --benchmark files"),
+    (["--top-k", "-1"], "--top-k must be >= 0"),
+    (["--min-p", "2"], "--min-p must be in [0, 1]"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    (["--limit", "0"], "--limit must be >= 1"),
+])
+def test_held_out_flags_that_do_not_apply_are_refused(run, flags, message, capsys):
+    from experiments.cli import main
+
+    assert main(["eval", str(run["dir"]), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_a_model_directory_needs_a_benchmark(run, tmp_path, capsys):
+    from experiments.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(run["dir"] / "final", model)
+    assert main(["eval", str(model)]) == 2
+    assert "give --benchmark FILE" in capsys.readouterr().err
+
+
+EVAL = [sys.executable, "-m", "experiments.cli", "eval"]
+
+
+def test_a_run_that_imported_a_user_module_is_evaluable_from_anywhere(tmp_path):
+    """A run whose gin says `import my_losses` (its loss), trained from the user's directory, greedy held-out
+    evaluations: `scalerl eval RUN_DIR` from that directory and from elsewhere re-scores the held-out set
+    exactly as the run's last evaluation did; once the module's file is gone, the error names it."""
+    user = tmp_path / "user"
+    user.mkdir()
+    shutil.copy(REPO / "tests" / "user_components" / "my_losses.py", user / "my_losses.py")
+    gin_file = write_gin(user / "mine.gin", tiny_model(tmp_path), imports=("my_losses",), train__loss='"my_reinforce"',
+                         my_reinforce__scale="0.5", train__total_steps="2", train__eval_every="2",
+                         train__checkpoint_every="2", train__eval_temperature="0")
+    run_dir = tmp_path / "runs" / "mine"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    train = (f"import sys; from experiments.train import run_training; "
+             f"sys.exit(0 if run_training([{gin_file!r}], [], {str(run_dir)!r}, progress=False) == 'done' else 1)")
+    done = subprocess.run([sys.executable, "-c", train], cwd=user, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert {"module": "my_losses", "file": str(user / "my_losses.py"), "path": str(user)} in info["user_modules"]
+    last = [e for e in _jsonl(run_dir / "eval.jsonl") if "pass_rate" in e][-1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd in (user, elsewhere):
+        out = subprocess.run(EVAL + [str(run_dir), "--out", str(tmp_path / f"{cwd.name}.jsonl")], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, (cwd, out.stderr[-3000:])
+        rec = _last_record(tmp_path / f"{cwd.name}.jsonl")
+        assert rec["benchmark"] == "held_out" and (rec["k"], rec["prompts"], rec["temperature"]) == (2, 4, 0.0)
+        assert rec["step"] == last["step"] == 2 and rec["mean@k"] == pytest.approx(last["pass_rate"], abs=1e-12)
+        # the same completions: as many tokens, the same log-probs (greedy, same prompts, same weights)
+        assert rec["eval_tokens"] == last["eval_tokens"] and rec["eval_truncation_rate"] == last["eval_truncation_rate"]
+        assert rec["entropy"] == pytest.approx(last["entropy"], rel=1e-5)
+    (user / "my_losses.py").rename(tmp_path / "moved.py")
+    out = subprocess.run(EVAL + [str(run_dir)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2
+    assert "module 'my_losses'" in out.stderr and str(user / "my_losses.py") in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _jsonl(path: Path) -> list:
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]

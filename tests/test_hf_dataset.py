@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import uuid
 
 import pytest
@@ -223,3 +224,78 @@ def test_math_file_and_code_file_take_a_system_prompt_and_a_reward(tmp_path, tok
     assert tok.decode(render_prompt(p, tok)).startswith("Write Python.\n<|user|>Print ")
     n = p.prompt.split(".")[0].split()[-1]
     assert task.verify(p, f"```python\nprint({n})\n```").passed
+
+
+# -- conversational prompts and chat_template_kwargs (issue 43 item 2) ---------------------------------
+CONVERSATIONS = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i}+1?"}],
+                  "answer": str(i + 1), "level": i % 3} for i in range(20)]
+# a template that opens a thinking part after the generation prompt unless enable_thinking is false (as Qwen3's)
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+    "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is not defined or enable_thinking %}<think>"
+    "{% endif %}{% endif %}")
+
+
+def test_conversational_prompts_render_their_messages_with_chat_template_kwargs(tmp_path, offline, tok):
+    """TRL's conversational format: a prompt column of messages. The messages (the last user one through
+    prompt_template) are what the chat template renders, in training and evaluation alike; the
+    chat_template_kwargs reach the template; a repeated conversation is kept once, the same question under
+    another system message is not a repeat; the reward sees the text and the row's columns."""
+    rows = CONVERSATIONS + [CONVERSATIONS[0],  # a repeat
+                            {"prompt": [{"role": "user", "content": "What is 0+1?"}], "answer": "1", "level": 9}]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    kw = dict(path=path, eval_size=4, prompt_template="Q: {prompt}", chat_template_kwargs={"enable_thinking": False},
+              cache_dir=str(offline))
+    task = make_task("hf_dataset", **kw)
+    train, held = task.train_problems(), task.eval_problems()
+    assert len(train) + len(held) == 21 and task.load_stats["train_dropped_duplicate"] == 1
+    think = make_char_tokenizer()
+    think.chat_template = THINKING_TEMPLATE
+    for p in (train[0], held[0]):
+        assert p.prompt.startswith("Q: What is ") and p.meta["messages"][-1] == {"role": "user", "content": p.prompt}
+        system = "Be brief.\n" if len(p.meta["messages"]) == 2 else ""
+        assert tok.decode(render_prompt(p, tok)) == f"{system}<|user|>{p.prompt}\n<|assistant|>"
+        assert think.decode(render_prompt(p, think)) == f"{system}<|user|>{p.prompt}\n<|assistant|>"  # enable_thinking=False
+        assert task.verify(p, f"\\boxed{{{p.answer}}}").passed  # math-verify against the answer column
+    on = make_task("hf_dataset", **{**kw, "chat_template_kwargs": None}).train_problems()[0]
+    assert think.decode(render_prompt(on, think)).endswith("<|assistant|><think>")  # the template's default
+    plain = make_char_tokenizer()
+    plain.chat_template = None  # no template: the messages' contents, one a line
+    p = next(x for x in train if len(x.meta["messages"]) == 2)
+    assert render_prompt(p, plain) == plain.encode(f"Be brief.\n{p.prompt}", add_special_tokens=True)
+    # the rewards: the per-completion prompt is the text; a TRL-style function gets the messages
+    from components.rewards import build_reward_funcs, combined_rewards, reward_row
+
+    seen = {}
+
+    def trl_style(prompts, completions, level, **kwargs):
+        seen.update(prompts=prompts, completions=completions, level=level)
+        return [1.0] * len(completions)
+
+    mod = sys.modules[__name__]
+    setattr(mod, "_trl_style", trl_style)
+    funcs = build_reward_funcs([f"{__name__}:_trl_style"], None)
+    combined_rewards(funcs, p, reward_row(task, p), ["4", "5"], [[1], [2]], [0.0, 0.0], reward_correct=1.0,
+                     reward_incorrect=-1.0)
+    assert seen["prompts"] == [p.meta["messages"]] * 2
+    assert seen["completions"] == [[{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}]]
+    assert seen["level"] == [reward_row(task, p)["level"]] * 2 and "prompt" in reward_row(task, p)
+
+
+@pytest.mark.parametrize("row, extra, message", [
+    ({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "answer": "1"}, {},
+     "last message is the 'assistant''s"),
+    ({"prompt": ["What is 1+1?"], "answer": "2"}, {}, "item 0 ('What is 1+1?') is not a {'role': str, 'content': str}"),
+    ({"prompt": [], "answer": "2"}, {}, "holds an empty list"),
+    ({"prompt": {"role": "user"}, "answer": "2"}, {}, "holds a dict, not text"),
+    (CONVERSATIONS[1], {"system_prompt": "Think."}, "has a system message, and system_prompt = 'Think.' gives another"),
+    (CONVERSATIONS[1], {"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs must be a dict"),
+])
+def test_malformed_conversations_are_named(tmp_path, offline, row, extra, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", CONVERSATIONS[2:] + [row])
+    with pytest.raises(ValueError) as err:
+        make_task("hf_dataset", path=path, eval_size=2, cache_dir=str(offline), **extra)
+    msg = str(err.value)
+    assert message in msg, msg
+    if "chat_template_kwargs" not in extra and "system_prompt" not in extra:
+        assert "row 18" in msg and "column 'prompt'" in msg, msg

@@ -235,6 +235,8 @@ def test_plan_counts_adapter_parameters(model_path, tmp_path):
     ('train.lora_targets = ["q_proj", "qproj"]', r"'qproj' matches no module of LlamaForCausalLM; its linear layers: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
     ('train.lora_targets = ["lm_head"]', r"is the LM head"),
     ('train.lora_targets = ["embed_tokens"]', r"matches model.embed_tokens \(Embedding\); LoRA here adapts nn.Linear layers only"),
+    ("train.lora_dropout = 1.0", r"train.lora_dropout = 1.0 is out of range: must be in \[0, 1\)"),
+    ("train.lora_dropout = -0.1", r"train.lora_dropout = -0.1 is out of range"),
 ])
 def test_bad_lora_settings_are_refused_before_anything_runs(model_path, tmp_path, binding, message):
     from components.trainer.config import ConfigError
@@ -245,6 +247,35 @@ def test_bad_lora_settings_are_refused_before_anything_runs(model_path, tmp_path
     with pytest.raises(ConfigError, match=message):
         prepare([gin_file], rank + [binding])
     assert not (tmp_path / "runs").exists()
+
+
+def test_lora_dropout_reaches_peft_and_acts_only_while_the_learner_trains(model_path, tmp_path):
+    """train.lora_dropout (default 0: no dropout module at all, as before) is peft's lora_dropout on each
+    adapter's input: two train-mode forwards of the same batch differ, eval-mode ones (the KL reference,
+    the export) do not; the base path is untouched; it is recorded in the adapter config."""
+    from components.trainer.config import TrainConfig
+    from components.trainer.lora import lora_layers, write_adapter_config
+
+    assert TrainConfig().lora_dropout == 0.0
+    plain, _ = make_learner(model_path, lora_cfg(model_path))
+    assert all(isinstance(m.lora_dropout["default"], torch.nn.Identity) for m in lora_layers(plain.model).values())
+    learner, tok = make_learner(model_path, lora_cfg(model_path, lora_dropout=0.25))
+    layers = lora_layers(learner.model)
+    drops = [m.lora_dropout["default"] for m in layers.values()]
+    assert drops and all(isinstance(d, torch.nn.Dropout) and d.p == 0.25 for d in drops)
+    with torch.no_grad():
+        for m in layers.values():  # lora_B starts at 0 (the adapter adds nothing): give it a value
+            m.lora_B["default"].weight.fill_(0.05)
+    ids = torch.tensor([tok.encode("12+7=19", add_special_tokens=False)])
+    model = learner.model
+    with torch.no_grad():
+        model.train()
+        a, b = model(input_ids=ids).logits, model(input_ids=ids).logits
+        model.eval()
+        c, d = model(input_ids=ids).logits, model(input_ids=ids).logits
+    assert not torch.equal(a, b) and torch.equal(c, d)
+    write_adapter_config(learner.model, tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["lora_dropout"] == 0.25
 
 
 def test_the_learner_refuses_unknown_targets_too(model_path):

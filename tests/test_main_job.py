@@ -65,10 +65,20 @@ def test_main_job_learns_and_fits(tmp_path):
     assert fit["A"] > start and fit["B"] > 0 and fit["C_mid"] > 0
     for ext in ("png", "pdf"):
         assert (run_dir / f"pass_rate_vs_compute.{ext}").stat().st_size > 1000
-    # what the user sees: start and end values and the fit
+    # what the user sees: start and end values and the fit, A with its profile interval
     assert "held-out pass rate: start" in out and "sigmoid law fit: A=" in out
+    assert "asymptote A: A = " in out and "95% profile interval [" in out and "identified" in out, out[-3000:]
+    assert report["A_interval"]["low"] <= fit["A"] <= report["A_interval"]["high"]
     # the budget (timings on a shared machine are noisy: the margin is in the config)
     assert elapsed < BUDGET_S * 1.5, f"main job took {elapsed:.0f}s (budget {BUDGET_S}s on a quiet 2-core machine)"
+    # `scalerl eval RUN_DIR`, no flags: the final policy on the run's own held-out set, as the run evaluates it
+    evaluated = subprocess.run(_scalerl() + ["eval", str(run_dir)], cwd=str(tmp_path), env=env, capture_output=True,
+                               text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-4000:]
+    rec = json.loads((run_dir / "downstream.jsonl").read_text().splitlines()[-1])
+    assert rec["benchmark"] == "held_out" and (rec["k"], rec["prompts"]) == (8, 200)  # train.eval_k, train.eval_prompts
+    assert rec["precision"] == "bf16_fp32_head" and rec["length_control"].startswith("interruption(")
+    assert abs(rec["mean@k"] - end) < 0.1, (rec["mean@k"], end)  # the same policy on the same prompts, other samples
     if session_cache and not os.environ.get("SCALERL_TEST_REUSE_CACHE"):
         for built in (tmp_path / "cache").glob("warm-*"):  # the Slurm tests' jobs start from it
             if not (Path(session_cache) / built.name).exists():

@@ -63,3 +63,25 @@ def test_curve_keeps_the_last_evaluation_at_a_repeated_compute_and_skips_nan(tmp
 def test_missing_evaluations_are_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="eval.jsonl"):
         finish_report(tmp_path)
+
+
+def test_the_report_prints_a_with_its_profile_interval_and_whether_it_is_identified(tmp_path, capsys):
+    """Issue 43 item 7: the end-of-run report gives A's 95% profile-likelihood interval
+    (analysis.scaling_law.profile_A) and says whether A is identified (at most 0.1 wide, neither end
+    at a bound): a curve that has plateaued pins A down; one stopped before its midpoint does not."""
+    rng = np.random.default_rng(0)
+    compute = np.concatenate([[1e-6], np.geomspace(1e-3, 5e-2, 25)])
+    truth = dict(A=0.82, B=2.5, C_mid=8e-3, R0=0.24)
+    _write_evals(tmp_path / "plateau", compute, sigmoid(compute, **truth) + rng.normal(0, 0.005, compute.size))
+    report = finish_report(tmp_path / "plateau")
+    a = report["A_interval"]
+    assert a["identified"] and a["low"] <= truth["A"] <= a["high"] and a["width"] <= 0.1 and a["level"] == 0.95
+    assert json.loads((tmp_path / "plateau" / REPORT_FILE).read_text())["A_interval"] == a
+    out = capsys.readouterr().out
+    assert f"asymptote A: A = {report['fit']['A']:.3f}, 95% profile interval [{a['low']:.3f}, {a['high']:.3f}]" in out
+    assert ": identified (at most 0.1 wide)" in out, out
+    early = compute[compute <= 4e-3]  # stopped well before C_mid: the plateau is not in the data
+    _write_evals(tmp_path / "early", early, sigmoid(early, **truth) + rng.normal(0, 0.005, early.size))
+    report = finish_report(tmp_path / "early")
+    assert report["fit"] is not None and not report["A_interval"]["identified"]
+    assert "NOT identified" in capsys.readouterr().out

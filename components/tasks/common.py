@@ -68,6 +68,8 @@ def resolve_eval_size(n: int, eval_size: Optional[int], eval_fraction: Optional[
 
 
 SYSTEM_PROMPT_KEY = "system_prompt"  # Problem.meta key: the system prompt travels with the problem
+MESSAGES_KEY = "messages"  # Problem.meta key: a conversational prompt ([{"role", "content"}, ...], last one the user's)
+CHAT_TEMPLATE_KWARGS_KEY = "chat_template_kwargs"  # Problem.meta key: extra chat-template variables (enable_thinking)
 
 
 def render_prompt(problem: Union[Problem, str], tokenizer: Any, system_prompt: Optional[str] = None) -> list[int]:
@@ -78,20 +80,27 @@ def render_prompt(problem: Union[Problem, str], tokenizer: Any, system_prompt: O
     tokens, e.g. BOS). The system prompt is `system_prompt` if given, else the problem's own
     (``problem.meta["system_prompt"]``, set by tasks built with a `system_prompt`), so
     training and evaluation render a problem alike without passing it.
+
+    A conversational problem (``problem.meta["messages"]``, e.g. `hf_dataset` with a prompt
+    column of messages) renders those messages, the system prompt first when they have no
+    system message of their own; without a chat template, their contents joined by newlines.
+    ``problem.meta["chat_template_kwargs"]`` (e.g. ``{"enable_thinking": False}``) goes to the
+    chat template as its extra variables.
     """
     text = problem.prompt if isinstance(problem, Problem) else str(problem)
-    if system_prompt is None and isinstance(problem, Problem):
-        system_prompt = (problem.meta or {}).get(SYSTEM_PROMPT_KEY)
+    meta = (problem.meta or {}) if isinstance(problem, Problem) else {}
+    if system_prompt is None:
+        system_prompt = meta.get(SYSTEM_PROMPT_KEY)
+    conversation = meta.get(MESSAGES_KEY)
+    messages = [dict(m) for m in conversation] if conversation else [{"role": "user", "content": text}]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
     if getattr(tokenizer, "chat_template", None):
-        messages = []
-        if system_prompt:
-            messages.append({"role": "system", "content": system_prompt})
-        messages.append({"role": "user", "content": text})
+        extra = dict(meta.get(CHAT_TEMPLATE_KWARGS_KEY) or {})
         # tokenize=False then encode: transformers 5 returns a BatchEncoding for tokenize=True.
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
         return list(tokenizer.encode(rendered, add_special_tokens=False))
-    if system_prompt:
-        text = f"{system_prompt}\n{text}"
+    text = "\n".join(str(m["content"]) for m in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
 
 

@@ -22,6 +22,18 @@ code-task instruction, when tests are mapped); ``system_prompt`` travels with ev
 (``Problem.meta["system_prompt"]``), and `render_prompt` applies the model's chat template with
 it in training and evaluation alike.
 
+Conversational prompts (TRL's conversational format): the prompt column may hold a list of
+messages, ``[{"role": "system", "content": ...}, {"role": "user", "content": ...}, ...]``, the last
+one the user's. The messages travel with the problem (``Problem.meta["messages"]``) and are what
+the chat template renders; ``prompt_template`` formats the last user message, which is also the
+problem's ``prompt`` text (a reward's ``prompt``); ``system_prompt`` is rendered first unless the
+messages have a system message of their own (both at once is refused). Repeated conversations are
+kept once. ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to the chat
+template with every prompt, in training and evaluation alike (``Problem.meta["chat_template_kwargs"]``).
+
+Every column of a row is kept for the rewards: a plain-function reward (``reward``) and the
+functions of ``train.reward_funcs`` get them as keyword arguments (`components.rewards`).
+
 Grading, in this order:
 
 1. ``reward = "<name>"``: a plain-function reward from the `REWARDS` registry, called as
@@ -35,6 +47,7 @@ Grading, in this order:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -42,7 +55,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from components.registry import TASKS
 from components.tasks.base import Problem, Verdict
-from components.tasks.common import SYSTEM_PROMPT_KEY, SplitTask, resolve_eval_size, seeded_split
+from components.tasks.common import (CHAT_TEMPLATE_KWARGS_KEY, MESSAGES_KEY, SYSTEM_PROMPT_KEY, SplitTask,
+                                     resolve_eval_size, seeded_split)
 
 FIELDS = ("prompt", "answer", "tests")
 DEFAULT_COLUMNS = {"prompt": ("prompt", "problem", "question"), "answer": ("answer",)}
@@ -150,8 +164,27 @@ def _text(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
     if isinstance(x, (list, dict)):
-        raise ValueError(f"holds a {type(x).__name__}, not text ({x!r:.80}); map a column of plain text")
+        raise ValueError(f"holds a {type(x).__name__}, not text ({x!r:.80}); map a column of plain text, or of "
+                         "conversations: lists of {'role': ..., 'content': ...} messages, the last one the user's")
     return str(x).strip()
+
+
+def _messages(x: list) -> list[dict]:
+    """A conversational prompt, checked: a non-empty list of {"role": str, "content": str} messages whose
+    last one is the user's. ValueError saying what is wrong (the caller names the row and column)."""
+    form = "a list of {'role': ..., 'content': ...} messages, the last one the user's"
+    if not x:
+        raise ValueError(f"holds an empty list; a conversational prompt is {form}")
+    out = []
+    for i, m in enumerate(x):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"holds a list whose item {i} ({m!r:.80}) is not a {{'role': str, 'content': str}} message; "
+                             f"a conversational prompt is {form}")
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] != "user":
+        raise ValueError(f"holds a conversation whose last message is the {out[-1]['role']!r}'s; the model answers the "
+                         f"user, so a conversational prompt is {form}")
+    return out
 
 
 def _is_empty(x: Any) -> bool:
@@ -176,7 +209,10 @@ class HFDatasetTask(SplitTask):
         split: the training split (e.g. ``"train"``, or ``"train[:2000]"``).
         eval_split: a separate held-out split; else `eval_size` / `eval_fraction` of `split`.
         columns: {"prompt": column, "answer": column, "tests": column}.
-        system_prompt: a system message rendered with every prompt.
+        system_prompt: a system message rendered with every prompt (before a conversation's messages
+            when they have no system message of their own).
+        chat_template_kwargs: extra variables of the model's chat template, passed with every prompt
+            (e.g. ``{"enable_thinking": False}`` for Qwen3).
         prompt_template: the user message; ``{prompt}`` is the prompt column's text, and
             ``{instruction}`` the code instruction (tests mapped). Default ``"{prompt}"``, or
             ``"{prompt}\n\n{instruction}"`` when tests are mapped.
@@ -202,6 +238,7 @@ class HFDatasetTask(SplitTask):
         columns: Optional[dict] = None,
         system_prompt: Optional[str] = None,
         prompt_template: Optional[str] = None,
+        chat_template_kwargs: Optional[dict] = None,
         reward: Optional[str] = None,
         pass_threshold: float = 1.0,
         seed: int = 0,
@@ -230,6 +267,11 @@ class HFDatasetTask(SplitTask):
                 f"hf_dataset: give eval_split ({eval_split!r}) or eval_size / eval_fraction "
                 f"({eval_size!r} / {eval_fraction!r}), not both"
             )
+        if chat_template_kwargs is not None and (not isinstance(chat_template_kwargs, Mapping)
+                                                 or not all(isinstance(k, str) for k in chat_template_kwargs)):
+            raise ValueError(f"hf_dataset: chat_template_kwargs must be a dict of template variables, e.g. "
+                             f"{{'enable_thinking': False}}, got {chat_template_kwargs!r}")
+        self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
         self.seed = seed
         self.reward = check_reward(reward)
         self.pass_threshold = float(pass_threshold)
@@ -265,9 +307,9 @@ class HFDatasetTask(SplitTask):
             eval_rows, eval_present, eval_label = load_rows(path, data_files, eval_split, **load)
             resolve_columns(mapped, eval_present, eval_label, need_answer=grading == "math_verify")
             held = self._problems(eval_rows, eval_label, stem, eval_split, "eval")
-            held_texts = {p.prompt for p in held}
-            overlap = [p for p in train if p.prompt in held_texts]
-            train = [p for p in train if p.prompt not in held_texts]
+            held_texts = {_prompt_key(p) for p in held}
+            overlap = [p for p in train if _prompt_key(p) in held_texts]
+            train = [p for p in train if _prompt_key(p) not in held_texts]
             self.load_stats.update(eval_rows_read=len(eval_rows), dropped_in_eval_split=len(overlap))
             if not train:
                 raise ValueError(f"hf_dataset: every prompt of {label} is also in {eval_label}; nothing left to train on")
@@ -285,23 +327,32 @@ class HFDatasetTask(SplitTask):
         from components.tasks.code_file import code_instruction, parse_tests
 
         cols = self.columns
-        keep_all = self.grading == "reward"  # a reward sees the whole row
         out, seen = [], set()
         empty = dup = 0
         for i, row in enumerate(rows):
             where = f"{label} row {i}"
+            raw = row.get(cols["prompt"])
+            messages = None
             try:
-                text = _text(row.get(cols["prompt"]))
+                if isinstance(raw, list):
+                    messages = _messages(raw)
+                    text = messages[-1]["content"].strip()
+                else:
+                    text = _text(raw)
             except ValueError as err:
                 raise ValueError(f"hf_dataset: {where}: column {cols['prompt']!r} {err}") from None
+            if messages is not None and self.system_prompt and any(m["role"] == "system" for m in messages):
+                raise ValueError(f"hf_dataset: {where}: the conversation in column {cols['prompt']!r} has a system "
+                                 f"message, and system_prompt = {self.system_prompt!r} gives another; drop one of them")
             answer = row.get(cols["answer"]) if "answer" in cols else None
             if not text or (self.grading == "math_verify" and _is_empty(answer)):
                 empty += 1
                 continue
-            if text in seen:
+            key = text if messages is None else json.dumps(messages, sort_keys=True)
+            if key in seen:
                 dup += 1
                 continue
-            seen.add(text)
+            seen.add(key)
             pid = f"hf_dataset:{stem}:{split}:{i}"
             instruction = ""
             if "tests" in cols:
@@ -312,7 +363,7 @@ class HFDatasetTask(SplitTask):
                 tests = parse_tests(tests_row, where, prompt=text)  # a Python prompt's helpers (HumanEval)
                 instruction = code_instruction(tests, row.get("starter_code"))
                 self._tests[pid] = tests
-            kept = dict(row) if keep_all else {}
+            kept = dict(row)  # every column: a reward (hf_dataset.reward, train.reward_funcs) sees the whole row
             if answer is not None:
                 kept["answer"] = answer
             if "tests" in cols:
@@ -321,7 +372,11 @@ class HFDatasetTask(SplitTask):
             meta = {"split": role, "row": i, "source": label}
             if self.system_prompt:
                 meta[SYSTEM_PROMPT_KEY] = self.system_prompt
+            if self.chat_template_kwargs:
+                meta[CHAT_TEMPLATE_KWARGS_KEY] = dict(self.chat_template_kwargs)
             prompt = self.prompt_template.format(prompt=text, instruction=instruction).strip()
+            if messages is not None:  # the template formats the last (user) message; the rest as given
+                meta[MESSAGES_KEY] = messages[:-1] + [{"role": "user", "content": prompt}]
             out.append(Problem(id=pid, prompt=prompt, answer=None if "tests" in cols else answer, meta=meta))
         key = f"{role}_dropped"
         self.load_stats[f"{key}_empty"] = self.load_stats.get(f"{key}_empty", 0) + empty
@@ -396,6 +451,12 @@ def _data_paths(path: str, data_files: DataFiles, cache_dir: Optional[str]) -> t
             real = os.path.realpath(p)
             out += [real] + ([os.path.dirname(real)] if p.is_file() else [])
     return tuple(dict.fromkeys(out))
+
+
+def _prompt_key(p: Problem) -> str:
+    """What makes two problems the same prompt: the text, or a conversation's messages."""
+    messages = (p.meta or {}).get(MESSAGES_KEY)
+    return p.prompt if messages is None else json.dumps(messages, sort_keys=True)
 
 
 def _with_split(p: Problem, split: str) -> Problem:

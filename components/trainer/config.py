@@ -94,6 +94,42 @@ def _lora_targets(value: Any) -> Any:
                       f"got {value!r}")
 
 
+def _adam_betas(value: Any) -> tuple:
+    """train.adam_betas as stored: two floats (beta1, beta2); any other form is a ConfigError naming the setting."""
+    form = "two numbers (beta1, beta2) in [0, 1), e.g. train.adam_betas = (0.9, 0.999)"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"train.adam_betas = {value!r} is not a pair: give {form}")
+    if len(value) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in value):
+        raise ConfigError(f"train.adam_betas = {value!r}: give {form}")
+    return tuple(float(b) for b in value)
+
+
+def _reward_funcs(value: Any) -> tuple:
+    """train.reward_funcs as stored: a tuple of specs (strings); a callable becomes its import path
+    (`components.rewards.reward_spec_of`). One spec alone is a list of one."""
+    from components.rewards import reward_spec_of
+
+    items = [] if value is None else [value] if isinstance(value, str) or callable(value) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"train.reward_funcs = {value!r}: give a list of reward functions, e.g. "
+                          "[\"verifier\", \"my_reward\", \"my_module:my_function\"]")
+    try:
+        return tuple(reward_spec_of(v) for v in items)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _reward_weights(value: Any) -> Optional[tuple]:
+    """train.reward_weights as stored: None (every function weighs 1.0) or a tuple of numbers."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise ConfigError(f"train.reward_weights = {value!r}: give one number per train.reward_funcs entry, "
+                          "e.g. [1.0, 0.1] (or None: all 1.0)")
+    return tuple(items)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # -- components (registry names) ---------------------------------------------------
@@ -112,6 +148,11 @@ class TrainConfig:
     # a per-token weight on the policy loss for the generator-learner log-prob mismatch: "none" (today's
     # loss), "tis", "mis", "seq_tis", "seq_mis" (components/mismatch.py)
     mismatch_correction: str = _component("mismatch_corrections", "none")
+    # several weighted rewards (components/rewards.py): () = the task's verifier alone (today's reward). Else the
+    # reward is sum_i reward_weights[i] x reward_funcs[i], each logged as reward/<name>; "verifier" is the task's
+    # own verdict reward; an entry is a REWARDS name or an import path "module:function"; the pass rate stays the verifier's
+    reward_funcs: tuple = field(default=(), metadata={"coerce": _reward_funcs})
+    reward_weights: Optional[tuple] = field(default=None, metadata={"coerce": _reward_weights})  # None: all 1.0
     # -- batch and sampling ---------------------------------------------------------------
     prompts_per_step: int = 8
     generations_per_prompt: int = 8
@@ -135,7 +176,7 @@ class TrainConfig:
     lr: float = 5e-7
     warmup_steps: int = 100
     adam_eps: float = 1e-15
-    adam_betas: tuple = field(default=(0.9, 0.999), metadata={"coerce": lambda v: tuple(float(b) for b in v)})
+    adam_betas: tuple = field(default=(0.9, 0.999), metadata={"coerce": _adam_betas})
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max grad norm; <= 0 disables clipping
     lr_schedule: str = _component("lr_schedules", "constant")  # after the warmup: constant, linear or cosine decay to 0 at total_steps
@@ -146,6 +187,7 @@ class TrainConfig:
     # -- LoRA (components/trainer/lora.py; peft). 0: full fine-tuning ------------------------
     lora_rank: int = 0  # r > 0: train rank-r adapters on the frozen base; generators and final/ get merged weights
     lora_alpha: float = 16.0  # peft's convention: the update is (lora_alpha / lora_rank) x B A (x 2 at rank 8)
+    lora_dropout: float = 0.0  # peft's lora_dropout on each adapter's input while the learner trains (0: none)
     # "all-linear" (every nn.Linear of the decoder blocks, not the LM head) or module names (["q_proj", "v_proj"])
     lora_targets: Any = field(default="all-linear", metadata={"coerce": _lora_targets})
     # -- schedule ---------------------------------------------------------------------------
@@ -199,6 +241,9 @@ class TrainConfig:
         d["adam_betas"] = list(self.adam_betas)
         d["downstream_benchmarks"] = list(self.downstream_benchmarks)
         d["trackers"] = list(self.trackers)
+        d["reward_funcs"] = list(self.reward_funcs)
+        if self.reward_weights is not None:
+            d["reward_weights"] = list(self.reward_weights)
         if isinstance(self.lora_targets, tuple):
             d["lora_targets"] = list(self.lora_targets)
         return d
@@ -332,6 +377,7 @@ TRAIN_RANGES = {
     "weight_decay": ">= 0",
     "lora_rank": ">= 0",  # 0: full fine-tuning
     "lora_alpha": "> 0",
+    "lora_dropout": "[0, 1)",
     "kl_coef": ">= 0",
     "entropy_coef": ">= 0",
     "total_steps": ">= 1",
@@ -448,6 +494,7 @@ def check_components(cfg: "TrainConfig") -> None:
 
     used = [(registry, name, None) for registry, name in component_names(cfg) if registry is not TRACKERS]
     used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
+    used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
     problems = _mixture_weight_problem(cfg.task)
     while used:
         registry, name, overrides = used.pop(0)
@@ -545,6 +592,13 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
     if cfg.lora_rank > 0:
         _check_lora_targets(cfg.lora_targets)  # their form; which modules they match is checked on the model (lora.check_targets)
+    if cfg.reward_funcs or cfg.reward_weights is not None:
+        from components.rewards import check_reward_funcs
+
+        try:
+            check_reward_funcs(cfg.reward_funcs, cfg.reward_weights)  # each resolves (imports), weights match
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     from components.trainer.tracking import check_trackers
 
     try:
@@ -579,10 +633,26 @@ def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:
     validate(cfg)
     OFF_POLICY.get(cfg.off_policy)()  # also validates k
     if on_this_machine:
+        _check_device_here(cfg)
         try:
             attention_of(cfg)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def _check_device_here(cfg: TrainConfig) -> None:
+    """train.device = "cuda" on a machine where torch sees no CUDA device: refused before any process
+    starts (the run would otherwise start its processes and fail in each)."""
+    if not str(cfg.device).startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "this torch has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"train.device = {cfg.device!r} but {why} on this machine (torch {torch.__version__}, "
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use "
+                          "train.device = \"auto\" (a GPU where there is one, else the CPU) or \"cpu\", or submit the "
+                          "run to a GPU machine (--executor slurm)")
 
 
 def on_gpu(cfg: TrainConfig) -> bool:

@@ -160,38 +160,54 @@ def build_requests(work, tokenizer, length_control, cfg) -> list:
     return requests
 
 
-def score_group(group, problem, task, tokenizer, length_control, cfg):
-    """Rewards of one finished group: verify each completion, then any reward-side length control."""
+def score_group(group, problem, task, tokenizer, length_control, cfg, reward_funcs=None):
+    """Rewards of one finished group: verify each completion (the verdict: passed, and the task's
+    reward), then, with train.reward_funcs (`reward_funcs`, `components.rewards.build_reward_funcs`),
+    the weighted sum of those functions as the reward, then any reward-side length control."""
     from components.trainer.rollout import Rollout, safe_verify
 
     completions = sorted(group.completions, key=lambda c: c.sample_index)
-    rewards, passed, errors = [], [], 0
+    texts, verdict_rewards, passed, errors = [], [], [], 0
     for c in completions:
         text = tokenizer.decode(c.token_ids, skip_special_tokens=False)
         verdict, err = safe_verify(task, problem, text, cfg.verifier_timeout_s)
-        reward = float(verdict.reward)
-        if length_control is not None and hasattr(length_control, "shape_reward"):
-            reward = float(length_control.shape_reward(reward, bool(verdict.passed), len(c.token_ids)))
-        rewards.append(reward)
+        texts.append(text)
+        verdict_rewards.append(float(verdict.reward))
         passed.append(bool(verdict.passed))
         errors += err is not None
+    parts = None
+    rewards = verdict_rewards
+    if reward_funcs:
+        from components.rewards import combined_rewards, reward_row
+        from components.trainer.rollout import safe_call
+
+        rewards, parts, reward_errors = combined_rewards(
+            reward_funcs, problem, reward_row(task, problem), texts, [c.token_ids for c in completions], verdict_rewards,
+            reward_correct=float(getattr(task, "reward_correct", 1.0)),
+            reward_incorrect=float(getattr(task, "reward_incorrect", -1.0)),
+            call=lambda thunk: safe_call(thunk, cfg.verifier_timeout_s))
+        errors += reward_errors
+    if length_control is not None and hasattr(length_control, "shape_reward"):
+        rewards = [float(length_control.shape_reward(r, ok, len(c.token_ids)))
+                   for r, ok, c in zip(rewards, passed, completions)]
     return Rollout(
         order_id=int(group.request.group_id),
         problem_id=problem.id,
         completions=completions,
-        rewards=rewards,
+        rewards=[float(r) for r in rewards],
         passed=passed,
         verifier_errors=errors,
+        reward_parts=parts,
     )
 
 
 class _Scorer:
     """A thread that verifies finished groups, so the engine loop never waits on a verifier."""
 
-    def __init__(self, task, tokenizer, length_control, cfg, index: int):
+    def __init__(self, task, tokenizer, length_control, cfg, index: int, reward_funcs=None):
         self.inbox: "queue.Queue" = queue.Queue()
         self.outbox: "queue.Queue" = queue.Queue()
-        self.args = (task, tokenizer, length_control, cfg)
+        self.args = (task, tokenizer, length_control, cfg, reward_funcs)
         self.index = index
         self.error: Optional[str] = None
         self.thread = threading.Thread(target=self._run, daemon=True, name="scorer")
@@ -371,7 +387,10 @@ def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, pro
     receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
     base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control),
                                  **sampling_knobs(cfg))  # train.top_k, min_p, repetition_penalty, max_prompt_length
-    scorer = _Scorer(task, tokenizer, length_control, cfg, index)
+    from components.rewards import build_reward_funcs
+
+    reward_funcs = build_reward_funcs(cfg.reward_funcs, cfg.reward_weights) or None  # train.reward_funcs, resolved here
+    scorer = _Scorer(task, tokenizer, length_control, cfg, index, reward_funcs)
     settle_heap()  # start-up's objects out of the collector's full passes
     problems: dict[int, Any] = {}
     benchmarks = None  # downstream benchmarks, loaded at their first evaluation

@@ -803,7 +803,19 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
         "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
         "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
         if n else math.nan,
+        **_reward_part_means(rollouts),
     }
+
+
+def _reward_part_means(rollouts: Sequence[Rollout]) -> dict:
+    """train.reward_funcs: {"reward/<name>": the mean of that function's (unweighted) reward over every
+    generation of the step that it scored (NaN: none)}; empty without reward functions."""
+    names = list(dict.fromkeys(name for r in rollouts for name in (r.reward_parts or {})))
+    out = {}
+    for name in names:
+        values = [float(v) for r in rollouts for v in (r.reward_parts or {}).get(name, ()) if math.isfinite(float(v))]
+        out[f"reward/{name}"] = math.fsum(values) / len(values) if values else math.nan
+    return out
 
 
 def _empty_step_stats(version: int) -> dict:

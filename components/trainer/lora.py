@@ -4,6 +4,7 @@
     train.lora_alpha = 16.0             # the update is (lora_alpha / r) x B A: peft's convention (no rsLoRA)
     train.lora_targets = "all-linear"   # every nn.Linear of the decoder blocks (the LM head excepted),
                                         # or module names: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    train.lora_dropout = 0.0            # peft's dropout on each adapter's input, while the learner trains
 
 Where it is applied. `Learner.__init__` injects the adapters into the transformers model IN PLACE
 (`apply_lora`: peft's `LoraConfig` + `inject_adapter_in_model`, the injection `get_peft_model`
@@ -24,7 +25,12 @@ checkpointing, FSDP2 sharding and torch.compile, so:
   require grad: the optimizer holds the adapters only;
 - lora_A starts Kaiming-uniform (peft's default) and lora_B at zero, so the policy starts as the
   base, bit for bit. Learner rank 0 draws lora_A; ranks >= 1 (built empty on the meta device)
-  receive it with the base weights (`learner.load_from_rank0`). Dropout is 0 (deterministic).
+  receive it with the base weights (`learner.load_from_rank0`).
+- `train.lora_dropout` (default 0: none, as before it existed) is peft's `lora_dropout`: dropout on
+  the input of each adapter's A, active while the learner trains (the learner's forward with
+  gradients runs in train mode); the base path, the generators' merged weights and the KL
+  reference (adapters off, eval mode) never see it. The learner's log-probs of a step then carry
+  the dropout mask, so the importance ratio and the logged trainer-vs-generator gap include it.
 
 Generators never see an adapter. `generator_parameters` lists what they receive: the base model's
 parameter names (no `.base_layer.`, no `lora_*`), each adapted weight MERGED on the fly,
@@ -93,13 +99,14 @@ def _target_names(targets: Any) -> Optional[list[str]]:
     return list(targets)
 
 
-def lora_config(rank: int, alpha: float, targets: Any, base_model_name_or_path: Optional[str] = None):
-    """peft's LoraConfig for train.lora_rank / lora_alpha / lora_targets (dropout 0, no bias, no rsLoRA/DoRA)."""
+def lora_config(rank: int, alpha: float, targets: Any, base_model_name_or_path: Optional[str] = None,
+                dropout: float = 0.0):
+    """peft's LoraConfig for train.lora_rank / lora_alpha / lora_targets / lora_dropout (no bias, no rsLoRA/DoRA)."""
     from peft import LoraConfig
 
     names = _target_names(targets)
     return LoraConfig(r=int(rank), lora_alpha=float(alpha), target_modules=ALL_LINEAR if names is None else names,
-                      lora_dropout=0.0, bias="none", base_model_name_or_path=base_model_name_or_path)
+                      lora_dropout=float(dropout), bias="none", base_model_name_or_path=base_model_name_or_path)
 
 
 def _output_embedding(model) -> Optional[torch.nn.Module]:
@@ -159,7 +166,8 @@ def apply_lora(model: torch.nn.Module, cfg) -> torch.nn.Module:
 
     check_targets(model, cfg.lora_targets)
     name = getattr(model, "name_or_path", None) or None
-    config = lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, base_model_name_or_path=name)
+    config = lora_config(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, base_model_name_or_path=name,
+                         dropout=getattr(cfg, "lora_dropout", 0.0))
     inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     layers = lora_layers(model)
     if not layers:

@@ -11,7 +11,7 @@ import torch
 
 from components.engines.base import Completion
 
-__all__ = ["Rollout", "WorkOrder", "safe_verify", "collate", "Batch"]
+__all__ = ["Rollout", "WorkOrder", "safe_verify", "safe_call", "collate", "Batch"]
 
 
 @dataclass
@@ -35,6 +35,8 @@ class Rollout:
     engine_version: int = 0  # generator's loaded weight version when the group finished
     generator: int = 0  # which generator produced it
     time_generate: float = 0.0  # seconds the generator spent stepping the engine for it (amortised)
+    # train.reward_funcs: {name: [G] that function's reward (NaN: none)}, logged as reward/<name>; None without them
+    reward_parts: Optional[dict] = None
 
     @property
     def pass_rate(self) -> float:
@@ -130,6 +132,21 @@ def safe_verify(task, problem, text: str, timeout_s: float):
     if verdict.error:
         return Verdict(passed=False, reward=fail, error=verdict.error), verdict.error
     return verdict, None
+
+
+def safe_call(thunk, timeout_s: float):
+    """thunk() on the verifier thread with a timeout: (value, None), or (None, error text) when it raised
+    or did not return within `timeout_s` (a reward function of train.reward_funcs)."""
+    global _verifier
+    if _verifier is None:
+        _verifier = _VerifierThread()
+    result = _verifier.run(thunk, timeout_s)
+    if result is None:
+        _verifier = None  # its thread is stuck: the next call gets a new one
+        return None, f"timed out after {timeout_s}s"
+    if "error" in result:
+        return None, result["error"]
+    return result.get("verdict"), None
 
 
 @dataclass
