@@ -1,4 +1,4 @@
-"""Mechanism meters: whether the mechanism a claim is about acts in the runs that judge it.
+r"""Mechanism meters: whether the mechanism a claim is about acts in the runs that judge it.
 
 The paper's ablations change a mechanism (clipping, aggregation over lengths, policy lag, the LM
 head's precision, filtering, the prompt pool); at a scale where that mechanism never acts, every
@@ -17,8 +17,10 @@ metrics.jsonl rows into one value per meter, the columns of the run table (`METE
 | `pool_left_min` | the fewest prompts left in the training pool | No-Positive-Resampling, batch size vs pool size |
 | `truncation_frac`, `interrupted_frac` | mean over steps: completions cut at the budget / interrupted | length control |
 
-A meter a run did not log (older runs) is NaN. `meters_text` prints a claim's meters per
-configuration (mean over seeds) for the report.
+A meter a run did not log (older runs) is NaN; beside them the run table keeps what older runs did
+log (`clip_frac` without its sides, `completion_tokens_mean`, `ratio_min` / `ratio_max`: the median
+over steps of each step's extreme ratio), and `meters_text`, which prints a claim's meters per
+configuration (mean over seeds) for the report, falls back to them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ __all__ = ["METER_COLUMNS", "run_meters", "meters_text", "meter_summary"]
 
 METER_COLUMNS = ("completion_tokens_p10", "completion_tokens_p50", "completion_tokens_p90", "clip_frac_low",
                  "clip_frac_high", "ratio_p01", "ratio_p99", "lag_mean", "lag_max", "logprob_gap",
-                 "zero_variance_frac", "pool_left_min", "truncation_frac", "interrupted_frac")
+                 "zero_variance_frac", "pool_left_min", "truncation_frac", "interrupted_frac",
+                 # what runs logged before the per-side and quantile meters existed (printed where those are NaN)
+                 "clip_frac", "completion_tokens_mean", "ratio_min", "ratio_max")
 
 
 def _values(rows: Iterable[Mapping[str, Any]], key: str) -> np.ndarray:
@@ -64,6 +68,10 @@ def run_meters(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     out["pool_left_min"] = _agg(_values(rows, "curriculum_active"), "min")
     out["truncation_frac"] = _agg(_values(rows, "truncation_rate"), "mean")
     out["interrupted_frac"] = _agg(_values(rows, "interrupted_frac"), "mean")
+    out["clip_frac"] = _agg(_values(rows, "clip_frac"), "mean")
+    out["completion_tokens_mean"] = _agg(_values(rows, "completion_len_mean"), "mean")
+    out["ratio_min"] = _agg(_values(rows, "is_ratio_min"), "median")
+    out["ratio_max"] = _agg(_values(rows, "is_ratio_max"), "median")
     return out
 
 
@@ -76,7 +84,13 @@ _FORMATS = {
     "interrupted_frac": ("interrupted", "{:.1%}"),
     "completion_tokens_p10": ("length p10", "{:.0f}"), "completion_tokens_p50": ("length p50", "{:.0f}"),
     "completion_tokens_p90": ("length p90", "{:.0f}"),
+    "clip_frac": ("clipped", "{:.2%}"), "completion_tokens_mean": ("length mean", "{:.1f}"),
+    "ratio_min": ("ratio min", "{:.3f}"), "ratio_max": ("ratio max", "{:.3f}"),
 }
+# a meter the runs did not log, and the older one printed in its place
+_FALLBACK = {"clip_frac_low": "clip_frac", "clip_frac_high": "clip_frac", "ratio_p01": "ratio_min",
+             "ratio_p99": "ratio_max", "completion_tokens_p10": "completion_tokens_mean",
+             "completion_tokens_p50": "completion_tokens_mean", "completion_tokens_p90": "completion_tokens_mean"}
 
 
 def meter_summary(runs: pd.DataFrame, config: str, column: str) -> float:
@@ -92,10 +106,14 @@ def meters_text(runs: pd.DataFrame, configs: Sequence[str], columns: Sequence[st
     empty when no configuration logged any of the columns."""
     parts = []
     for c in configs:
-        vals = []
+        vals, shown = [], set()
         for col in columns:
             v = meter_summary(runs, c, col)
+            if not math.isfinite(v) and col in _FALLBACK:  # an older run: the meter it did log
+                col = _FALLBACK[col]
+                v = meter_summary(runs, c, col) if col not in shown else math.nan
             if math.isfinite(v):
+                shown.add(col)
                 name, fmt = _FORMATS.get(col, (col, "{:.3g}"))
                 vals.append(f"{name} {fmt.format(v)}")
         if vals:

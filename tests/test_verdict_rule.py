@@ -137,3 +137,14 @@ def test_the_run_table_and_the_report_tables_carry_the_meters(tmp_path):
     assert text == "prompt_mean: clipped low 0.20%; token_mean: clipped low 0.10%"
     assert json.dumps(s.claims.iloc[0]["meters"])
     assert pd.api.types.is_float_dtype(s.runs["clip_frac_high"])
+
+
+def test_runs_from_before_the_meters_print_what_they_logged():
+    """An older run logged clip_frac (no sides), completion_len_mean (no quantiles) and the step's
+    extreme ratios: the report prints those in place of the meters it lacks."""
+    old = run_meters([{"clip_frac": 0.0002, "completion_len_mean": 6.8, "is_ratio_min": 0.86, "is_ratio_max": 1.16},
+                      {"clip_frac": 0.0004, "completion_len_mean": 7.0, "is_ratio_min": 0.88, "is_ratio_max": 1.14}])
+    runs = pd.DataFrame([{"config": "dapo", **old}])
+    text = meters_text(runs, ["dapo"], ("clip_frac_low", "clip_frac_high", "ratio_p01", "ratio_p99",
+                                        "completion_tokens_p50"))
+    assert text == "dapo: clipped 0.03%, ratio min 0.870, ratio max 1.150, length mean 6.9"
