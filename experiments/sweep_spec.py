@@ -297,7 +297,7 @@ TINY_SCALE_BINDINGS = (f"train.compute_budget_flops = {TINY_COMPUTE_BUDGET_FLOPS
 
 # `--scale small` (small_cpu.gin, the small testbed): every run trains to one compute budget too,
 # set from the pilot (experiments/sweeps/pilots/small.gin, BENCHMARKS.md "The small testbed's pilot").
-SMALL_COMPUTE_BUDGET_FLOPS = 2.0e13
+SMALL_COMPUTE_BUDGET_FLOPS = 1.8e13
 SMALL_MAX_STEPS = 5000
 SMALL_SCALE_BINDINGS = (f"train.compute_budget_flops = {SMALL_COMPUTE_BUDGET_FLOPS:g}",
                         f"train.total_steps = {SMALL_MAX_STEPS}")

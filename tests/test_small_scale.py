@@ -105,7 +105,7 @@ def test_scale_small_maps_every_shipped_sweep_onto_small_cpu():
     assert set(off) == {"ppo_off_policy-k1-s0", "ppo_off_policy-k8-s0", "pipeline_rl-k8-s0"}  # the paper's k
     assert "pipeline_rl.k = 8" in off["pipeline_rl-k8-s0"]
     bs = {r.name: r for r in expand(load_spec("batch_size"), "small")}
-    assert set(bs) == {"bs64-s0", "bs96-s0", "bs256-s0"} and bs["bs256-s0"].paper_name == "bs2048"
+    assert set(bs) == {"bs128-s0", "bs192-s0", "bs512-s0"} and bs["bs512-s0"].paper_name == "bs2048"
     (seed_run,) = expand(load_spec("scalerl_seeds"), "small")[:1]
     assert seed_run.bindings == SMALL_SCALE_BINDINGS + ("train.seed = 0",)  # small_cpu.gin is the ScaleRL recipe
     with pytest.raises(Exception, match="unknown scale"):
@@ -132,7 +132,7 @@ def test_identical_configurations_across_sweeps_run_once(tmp_path):
     assert {k for k in shared if k[1].endswith("-s0")} == {
         ("fp32_head", "bf16-s0"), ("scalerl_seeds", "scalerl-s0"), ("length_control", "interruption-s0")}
     assert "identical to loss_type/dapo-s0" in shared[("fp32_head", "bf16-s0")].reason
-    assert "identical to batch_size/bs64-s0" in shared[("scalerl_seeds", "scalerl-s0")].reason
+    assert "identical to batch_size/bs128-s0" in shared[("scalerl_seeds", "scalerl-s0")].reason
     assert by[("loss_type", "dapo-s0")].action == "submit" and by[("length_control", "length_penalty-s0")].action == "submit"
     # once the source has ended, the shared run gets its logs under its own name
     src = tmp_path / "work" / "loss_type" / "dapo-s0"
