@@ -72,6 +72,10 @@ class SweepPlan:
     kept_contended: list[str] = dataclasses.field(default_factory=list)
     shared: dict = dataclasses.field(default_factory=dict)  # run name -> (sweep, run) it is identical to
 
+    @property
+    def todo(self) -> list:
+        return [p for p in self.planned if not p.action.startswith("skip")]
+
 
 SHARED_ACTION = "skip-shared"
 SHARED_KEY = "shared_with"  # run.json of a shared run: "<sweep>/<run>" whose logs it is
@@ -134,11 +138,6 @@ def materialize_shared(plans: Sequence[SweepPlan], work: Path) -> list[str]:
             (dest / "run.json").write_text(json.dumps(info, indent=2, sort_keys=True))
             filled.append(f"{p.run.sweep}/{p.run.name}")
     return filled
-
-    @property
-    def todo(self) -> list:
-        return [p for p in self.planned if not p.action.startswith("skip")]
-
 
 def last_metrics(run_dir: Path) -> dict:
     from analysis.runs import read_jsonl

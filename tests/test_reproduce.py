@@ -56,9 +56,19 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
     ns = argparse_ns(tmp_path, seeds=3, executor="local")
     plans = study_runs.plan_study(ns, act=False)
     got = {(sp.spec.name, p.run.name) for sp in plans for p in sp.planned}
-    assert got == expected and all(p.action == "submit" for sp in plans for p in sp.planned)
+    assert got == expected
+    # a configuration identical to one of an earlier sweep (same settings and seed) runs once
+    actions = [p.action for sp in plans for p in sp.planned]
+    assert set(actions) == {"submit", study_runs.SHARED_ACTION}
+    submitted = {study_runs.settings_key(p.run) for sp in plans for p in sp.planned if p.action == "submit"}
+    assert len(submitted) == actions.count("submit")  # every submitted run is a distinct configuration
+    for sp in plans:
+        for p in sp.planned:
+            if p.action == study_runs.SHARED_ACTION:
+                src_sweep, src_name = sp.shared[p.run.name]
+                assert (src_sweep, src_name) != (sp.spec.name, p.run.name) and study_runs.settings_key(p.run) in submitted
     assert {sp.spec.name for sp in plans} == {s.stem for s in ablations}  # beyond the paper: only when named
-    assert f"{len(expected)} runs, {len(expected)} to run (local)" in out and "every run validated" in out
+    assert f"{len(expected)} runs, {actions.count('submit')} to run (local)" in out and "every run validated" in out
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # nothing ran
 
 

@@ -71,5 +71,10 @@ def test_fit_flags_contended_runs(tmp_path, capsys):
     assert "cispo-s0" not in warning
     # the protocol and the margin of every fit are in the table
     assert set(df["protocol"]) == {"whole"} and set(df["margin_source"]) == {"paper (no seeds)"}
+    # the default fit start is the paper's 0.4 of the fitted range, for every run
+    assert set(df["min_compute_rule"]) == {"0.4 of the fitted range (the paper's 1.5k GPU-h of its whole fit range)"}
+    # --min-compute epoch starts at the end of epoch 1 where one is logged, else falls back and says why
+    assert scalerl(["fit", str(tmp_path / "runs"), "--csv", str(csv), "--min-compute", "epoch"]) == 0
+    df = pd.read_csv(csv).set_index("run")
     assert df.loc["gspo-s0", "min_compute_rule"].startswith("0.4 of the fitted range (no epoch logged")
     assert df.loc["cispo-s0", "min_compute_rule"] == "end of epoch 1"
