@@ -38,7 +38,7 @@ from components.registry import (ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_
                                  load_builtin_components)
 
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
-           "check_train_values", "check_components", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "parse_gin_files", "engine_gpus"]
+           "check_train_values", "check_components", "check_mini_batches", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "parse_gin_files", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
 
@@ -165,6 +165,12 @@ class TrainConfig:
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0: off)
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion (1: off)
     max_prompt_length: Optional[int] = None  # a longer prompt is refused with an error naming it (None: no limit)
+    # PPO-style reuse of each step batch (TRL's num_iterations, verl's ppo_epochs / ppo_mini_batch_size): the
+    # learner passes over the batch update_epochs times, each pass split into mini_batches mini-batches of
+    # whole prompt groups, one optimizer update per mini-batch (update_epochs x mini_batches updates per step).
+    # pi_old is fixed for the whole step (components/trainer/learner.py "Update epochs"); 1 and 1: one update
+    update_epochs: int = 1
+    mini_batches: int = 1
     micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
@@ -234,6 +240,11 @@ class TrainConfig:
     @property
     def batch_sequences(self) -> int:
         return self.prompts_per_step * self.generations_per_prompt
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per learner step (a full step batch): update_epochs x mini_batches."""
+        return self.update_epochs * self.mini_batches
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -368,6 +379,8 @@ TRAIN_RANGES = {
     "min_p": "[0, 1]",  # 0: off
     "repetition_penalty": "> 0",  # 1: off
     "max_prompt_length": ">= 1",  # None: no limit
+    "update_epochs": ">= 1",
+    "mini_batches": ">= 1",
     "micro_batch_size": ">= 1",
     "max_tokens_per_micro_batch": ">= 1",
     "logprob_chunk_size": ">= 1",
@@ -536,6 +549,16 @@ def _check_compile_precision(cfg: TrainConfig) -> None:
             "train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)")
 
 
+def check_mini_batches(prompts_per_step: int, mini_batches: int) -> None:
+    """train.mini_batches must split a step's prompts_per_step prompt groups into equal mini-batches of whole
+    groups (a group's advantages and prompt_mean's normaliser stay in one update). ConfigError naming the
+    value and the valid ones (the divisors of prompts_per_step)."""
+    if mini_batches >= 1 and prompts_per_step >= 1 and prompts_per_step % mini_batches:
+        valid = [d for d in range(1, prompts_per_step + 1) if prompts_per_step % d == 0]
+        raise ConfigError(f"train.mini_batches = {mini_batches} does not divide train.prompts_per_step = "
+                          f"{prompts_per_step} (mini-batches hold whole prompt groups); valid: {valid}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Fail early and clearly on out-of-range or inconsistent settings (component names are checked elsewhere).
 
@@ -554,6 +577,7 @@ def validate(cfg: TrainConfig) -> None:
             f"train.emulate_learner_ranks = {cfg.emulate_learner_ranks} makes ONE learner rank compute as "
             f"{cfg.emulate_learner_ranks} ranks; got train.learner_ranks = {cfg.learner_ranks} (set it to 1)"
         )
+    check_mini_batches(cfg.prompts_per_step, cfg.mini_batches)
     if cfg.micro_batch_size > cfg.batch_sequences:
         raise ConfigError(
             f"train.micro_batch_size ({cfg.micro_batch_size}) is larger than the step batch "

@@ -27,6 +27,26 @@ adapters off (`reference_logprobs`), not a copy of the model.
 Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
 advantage std) is computed on the whole step batch before it is split, the update does
 not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
+
+Update epochs (``train.update_epochs`` = mu, ``train.mini_batches`` = M; TRL's ``num_iterations``, verl's
+``ppo_epochs`` and ``ppo_mini_batch_size``). With mu = M = 1 (the default) a step is the one update above,
+bit for bit. Otherwise the step batch is split into M mini-batches of whole prompt groups (consecutive, the
+same split every epoch), and the learner passes over them mu times: mu x M optimizer updates per step, each
+one mini-batch. Advantages are normalised once, on the whole step batch; the aggregation's normalisers are
+each mini-batch's own (an update's loss is the aggregate over its mini-batch, as TRL and verl normalise).
+pi_old, the policy the losses' ratio is taken against, is FIXED for the whole step, before its first update:
+- without a mismatch correction it is the generator's pi_gen (``gen_logp``, the paper's pi_gen(theta_old),
+  DESIGN.md), recorded when the batch was sampled: the policy that generated it;
+- with one (components/mismatch.py) it is the learner's own log-prob under the weights current when the
+  batch arrived, computed by one no-grad forward over the batch before the first update
+  (`Learner.fix_old_logprobs`, what verl's ``old_log_prob`` and TRL's ``old_per_token_logps`` are); the
+  correction's weight pi_old / pi_gen is then fixed too.
+pi_theta moves with every update, so the clipped losses' ratios leave 1 and their clip fractions rise.
+The step's metrics: `loss`, `grad_norm` and `lr` are means over its updates, `optimizer_steps` their number,
+the clip fractions and IS-ratio statistics are over every pass (each epoch's forward of each row), and the
+before-the-update statistics (entropy, log-prob gap, ratio quantiles, mismatch, KL) come from each row's
+first-epoch forward. `version` counts optimizer updates, so it grows by mu x M per step (the lag and
+pipeline_rl's k count updates too).
 """
 
 from __future__ import annotations
@@ -35,7 +55,7 @@ import contextlib
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 import numpy as np
@@ -54,6 +74,8 @@ __all__ = [
     "Learner",
     "MicroBatch",
     "StepPlan",
+    "MiniBatchPlan",
+    "split_groups",
     "StepPeers",
     "plan_step",
     "split_rows",
@@ -110,18 +132,24 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int,
-                   schedule: str = "constant", total_steps: int = 1):
+                   schedule: str = "constant", total_steps: int = 1, updates_per_step: int = 1):
     """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py): linear
-    warmup, then constant (the paper's schedule, the default) or a decay to 0 at `total_steps`."""
+    warmup, then constant (the paper's schedule, the default) or a decay to 0 at `total_steps`.
+
+    `warmup_steps` and `total_steps` count learner steps; the schedule advances once per optimizer update,
+    and a step makes `updates_per_step` of them (train.update_epochs x train.mini_batches), so the warmup
+    spans warmup_steps x updates_per_step updates and a decay reaches 0 after total_steps x updates_per_step:
+    the LR against the step (and the compute axis) keeps its shape whatever the number of updates."""
     params = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
-    warm = max(int(warmup_steps), 0)
+    per_step = max(int(updates_per_step), 1)
+    warm = max(int(warmup_steps), 0) * per_step
     schedule_fn = LR_SCHEDULES.get(schedule)
 
     def factor(update: int) -> float:
-        return schedule_fn(update, warm, int(total_steps))
+        return schedule_fn(update, warm, int(total_steps) * per_step)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
@@ -235,11 +263,22 @@ class MicroBatch:
 
     batch: Batch  # [b, P+T] padded (prompts left, completions right)
     advantages: torch.Tensor  # [b] float32, normalised on the whole step batch
-    weights: torch.Tensor  # [b, T] float32, aggregation token weights from the whole step batch
+    weights: torch.Tensor  # [b, T] float32, aggregation token weights from the whole step batch (or mini-batch)
+    # [b, T] the learner's pi_old, fixed before the step's first update (update epochs with a mismatch
+    # correction: `Learner.fix_old_logprobs`); None: the loss takes sg(logp), this forward's own
+    old_logp: Optional[torch.Tensor] = None
 
     @property
     def dummy(self) -> bool:
         return not bool(self.batch.mask.any())
+
+
+@dataclass
+class MiniBatchPlan:
+    """One optimizer update's share of a step (train.mini_batches > 1): its rows split across the ranks."""
+
+    shards: list  # [T] lists of MicroBatch, all of equal length (aggregation weights of this mini-batch)
+    rows: list  # [T] index tensors into the STEP batch: the rows each rank trains on (in micro-batch order)
 
 
 @dataclass
@@ -252,6 +291,12 @@ class StepPlan:
     rows: list  # [T] index tensors: the rows of `batch` each rank trains on (in micro-batch order)
     stats: dict
     time_plan: float = 0.0  # seconds spent planning (counted in the step's time_train)
+    # train.mini_batches > 1: one plan per mini-batch (whole prompt groups); [] : the step is one mini-batch
+    minis: list = field(default_factory=list)
+
+    def mini_batch_plans(self) -> list:
+        """The step's mini-batches, each one optimizer update per epoch (the whole batch when there is one)."""
+        return list(self.minis) or [MiniBatchPlan(shards=self.shards, rows=self.rows)]
 
 
 class StepPeers(Protocol):
@@ -262,6 +307,12 @@ class StepPeers(Protocol):
 
     def gather(self) -> list[dict]:
         """Their partial results, in rank order (once every one has reported)."""
+
+    def score_old(self, shards: Sequence[Sequence[Sequence[MicroBatch]]]) -> None:
+        """Have rank k compute pi_old of its micro-batches of each mini-batch, shards[k - 1] (`Learner.old_logprobs`)."""
+
+    def gather_old(self) -> list[list[list[torch.Tensor]]]:
+        """Their pi_old [b, T] per micro-batch of each mini-batch, in rank order."""
 
 
 def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
@@ -321,8 +372,58 @@ def _dummy_micro_batch(batch: Batch) -> MicroBatch:
     return MicroBatch(one, torch.zeros(1), torch.zeros(one.mask.shape))
 
 
+def split_groups(group_ids: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Row indices of `parts` consecutive mini-batches of whole groups (as equal in groups as they can be:
+    numpy's array_split; fewer parts when there are fewer groups). group_ids [B]: a group's rows are
+    consecutive (`collate`). Returns index tensors [b_i], in row order, covering every row once."""
+    _, counts = torch.unique_consecutive(group_ids, return_counts=True)  # [G]
+    starts = torch.cumsum(counts, 0) - counts  # [G] first row of each group
+    out = []
+    for chunk in np.array_split(np.arange(len(counts)), min(int(parts), len(counts))):
+        first, last = int(chunk[0]), int(chunk[-1])
+        out.append(torch.arange(int(starts[first]), int(starts[last] + counts[last]), dtype=torch.long))  # [b_i]
+    return out
+
+
+def _shard_rows(batch: Batch, advantages: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, cfg,
+                ranks: int) -> tuple[list, list]:
+    """The step batch's `rows` [b] split across `ranks` (balanced tokens), then into micro-batches per rank
+    (equal count per rank, padded with dummies). weights [B, T]: the aggregation weights of these rows.
+    Returns (shards [ranks] lists of MicroBatch, row order [ranks] index tensors into `batch`)."""
+    lengths = batch.attention_mask[rows].sum(dim=1).tolist()  # [b] prompt + completion tokens
+    per_rank = split_rows(lengths, ranks)
+    groups = [_micro_batch_rows(r, lengths, cfg) for r in per_rank]
+    n_mb = max(len(g) for g in groups)
+    shards, order = [], []
+    for g in groups:
+        mbs = []
+        for local in g:
+            idx = rows[torch.tensor(local, dtype=torch.long)]  # [b_mb] rows of the step batch
+            sub = batch.select(idx).trim()
+            mbs.append(MicroBatch(sub, advantages[idx], weights[idx][:, : sub.mask.shape[1]]))
+        while len(mbs) < n_mb:
+            mbs.append(_dummy_micro_batch(batch))
+        shards.append(mbs)
+        order.append(rows[torch.tensor([r for local in g for r in local], dtype=torch.long)])
+    return shards, order
+
+
+def plan_mini_batches(batch: Batch, advantages: torch.Tensor, cfg, ranks: int) -> list[MiniBatchPlan]:
+    """train.mini_batches > 1: the step batch in mini-batches of whole prompt groups (`split_groups`), each with
+    its OWN aggregation weights (an update's loss is the aggregate over its mini-batch) and the step's advantages."""
+    name = AGGREGATIONS.check(cfg.aggregation)
+    plans = []
+    for rows in split_groups(batch.group_ids, cfg.mini_batches):
+        weights = torch.zeros(batch.mask.shape)  # [B, T]; only `rows` are read
+        weights[rows] = token_weights(name, batch.mask[rows], batch.group_ids[rows])  # [b, T]
+        shards, order = _shard_rows(batch, advantages, weights, rows, cfg, ranks)
+        plans.append(MiniBatchPlan(shards=shards, rows=order))
+    return plans
+
+
 def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: int, ranks: int) -> StepPlan:
-    """Filters, advantages and aggregation weights on the WHOLE step batch, split across `ranks`.
+    """Filters, advantages and aggregation weights on the WHOLE step batch, split across `ranks`
+    (and, with train.mini_batches > 1, into mini-batches of whole groups: `plan_mini_batches`).
 
     A plan with no shards means there is nothing to train on (every group filtered, or no
     completion): no optimizer update this step.
@@ -362,7 +463,8 @@ def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: in
             mbs.append(_dummy_micro_batch(batch))
         shards.append(mbs)
         order.append(torch.tensor([r for rows in g for r in rows], dtype=torch.long))
-    return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats)
+    minis = plan_mini_batches(batch, advantages, cfg, ranks) if getattr(cfg, "mini_batches", 1) > 1 else []
+    return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats, minis=minis)
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,6 +526,7 @@ class Learner:
             warmup_steps=cfg.warmup_steps,
             schedule=cfg.lr_schedule,
             total_steps=cfg.total_steps,
+            updates_per_step=cfg.updates_per_step,
         )
         self.loss_fn = LOSSES.get(cfg.loss)
         self.correction = resolve_correction(cfg.mismatch_correction)  # None for "none" (components/mismatch.py)
@@ -514,7 +617,9 @@ class Learner:
         adv = mb.advantages.to(self.device)  # [b]
         batch = mb.batch.to(self.device)
         # train.mismatch_correction: none -> loss_fn as is; else loss_fn against sg(logp) times the weight
-        per_token = policy_loss(self.loss_fn, self.correction, logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+        old_logp = mb.old_logp.to(self.device) if mb.old_logp is not None else None  # [b, T] fixed pi_old, or None
+        per_token = policy_loss(self.loss_fn, self.correction, logp, batch.gen_logp, adv, batch.mask,
+                                old_logp=old_logp)  # [b, T]
         extra = {}
         # reference-KL penalty (train.kl_coef > 0): + kl_coef * kl per token, aggregated like the policy loss
         if self.kl_fn is not None:
@@ -659,17 +764,79 @@ class Learner:
         t0 = time.perf_counter()
         if not plan.shards:  # nothing to train on: no optimizer update, the version stays
             return finish_stats(plan, None, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
-        if self.cfg.emulate_learner_ranks > 1:
-            parts = self.train_as_ranks(plan.shards)
-        else:
-            if len(plan.shards) > 1:
-                if peers is None:
-                    raise RuntimeError(f"a {len(plan.shards)}-rank step needs its peer ranks (peers=None)")
-                peers.send(plan.shards[1:])
-            parts = [self.train_shard(plan.shards[0])]  # a collective with the peers when T > 1
-            if len(plan.shards) > 1:
-                parts += peers.gather()
+        if self.cfg.updates_per_step > 1:
+            return self.train_updates(plan, peers)
+        parts = self.update(plan.shards, peers)
         return finish_stats(plan, parts, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
+
+    def update(self, shards: Sequence[Sequence[MicroBatch]], peers: Optional[StepPeers] = None) -> list[dict]:
+        """ONE optimizer update on `shards` (one per rank): every rank's partial results, in rank order."""
+        if self.cfg.emulate_learner_ranks > 1:
+            return self.train_as_ranks(shards)
+        if len(shards) > 1:
+            if peers is None:
+                raise RuntimeError(f"a {len(shards)}-rank step needs its peer ranks (peers=None)")
+            peers.send(shards[1:])
+        parts = [self.train_shard(shards[0])]  # a collective with the peers when T > 1
+        if len(shards) > 1:
+            parts += peers.gather()
+        return parts
+
+    @property
+    def fixes_old_logprobs(self) -> bool:
+        """Whether a step starts with a no-grad forward for pi_old (a mismatch correction with several updates
+        per step; one more forward per trained sequence in the FLOPs)."""
+        return self.correction is not None and self.cfg.updates_per_step > 1
+
+    @torch.no_grad()
+    def old_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[torch.Tensor]:
+        """pi_old [b, T] of each micro-batch (dummies included: the ranks' collectives must match): a no-grad
+        forward, in eval mode (no dropout), under the current weights. Sets each micro-batch's `old_logp`."""
+        self.model.eval()
+        out = []
+        for mb in micro_batches:
+            logp, _ = self.logprobs(mb)  # [b, T]
+            mb.old_logp = logp.detach().float().cpu()
+            out.append(mb.old_logp)
+        if self.ranks > 1:
+            self.model.reshard()  # FSDP2 keeps the root unsharded after a forward with no backward
+        self.model.train()
+        return out
+
+    def fix_old_logprobs(self, minis: Sequence[MiniBatchPlan], peers=None) -> None:
+        """Before a step's first update: every micro-batch of every mini-batch gets its pi_old (`old_logprobs`),
+        on the rank that trains it; peer ranks compute theirs and send them back, so the micro-batches
+        rank 0 hands out later carry them."""
+        T = len(minis[0].shards)
+        if self.cfg.emulate_learner_ranks > 1 or T == 1:
+            for mini in minis:
+                for shard in mini.shards:
+                    self.old_logprobs(shard)
+            return
+        if peers is None:
+            raise RuntimeError(f"a {T}-rank step needs its peer ranks (peers=None)")
+        peers.score_old([[mini.shards[k] for mini in minis] for k in range(1, T)])
+        for mini in minis:
+            self.old_logprobs(mini.shards[0])  # the same forwards, in the same order, as the peers
+        for k, per_mini in enumerate(peers.gather_old(), start=1):
+            for mini, logps in zip(minis, per_mini):
+                for mb, lp in zip(mini.shards[k], logps):
+                    mb.old_logp = lp
+
+    def train_updates(self, plan: StepPlan, peers: Optional[StepPeers] = None) -> dict:
+        """A step of train.update_epochs x train.mini_batches optimizer updates on one batch (module docstring,
+        "Update epochs"): pi_old fixed first, then every epoch passes over every mini-batch, one update each."""
+        t0 = time.perf_counter()
+        start_version = self.version
+        minis = plan.mini_batch_plans()
+        if self.fixes_old_logprobs:
+            self.fix_old_logprobs(minis, peers)
+        updates = []  # (epoch, mini-batch plan, every rank's partial results)
+        for epoch in range(self.cfg.update_epochs):
+            for mini in minis:
+                updates.append((epoch, mini, self.update(mini.shards, peers)))
+        return finish_update_stats(plan, updates, start_version, self.version, self.cfg,
+                                   plan.time_plan + time.perf_counter() - t0)
 
     def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool], peers: Optional[StepPeers] = None) -> dict:
         """`plan` then `train`: one step on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
@@ -704,27 +871,90 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
         return stats
     batch, advantages = plan.batch, plan.advantages
     B, T = batch.mask.shape
-    logp_all = torch.zeros(B, T)  # [B, T]
-    entropy_all = torch.zeros(B, T)  # [B, T]
-    for rows, part in zip(plan.rows, parts):
-        start = 0
-        for lp, ent in zip(part["logp"], part["entropy"]):
-            idx = rows[start : start + lp.shape[0]]
-            logp_all[idx, : lp.shape[1]] = lp
-            entropy_all[idx, : ent.shape[1]] = ent
-            start += lp.shape[0]
+    logp_all = _scatter_rows(plan.rows, [p["logp"] for p in parts], B, T)  # [B, T]
+    entropy_all = _scatter_rows(plan.rows, [p["entropy"] for p in parts], B, T)  # [B, T]
     mask = batch.mask
     diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
     if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
         against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)
         diag.update({k: v for k, v in against_self.items() if k.startswith("clip_frac")})
+    return _trained_stats(stats, plan, logp_all, entropy_all, parts, diag, cfg, version=version, lag_version=version,
+                          loss=float(sum(p["loss"] for p in parts)), grad_norm=parts[0]["grad_norm"], lr=parts[0]["lr"],
+                          time_train=time_train, optimizer_steps=1)
+
+
+def _scatter_rows(row_orders: Sequence[torch.Tensor], per_rank: Sequence[Sequence[torch.Tensor]], B: int, T: int,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Per-micro-batch [b, t] values of every rank put back at their rows of the step batch.  [B, T]
+
+    row_orders [ranks] index tensors (the rows each rank trained, in micro-batch order); per_rank [ranks]
+    lists of [b, t] tensors (dummy micro-batches report none). Rows not given stay as in `out` (zeros)."""
+    out = torch.zeros(B, T) if out is None else out  # [B, T]
+    for rows, values in zip(row_orders, per_rank):
+        start = 0
+        for v in values:
+            idx = rows[start : start + v.shape[0]]
+            out[idx, : v.shape[1]] = v
+            start += v.shape[0]
+    return out
+
+
+def finish_update_stats(plan: StepPlan, updates: list, start_version: int, version: int, cfg, time_train: float) -> dict:
+    """The metrics of a step of several updates (`Learner.train_updates`): `updates` holds (epoch, MiniBatchPlan,
+    every rank's partial results) per update, in order. Statistics of the policy before the update come from
+    each row's first-epoch forward; the clip fractions and IS ratios from every pass, against the fixed pi_old
+    (gen_logp, or the learner's pi_old with a mismatch correction); loss, grad_norm and lr are means over the
+    updates (module docstring, "Update epochs")."""
+    batch, advantages = plan.batch, plan.advantages
+    B, T = batch.mask.shape
+    epochs = 1 + max(e for e, _, _ in updates)
+    logp = [torch.zeros(B, T) for _ in range(epochs)]  # [epochs] x [B, T] each pass's log-probs
+    entropy_all = torch.zeros(B, T)  # [B, T] first epoch
+    first_parts = []  # every first-epoch rank result, re-indexed to the step batch (for the KL)
+    for epoch, mini, parts in updates:
+        _scatter_rows(mini.rows, [p["logp"] for p in parts], B, T, out=logp[epoch])
+        if epoch == 0:
+            _scatter_rows(mini.rows, [p["entropy"] for p in parts], B, T, out=entropy_all)
+            first_parts += [(rows, part) for rows, part in zip(mini.rows, parts)]
+    old_logp = batch.gen_logp  # [B, T] the fixed pi_old of the losses' ratio without a correction
+    if cfg.mismatch_correction != NONE:  # the learner's pi_old, fixed before the first update
+        minis = [mini for epoch, mini, _ in updates if epoch == 0]
+        old_logp = _scatter_rows([rows for mini in minis for rows in mini.rows],
+                                 [[mb.old_logp for mb in shard if not mb.dummy] for mini in minis for shard in mini.shards],
+                                 B, T)  # [B, T]
+    passes = torch.cat(logp)  # [epochs * B, T]
+    mask, adv = batch.mask.repeat(epochs, 1), advantages.repeat(epochs)  # [epochs * B, T], [epochs * B]
+    diag = loss_diagnostics(cfg.loss, passes, batch.gen_logp.repeat(epochs, 1), adv, mask)  # IS ratios vs the generator
+    against_old = loss_diagnostics(cfg.loss, passes, old_logp.repeat(epochs, 1), adv, mask)  # what the losses clipped
+    diag.update({k: v for k, v in against_old.items() if k.startswith("clip_frac")})
+    losses = [float(sum(p["loss"] for p in parts)) for _, _, parts in updates]
+    first = [part for _, part in first_parts]
+    return _trained_stats(dict(plan.stats), plan, logp[0], entropy_all, first, diag, cfg, version=version,
+                          lag_version=start_version + 1, loss=math.fsum(losses) / len(losses),
+                          grad_norm=math.fsum(p[0]["grad_norm"] for _, _, p in updates) / len(updates),
+                          lr=math.fsum(p[0]["lr"] for _, _, p in updates) / len(updates), time_train=time_train,
+                          optimizer_steps=len(updates), kl_rows=[rows for rows, _ in first_parts],
+                          mismatch_old=old_logp if cfg.mismatch_correction != NONE else None)
+
+
+def _trained_stats(stats: dict, plan: StepPlan, logp_all: torch.Tensor, entropy_all: torch.Tensor, parts: list,
+                   diag: dict, cfg, *, version: int, lag_version: int, loss: float, grad_norm: float, lr: float,
+                   time_train: float, optimizer_steps: int, kl_rows: Optional[list] = None,
+                   mismatch_old: Optional[torch.Tensor] = None) -> dict:
+    """The metrics of a step that trained: logp_all and entropy_all [B, T] are the rows' log-probs and
+    entropies before their update, `parts` the rank results holding the KL values (in `kl_rows` order, else
+    the plan's), `diag` the loss diagnostics; the lag is counted from `lag_version` - 1; the mismatch
+    metrics compare `mismatch_old` [B, T] (default logp_all) with the generator."""
+    batch, advantages = plan.batch, plan.advantages
+    B, T = batch.mask.shape
+    mask = batch.mask
     gap = (logp_all - batch.gen_logp)[mask].abs()  # [N]
-    lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
+    lag = (lag_version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
     gap_lag0 = gap[lag == 0]  # [N0] tokens sampled by the very weights trained on: kernel/precision mismatch only
     stats.update(
-        loss=float(sum(p["loss"] for p in parts)),
-        grad_norm=parts[0]["grad_norm"],
-        lr=parts[0]["lr"],
+        loss=loss,
+        grad_norm=grad_norm,
+        lr=lr,
         entropy=float(entropy_all[mask].mean()) if bool(mask.any()) else math.nan,
         clip_frac=diag["clip_frac"],
         is_ratio_mean=diag["is_ratio_mean"],
@@ -744,18 +974,14 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
     )
     # the reference-KL penalty (train.kl_coef > 0): `kl` is the mean per-token estimate over the trained tokens
     if any("kl" in part for part in parts):
-        kl_all = torch.zeros(B, T)  # [B, T]
-        for rows, part in zip(plan.rows, parts):
-            start = 0
-            for kl in part.get("kl", []):
-                idx = rows[start : start + kl.shape[0]]
-                kl_all[idx, : kl.shape[1]] = kl
-                start += kl.shape[0]
+        kl_all = _scatter_rows(plan.rows if kl_rows is None else kl_rows, [p.get("kl", []) for p in parts], B, T)  # [B, T]
         stats["kl"] = float(kl_all[mask].mean()) if bool(mask.any()) else math.nan
     # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
     stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
     # generator vs learner before the update (free: logp_all are those log-probs); components/mismatch.py
-    stats.update(mismatch_stats(cfg.mismatch_correction, logp_all, batch.gen_logp, mask))
+    old = logp_all if mismatch_old is None else mismatch_old  # [B, T]
+    stats.update(mismatch_stats(cfg.mismatch_correction, old, batch.gen_logp, mask))
+    stats["optimizer_steps"] = optimizer_steps
     return stats
 
 
@@ -825,6 +1051,6 @@ def _empty_step_stats(version: int) -> dict:
         is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan, logprob_gap_lag0=nan,
         **{f"ratio_p{round(100 * q):02d}": nan for q in RATIO_QUANTILES},
         **{f"lag_p{round(100 * q):02d}": nan for q in LAG_QUANTILES},
-        advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1,
+        advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1, optimizer_steps=0,
         mismatch_kl=nan, mismatch_masked_frac=nan,
     )

@@ -39,7 +39,8 @@ import torch
 
 from components.curricula import build_curriculum
 from components.offpolicy import LoopState, derive_seed, make_scheme
-from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
+from components.trainer.accounting import (FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats,
+                                           step_flop_terms)
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
 from components.trainer.export import write_final_policy
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
@@ -89,6 +90,17 @@ class _FollowerRanks:
                 raise GeneratorError(f"learner ranks did not report their step within {t.cfg.queue_timeout_s}s")
             t._pump(1.0)
         return [t.step_parts[k] for k in range(1, len(t.followers) + 1)]
+
+    def score_old(self, shards) -> None:
+        """Have rank k compute pi_old of its micro-batches, shards[k - 1] (one list per mini-batch)."""
+        t = self.trainer
+        t.step_parts = {}
+        for name, shard in zip(t.followers, shards):
+            t.hub.send(name, M.ScoreOld(shard))
+
+    def gather_old(self) -> list[list]:
+        """Their pi_old [b, T] per micro-batch of each mini-batch, in rank order."""
+        return [part["old_logp"] for part in self.gather()]
 
 
 class Trainer:
@@ -441,13 +453,14 @@ class Trainer:
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
         plan = self.learner.plan(rollouts, keep)
         stats = self.learner.train(plan, _FollowerRanks(self) if self.followers else None)
-        if plan.shards:  # the kept (trained) sequences' FLOPs
+        if plan.shards:  # the kept (trained) sequences' FLOPs: every pass of every update epoch
             batch = plan.batch
             prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
             for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
-                self.flops += self.flop_counter.training(int(p_len), int(c_len))
-                if self.learner.has_reference:  # the KL reference (a copy, or LoRA adapters off): one more forward
-                    self.flops += self.flop_counter.generation(int(p_len), int(c_len))
+                for flops in step_flop_terms(self.flop_counter, int(p_len), int(c_len), epochs=self.cfg.update_epochs,
+                                             reference=self.learner.has_reference,
+                                             old_pass=self.learner.fixes_old_logprobs):
+                    self.flops += flops
         return stats
 
     def _train_step(self, rollouts: list[Rollout]) -> dict:
