@@ -300,6 +300,9 @@ def check_rerun(run_dir: Path, new: dict, extend: bool = False) -> Rerun:
     status = read_run_info(run_dir).get("status")
     checkpoint, step = _latest_intact(run_dir)
     stored = stored_settings(run_dir)
+    if stored is None and extend and status == "done":
+        raise SettingsChangedError(f"--extend: run directory {str(run_dir)!r} records no settings (it started before runs "
+                                   "recorded them), so what would extend it cannot be told; start a new run")
     if stored is None or (checkpoint is None and status != "done"):  # nothing recorded, or nothing to continue
         return Rerun(status, checkpoint, step, {}, False)
     changes = diff_settings(stored, new)

@@ -229,10 +229,14 @@ def run_training(
 def _check_rerun(config_files, bindings, run_path: Path, extend: bool):
     """A re-invoked run directory: its recorded settings against these (parsed, nothing built or
     written). Returns the `Rerun`; raises SettingsChangedError naming every refused difference."""
-    from experiments.run_settings import check_rerun, resolved_settings
+    from experiments.run_settings import check_rerun, resolved_settings, stored_settings
 
     cfg, _files, _sys_path = check_config(config_files, bindings, read_data=False, on_this_machine=False)
-    return check_rerun(run_path, resolved_settings(cfg), extend)
+    rerun = check_rerun(run_path, resolved_settings(cfg), extend)
+    if stored_settings(run_path) is None and (rerun.checkpoint is not None or rerun.status == "done"):
+        log.warning("run %s records no settings (it started before runs recorded them): its settings cannot be "
+                    "compared with these; they are recorded from now on", run_path)
+    return rerun
 
 
 def _refused_input(run_path: Path, run_dir, run_info, record_invalid: bool, err: BaseException) -> None:

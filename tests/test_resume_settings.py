@@ -151,6 +151,12 @@ def test_an_absent_setting_is_at_its_default_and_nothing_to_continue_is_not_comp
         check_rerun(run_dir, _settings("train.top_k = 5"))
     fresh = _recorded_run(tmp_path / "failed", _settings(), status="failed")  # no checkpoint: nothing to continue
     assert check_rerun(fresh, _settings('train.loss = "dapo"')).changes == {}
+    legacy = tmp_path / "legacy"  # a run from before runs recorded settings: not compared, but not extended either
+    legacy.mkdir()
+    (legacy / "run.json").write_text(json.dumps({"status": "done"}))
+    assert check_rerun(legacy, _settings('train.loss = "dapo"')).done
+    with pytest.raises(SettingsChangedError, match="records no settings"):
+        check_rerun(legacy, _settings("train.total_steps = 1000"), extend=True)
 
 
 # ---------------------------------------------------------------------------------------------
