@@ -260,8 +260,8 @@ def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: s
             jobs: list = []
             with executor.batch():
                 for p in group:
-                    jobs.append(executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files), list(p.run.bindings),
-                                                str(p.run_dir), p.run.run_info()))
+                    jobs.append(executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files),
+                                                list(p.run.bindings), str(p.run_dir), p.run.run_info()))
             for p, job in zip(group, jobs):
                 _record(p, job, opts, folder)
             submitted.extend(zip(group, jobs))
@@ -275,8 +275,8 @@ def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: s
         chunk = range(start, min(start + wave, len(todo)))
         for i in chunk:
             p = todo[i]
-            jobs[i] = executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files), list(p.run.bindings),
-                                      str(p.run_dir), p.run.run_info())
+            jobs[i] = executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files),
+                                      list(p.run.bindings), str(p.run_dir), p.run.run_info())
             _record(p, jobs[i], opts, folder)
         if opts.executor == "local" and start + wave < len(todo):
             for i in chunk:
