@@ -136,7 +136,6 @@ class Environment:
         return Reward(float(verdict.reward), bool(verdict.passed), {"verifier": float(verdict.reward)})
 
 
-@ENVIRONMENTS.register("single_turn")
 class SingleTurn(Environment):
     """One turn graded by the task's verifier: the single-turn task as an environment."""
 
@@ -257,11 +256,16 @@ def calculate(expression: str, *, max_digits: int = 60, max_exponent: int = 64) 
     return str(out)
 
 
-@ENVIRONMENTS.register("calculator")
 class Calculator(ToolEnvironment):
     """A calculator tool (``<tool>calc: 37*91</tool>``) for arithmetic tasks; the final answer is graded by the task."""
 
     tools = {"calc": calculate}
+
+
+# Registered without rebinding the module names (as the tasks are): SingleTurn and Calculator stay the plain
+# classes, to subclass and to check instances against; ENVIRONMENTS.get(name) returns gin's configurable wrapper.
+ENVIRONMENTS.register("single_turn")(SingleTurn)
+ENVIRONMENTS.register("calculator")(Calculator)
 
 
 def make_environment(name: str, task, problem) -> Environment:
