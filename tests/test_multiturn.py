@@ -350,3 +350,80 @@ def test_settings_are_checked():
         validate(base.replace(environment="calculator", max_turns=0))
     with pytest.raises(UnknownComponentError, match="train.environment = 'calc'.*calculator, single_turn"):
         check_settings(base.replace(environment="calc"))
+
+
+# =========================================================================================
+# the tiny tool task (item 4) and the documented user environment
+def test_tool_arithmetic_problems_need_the_tool():
+    task = TASKS.get("tool_arithmetic")(seed=0, num_train=50, num_eval=10)
+    for p in task.train_problems() + task.eval_problems():
+        a, b = p.meta["operands"]
+        assert 10 <= a <= 99 and 10 <= b <= 99 and p.meta["operators"] == ["*"] and p.answer == a * b
+        assert p.prompt == f"{a}*{b}="
+    p = task.train_problems()[0]
+    assert task.tool_transcript(p) == [("assistant", f"<tool>calc: {p.meta['expr']}</tool>"),
+                                       ("tool", f"<result>{p.answer}</result>"), ("assistant", str(p.answer))]
+    with pytest.raises(ValueError, match="digits must be >= 1"):
+        TASKS.get("tool_arithmetic")(digits=0)
+
+
+def test_gold_episode_is_what_the_warm_start_imitates(tokenizer):
+    """The gold transcript's tokens (warm start) are exactly the tokens of the same episode run through the
+    calculator environment and the episode runner (RL), and the warm start trains on the assistant turns only."""
+    from components.warm_start import transcript_ids
+
+    task = TASKS.get("tool_arithmetic")(seed=0, num_train=20, num_eval=5)
+    problem = task.train_problems()[3]
+    ids, trained = transcript_ids(task.tool_transcript(problem), tokenizer)
+    runner = make_episode_runners(SimpleNamespace(environment="calculator", max_turns=3, max_tokens_per_turn=None,
+                                                  max_observation_tokens=24), task, problem, tokenizer, 1)[0]
+    eos = tokenizer.eos_token_id
+    call = _ids(tokenizer, f"<tool>calc: {problem.meta['expr']}</tool>") + [eos]
+    obs = runner.on_turn_end(call, "stop", 40)
+    answer = _ids(tokenizer, str(problem.answer)) + [eos]
+    assert runner.on_turn_end(answer, "stop", 40 - len(call)) is None
+    assert ids == call + obs + answer
+    assert trained == [True] * len(call) + [False] * len(obs) + [True] * len(answer)
+    assert (runner.outcome.passed, runner.outcome.tool_calls, runner.outcome.turns) == (True, 1, 2)
+
+
+def test_warm_start_loss_mask_leaves_observations_out(tokenizer):
+    from components.tasks import render_prompt
+    from components.warm_start import sft_examples, transcript_ids
+
+    task = TASKS.get("tool_arithmetic")(seed=0, num_train=20, num_eval=5)
+    problems = task.train_problems()[:1]
+    ids, mask, attention = sft_examples(task, tokenizer, problems, label_noise=0.0, noise_offsets=(1,), rng=random.Random(0))(2)
+    prompt = list(render_prompt(problems[0], tokenizer))
+    episode, trained = transcript_ids(task.tool_transcript(problems[0]), tokenizer)
+    assert ids[0].tolist() == prompt + episode and bool(attention.all())
+    assert mask[0].tolist() == [float(t) for t in ([False] * len(prompt) + trained)[1:]]  # [L-1]: token t+1 is a target
+
+
+def test_documented_user_environment_trains_end_to_end(tmp_path):
+    """docs/adding_an_environment.md as a new user runs it: the example module and gin file on the tiny recipe."""
+    import json
+    from pathlib import Path
+
+    from experiments.train import run_training
+
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "retry"
+    status = run_training([str(root / "experiments/configs/tiny_cpu.gin"), str(root / "docs/examples/retry_env.gin")],
+                          ["train.total_steps = 3", "train.eval_every = 3", "train.eval_prompts = 4", "train.eval_k = 2",
+                           "train.checkpoint_every = 100", "warm_start.sft_steps = 50", "train.off_policy = 'ppo_off_policy'"],
+                          str(run), progress=False)
+    assert status == "done", (run / "error.txt").read_text() if (run / "error.txt").exists() else status
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert 1.0 <= r["turns_mean"] <= 2.0 and 1.0 <= r["reward/attempts"] <= 2.0
+        assert r["tool_calls_per_sample"] == 0.0 and r["episode_error_frac"] == 0.0
+        assert r["observation_tokens"] == round((r["turns_mean"] - 1) * r["generations"] * 20)  # 20 tokens each
+    from retry_env import Retry  # the module the gin file imported (docs/examples on sys.path)
+
+    task = _task()
+    problem = task.train_problems()[0]
+    env = Retry(task, problem, tries=2, retry_cost=0.5)
+    assert env.step("1</s>") == Observation("Wrong, try again.", role="user")
+    assert env.step(f"{problem.answer}</s>") == Reward(0.5, True, {"verifier": 1.0, "attempts": 2.0})

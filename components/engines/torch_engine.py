@@ -347,8 +347,9 @@ class TorchEngine(Engine):
             if self.max_positions is not None and longest > self.max_positions:
                 raise ValueError(
                     f"request {req.group_id!r}: prompt ({len(req.prompt_ids)} tokens) + max_tokens "
-                    f"({params.max_tokens}) + forced tokens exceeds the model's max_position_embeddings "
-                    f"({self.max_positions})"
+                    f"({params.max_tokens}) + forced tokens ({self._max_forced(req)}: an interruption phrase, or a "
+                    f"multi-turn episode's observations, train.max_observation_tokens x (train.max_turns - 1)) exceeds "
+                    f"the model's max_position_embeddings ({self.max_positions})"
                 )
             if self.max_cache_tokens is not None:
                 need = req.n * _cache_columns(longest)
