@@ -384,7 +384,10 @@ class EpisodeRunner(Conversation):
         prefix, suffix = self._framing[obs.role]
         encode = lambda s: list(self.tokenizer.encode(s, add_special_tokens=False)) if s else []  # noqa: E731
         head, tail = encode(prefix), encode(suffix)
-        room = max(self.per_observation - len(head) - len(tail), 0)
+        room = self.per_observation - len(head) - len(tail)
+        if room < 0:
+            raise ValueError(f"an observation of role {obs.role!r} needs {len(head) + len(tail)} tokens of chat framing "
+                             f"({prefix!r} ... {suffix!r}), more than train.max_observation_tokens = {self.per_observation}")
         return head + encode(obs.text)[:room] + tail
 
     def _stop(self, reason: str) -> None:

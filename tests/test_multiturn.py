@@ -156,6 +156,14 @@ def test_runner_cuts_long_observations_keeping_the_framing(tokenizer):
     assert len(obs) == 20 and tokenizer.decode(obs, skip_special_tokens=False) == "9" * (20 - framing) + "\n<|assistant|>"
 
 
+def test_runner_refuses_an_observation_budget_below_its_framing(tokenizer):
+    task, problem = _task(), _task().train_problems()[0]
+    runner = EpisodeRunner(_Scripted(task, problem, [Observation("hi", role="user")]), tokenizer, max_turns=3,
+                           max_observation_tokens=2)
+    with pytest.raises(ValueError, match="needs 3 tokens of chat framing.*max_observation_tokens = 2"):
+        runner.on_turn_end([5], "stop", 50)
+
+
 def test_runner_environment_errors_fail_the_sample_not_the_run(tokenizer):
     class Broken(SingleTurn):
         def step(self, turn):
