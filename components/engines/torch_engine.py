@@ -63,9 +63,12 @@ from components.engines.base import (
     Engine,
     GenerationRequest,
     Interruption,
+    Conversation,
     SamplingParams,
+    check_conversations,
     check_prompt_length,
     check_sampling_knobs,
+    max_observation_tokens,
     still_thinking,
 )
 from components.engines.logprobs import scaled_log_softmax
@@ -209,6 +212,18 @@ class _Row:
     injected_version: int = 0
     interrupted: bool = False
     finish_reason: Optional[str] = None
+    # multi-turn (GenerationRequest.conversations): the episode, its observation tokens still to feed,
+    # which tokens are observations, where the current assistant turn starts, its sampled tokens
+    conversation: Optional[Conversation] = None
+    observation: deque = field(default_factory=deque)
+    observed: list = field(default_factory=list)
+    turn_start: int = 0
+    turn_sampled: int = 0
+
+    def turn_over(self) -> bool:
+        """The current assistant turn has used its own budget (Conversation.max_tokens_per_turn)."""
+        per_turn = self.conversation.max_tokens_per_turn if self.conversation is not None else None
+        return per_turn is not None and self.turn_sampled >= per_turn
 
     def wants_injection(self) -> bool:
         it = self.interruption
@@ -327,12 +342,14 @@ class TorchEngine(Engine):
                 raise ValueError(
                     f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n} samples"
                 )
+            check_conversations(req)
             longest = len(req.prompt_ids) + params.max_tokens + self._max_forced(req)
             if self.max_positions is not None and longest > self.max_positions:
                 raise ValueError(
                     f"request {req.group_id!r}: prompt ({len(req.prompt_ids)} tokens) + max_tokens "
-                    f"({params.max_tokens}) + forced tokens exceeds the model's max_position_embeddings "
-                    f"({self.max_positions})"
+                    f"({params.max_tokens}) + forced tokens ({self._max_forced(req)}: an interruption phrase, or a "
+                    f"multi-turn episode's observations, train.max_observation_tokens x (train.max_turns - 1)) exceeds "
+                    f"the model's max_position_embeddings ({self.max_positions})"
                 )
             if self.max_cache_tokens is not None:
                 need = req.n * _cache_columns(longest)
@@ -396,9 +413,9 @@ class TorchEngine(Engine):
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _max_forced(req: GenerationRequest) -> int:
-        if not req.interruptions:
-            return 0
-        return max((len(i.phrase_ids) for i in req.interruptions if i is not None), default=0)
+        """Most forced tokens a sample of `req` may get: its interruption phrase, or its observations."""
+        phrases = max((len(i.phrase_ids) for i in req.interruptions or () if i is not None), default=0)
+        return max(phrases, max_observation_tokens(req))
 
     def _new_cache(self, reserve: int = 0):
         """A DynamicCache; with growable (preallocated) layers when every layer is a plain DynamicLayer.
@@ -511,6 +528,7 @@ class TorchEngine(Engine):
             stop = frozenset(self.eos_ids | set(int(t) for t in params.stop_token_ids))
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
+                conv = req.conversations[s] if req.conversations is not None else None
                 new_rows.append(
                     _Row(
                         group=group,
@@ -524,6 +542,7 @@ class TorchEngine(Engine):
                         top_k=int(params.top_k),
                         min_p=float(params.min_p),
                         repetition_penalty=float(params.repetition_penalty),
+                        conversation=conv,
                     )
                 )
         penalised = self._seen is not None or any(r.repetition_penalty != 1.0 for r in new_rows)
@@ -593,11 +612,28 @@ class TorchEngine(Engine):
                 if not row.pending and row.sampled >= row.cap:
                     self._finish(row, "length")
                 continue
+            if row.observation:  # multi-turn: feed the environment's observation, one token per step
+                row.tokens.append(row.observation.popleft())
+                row.logps.append(0.0)
+                row.versions.append(row.injected_version)
+                row.forced.append(True)
+                row.observed.append(True)
+                if not row.observation:  # the next assistant turn starts with the next sampled token
+                    row.turn_start, row.turn_sampled = len(row.tokens), 0
+                continue
             row.tokens.append(tok)
             row.logps.append(lp)
             row.versions.append(version)
             row.forced.append(False)
             row.sampled += 1
+            if row.conversation is not None:
+                row.observed.append(False)
+                row.turn_sampled += 1
+                if tok in row.stop_ids:
+                    self._end_turn(row, "stop", version)
+                elif row.sampled >= row.cap or row.turn_over():
+                    self._end_turn(row, "length", version)
+                continue
             if tok in row.stop_ids:
                 self._finish(row, "interrupted" if row.interrupted else "stop")
             elif row.sampled >= row.cap:
@@ -612,9 +648,24 @@ class TorchEngine(Engine):
             index = torch.tensor(added, dtype=torch.long, device=seen.device)  # [n, 2]
             seen[index[:, 0], index[:, 1]] = True
 
+    def _end_turn(self, row: _Row, reason: str, version: int) -> None:
+        """A multi-turn row's assistant turn ended (`reason` "stop" or "length"): its observation is queued
+        (fed from the next step, tagged with this `version`), or the episode is over and the row finishes."""
+        obs = row.conversation.on_turn_end(row.tokens[row.turn_start :], reason, row.cap - row.sampled)
+        if obs:
+            row.observation.extend(int(t) for t in obs)
+            row.injected_version = version
+            return
+        self._finish(row, row.conversation.finish_reason(reason))
+
     def _finish(self, row: _Row, reason: str) -> None:
         row.finish_reason = reason
-        done = row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason)
+        conv = row.conversation
+        if conv is not None and conv.outcome is None:  # cut from outside (abort_all): the episode ends here
+            conv.on_turn_end(row.tokens[row.turn_start :], "length", 0)
+        done = row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason,
+                                       observed=list(row.observed) if conv is not None else None,
+                                       episode=conv.outcome if conv is not None else None)
         if done is not None:
             self._done.append(done)
 
@@ -657,6 +708,7 @@ class TorchEngine(Engine):
     def _max_remaining(self, rows: Optional[list] = None) -> int:
         """Most decode steps any in-flight row (of `rows`, default the batch) may still take (sampled + forced)."""
         return max((r.cap - r.sampled + len(r.pending) + (len(r.interruption.phrase_ids) if r.interruption and not r.interrupted else 0)
+                    + _observation_room(r)
                     for r in (self._rows if rows is None else rows) if r.finish_reason is None), default=0)
 
     def _new_remaining(self, admitted) -> int:
@@ -738,6 +790,13 @@ class TorchEngine(Engine):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.version = int(update.version)
+
+
+def _observation_room(row: _Row) -> int:
+    """Observation tokens a row may still be fed: those queued, and what its episode's budget has left."""
+    if row.conversation is None:
+        return 0
+    return max(len(row.observation), int(row.conversation.max_observation_tokens) - sum(row.observed))
 
 
 def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Optional[str]:

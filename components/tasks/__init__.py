@@ -13,6 +13,8 @@ Built-in tasks (each registered under its name):
 - ``hf_dataset``: any Hugging Face ``datasets.load_dataset`` source (Hub name or local
   parquet / jsonl / json / csv / arrow) with a column mapping, graded by math-verify, the
   sandboxed tests, or a plain-function reward (`components.rewards`).
+- ``tool_arithmetic``: multi-digit products solved with the calculator tool (``train.environment =
+  "calculator"``; `components.tasks.tool_arithmetic`);
 - ``mixture``: a weighted mixture of any of these, spelled as a dict in specs
   (``{"arithmetic": 0.5, "reasoning_gym:countdown": 0.5}``; `components.tasks.mixture`).
 
@@ -43,6 +45,7 @@ _BUILTIN_TASK_MODULES = (
     "components.tasks.code_file",
     "components.tasks.hf_dataset",
     "components.tasks.mixture",
+    "components.tasks.tool_arithmetic",
 )
 IMPORT_ERRORS: dict[str, str] = {}
 for _mod in _BUILTIN_TASK_MODULES:

@@ -153,6 +153,12 @@ class TrainConfig:
     # own verdict reward; an entry is a REWARDS name or an import path "module:function"; the pass rate stays the verifier's
     reward_funcs: tuple = field(default=(), metadata={"coerce": _reward_funcs})
     reward_weights: Optional[tuple] = field(default=None, metadata={"coerce": _reward_weights})  # None: all 1.0
+    # multi-turn rollouts (components/environments.py): an ENVIRONMENTS name answers each assistant turn with an
+    # observation (appended as prompt tokens, never trained on) or ends the episode with a reward; None: single turn
+    environment: Optional[str] = _component("environments", None)
+    max_turns: int = 4  # assistant turns per episode (with an environment); the last one is graded or cut
+    max_tokens_per_turn: Optional[int] = None  # sampled tokens per assistant turn (None: only train.max_tokens, all turns)
+    max_observation_tokens: int = 64  # tokens per observation, chat framing included (longer text is cut)
     # -- batch and sampling ---------------------------------------------------------------
     prompts_per_step: int = 8
     generations_per_prompt: int = 8
@@ -373,6 +379,9 @@ TRAIN_RANGES = {
     "prompts_per_step": ">= 1",
     "generations_per_prompt": ">= 2",  # group-relative advantages need a group
     "max_tokens": ">= 1",
+    "max_turns": ">= 1",
+    "max_tokens_per_turn": ">= 1",  # None: no per-turn budget
+    "max_observation_tokens": ">= 1",
     "temperature": "> 0",
     "top_p": "(0, 1]",
     "top_k": ">= 0",  # 0: off
@@ -614,6 +623,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
+    _check_multi_turn(cfg)
     if cfg.lora_rank > 0:
         _check_lora_targets(cfg.lora_targets)  # their form; which modules they match is checked on the model (lora.check_targets)
     if cfg.reward_funcs or cfg.reward_weights is not None:
@@ -630,6 +640,23 @@ def validate(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_components(cfg)
+
+
+def _check_multi_turn(cfg: TrainConfig) -> None:
+    """train.environment's settings agree: a per-turn budget needs an environment and fits in max_tokens, and a
+    forced-interruption length control (it counts sampled tokens across turns) is refused beside one."""
+    if not cfg.environment:
+        if cfg.max_tokens_per_turn is not None:
+            raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} needs train.environment "
+                              "(a single-turn run has one turn: its budget is train.max_tokens)")
+        return
+    if cfg.max_tokens_per_turn is not None and cfg.max_tokens_per_turn > cfg.max_tokens:
+        raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} is above train.max_tokens = "
+                          f"{cfg.max_tokens}, the sampled-token budget of the whole episode")
+    if cfg.length_control == "interruption":
+        raise ConfigError(f"train.length_control = 'interruption' cannot run with train.environment = "
+                          f"{cfg.environment!r}: forced interruptions count sampled tokens across turns; use "
+                          "train.max_tokens_per_turn, 'length_penalty' or 'truncate'")
 
 
 def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:

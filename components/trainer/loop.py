@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 
 from components.curricula import build_curriculum
+from components.environments import episode_stats, generated_token_count, observation_token_count
 from components.offpolicy import LoopState, derive_seed, make_scheme
 from components.trainer.accounting import (FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats,
                                            step_flop_terms)
@@ -278,11 +279,13 @@ class Trainer:
                                      f"process states: {self.hub.state()}")
         rollout = self.rollouts.pop(0)
         self._since["time_generate"] += rollout.time_generate
-        tokens = sum(len(c.token_ids) for c in rollout.completions)
+        # multi-turn: an environment's observation tokens count as prompt tokens, not generated ones
+        tokens = sum(generated_token_count(c) for c in rollout.completions)
         self._since["generated_tokens"] += tokens
         self.totals["generated_tokens"] += tokens
         self.totals["verifier_errors"] += rollout.verifier_errors
-        self.flops += sum(self.flop_counter.generation(len(c.prompt_ids), len(c.token_ids)) for c in rollout.completions)
+        self.flops += sum(self.flop_counter.generation(len(c.prompt_ids) + observation_token_count(c), generated_token_count(c))
+                          for c in rollout.completions)
         return rollout
 
     def _push_weights(self) -> None:
@@ -481,6 +484,7 @@ class Trainer:
             "stale_dropped": self._since["stale_dropped"],
             "refill_dropped": self._since["refill_dropped"],
             **self.curriculum.sampler.stats(),
+            **episode_stats(rollouts),  # multi-turn only (train.environment): turns, tool calls, observation tokens
             "groups_by_generator": _count_by_generator(rollouts),
             **self._proc_fields(),
         }
