@@ -200,6 +200,18 @@ def turn_budget(conversation: Optional[Conversation], sampled: int, cap: int) ->
     return left if per_turn is None else min(left, int(per_turn))
 
 
+def finish_sample(row: Any, reason: str) -> Any:
+    """Hand a finished sample of either engine to its group (`row`: the engine's per-sample state, with
+    conversation, tokens, turn_start, logps, versions, forced, observed, group and sample_index). An episode
+    cut from outside (abort_all) ends at its current turn. Returns the group's result once it is complete."""
+    conv = row.conversation
+    if conv is not None and conv.outcome is None:
+        conv.on_turn_end(row.tokens[row.turn_start :], "length", 0)
+    return row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason,
+                                   observed=list(row.observed) if conv is not None else None,
+                                   episode=conv.outcome if conv is not None else None)
+
+
 def check_conversations(request: "GenerationRequest") -> None:
     """Refuse a request whose conversations do not give one per sample, or that also asks for forced
     interruptions (ValueError naming the request)."""

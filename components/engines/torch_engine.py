@@ -68,6 +68,7 @@ from components.engines.base import (
     check_conversations,
     check_prompt_length,
     check_sampling_knobs,
+    finish_sample,
     max_observation_tokens,
     still_thinking,
 )
@@ -660,12 +661,7 @@ class TorchEngine(Engine):
 
     def _finish(self, row: _Row, reason: str) -> None:
         row.finish_reason = reason
-        conv = row.conversation
-        if conv is not None and conv.outcome is None:  # cut from outside (abort_all): the episode ends here
-            conv.on_turn_end(row.tokens[row.turn_start :], "length", 0)
-        done = row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason,
-                                       observed=list(row.observed) if conv is not None else None,
-                                       episode=conv.outcome if conv is not None else None)
+        done = finish_sample(row, reason)
         if done is not None:
             self._done.append(done)
 

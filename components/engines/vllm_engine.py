@@ -64,6 +64,7 @@ from components.engines.base import (
     check_prompt_length,
     check_sampling_knobs,
     still_thinking,
+    finish_sample,
     turn_budget,
 )
 from components.precision import get_precision, vllm_dtype
@@ -597,12 +598,7 @@ class VllmEngine(Engine):
                      turn_budget(conv, seq.sampled, seq.params.max_tokens))
 
     def _finish(self, seq: _Seq, reason: str) -> None:
-        conv = seq.conversation
-        if conv is not None and conv.outcome is None:  # cut from outside (abort_all): the episode ends here
-            conv.on_turn_end(seq.tokens[seq.turn_start :], "length", 0)
-        done = seq.group.finish_sample(seq.sample_index, seq.tokens, seq.logps, seq.versions, seq.forced, reason,
-                                       observed=list(seq.observed) if conv is not None else None,
-                                       episode=conv.outcome if conv is not None else None)
+        done = finish_sample(seq, reason)
         if done is not None:
             self._done.append(done)
 

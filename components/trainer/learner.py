@@ -448,21 +448,8 @@ def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: in
     # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
     weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids)  # [B, T]
     # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
-    lengths = batch.attention_mask.sum(dim=1).tolist()  # [B] prompt + completion tokens
-    per_rank = split_rows(lengths, ranks)
-    groups = [_micro_batch_rows(rows, lengths, cfg) for rows in per_rank]
-    n_mb = max(len(g) for g in groups)
-    shards, order = [], []
-    for g in groups:
-        mbs = []
-        for rows in g:
-            idx = torch.tensor(rows, dtype=torch.long)
-            sub = batch.select(idx).trim()
-            mbs.append(MicroBatch(sub, advantages[idx], weights[idx][:, : sub.mask.shape[1]]))
-        while len(mbs) < n_mb:
-            mbs.append(_dummy_micro_batch(batch))
-        shards.append(mbs)
-        order.append(torch.tensor([r for rows in g for r in rows], dtype=torch.long))
+    all_rows = torch.arange(batch.mask.shape[0], dtype=torch.long)  # [B]
+    shards, order = _shard_rows(batch, advantages, weights, all_rows, cfg, ranks)
     minis = plan_mini_batches(batch, advantages, cfg, ranks) if getattr(cfg, "mini_batches", 1) > 1 else []
     return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats, minis=minis)
 
