@@ -151,8 +151,8 @@ def fit_main(args: argparse.Namespace) -> int:
         from analysis.protocol import CONTENTION_LIMIT
 
         names = ", ".join(f"{r.sweep}/{r.run} ({r.contention_run:.0%})" for r in contended.itertuples())
-        console.print(f"[yellow]warning: {len(contended)} run(s) with CPU contention above {CONTENTION_LIMIT:.0%} "
-                      f"(their compute axis is stretched; re-run them alone): {names}", highlight=False)
+        console.print(f"[yellow]warning: {len(contended)} run(s) slowed by other work (CPU contention above "
+                      f"{CONTENTION_LIMIT:.0%} and their threads waited for a CPU; their compute axis is stretched; re-run them alone): {names}", highlight=False)
     console.print(f"wrote {csv}, {csv.with_name(csv.stem + '_configs.csv')}, {csv.with_name(csv.stem + '_claims.csv')}, "
                   f"{csv.with_name(csv.stem + '_pairs.csv')}")
     return 0

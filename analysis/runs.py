@@ -49,7 +49,7 @@ from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, predic
 log = logging.getLogger(__name__)
 
 __all__ = ["resolve_compute", "COMPUTE_AXES", "find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
-           "config_name", "is_benchmark_row", "epoch_info", "run_contention", "run_finished", "pool_dry_step"]
+           "config_name", "is_benchmark_row", "epoch_info", "run_contention", "run_runq", "run_finished", "pool_dry_step"]
 
 # Columns that identify a run in every frame.
 RUN_KEYS = ["sweep", "run", "factor", "value", "recipe", "seed", "status"]
@@ -253,7 +253,7 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
         ep1_cpu, _ = epoch1_compute(mt, "cpu_hours")
         epochs = [_num(m.get("epoch")) for m in mt]
         epochs = [e for e in epochs if e is not None]
-        contention = _num(last_mt.get("contention_run"))
+        contention, runq = _num(last_mt.get("contention_run")), run_runq(mt)
         recs.append({
             **meta,
             "n_evals": len(ev),
@@ -276,7 +276,8 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             "eval_wall_s": _num(last_mt.get("eval_wall_s")),
             "startup_s": _num(last_mt.get("startup_s")),
             "contention_run": contention,
-            "contended": is_contended(contention),
+            "runq_run": runq,
+            "contended": is_contended(contention, runq),
             **run_meters(mt),  # whether each mechanism acts in this run (analysis/meters.py)
         })
     return pd.DataFrame.from_records(recs, columns=None if recs else [*RUN_KEYS, "path", "n_evals", "n_steps"])
@@ -375,14 +376,32 @@ def epoch_info(meta: dict[str, Any], compute: str) -> tuple[float | None, float 
     return epoch1_compute(rows, compute)
 
 
-def run_contention(meta: dict[str, Any]) -> float | None:
+def run_runq(rows: list[dict[str, Any]]) -> float | None:
+    """The run's own threads' run-queue share over the run (`runq_run` of its last metrics line;
+    a run logged before that field: from the cumulative `procs` of its last line, start-up
+    included). None when neither is logged."""
+    if not rows:
+        return None
+    last = rows[-1]
+    if (q := _num(last.get("runq_run"))) is not None:
+        return q
+    procs = last.get("procs")
+    if not isinstance(procs, dict) or not procs:
+        return None
+    cpu = sum(_num(p.get("cpu_s")) or 0.0 for p in procs.values() if isinstance(p, dict))
+    wait = sum(_num(p.get("runq_s")) or 0.0 for p in procs.values() if isinstance(p, dict))
+    return wait / (cpu + wait) if cpu + wait > 0 else None
+
+
+def run_contention(meta: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A run's (`contention_run`, `runq_run`): from its run-table row, else from its metrics."""
     if "contention_run" in meta:
-        return _num(meta.get("contention_run"))
+        return _num(meta.get("contention_run")), _num(meta.get("runq_run"))
     path = meta.get("path")
     if not path:
-        return None
+        return None, None
     rows, _ = read_jsonl(Path(path) / "metrics.jsonl")
-    return _num(rows[-1].get("contention_run")) if rows else None
+    return (_num(rows[-1].get("contention_run")) if rows else None), run_runq(rows)
 
 
 def fit_runs(
@@ -403,7 +422,7 @@ def fit_runs(
     """One row per run, each fitted by the paper's protocol (analysis/protocol.py):
     RUN_KEYS, config, n_evals, A, B, C_mid, R0, sse, rmse, r2, n_points, fit_from, fit_to, flags,
     fit_error, protocol, fit_fraction, fit_cutoff, min_compute, min_compute_rule,
-    contention_run, contended.
+    contention_run, runq_run, contended.
 
     df: evaluation rows (`load_runs(path)`); runs: the run table (`load_runs(path, what="runs")`)
     to also list runs without evaluations (and to read each run's epoch end without re-reading
@@ -445,10 +464,10 @@ def fit_runs(
         ep1, max_ep = epoch_info(meta, compute)
         pf = fit_with_protocol(c, r, protocol=proto, min_compute=min_compute, epoch1=ep1, max_epoch=max_ep,
                                fit_fraction=fraction, min_points=min_points)
-        contention = run_contention(meta)
+        contention, runq = run_contention(meta)
         row.update(protocol=proto.name, fit_fraction=pf.fit_fraction, fit_cutoff=pf.cutoff,
                    min_compute=pf.min_compute, min_compute_rule=pf.min_rule,
-                   contention_run=contention, contended=is_contended(contention),
+                   contention_run=contention, runq_run=runq, contended=is_contended(contention, runq),
                    **{m: _num(meta.get(m)) for m in METER_COLUMNS if m in meta})
         res = pf.fit
         if res is not None:

@@ -11,8 +11,9 @@
    from their checkpoint, failed ones are retried only with `--retry-failed`. A run whose
    logs were already collected as done into OUT is skipped too (a fresh clone holding
    results/tiny does not re-run the study).
-2. A done run whose CPU contention (`contention_run`, the last metrics line) exceeded 10% is
-   set aside into RUNS/<sweep>/.contended/<run>-<k>/ and run again (at most `--max-reruns`
+2. A done run that other work slowed (`analysis.protocol.is_contended`: `contention_run`, the
+   share of its CPUs other work used, above 10% and its own threads' run-queue share `runq_run`
+   above 10%) is set aside into RUNS/<sweep>/.contended/<run>-<k>/ and run again (at most `--max-reruns`
    times; `--allow-contention` keeps it). Its compute axis was stretched by a neighbour.
    Likewise a done run that trained past the tiny scale's compute budget without it (collected
    before the budget existed) is set aside into RUNS/<sweep>/.over_budget/ and run again under
@@ -84,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"bootstrap resamples behind each run's prediction interval in the report (default "
                              f"{PREDICT_BOOT}; 0: no interval)")
     parser.add_argument("--allow-contention", action="store_true",
-                        help="keep done runs whose CPU contention exceeded 10%% (default: set aside and re-run)")
+                        help="keep done runs that other work slowed (CPU contention and run-queue share above 10%%; "
+                             "default: set aside and re-run)")
     parser.add_argument("--max-reruns", type=int, default=2,
                         help="how many times a contended run is re-run before it is kept (default 2)")
     parser.add_argument("--retry-failed", action="store_true", help="resubmit runs whose status is failed")
@@ -149,13 +151,10 @@ def _collect_finished(args: argparse.Namespace, console):
     """`--collect-only`: copy the runs that ran to their end (done, or ended by a prompt pool that
     ran out: `analysis.runs.run_finished`) and are uncontended (a study part-way through, or runs
     still queued), submitting nothing; the others stay out of OUT until a later collect."""
-    from analysis.protocol import CONTENTION_LIMIT
-
     def finished(run_dir: Path) -> bool:
         if not run_ended(run_dir):  # done, or its prompt pool ran out
             return False
-        cont = run_contention(run_dir)
-        return args.allow_contention or cont is None or cont <= CONTENTION_LIMIT
+        return args.allow_contention or not run_contention(run_dir)[1]
 
     plans = plan_study(args, console, act=False)
     materialize_shared(plans, args.runs)  # a shared run takes its source's logs once the source has ended

@@ -58,7 +58,7 @@ class RunStatus:
     error: str
     epoch: float | None = None
     contention: float | None = None  # contention_run of the last metrics line
-    contended: bool = False  # contention above analysis.protocol.CONTENTION_LIMIT
+    contended: bool = False  # analysis.protocol.is_contended: other work slowed the run
     reason: str = ""  # why the state is not run.json's (e.g. the Slurm job ended CANCELLED), or run.json's error
 
 
@@ -159,6 +159,8 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
             state, reason = "stopped", stop_text(stop)
         sweep = info.get("sweep") or (d.parent.name if d != root else None)
         A, B, note = fit_ab(evals, min_points, metrics=metrics, sweep=sweep) if evals else (None, None, "no evals")
+        from analysis.runs import run_runq
+
         contention = _number(last.get("contention_run"))
         name = str(d.relative_to(root)) if d != root else d.name
         out.append(RunStatus(
@@ -168,7 +170,7 @@ def collect(path: Path, *, with_slurm: bool = True, min_points: int = MIN_FIT_PO
             step=last.get("step"), compute_hours=last.get("compute_hours"),
             pass_rate=(evals[-1].get("pass_rate") if evals else None), eval_points=len(evals),
             A=A, B=B, fit_note=note, error=str(info.get("error", "") or ""),
-            epoch=_number(last.get("epoch")), contention=contention, contended=is_contended(contention),
+            epoch=_number(last.get("epoch")), contention=contention, contended=is_contended(contention, run_runq(metrics)),
             reason=reason,
         ))
     return out
@@ -225,8 +227,8 @@ def render(rows: Sequence[RunStatus], title: str, console=None) -> None:
         from analysis.protocol import CONTENTION_LIMIT
 
         names = ", ".join(f"{r.run} ({r.contention:.0%})" for r in contended)
-        console.print(f"[yellow]warning:[/yellow] {len(contended)} run(s) with CPU contention above "
-                      f"{CONTENTION_LIMIT:.0%}: {names}; their compute axis is stretched: re-run them with "
+        console.print(f"[yellow]warning:[/yellow] {len(contended)} run(s) slowed by other work (CPU contention "
+                      f"above {CONTENTION_LIMIT:.0%} and their threads waited for a CPU): {names}; their compute axis is stretched: re-run them with "
                       "nothing beside them (`scalerl reproduce` re-runs them unless --allow-contention)",
                       overflow="fold", highlight=False)
     counts: dict[str, int] = {}

@@ -324,7 +324,7 @@ def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
 
 
 def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any) -> list[str]:
-    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS
+    from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS, RUNQ_LIMIT
 
     L = ["## How the numbers are made\n"]
     w = L.append
@@ -364,8 +364,10 @@ def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any) -> list
       "C_mid is the geometric mean. `rank` orders configurations by the paper's own rule (A within a margin "
       "measured from the seeds, then B); it decides no verdict.")
     w(f"- **Contention**: a run whose CPUs other work used more than {CONTENTION_LIMIT:.0%} of the time "
-      "(`contention_run`, from /proc/stat) had its compute axis stretched by a neighbour: `scalerl reproduce` re-runs "
-      "it (unless --allow-contention); any left are listed below, marked in the tables and drawn faded in the figures.")
+      "(`contention_run`, from /proc/stat) while its own threads waited for a CPU more than "
+      f"{RUNQ_LIMIT:.0%} of theirs (`runq_run`, schedstat) was slowed by a neighbour: `scalerl reproduce` re-runs "
+      "it (unless --allow-contention); any left are listed below, marked in the tables and drawn faded in the figures. "
+      "Work that only used CPU time a run left idle is not contention (analysis/README.md \"Contention\").")
     w("- **Compute budget and run time**: every run of a CPU-scale study trains to the same compute, "
       "`train.compute_budget_flops` (the budget is the stopping rule, `train.total_steps` only a safety cap), as "
       "every forward ablation of the paper gets 3.5-4k GPU-h. Runs collected before it existed end at different "
@@ -543,13 +545,18 @@ def _contention_text(runs: Any, kept_contended: Sequence[str]) -> list[str]:
     L = ["## Contention\n"]
     cont = runs[runs["contended"].fillna(False).astype(bool)]
     if len(cont):
-        L.append(f"{len(cont)} run(s) with contention above {CONTENTION_LIMIT:.0%} remain (their compute axis is "
-                 "stretched; kept in the fits and marked):\n")
+        L.append(f"{len(cont)} run(s) slowed by other work (contention above {CONTENTION_LIMIT:.0%} while their "
+                 "threads waited for a CPU) remain (kept in the fits and marked):\n")
         L.extend(f"- {r.sweep}/{r.run}: {r.contention_run:.1%}" for r in cont.itertuples())
     else:
         measured = runs["contention_run"].notna().sum()
-        L.append(f"No run above {CONTENTION_LIMIT:.0%} ({measured} of {len(runs)} runs log `contention_run`"
+        L.append(f"No run slowed by other work ({measured} of {len(runs)} runs log `contention_run`"
                  + (f"; highest {runs['contention_run'].max():.1%}" if measured else "") + ").")
+        if measured and "runq_run" in runs.columns and (runs["contention_run"] > CONTENTION_LIMIT).any():
+            busy = runs[runs["contention_run"] > CONTENTION_LIMIT]
+            q = busy["runq_run"].max()
+            L.append(f"{len(busy)} run(s) shared their CPUs above {CONTENTION_LIMIT:.0%} but waited for them at most "
+                     f"{q:.1%} of their time (`runq_run`): not contended." if q == q else "")
     L.extend(f"- kept after the maximum number of re-runs: {k}" for k in kept_contended)
     L.append("")
     return L

@@ -155,9 +155,16 @@ def run_ended(run_dir: Path) -> bool:
     return run_finished(info.get("status"), info.get("error"))
 
 
-def run_contention(run_dir: Path) -> float | None:
-    x = last_metrics(run_dir).get("contention_run")
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+def run_contention(run_dir: Path) -> tuple[float | None, bool]:
+    """A done run's `contention_run` and whether it is contended (`analysis.protocol.is_contended`:
+    other work used its CPUs AND its threads waited for one)."""
+    from analysis.protocol import is_contended
+    from analysis.runs import read_jsonl, run_runq
+
+    rows, _ = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    x = rows[-1].get("contention_run") if rows else None
+    cont = float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+    return cont, is_contended(cont, run_runq(rows))
 
 
 def logged_budget(run_dir: Path) -> float | None:
@@ -227,14 +234,14 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
                         shutil.rmtree(collected)
                 forced[r.name] = why
                 continue
-            cont = run_contention(where)
-            if cont is None or cont <= CONTENTION_LIMIT or args.allow_contention:
+            cont, contended = run_contention(where)
+            if not contended or args.allow_contention:
                 continue
             if _reruns(work, r.sweep, r.name) >= args.max_reruns:
                 kept.append(f"{r.name} ({cont:.0%}, re-run {args.max_reruns}x already)")
                 continue
             set_aside.append(f"{r.name} ({cont:.0%})")
-            why = f"contention {cont:.0%} > {CONTENTION_LIMIT:.0%}: set aside and re-run"
+            why = f"contention {cont:.0%} > {CONTENTION_LIMIT:.0%} (and its threads waited): set aside and re-run"
             if act:
                 if where == collected and here.exists():
                     _set_aside(here, work, r.sweep, r.name)  # a stale work copy goes too

@@ -371,11 +371,11 @@ def draw_curves_with_summaries(ax, spec: FigureSpec, ev: pd.DataFrame, opts: Opt
         text = None
         if grouped:
             text = "" if key in shown else _config_text(configs[key], spec.legend)
-            if not is_contended(row["contention_run"]):  # a contended run keeps its own entry: the
+            if not bool(row["contended"]):  # a contended run keeps its own entry: the
                 shown.add(key)                           # configuration's goes to its next seed
         _draw(ax, c, r, res, float(row["fit_cutoff"]), float(row["min_compute"]),
               "" if res is not None else str(row["fit_error"]), label, colors[key if grouped else i], spec.legend,
-              row["contention_run"], text)
+              row["contention_run"] if bool(row["contended"]) else None, text)
         fits[label] = res
     ax.set_xscale("log")
     _left_limit(ax, [run_curve(g, opts.compute)[0] for _, g in groups])

@@ -157,7 +157,8 @@ def draw_benchmark_figure(fig_id: str, data: RunData, out_dir: str | Path, opts:
 
 
 def run_fit_context(data: RunData, path: str, compute: str) -> dict:
-    """epoch1 / max_epoch / contention of one run (from the run table) for `fit_with_protocol`."""
+    """epoch1 / max_epoch / contention of one run (from the run table) for `fit_with_protocol`;
+    contention is None unless the run is `contended` (other work slowed it)."""
     runs = data.runs
     row = runs[runs["path"] == path]
     if row.empty:
@@ -169,7 +170,7 @@ def run_fit_context(data: RunData, path: str, compute: str) -> dict:
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
     ep1, ep = num(f"epoch1_{compute}"), num("epoch")
-    return {"epoch1": ep1, "max_epoch": None if ep1 is not None else ep, "contention": num("contention_run")}
+    return {"epoch1": ep1, "max_epoch": None if ep1 is not None else ep, "contention": num("contention_run") if bool(row.get("contended")) else None}
 
 
 def fit_task_curve(data: RunData, g: pd.DataFrame, column: str, opts: Options):

@@ -41,7 +41,7 @@ def test_status_flags_contended_runs_and_fits_like_scalerl_fit(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "contention" in out and "31% !" in out
     warning = next(line for line in out.splitlines() if line.startswith("warning:"))
-    assert "1 run(s) with CPU contention above 10%" in warning and "dapo-s0" in warning and "cispo-s0" not in warning
+    assert "1 run(s) slowed by other work (CPU contention above 10%" in warning and "dapo-s0" in warning and "cispo-s0" not in warning
     assert scalerl(["status", str(tmp_path / "loss_type"), "--no-slurm", "--json"]) == 0
     data = {x["run"]: x for x in json.loads(capsys.readouterr().out)}
     assert data["dapo-s0"]["contended"] is True and data["cispo-s0"]["contended"] is False
@@ -67,7 +67,7 @@ def test_fit_flags_contended_runs(tmp_path, capsys):
     assert bool(df.loc["dapo-s0", "contended"]) and not bool(df.loc["cispo-s0", "contended"])
     assert df.loc["dapo-s0", "contention_run"] > CONTENTION_LIMIT
     warning = " ".join(out[out.index("warning:"):].split())
-    assert "1 run(s) with CPU contention above 10%" in warning and "loss_type/dapo-s0 (31%)" in warning
+    assert "1 run(s) slowed by other work (CPU contention above 10%" in warning and "loss_type/dapo-s0 (31%)" in warning
     assert "cispo-s0" not in warning
     # the protocol and the margin of every fit are in the table
     assert set(df["protocol"]) == {"whole"} and set(df["margin_source"]) == {"paper (no seeds)"}
@@ -78,3 +78,44 @@ def test_fit_flags_contended_runs(tmp_path, capsys):
     df = pd.read_csv(csv).set_index("run")
     assert df.loc["gspo-s0", "min_compute_rule"].startswith("0.4 of the fitted range (no epoch logged")
     assert df.loc["cispo-s0", "min_compute_rule"] == "end of epoch 1"
+
+
+def test_foreign_load_that_never_delayed_the_run_is_not_contention():
+    """Contended = other work used the run's CPUs (contention_run > 0.10) AND the run's threads
+    waited for one (runq_run > 0.10); a run that does not log its run-queue share is judged by
+    contention_run alone."""
+    from analysis.protocol import RUNQ_LIMIT
+    from analysis.runs import run_runq
+
+    assert RUNQ_LIMIT == 0.10
+    assert not is_contended(0.25, 0.03) and is_contended(0.25, 0.11) and is_contended(0.25, None)
+    assert not is_contended(0.05, 0.4) and is_contended(0.25, float("nan")) and not is_contended(0.10, 0.5)
+    # run_runq: the logged field wins; otherwise the last line's cumulative procs (wait / (cpu + wait))
+    assert run_runq([{"runq_run": 0.07, "procs": {"a": {"cpu_s": 1.0, "runq_s": 1.0}}}]) == pytest.approx(0.07)
+    assert run_runq([{}, {"procs": {"a": {"cpu_s": 6.0, "runq_s": 1.0}, "b": {"cpu_s": 2.0, "runq_s": 1.0}}}]) == \
+        pytest.approx(0.2)
+    assert run_runq([]) is None and run_runq([{"procs": {}}]) is None
+
+
+def test_a_busy_machine_with_a_prioritised_run_is_not_flagged_but_a_delayed_one_is(tmp_path):
+    """End to end over logged runs: the same foreign load (31%) is contention for the run whose
+    threads waited and not for the one that logged a 2% run-queue share; `scalerl status`,
+    `scalerl fit` and the run table agree."""
+    _sweep(tmp_path)
+    path = tmp_path / "loss_type" / "dapo-s0" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        r["runq_run"] = 0.02
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    status = {r.run: r for r in S.collect(tmp_path / "loss_type", with_slurm=False)}
+    table = load_runs(tmp_path, what="runs").set_index("run")
+    fits = fit_runs(load_runs(tmp_path), runs=load_runs(tmp_path, what="runs")).set_index("run")
+    assert table.loc["dapo-s0", "contention_run"] > CONTENTION_LIMIT
+    assert not status["dapo-s0"].contended and not table.loc["dapo-s0", "contended"] and not fits.loc["dapo-s0", "contended"]
+    assert table.loc["dapo-s0", "runq_run"] == pytest.approx(0.02)
+    for r in rows:
+        r["runq_run"] = 0.2
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    status = {r.run: r for r in S.collect(tmp_path / "loss_type", with_slurm=False)}
+    table = load_runs(tmp_path, what="runs").set_index("run")
+    assert status["dapo-s0"].contended and table.loc["dapo-s0", "contended"]

@@ -341,6 +341,9 @@ class Trainer:
             "contention_run": run_share,
             # the run's own threads waiting for a CPU (run-queue delay / (CPU + delay), schedstat)
             "runq_frac": contention(now, self._procs_at_step),
+            # ... since training started (a resumed run: since its resume); with contention_run it
+            # decides whether other work slowed the run (analysis.protocol.is_contended)
+            "runq_run": contention(now, self._procs_at_start),
             "procs": now,
             "eval_wall_s": self.clock.eval_base_s,
             "startup_s": self.clock.startup_s(),
