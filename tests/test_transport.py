@@ -51,7 +51,8 @@ if mode == "hub":  # a hub with one peer (the test process); reports its port an
     while True:
         hub.recv(1.0)
 
-peer = Peer(name, "127.0.0.1", port, heartbeat_s=HB, timeout_s=TIMEOUT, on_lost=on_lost)
+peer = Peer(name, "127.0.0.1", port, heartbeat_s=HB, timeout_s=TIMEOUT, on_lost=on_lost,
+            run_token=os.environ.get("T_TOKEN", ""))
 try:
     if mode == "echo":  # 20 messages of its own, then echo everything until ("stop",)
         for i in range(20):
@@ -105,10 +106,10 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "T_HB": str(HB), "T_TIMEOUT": str(TIMEOUT), "OMP_NUM_THREADS": "1"}
 
 
-def _spawn(mode: str, name: str, port: int, torch: bool = False) -> subprocess.Popen:
+def _spawn(mode: str, name: str, port: int, torch: bool = False, token: str = "") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", PROGRAM, mode, name, str(port)] + (["torch"] if torch else []),
-        cwd=str(REPO), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=str(REPO), env={**_env(), "T_TOKEN": token}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
 
@@ -259,6 +260,60 @@ def test_unexpected_process_is_named():
             assert not isinstance(caught.value, PeersMissing)  # not a missing peer (no shared-filesystem hint)
         finally:
             intruder.close()
+
+
+def test_a_stray_process_of_another_run_is_ignored_and_this_runs_process_takes_the_name(caplog):
+    """A cancelled job's generator that reaches a reused port carries its own run's token: the hub
+    ignores it (one warning naming it, not a fatal name clash), the process of this run with the
+    same name connects and is the one recorded, only its messages arrive, and the stray, never
+    answered, gives up (HubLost) on its own."""
+    calls = Calls()
+    hub = Hub("learner-0", host="127.0.0.1", port=0, peers=["generator-0"], heartbeat_s=HB, timeout_s=TIMEOUT,
+              on_lost=calls, run_token="runB")
+    stray = _spawn("echo", "generator-0", hub.port, token="runA")
+    real = None
+    try:
+        deadline = time.monotonic() + 30
+        while not any("another run" in r.getMessage() for r in caplog.records):  # it said hello first
+            assert time.monotonic() < deadline, "the stray's hello never reached the hub"
+            hub.recv(0.2)
+        real = _spawn("echo", "generator-0", hub.port, token="runB")
+        info = hub.wait_for_peers(60)
+        assert info["generator-0"]["pid"] == real.pid
+        got = [hub.recv(10) for _ in range(20)]
+        assert got == [("generator-0", ("own", "generator-0", i)) for i in range(20)]
+        hub.send("generator-0", ("ping", 1))
+        assert hub.recv(10) == ("generator-0", ("echo", ("ping", 1)))
+        time.sleep(TIMEOUT + 1.0)  # beats from both for longer than the timeout
+        assert hub.recv(0.5) is None  # the stray's 20 messages never arrived
+        hub.check()
+        assert hub.state()["generator-0"]["pid"] == real.pid and calls.errors == []
+        warnings = [r.getMessage() for r in caplog.records if "another run" in r.getMessage()]
+        assert len(warnings) == 1 and f"pid {stray.pid}" in warnings[0] and "'runA'" in warnings[0], warnings
+        assert stray.wait(TIMEOUT + SLACK) == 3
+        assert "HubLost" in stray.stdout.read()
+        hub.send("generator-0", ("stop",))
+        assert "CLEAN_EXIT" in _finish(real)
+    finally:
+        for p in (stray, real):
+            if p is not None and p.poll() is None:
+                p.kill()
+        hub.close()
+
+
+def test_without_a_token_a_second_run_on_the_port_is_fatal_and_a_bad_token_is_refused():
+    from components.trainer.transport import routing_id
+
+    assert routing_id("generator-0") == b"generator-0" and routing_id("generator-0", "ab") == b"generator-0#ab"
+    with pytest.raises(ValueError, match=r"run_token must be .*got 'a#b'"):
+        routing_id("generator-0", "a#b")
+    with _hub(["generator-0"]) as hub:  # no token on the hub: any unknown routing id is an intruder
+        other = Peer("generator-0", "127.0.0.1", hub.port, heartbeat_s=HB, timeout_s=TIMEOUT, run_token="runA")
+        try:
+            with pytest.raises(TransportError, match=r"unexpected process generator-0#runA \(pid \d+"):
+                hub.wait_for_peers(5.0)
+        finally:
+            other.close()
 
 
 def test_peer_close_is_not_a_loss_and_hub_close_reaches_the_peer():

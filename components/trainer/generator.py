@@ -375,7 +375,8 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
         exit_process(exit_code_of(error), lambda: record_hub_lost(setup, error, first_peer=first))
 
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
-                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0))
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0),
+                run_token=endpoints.token)
     try:
         _generator_loop(index, setup, endpoints, layout, peer, proc_stats)
     except (HubLost, Aborted) as err:

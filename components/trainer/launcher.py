@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -97,7 +98,7 @@ def launch_local(setup, layout: Layout, run_dir: Path, on_gpu: bool, *, grace_s:
     setup_path = private / "setup.pkl"
     with open(setup_path, "wb") as f:
         pickle.dump((setup, layout), f)
-    endpoints = Endpoints("127.0.0.1", free_port_base())
+    endpoints = Endpoints("127.0.0.1", free_port_base(), uuid.uuid4().hex[:16])  # a fresh token per launch
     grace = float(grace_s if grace_s is not None else setup.cfg.heartbeat_timeout_s + 15.0)
     procs: list[subprocess.Popen] = []
     try:

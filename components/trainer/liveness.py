@@ -132,7 +132,8 @@ def _try_send(sock: zmq.Socket, parts: list) -> None:
 class _HubHeartbeats:
     """The hub's heartbeat thread (transport.Hub): beats to every live peer, reads theirs, watches
     its connections close, declares peers lost and calls `on_lost` once. Uses the Hub's state
-    (`_peers`, `_lock`, `_hb`, `_monitor`, `_stop`, ...) and its `_claim` / `_set_fatal`."""
+    (`_peers`, `_ident`, `_lock`, `_hb`, `_monitor`, `_stop`, ...) and its `_peer_of` / `_claim` /
+    `_set_fatal`."""
 
     def _heartbeat_loop(self) -> None:
         hb, period = self._hb, self.heartbeat_s
@@ -179,10 +180,10 @@ class _HubHeartbeats:
                         _fire(self.on_lost, err)
                 if abort is not None:
                     for p in beat_to:
-                        _try_send(hb, [p.encode(), _ABORT, abort.encode()])
+                        _try_send(hb, [self._ident[p], _ABORT, abort.encode()])
                 if now >= next_beat:
                     for p in beat_to:
-                        _try_send(hb, [p.encode(), _BEAT, me])
+                        _try_send(hb, [self._ident[p], _BEAT, me])
                     next_beat = now + period
                 ready = dict(poller.poll(int(max(0.0, min(next_beat - time.monotonic(), period)) * 1000) + 1))
                 if self._monitor in ready:  # closes first: a beat after them may come over a reused fd
@@ -194,7 +195,7 @@ class _HubHeartbeats:
                 live = [p for p, st in self._peers.items() if st.state == "alive"]
             if abort is not None:
                 for p in live:
-                    _try_send(hb, [p.encode(), _ABORT, abort.encode()])
+                    _try_send(hb, [self._ident[p], _ABORT, abort.encode()])
         except BaseException:  # noqa: BLE001 - a broken heartbeat thread must not pass silently
             log.exception("hub heartbeat thread failed")
             self._set_fatal(TransportError(f"hub {self.name}: its heartbeat thread failed (see the log)"))
@@ -231,13 +232,8 @@ class _HubHeartbeats:
             if len(frames) != 3:  # malformed: ignore
                 continue
             ident, kind, payload = (f.bytes for f in frames)
-            name = ident.decode(errors="replace")
-            st = self._peers.get(name)
+            st = self._peer_of(ident, kind, payload, self.port + 1)  # None: another run's (ignored) or fatal
             if st is None:
-                info = json.loads(payload) if kind == _BEAT else {}
-                self._set_fatal(TransportError(
-                    f"hub {self.name} on port {self.port + 1}: heartbeats from an unexpected process {_who(name, info.get('pid'), info.get('host'))}; "
-                    f"expected {list(self._peers)} (two runs sharing a port, or a misnamed process?)"))
                 continue
             with self._lock:
                 if st.state == "lost":

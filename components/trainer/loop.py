@@ -191,7 +191,8 @@ class Trainer:
 
         cfg = self.cfg
         self.hub = Hub("learner-0", host="0.0.0.0", port=self.endpoints.hub_port, peers=self.layout.peer_names(),
-                       heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost)
+                       heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost,
+                       run_token=self.endpoints.token)
         try:
             self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
         except PeersMissing as err:

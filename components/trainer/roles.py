@@ -115,6 +115,7 @@ class Endpoints:
 
     host: str
     port_base: int
+    token: str = ""  # the run's token (transport.routing_id): the same in every process of one launch
 
     @property
     def learner_port(self) -> int:
@@ -129,7 +130,7 @@ class Endpoints:
         return self.port_base + 2
 
     def to_env(self) -> dict:
-        return {"SCALERL_HUB_HOST": self.host, "SCALERL_PORT_BASE": str(self.port_base)}
+        return {"SCALERL_HUB_HOST": self.host, "SCALERL_PORT_BASE": str(self.port_base), "SCALERL_RUN_TOKEN": self.token}
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,8 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             rank=int(env["SCALERL_RANK"]),
             world_size=int(env["SCALERL_WORLD_SIZE"]),
             local_rank=int(env.get("SCALERL_LOCAL_RANK", env["SCALERL_RANK"])),
-            endpoints=Endpoints(env.get("SCALERL_HUB_HOST", "127.0.0.1"), int(env["SCALERL_PORT_BASE"])),
+            endpoints=Endpoints(env.get("SCALERL_HUB_HOST", "127.0.0.1"), int(env["SCALERL_PORT_BASE"]),
+                                env.get("SCALERL_RUN_TOKEN", "")),
             source="scalerl",
         )
     ntasks = slurm_step_tasks(env)
@@ -226,10 +228,17 @@ def process_env(environ: Optional[dict] = None) -> Optional[ProcessEnv]:
             rank=int(env["SLURM_PROCID"]),
             world_size=ntasks,
             local_rank=int(env.get("SLURM_LOCALID", "0")),
-            endpoints=Endpoints(host, base),
+            endpoints=Endpoints(host, base, slurm_run_token(env)),
             source="slurm",
         )
     return None
+
+
+def slurm_run_token(environ: Mapping[str, str]) -> str:
+    """One token for every task of a Slurm step and no other: job id, step id and the job's
+    restart count (a requeued job's new tasks never meet its old ones)."""
+    parts = [environ.get("SLURM_JOB_ID", "0"), environ.get("SLURM_STEP_ID", "0"), environ.get("SLURM_RESTART_COUNT", "0")]
+    return "s" + ".".join(p.replace("#", "") for p in parts)
 
 
 def slurm_step_tasks(environ: Optional[Mapping[str, str]] = None) -> int:

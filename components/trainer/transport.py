@@ -17,6 +17,9 @@ is the HUB: it binds two TCP ports; every other process is a PEER that connects 
     peer.send(GroupDone(rollout, proc))
 
 `Hub(port=0)` binds a free pair (port, port + 1) and reports it in `hub.port` (local launches).
+`run_token` (the same on the hub and every peer of one run: roles.Endpoints.token) makes each
+process's routing id "name#token": a stray process of another run that reaches a reused port (a
+cancelled job's generator) is ignored with a warning instead of claiming one of this run's names.
 
 Why ZeroMQ rather than torch.distributed for rollouts and control
 ------------------------------------------------------------------
@@ -85,6 +88,7 @@ import zmq
 
 from components.trainer.liveness import (
     _ABORT,
+    _BEAT,
     _BYE,
     _HELLO,
     _MSG,
@@ -104,6 +108,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Hub",
     "Peer",
+    "routing_id",
     # liveness.py's errors, part of this module's API (Hub and Peer raise them)
     "TransportError",
     "PeerLost",
@@ -199,6 +204,26 @@ def _check_name(what: str, name) -> str:
     return name
 
 
+def routing_id(name: str, run_token: str = "") -> bytes:
+    """A process's ZeroMQ routing id: its name, plus the run's token when the run has one
+    ("generator-0#3f9c..."), so a stray process of another run (a cancelled job's generator
+    that reaches a reused port) never takes a name of this one."""
+    if not isinstance(run_token, str) or "#" in run_token or not run_token.isprintable():
+        raise ValueError(f"run_token must be a printable string without '#', got {run_token!r}")
+    return f"{name}#{run_token}".encode() if run_token else name.encode()
+
+
+def _payload_info(kind: bytes, payload: Optional[bytes]) -> dict:
+    """The {"name", "pid", "host"} a hello or beat carries ({} for other frames or bad JSON)."""
+    if kind not in (_HELLO, _BEAT) or not payload:
+        return {}
+    try:
+        info = json.loads(payload)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _check_timing(heartbeat_s: float, timeout_s: float) -> None:
     if not heartbeat_s > 0:
         raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
@@ -270,7 +295,8 @@ class Hub(_HubHeartbeats):
 
     peers: the names of every other process of the run ("learner-1", "generator-0", ...).
     on_lost(error): called once, from the heartbeat thread, with the PeerLost of the first peer
-    declared lost (see the module docstring for what a handler should do)."""
+    declared lost (see the module docstring for what a handler should do). run_token: this run's
+    token; a process with one of `peers`' names and another token is ignored (logged once)."""
 
     def __init__(
         self,
@@ -281,6 +307,7 @@ class Hub(_HubHeartbeats):
         heartbeat_s: float = 2.0,
         timeout_s: float = 30.0,
         on_lost: Optional[Callable[[TransportError], None]] = None,
+        run_token: str = "",
     ):
         self.name = _check_name("hub name", name)
         names = [_check_name("peer name", p) for p in peers]
@@ -296,6 +323,10 @@ class Hub(_HubHeartbeats):
         # (a reconnect, e.g. after a network hiccup, beats again within about one period)
         self.drop_grace_s = min(self.timeout_s, 2 * self.heartbeat_s + 1.0)
         self._peers = {p: _PeerState(p) for p in names}
+        self.run_token = run_token
+        self._ident = {p: routing_id(p, run_token) for p in names}  # peer name -> routing id
+        self._by_ident = {v: k for k, v in self._ident.items()}
+        self._strays: set = set()  # routing ids of another run's processes, ignored (logged once)
         self._lock = threading.Lock()
         self._inbox: deque = deque()
         self._fatal: Optional[TransportError] = None  # first lost peer, or a name clash
@@ -416,7 +447,7 @@ class Hub(_HubHeartbeats):
             self._pending_abort = reason  # the heartbeat thread sends it on the heartbeat socket too
         for p in targets:
             try:
-                self._sock.send_multipart([p.encode(), _ABORT, reason.encode()], zmq.NOBLOCK)
+                self._sock.send_multipart([self._ident[p], _ABORT, reason.encode()], zmq.NOBLOCK)
                 sent.append(p)
             except zmq.ZMQError:
                 pass  # full or gone: the heartbeat copy still reaches a live one
@@ -431,7 +462,7 @@ class Hub(_HubHeartbeats):
         for p, st in self._peers.items():
             if st.connected and st.state not in ("lost", "left"):
                 try:
-                    self._sock.send_multipart([p.encode(), _BYE, b""], zmq.NOBLOCK)
+                    self._sock.send_multipart([self._ident[p], _BYE, b""], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         self._stop.set()
@@ -463,7 +494,7 @@ class Hub(_HubHeartbeats):
                 if st.state in ("lost", "left"):
                     raise st.error
 
-            _send_frames(self._sock, [p.encode(), _MSG], frames, deadline=deadline, raise_if_failed=raise_if_failed, describe=f"hub {self.name} -> {p}")
+            _send_frames(self._sock, [self._ident[p], _MSG], frames, deadline=deadline, raise_if_failed=raise_if_failed, describe=f"hub {self.name} -> {p}")
 
     def _pump(self, wait_s: float) -> None:
         """Wait up to wait_s for the message socket, then handle everything that arrived."""
@@ -476,16 +507,35 @@ class Hub(_HubHeartbeats):
                 return
             self._handle(frames)
 
+    def _peer_of(self, ident: bytes, kind: bytes, payload: Optional[bytes], port: int) -> Optional[_PeerState]:
+        """The peer a frame's routing id belongs to. A process of ANOTHER run (one of our names, a
+        different run token) is ignored, with one warning naming it; any other unknown process
+        is fatal (two runs sharing a port without tokens, or a misnamed process)."""
+        name = self._by_ident.get(ident)
+        if name is not None:
+            return self._peers[name]
+        text = ident.decode(errors="replace")
+        info = _payload_info(kind, payload)
+        base = text.split("#", 1)[0]
+        if self.run_token and base in self._peers:
+            if ident not in self._strays:
+                self._strays.add(ident)
+                log.warning("hub %s on port %d: ignoring %s, a process of another run (run token %r, this run's %r)",
+                            self.name, port, _who(base, info.get("pid"), info.get("host")),
+                            text.split("#", 1)[1] if "#" in text else "", self.run_token)
+            return None
+        who = _who(text, info.get("pid"), info.get("host"))
+        what = f"an unexpected process {who} connected" if port == self.port else f"heartbeats from an unexpected process {who}"
+        self._set_fatal(TransportError(f"hub {self.name} on port {port}: {what}; expected {list(self._peers)} "
+                                       "(two runs sharing a port, or a misnamed process?)"))
+        return None
+
     def _handle(self, frames: list) -> None:
-        name = frames[0].bytes.decode(errors="replace")
         kind = frames[1].bytes
-        st = self._peers.get(name)
+        st = self._peer_of(frames[0].bytes, kind, frames[2].bytes if len(frames) > 2 else None, self.port)
         if st is None:
-            info = json.loads(frames[2].bytes) if kind == _HELLO else {}
-            self._set_fatal(TransportError(
-                f"hub {self.name} on port {self.port}: an unexpected process {_who(name, info.get('pid'), info.get('host'))} connected; "
-                f"expected {list(self._peers)} (two runs sharing a port, or a misnamed process?)"))
             return
+        name = st.name
         if kind == _HELLO:
             info = json.loads(frames[2].bytes)
             with self._lock:
@@ -519,7 +569,7 @@ class Peer(_PeerHeartbeats):
     connect_timeout_s: how long the hub may take to answer the first time (default timeout_s),
     measured from the Peer's creation. on_lost(error): called once, from the heartbeat thread,
     with HubLost when the hub is silent, or with Aborted when an abort was received and the
-    peer is still open `timeout_s` later."""
+    peer is still open `timeout_s` later. run_token: the run's token (the hub's)."""
 
     def __init__(
         self,
@@ -530,6 +580,7 @@ class Peer(_PeerHeartbeats):
         timeout_s: float = 30.0,
         on_lost: Optional[Callable[[TransportError], None]] = None,
         connect_timeout_s: Optional[float] = None,
+        run_token: str = "",
     ):
         self.name = _check_name("peer name", name)
         _check_timing(heartbeat_s, timeout_s)
@@ -554,8 +605,9 @@ class Peer(_PeerHeartbeats):
         self._ctx = _new_context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._hb = self._ctx.socket(zmq.DEALER)
+        ident = routing_id(name, run_token)
         for s in (self._sock, self._hb):
-            s.setsockopt(zmq.IDENTITY, name.encode())
+            s.setsockopt(zmq.IDENTITY, ident)
         try:
             self._sock.connect(f"tcp://{hub_host}:{port}")
             self._hb.connect(f"tcp://{hub_host}:{port + 1}")

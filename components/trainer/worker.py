@@ -108,7 +108,8 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
         torch.set_num_threads(1)
         pin_cpu(index, layout.world_size)
     peer = Peer(name, endpoints.host, endpoints.hub_port, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
-                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0))
+                on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0),
+                run_token=endpoints.token)
     try:
         apply_gin(setup)
         torch.manual_seed(cfg.seed)
