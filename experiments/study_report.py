@@ -78,7 +78,7 @@ def _md_escape(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-RUN_TIME_LIMIT_S = 180.0  # each tiny run finishes within 3 minutes on 2 cores
+RUN_TIME_LIMIT_S = {"tiny": 180.0, "small": 600.0}  # a run's time on 2 cores: tiny 3 minutes, small 10 (its pilot's criterion)
 _RESUMED_GAP_S = 60.0  # start-to-finish beyond the run's own time by more than this: it waited (a resume)
 
 
@@ -144,14 +144,15 @@ def _pool_dry_text(runs: Any) -> str:
     return head + f" {len(dry)} run(s): " + ", ".join(parts) + "."
 
 
-def _run_time_text(rows: list[dict]) -> str:
+def _run_time_text(rows: list[dict], scale: str = "tiny") -> str:
     import statistics
 
+    limit = RUN_TIME_LIMIT_S.get(scale)
     if not rows:
         return "no finished runs"
     own = [r["own_s"] for r in rows]
     straight = [r["span_s"] for r in rows if not r["resumed"] and math.isfinite(r["span_s"])]
-    over = [r for r in rows if (r["span_s"] if not r["resumed"] else r["own_s"]) > RUN_TIME_LIMIT_S]
+    over = [r for r in rows if limit is not None and (r["span_s"] if not r["resumed"] else r["own_s"]) > limit]
     budgets = {r["budget"] for r in rows if r["budget"] is not None}
     stopped = [r for r in rows if r["stopped_on_budget"]]
     without = [r for r in rows if r["budget"] is None]
@@ -167,7 +168,9 @@ def _run_time_text(rows: list[dict]) -> str:
     if resumed:
         txt += (f" ({len(resumed)} resumed after an interruption: their start to finish includes the wait, their own "
                 "time is counted)")
-    txt += (f". Over {RUN_TIME_LIMIT_S:.0f} s: " + (", ".join(f"{r['run']} ({r['span_s'] if not r['resumed'] else r['own_s']:.0f} s)"
+    if limit is None:
+        return txt + "."
+    txt += (f". Over {limit:.0f} s: " + (", ".join(f"{r['run']} ({r['span_s'] if not r['resumed'] else r['own_s']:.0f} s)"
                                                      for r in over) if over else "none") + ".")
     return txt
 
@@ -323,7 +326,7 @@ def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
     return out
 
 
-def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any) -> list[str]:
+def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any, scale: str = "tiny") -> list[str]:
     from analysis.protocol import CONTENTION_LIMIT, PROTOCOLS, RUNQ_LIMIT
 
     L = ["## How the numbers are made\n"]
@@ -372,7 +375,7 @@ def _how_text(summaries: dict, runs: Any, out_dir: Path, collected: Any) -> list
       "`train.compute_budget_flops` (the budget is the stopping rule, `train.total_steps` only a safety cap), as "
       "every forward ablation of the paper gets 3.5-4k GPU-h. Runs collected before it existed end at different "
       "compute; every comparison above holds compute equal by cutting the sweep at its common window. "
-      + _run_time_text(run_times(out_dir)))
+      + _run_time_text(run_times(out_dir), scale))
     w(_pool_dry_text(runs))
     thin = collected.thin if collected is not None else thinned_every(out_dir)
     if thin > 1:
@@ -681,7 +684,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     L += _verdict_counts_text(claims)
     L += _can_tell_text(runs, pairs, summaries)
     L += _names_text(runs, scale)
-    L += _how_text(summaries, runs, out, collected)
+    L += _how_text(summaries, runs, out, collected, scale)
     L.append("## Ablations\n")
     verdict_rows = []
     for sweep in [s for s in FINDINGS if s in summaries] + sorted(s for s in summaries if s not in FINDINGS):

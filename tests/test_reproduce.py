@@ -399,3 +399,12 @@ def test_the_report_prints_the_mechanism_measurement_when_the_claims_are_judged(
     assert _mechanism_line(pd.DataFrame(columns=["claim_id", "verdict"])) == ""
     assert _mechanism_line(pd.DataFrame({"claim_id": ["x"], "mechanism": ["logprob_gap_mean not logged by these runs"]})
                            ) == "**Mechanism:** logprob_gap_mean not logged by these runs; the claims below are judged as usual."
+
+
+def test_a_runs_time_is_judged_against_its_scales_limit():
+    """A small run takes ~6 minutes: over the tiny scale's 3-minute mark, within the small scale's 10."""
+    rows = [{"run": "loss_type/dapo-s0", "own_s": 350.0, "span_s": 370.0, "resumed": False, "budget": 1.8e13,
+             "stopped_on_budget": True}]
+    assert "Over 180 s: loss_type/dapo-s0 (370 s)." in study_report._run_time_text(rows, "tiny")
+    assert study_report._run_time_text(rows, "small").endswith("Over 600 s: none.")
+    assert "Over" not in study_report._run_time_text(rows, "medium")
