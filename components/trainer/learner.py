@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
+from components.environments import observation_token_count
 from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
 from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
@@ -1000,20 +1001,23 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
     # completions whose sampled tokens came from more than one policy version (in-flight updates)
     spans = [len({v for v, f in zip(c.versions, c.forced) if not f}) > 1 for r in rollouts for c in r.completions]
     n = len(batch)
+    # multi-turn: observation tokens are prompt tokens, never counted as generated (issue 45)
+    observed = torch.tensor([observation_token_count(c) for r in rollouts for c in r.completions], dtype=torch.long)
+    gen_len = (batch.num_tokens - observed).float() if n else torch.zeros(0)  # [B]
     return {
         "prompts": n_groups,
         "generations": n,
-        "tokens": int(batch.num_tokens.sum()) if n else 0,
+        "tokens": int(gen_len.sum()) if n else 0,
         "reward_mean": float(batch.rewards.mean()) if n else math.nan,
         "pass_rate": float(batch.passed.float().mean()) if n else math.nan,
         "zero_variance_frac": zero_var / max(n_groups, 1),
         "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
         "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
-        "completion_len_mean": float(batch.num_tokens.float().mean()) if n else math.nan,
-        **_quantile_stats(batch.num_tokens.float() if n else torch.zeros(0), (0.1, 0.5, 0.9), "completion_tokens_p"),
+        "completion_len_mean": float(gen_len.mean()) if n else math.nan,
+        **_quantile_stats(gen_len, (0.1, 0.5, 0.9), "completion_tokens_p"),
         "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
         "multi_version_frac": sum(spans) / max(len(spans), 1),
-        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
+        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions) - observed.sum()),
         "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
         if n else math.nan,
         **_reward_part_means(rollouts),
