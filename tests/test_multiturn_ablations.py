@@ -193,6 +193,7 @@ _SHORT = ["train.total_steps = 2", "warm_start.sft_steps = 30", 'warm_start.task
           "train.curriculum = ['uniform']", "train.micro_batch_size = 8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweep, runs", [
     ("max_turns", ["max_turns1-s0", "max_turns2-s0", "max_turns3-s0"]),
     ("mask_observations", ["masked-s0", "unmasked_bug-s0"]),

@@ -394,7 +394,9 @@ class TorchEngine(Engine):
     def _chunks(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tokens each row feeds this step, left-padded to a common width W: input ids, mask (0 on the
         padding) and positions, [B, W] each. A row feeds its last token (finished rows a pad token, output
-        ignored), then its queued observation tokens, if any (fed whole: `_choose` appends them)."""
+        ignored), then its queued observation tokens, if any (fed whole: `_choose` appends them). The padding
+        columns cost the other rows KV-cache slots: when rows' observations fall on different steps the cache may
+        outgrow `_cache_fits`' projection (one column per step) by the observations of the other rows."""
         pad = self.pad_id
         chunks = [[r.tokens[-1] if r.finish_reason is None else pad] + (list(r.observation) if r.finish_reason is None else [])
                   for r in rows]
