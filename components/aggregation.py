@@ -31,7 +31,7 @@ from torch import Tensor
 
 from components.registry import AGGREGATIONS
 
-__all__ = ["token_mean", "sample_mean", "prompt_mean", "dr_grpo", "token_weights", "weighted_sum", "group_index"]
+__all__ = ["token_mean", "sample_mean", "prompt_mean", "dr_grpo", "turn_mean", "token_weights", "weighted_sum", "group_index"]
 
 
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
@@ -93,17 +93,58 @@ def dr_grpo(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor, *, max_toke
     return torch.where(mask, per_token_loss, 0.0).sum() / norm  # []
 
 
-def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+@AGGREGATIONS.register("turn_mean")
+def turn_mean(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor, *, turn_ids: Optional[Tensor] = None) -> Tensor:
+    """Turn-level aggregation (multi-turn, issue 45): mean over prompts of (mean over the assistant turns of its G
+    generations of (mean over that turn's masked tokens)).
+
+    turn_ids [B, T] long: the turn of each token (`rollout.turn_index`; the learner passes the batch's). A turn
+    with no masked token counts for nothing. Against `prompt_mean` (token-level within a prompt) a long turn
+    weighs as much as a short one. Without turn ids (single-turn) every sequence is one turn: the mean over a
+    prompt's sequences of their token means."""
+    B, T = mask.shape
+    turns = torch.zeros((B, T), dtype=torch.long, device=mask.device) if turn_ids is None else turn_ids.clamp(min=0)
+    idx, num_groups = group_index(group_ids)  # [B], P
+    width = int(turns.max()) + 1 if turns.numel() else 1
+    seg = (torch.arange(B, device=mask.device).unsqueeze(1) * width + turns).flatten()  # [B*T] one id per (row, turn)
+    m = mask.flatten().to(per_token_loss.dtype)  # [B*T]
+    n_seg = B * width
+    seg_sum = torch.zeros(n_seg, dtype=per_token_loss.dtype, device=mask.device).index_add(
+        0, seg, torch.where(mask, per_token_loss, 0.0).flatten())  # [B*width]
+    seg_len = torch.zeros(n_seg, dtype=m.dtype, device=mask.device).index_add(0, seg, m)  # [B*width]
+    present = seg_len > 0  # [B*width] turns with a trained token
+    seg_mean = torch.where(present, seg_sum / seg_len.clamp(min=1), 0.0)  # [B*width]
+    seg_group = idx.repeat_interleave(width)  # [B*width] each turn's prompt
+    group_sum = torch.zeros(num_groups, dtype=seg_mean.dtype, device=mask.device).index_add(0, seg_group, seg_mean)  # [P]
+    group_turns = torch.zeros(num_groups, dtype=seg_mean.dtype, device=mask.device).index_add(
+        0, seg_group, present.to(seg_mean.dtype))  # [P]
+    return (group_sum / group_turns.clamp(min=1)).sum() / max(num_groups, 1)  # []
+
+
+def _takes_turn_ids(aggregate) -> bool:
+    import inspect
+
+    fn = getattr(aggregate, "__wrapped__", aggregate)
+    try:
+        return "turn_ids" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32, *,
+                  turn_ids: Optional[Tensor] = None) -> Tensor:
     """The weight of every token in aggregation `name`, computed on the WHOLE step batch.  [B, T]
 
     Works for any registered aggregation that is linear in the per-token loss (the paper's
     three, and any user one that is): the weights are the gradient of the aggregate with
-    respect to the per-token loss.
+    respect to the per-token loss. `turn_ids` [B, T] reaches an aggregation that takes a
+    `turn_ids` keyword (turn_mean).
     """
     aggregate = AGGREGATIONS.get(name)
+    extra = {"turn_ids": turn_ids} if turn_ids is not None and _takes_turn_ids(aggregate) else {}
     probe = torch.zeros(mask.shape, dtype=dtype, device=mask.device, requires_grad=True)  # [B, T]
     with torch.enable_grad():
-        (weights,) = torch.autograd.grad(aggregate(probe, mask, group_ids), probe, allow_unused=True)
+        (weights,) = torch.autograd.grad(aggregate(probe, mask, group_ids, **extra), probe, allow_unused=True)
     if weights is None:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return torch.where(mask, weights, 0.0).detach()  # [B, T]

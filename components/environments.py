@@ -442,16 +442,37 @@ def generated_token_count(completion) -> int:
     return len(completion.token_ids) - observation_token_count(completion)
 
 
+def turn_versions(completion) -> Optional[list]:
+    """The policy versions of each assistant turn of an episode, [[oldest, newest], ...] over the turn's sampled
+    tokens (PipelineRL may swap weights between turns, or inside one); None single-turn (no `observed`)."""
+    observed = getattr(completion, "observed", None)
+    if observed is None:
+        return None
+    out, cur = [], []
+    for i, (v, f, o) in enumerate(zip(completion.versions, completion.forced, observed)):
+        if not o and i > 0 and observed[i - 1] and cur:
+            out.append([min(cur), max(cur)])
+            cur = []
+        if not f:
+            cur.append(int(v))
+    if cur:
+        out.append([min(cur), max(cur)])
+    return out
+
+
 def episode_stats(rollouts: Sequence[Any]) -> dict:
     """Per-step multi-turn metrics over every completion with an episode; {} when none has one (single-turn).
 
     turns_mean, tool_calls_per_sample, malformed_call_frac (malformed calls / calls attempted; NaN
     without any), observation_tokens, episode_cut_frac (cut by max_turns or a budget),
-    episode_error_frac (the environment raised)."""
-    outcomes = [c.episode for r in rollouts for c in r.completions if getattr(c, "episode", None) is not None]
+    episode_error_frac (the environment raised), multi_version_turns_frac (episodes whose assistant turns were
+    sampled by more than one policy version: a weight swap between or inside turns)."""
+    episodes = [c for r in rollouts for c in r.completions if getattr(c, "episode", None) is not None]
+    outcomes = [c.episode for c in episodes]
     if not outcomes:
         return {}
     n = len(outcomes)
+    spans = [turn_versions(c) for c in episodes]
     calls = sum(o.tool_calls + o.malformed_calls for o in outcomes)
     return {
         "turns_mean": sum(o.turns for o in outcomes) / n,
@@ -460,4 +481,5 @@ def episode_stats(rollouts: Sequence[Any]) -> dict:
         "observation_tokens": int(sum(o.observation_tokens for o in outcomes)),
         "episode_cut_frac": sum(o.end in ("max_turns", "length") for o in outcomes) / n,
         "episode_error_frac": sum(o.end == "error" for o in outcomes) / n,
+        "multi_version_turns_frac": sum(bool(t) and min(a for a, _ in t) != max(b for _, b in t) for t in spans) / n,
     }

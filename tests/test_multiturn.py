@@ -317,7 +317,8 @@ def test_score_group_takes_the_episode_reward_and_logs_its_parts(tokenizer):
     assert rollout.reward_parts["verifier"] == [1.0, -1.0]
     stats = episode_stats([rollout])
     assert stats == {"turns_mean": 2.5, "tool_calls_per_sample": 0.5, "malformed_call_frac": 0.0,
-                     "observation_tokens": 0, "episode_cut_frac": 0.5, "episode_error_frac": 0.0}
+                     "observation_tokens": 0, "episode_cut_frac": 0.5, "episode_error_frac": 0.0,
+                     "multi_version_turns_frac": 0.0}
     assert episode_stats([SimpleNamespace(completions=[_completion([False], None)])]) == {}
 
 

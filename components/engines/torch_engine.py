@@ -73,6 +73,9 @@ from components.engines.base import (
     still_thinking,
 )
 from components.engines.logprobs import scaled_log_softmax
+from components.engines.sampling import min_p_top_k_keep, repetition_penalized, sampling_probs, top_p_filter
+from components.engines.torch_cache import cache_columns as _cache_columns, growable_layer_class
+from components.engines.torch_cache import left_pad as _left_pad, left_pad_mask as _left_pad_mask
 from components.precision import get_precision
 from components.registry import ENGINES
 
@@ -86,71 +89,6 @@ _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 def _is_int(x) -> bool:
     """An integer (Python or numpy), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero every token outside each row's nucleus (not renormalised).
-
-    probs [B, V] (rows sum to 1), top_p [B] in (0, 1] -> [B, V]. A token is kept when the
-    probability mass of the strictly more likely tokens is below top_p, so the most likely
-    token is always kept.
-    """
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # [B, V]
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p.unsqueeze(-1), 0.0)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-
-def repetition_penalized(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """vLLM's repetition penalty: a logit of a token already seen is divided by the penalty when > 0,
-    multiplied by it otherwise.  [B, V]
-
-    logits [B, V] (float32), seen [B, V] bool (the token is in the prompt or the completion so far),
-    penalty [B] (> 0; 1 leaves the row unchanged).
-    """
-    factor = torch.where(seen, penalty.to(logits.dtype).unsqueeze(-1), torch.ones_like(logits))  # [B, V]
-    return logits * torch.where(logits > 0, 1.0 / factor, factor)  # [B, V]
-
-
-def min_p_top_k_keep(logp: torch.Tensor, top_k: Optional[torch.Tensor], min_p: Optional[torch.Tensor]) -> torch.Tensor:
-    """The tokens min-p then top-k keep.  [B, V] bool
-
-    logp [B, V] (log-probs after the penalty and the temperature); min_p [B] in [0, 1]: keep a token
-    whose probability is >= min_p x the row's largest; top_k [B] (0: off): of those, keep the ones
-    whose log-prob is >= the k-th largest (ties with the k-th are kept, as vLLM keeps them).
-    """
-    keep = torch.ones_like(logp, dtype=torch.bool)  # [B, V]
-    if min_p is not None:
-        probs = logp.exp()  # [B, V]
-        keep = probs >= min_p.to(probs.dtype).unsqueeze(-1) * probs.amax(dim=-1, keepdim=True)  # [B, V]
-    if top_k is not None:
-        k = top_k.clamp(max=logp.shape[-1])  # [B]
-        kmax = int(k.max())
-        if kmax > 0:
-            kept = logp.masked_fill(~keep, float("-inf"))  # [B, V]
-            kth = kept.topk(kmax, dim=-1).values.gather(-1, (k - 1).clamp(min=0).unsqueeze(-1))  # [B, 1]
-            kth = torch.where(k.unsqueeze(-1) > 0, kth, torch.full_like(kth, float("-inf")))  # [B, 1]
-            keep = keep & (kept >= kth)  # [B, V]
-    return keep
-
-
-def sampling_probs(logp: torch.Tensor, top_k: Optional[torch.Tensor] = None, top_p: Optional[torch.Tensor] = None,
-                   min_p: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The (unnormalised) distribution a row samples from.  [B, V]
-
-    logp [B, V]: log-probs after the repetition penalty and the temperature. min-p and top-k
-    (`min_p_top_k_keep`) zero the tokens they drop and the rest is renormalised; top-p then keeps
-    the nucleus of that renormalised distribution (`top_p_filter`). A knob given as None is off;
-    with all three None this is exp(logp).
-    """
-    probs = logp.exp()  # [B, V]
-    if top_k is not None or min_p is not None:
-        keep = min_p_top_k_keep(logp, top_k, min_p)  # [B, V]
-        probs = torch.where(keep, probs, torch.zeros_like(probs))  # [B, V]
-        probs = probs / probs.sum(dim=-1, keepdim=True)  # [B, V]
-    if top_p is not None:
-        probs = top_p_filter(probs, top_p)  # [B, V]
-    return probs
 
 
 _KV_CACHE_NAMES: dict = {}  # model class -> the name its forward takes the KV cache by
@@ -424,40 +362,54 @@ class TorchEngine(Engine):
         `reserve`: columns to allocate at the first write (prompt + most remaining tokens), so the
         batch's cache is allocated once, at its final size, instead of doubling while it decodes.
         """
-        global _GROWABLE
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         if self._can_merge():
-            if _GROWABLE is None:
-                _GROWABLE = _growable_layer_class()
-            cache.layers = [_GROWABLE() for _ in cache.layers]
+            cache.layers = [growable_layer_class()() for _ in cache.layers]
             for layer in cache.layers:
                 layer._hint = int(reserve)
         return cache
 
     def _decode(self) -> None:
+        """One decoding step. A row with a queued observation (multi-turn) feeds its last token and the whole
+        observation in this one forward (a prefill of the appended tokens; `_chunks`); the others feed their
+        last token, left-padded (masked) to the same width. Every row's next token comes from its last column."""
         rows = self._rows
-        pad = self.pad_id
-        next_ids = torch.tensor(
-            [r.tokens[-1] if r.finish_reason is None else pad for r in rows], dtype=torch.long, device=self.device
-        )  # [B] (finished rows still in the batch are fed a pad token; their output is ignored)
-        positions = torch.tensor(
-            [r.prompt_len + len(r.tokens) - 1 for r in rows], dtype=torch.long, device=self.device
-        )  # [B]
-        ones = torch.ones((len(rows), 1), dtype=self._mask.dtype, device=self.device)
-        self._mask = torch.cat([self._mask, ones], dim=1)  # [B, L+1]
+        ids, chunk_mask, positions = self._chunks(rows)  # [B, W] each
+        self._mask = torch.cat([self._mask, chunk_mask.to(self._mask.dtype)], dim=1)  # [B, L+W]
         name = kv_cache_name(self.model)
         out = self.model(
-            input_ids=next_ids.unsqueeze(1),
+            input_ids=ids,
             attention_mask=self._mask,
-            position_ids=positions.unsqueeze(1),
+            position_ids=positions,
             use_cache=True,
+            logits_to_keep=1,
             **{name: self._cache},
         )
         self._cache = getattr(out, name)
         self._choose(out.logits[:, -1, :], rows, self._seen)
         self._drop_finished()
+
+    def _chunks(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens each row feeds this step, left-padded to a common width W: input ids, mask (0 on the
+        padding) and positions, [B, W] each. A row feeds its last token (finished rows a pad token, output
+        ignored), then its queued observation tokens, if any (fed whole: `_choose` appends them). The padding
+        columns cost the other rows KV-cache slots: when rows' observations fall on different steps the cache may
+        outgrow `_cache_fits`' projection (one column per step) by the observations of the other rows."""
+        pad = self.pad_id
+        chunks = [[r.tokens[-1] if r.finish_reason is None else pad] + (list(r.observation) if r.finish_reason is None else [])
+                  for r in rows]
+        W = max(len(c) for c in chunks)
+        ids = torch.full((len(rows), W), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), W), dtype=torch.long)
+        positions = torch.zeros((len(rows), W), dtype=torch.long)
+        for i, (r, c) in enumerate(zip(rows, chunks)):
+            start = r.prompt_len + len(r.tokens) - 1  # the position of the row's last token
+            ids[i, W - len(c) :] = torch.as_tensor(c, dtype=torch.long)
+            mask[i, W - len(c) :] = 1
+            positions[i, W - len(c) :] = torch.arange(start, start + len(c))
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
     def _admit(self) -> None:
         if not self._queue:
@@ -613,15 +565,15 @@ class TorchEngine(Engine):
                 if not row.pending and row.sampled >= row.cap:
                     self._finish(row, "length")
                 continue
-            if row.observation:  # multi-turn: feed the environment's observation, one token per step
-                row.tokens.append(row.observation.popleft())
-                row.logps.append(0.0)
-                row.versions.append(row.injected_version)
-                row.forced.append(True)
-                row.observed.append(True)
-                if not row.observation:  # the next assistant turn starts with the next sampled token
-                    row.turn_start, row.turn_sampled = len(row.tokens), 0
-                continue
+            if row.observation:  # multi-turn: the observation `_decode` fed whole; the logits follow it
+                n = len(row.observation)
+                row.tokens.extend(row.observation)
+                row.logps.extend([0.0] * n)
+                row.versions.extend([row.injected_version] * n)
+                row.forced.extend([True] * n)
+                row.observed.extend([True] * n)
+                row.observation.clear()
+                row.turn_start, row.turn_sampled = len(row.tokens), 0  # the next turn starts with this token
             row.tokens.append(tok)
             row.logps.append(lp)
             row.versions.append(version)
@@ -643,15 +595,15 @@ class TorchEngine(Engine):
             self._mark_seen(seen, rows, lengths)
 
     def _mark_seen(self, seen: torch.Tensor, rows: list[_Row], lengths: list[int]) -> None:
-        """Record in `seen` [B, V] the token each row added this step (sampled or forced)."""
-        added = [(i, row.tokens[-1]) for i, row in enumerate(rows) if len(row.tokens) > lengths[i]]
+        """Record in `seen` [B, V] the tokens each row added this step (sampled, forced or observed)."""
+        added = [(i, t) for i, row in enumerate(rows) for t in row.tokens[lengths[i] :]]
         if added:
             index = torch.tensor(added, dtype=torch.long, device=seen.device)  # [n, 2]
             seen[index[:, 0], index[:, 1]] = True
 
     def _end_turn(self, row: _Row, reason: str, version: int) -> None:
         """A multi-turn row's assistant turn ended (`reason` "stop" or "length"): its observation is queued
-        (fed from the next step, tagged with this `version`), or the episode is over and the row finishes."""
+        (fed whole by the next step, tagged with this `version`), or the episode is over and the row finishes."""
         obs = row.conversation.on_turn_end(row.tokens[row.turn_start :], reason, row.cap - row.sampled)
         if obs:
             row.observation.extend(int(t) for t in obs)
@@ -815,72 +767,6 @@ def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Opti
     return None
 
 
-def _growable_layer_class():
-    """A DynamicLayer that writes into a preallocated, doubling buffer instead of torch.cat per step."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowableLayer(DynamicLayer):
-        _kbuf = _vbuf = None
-        _len = 0
-        _hint = 0  # columns to allocate at the first write (TorchEngine._new_cache)
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[-2]
-            need = self._len + n
-            if self._kbuf is None or need > self._kbuf.shape[-2] or self._kbuf.shape[0] != key_states.shape[0]:
-                self._reserve(need, key_states)
-            self._kbuf[:, :, self._len : need] = key_states
-            self._vbuf[:, :, self._len : need] = value_states
-            self._len = need
-            self.keys = self._kbuf[:, :, :need]
-            self.values = self._vbuf[:, :, :need]
-            return self.keys, self.values
-
-        def _reserve(self, need: int, like: torch.Tensor) -> None:
-            cap = max(need, 2 * (self._kbuf.shape[-2] if self._kbuf is not None else 0), 32, self._hint)
-            B, H, _, D = like.shape
-            kbuf = like.new_zeros((B, H, cap, D))
-            vbuf = like.new_zeros((B, H, cap, self._vdim(like)))
-            if self._kbuf is not None and self._len:
-                kbuf[:, :, : self._len] = self._kbuf[:, :, : self._len]
-                vbuf[:, :, : self._len] = self._vbuf[:, :, : self._len]
-            self._kbuf, self._vbuf = kbuf, vbuf
-
-        def _vdim(self, like):
-            return self._vbuf.shape[-1] if self._vbuf is not None else like.shape[-1]
-
-        def set_kv(self, keys: torch.Tensor, values: torch.Tensor, headroom: int = 0) -> None:
-            """Replace the contents with keys/values [B, H, L, D] (copied into a new buffer)."""
-            B, H, L, D = keys.shape
-            cap = max(L + headroom, 32)
-            self._kbuf = keys.new_zeros((B, H, cap, D))
-            self._vbuf = values.new_zeros((B, H, cap, values.shape[-1]))
-            self._kbuf[:, :, :L] = keys
-            self._vbuf[:, :, :L] = values
-            self._len = L
-            self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self._kbuf is None:
-                return super().batch_select_indices(indices)
-            self._kbuf = self._kbuf.index_select(0, indices)
-            self._vbuf = self._vbuf.index_select(0, indices)
-            self.keys, self.values = self._kbuf[:, :, : self._len], self._vbuf[:, :, : self._len]
-
-    return GrowableLayer
-
-
-_GROWABLE = None
-
-
-def _cache_columns(length: int) -> int:
-    """Columns a growable cache buffer allocates for `length` tokens (GrowableLayer: at least 32)."""
-    return max(int(length), 32)
-
-
 def _strip(key: str) -> str:
     changed = True
     while changed:
@@ -889,14 +775,3 @@ def _strip(key: str) -> str:
             if key.startswith(p):
                 key, changed = key[len(p) :], True
     return key
-
-
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, H, l, D] -> [B, H, length, D], zeros on the left."""
-    extra = length - x.shape[-2]
-    return x if extra == 0 else torch.nn.functional.pad(x, (0, 0, extra, 0))
-
-
-def _left_pad_mask(m: torch.Tensor, length: int) -> torch.Tensor:
-    extra = length - m.shape[1]
-    return m if extra == 0 else torch.nn.functional.pad(m, (extra, 0))

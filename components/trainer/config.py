@@ -159,6 +159,9 @@ class TrainConfig:
     max_turns: int = 4  # assistant turns per episode (with an environment); the last one is graded or cut
     max_tokens_per_turn: Optional[int] = None  # sampled tokens per assistant turn (None: only train.max_tokens, all turns)
     max_observation_tokens: int = 64  # tokens per observation, chat framing included (longer text is cut)
+    # True (correct): observation tokens are prompt tokens, out of the loss. False is THE KNOWN BUG, an ablation
+    # only (experiments/sweeps/mask_observations.gin): observations trained on as if generated (gen_logp 0)
+    mask_observations: bool = field(default=True, metadata={"coerce": _strict_bool("mask_observations")})
     # -- batch and sampling ---------------------------------------------------------------
     prompts_per_step: int = 8
     generations_per_prompt: int = 8
@@ -649,6 +652,9 @@ def _check_multi_turn(cfg: TrainConfig) -> None:
         if cfg.max_tokens_per_turn is not None:
             raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} needs train.environment "
                               "(a single-turn run has one turn: its budget is train.max_tokens)")
+        if cfg.mask_observations is not True:
+            raise ConfigError(f"train.mask_observations = {cfg.mask_observations!r} needs train.environment "
+                              "(a single-turn run has no observation tokens)")
         return
     if cfg.max_tokens_per_turn is not None and cfg.max_tokens_per_turn > cfg.max_tokens:
         raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} is above train.max_tokens = "

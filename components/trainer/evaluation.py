@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from components.environments import generated_token_count
 from components.engines.base import GenerationRequest, SamplingParams, sampling_knobs
 from components.tasks import render_prompt
 from components.trainer.rollout import safe_verify
@@ -163,7 +164,7 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
             if on_sample is not None:
                 on_sample(i, j, problems[i], group.request.prompt_ids, c, text, verdict)
             out.verifier_errors += err is not None
-            out.tokens += len(c.token_ids)
+            out.tokens += generated_token_count(c)  # multi-turn: observations are prompt tokens
             out.truncated += c.finish_reason == "length"
             out.completions += 1
             sampled = [-float(lp) for lp, forced in zip(c.gen_logp, c.forced) if not forced]

@@ -62,13 +62,14 @@ import numpy as np
 import torch
 
 from components.aggregation import token_weights, weighted_sum
+from components.environments import observation_token_count
 from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
 from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
 from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES
 from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
                                        sequence_logprobs_packed)
-from components.trainer.rollout import Batch, Rollout, collate
+from components.trainer.rollout import Batch, Rollout, collate, turn_lag_stats
 
 __all__ = [
     "Learner",
@@ -415,7 +416,7 @@ def plan_mini_batches(batch: Batch, advantages: torch.Tensor, cfg, ranks: int) -
     plans = []
     for rows in split_groups(batch.group_ids, cfg.mini_batches):
         weights = torch.zeros(batch.mask.shape)  # [B, T]; only `rows` are read
-        weights[rows] = token_weights(name, batch.mask[rows], batch.group_ids[rows])  # [b, T]
+        weights[rows] = token_weights(name, batch.mask[rows], batch.group_ids[rows], turn_ids=batch._turns(rows))  # [b, T]
         shards, order = _shard_rows(batch, advantages, weights, rows, cfg, ranks)
         plans.append(MiniBatchPlan(shards=shards, rows=order))
     return plans
@@ -434,7 +435,7 @@ def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: in
                  "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
                  "forced_tokens": 0, "interrupted_frac": math.nan}
         return StepPlan(shards=[], batch=None, advantages=torch.zeros(0), rows=[], stats=stats)
-    all_batch = collate(rollouts, pad_id)
+    all_batch = collate(rollouts, pad_id, mask_observations=getattr(cfg, "mask_observations", True))
     stats = _rollout_stats(all_batch, rollouts, keep)
     # 1. filters: groups the curriculum drops leave the loss (no refill here)
     kept = [r for r, k in zip(rollouts, keep) if k]
@@ -446,7 +447,7 @@ def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: in
     # 2. advantages: one per sequence, normalised by name on the whole batch (batch std included)
     advantages = ADVANTAGE_NORMS.get(cfg.advantage_norm)(batch.rewards.double(), batch.group_ids).float()  # [B]
     # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
-    weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids)  # [B, T]
+    weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids, turn_ids=batch.turn_ids)  # [B, T]
     # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
     all_rows = torch.arange(batch.mask.shape[0], dtype=torch.long)  # [B]
     shards, order = _shard_rows(batch, advantages, weights, all_rows, cfg, ranks)
@@ -959,6 +960,8 @@ def _trained_stats(stats: dict, plan: StepPlan, logp_all: torch.Tensor, entropy_
         version=version,
         time_train=time_train,
     )
+    if getattr(cfg, "environment", None) and batch.turn_ids is not None:  # multi-turn: the lag of each turn
+        stats.update(turn_lag_stats(batch.versions, mask, batch.turn_ids, lag_version))
     # the reference-KL penalty (train.kl_coef > 0): `kl` is the mean per-token estimate over the trained tokens
     if any("kl" in part for part in parts):
         kl_all = _scatter_rows(plan.rows if kl_rows is None else kl_rows, [p.get("kl", []) for p in parts], B, T)  # [B, T]
@@ -1000,20 +1003,23 @@ def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[boo
     # completions whose sampled tokens came from more than one policy version (in-flight updates)
     spans = [len({v for v, f in zip(c.versions, c.forced) if not f}) > 1 for r in rollouts for c in r.completions]
     n = len(batch)
+    # multi-turn: observation tokens are prompt tokens, never counted as generated (issue 45)
+    observed = torch.tensor([observation_token_count(c) for r in rollouts for c in r.completions], dtype=torch.long)
+    gen_len = (batch.num_tokens - observed).float() if n else torch.zeros(0)  # [B]
     return {
         "prompts": n_groups,
         "generations": n,
-        "tokens": int(batch.num_tokens.sum()) if n else 0,
+        "tokens": int(gen_len.sum()) if n else 0,
         "reward_mean": float(batch.rewards.mean()) if n else math.nan,
         "pass_rate": float(batch.passed.float().mean()) if n else math.nan,
         "zero_variance_frac": zero_var / max(n_groups, 1),
         "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
         "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
-        "completion_len_mean": float(batch.num_tokens.float().mean()) if n else math.nan,
-        **_quantile_stats(batch.num_tokens.float() if n else torch.zeros(0), (0.1, 0.5, 0.9), "completion_tokens_p"),
+        "completion_len_mean": float(gen_len.mean()) if n else math.nan,
+        **_quantile_stats(gen_len, (0.1, 0.5, 0.9), "completion_tokens_p"),
         "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
         "multi_version_frac": sum(spans) / max(len(spans), 1),
-        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
+        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions) - observed.sum()),
         "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
         if n else math.nan,
         **_reward_part_means(rollouts),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from dataclasses import dataclass
@@ -165,18 +166,26 @@ class Batch:
     truncated: torch.Tensor  # [B] bool (finish reason "length")
     num_tokens: torch.Tensor  # [B] long, completion lengths (forced included)
     completion_start: int = 1  # P
+    # [B, T] long: the assistant turn of each completion token (0, 1, ...; an observation takes the turn it
+    # follows; -1 on padding); single-turn: 0 everywhere. The learner's aggregation weights read it (turn_mean)
+    turn_ids: Optional[torch.Tensor] = None
 
     _TENSORS = ("input_ids", "attention_mask", "mask", "gen_logp", "versions", "rewards", "passed", "group_ids", "truncated", "num_tokens")
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def _turns(self, index) -> Optional[torch.Tensor]:
+        return None if self.turn_ids is None else self.turn_ids[index]
+
     def slice(self, start: int, stop: int) -> "Batch":
-        return Batch(**{k: getattr(self, k)[start:stop] for k in self._TENSORS}, completion_start=self.completion_start)
+        return Batch(**{k: getattr(self, k)[start:stop] for k in self._TENSORS}, completion_start=self.completion_start,
+                     turn_ids=self._turns(slice(start, stop)))
 
     def select(self, rows: torch.Tensor) -> "Batch":
         """The sequences at `rows` (a [B] bool mask or an index tensor), same padding."""
-        return Batch(**{k: getattr(self, k)[rows] for k in self._TENSORS}, completion_start=self.completion_start)
+        return Batch(**{k: getattr(self, k)[rows] for k in self._TENSORS}, completion_start=self.completion_start,
+                     turn_ids=self._turns(rows))
 
     def trim(self) -> "Batch":
         """The same rows without the padding columns none of them uses (prompt left, completion right)."""
@@ -190,14 +199,50 @@ class Batch:
             mask=self.mask[:, :T], gen_logp=self.gen_logp[:, :T], versions=self.versions[:, :T],
             rewards=self.rewards, passed=self.passed, group_ids=self.group_ids, truncated=self.truncated,
             num_tokens=self.num_tokens, completion_start=P - first,
+            turn_ids=None if self.turn_ids is None else self.turn_ids[:, :T],
         )
 
     def to(self, device) -> "Batch":
-        return Batch(**{k: getattr(self, k).to(device) for k in self._TENSORS}, completion_start=self.completion_start)
+        return Batch(**{k: getattr(self, k).to(device) for k in self._TENSORS}, completion_start=self.completion_start,
+                     turn_ids=None if self.turn_ids is None else self.turn_ids.to(device))
 
 
-def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
-    """Flatten groups into learner tensors; group_ids are the rollouts' order ids."""
+def turn_index(observed: Optional[Sequence[bool]], n: int) -> list[int]:
+    """The assistant turn of each of a completion's `n` tokens: 0 until the first observation, k after the
+    k-th observation (an observation token takes the turn it follows); single-turn (observed None): 0s."""
+    if observed is None:
+        return [0] * n
+    out, turn = [], 0
+    for i, o in enumerate(observed):
+        if not o and i > 0 and observed[i - 1]:
+            turn += 1
+        out.append(turn)
+    return out
+
+
+def turn_lag_stats(versions: torch.Tensor, mask: torch.Tensor, turn_ids: torch.Tensor, lag_version: int) -> dict:
+    """Multi-turn lag per assistant turn (issue 45): a turn's lag is the learner's version (`lag_version` - 1,
+    as the token lag) minus the OLDEST version among its trained tokens (PipelineRL may swap weights between
+    two turns of one episode, or inside one). versions, turn_ids [B, T] long, mask [B, T] bool.
+    {"lag_turn_mean", "lag_turn_max", "turns_trained"} over every (sequence, turn) with a trained token."""
+    B = mask.shape[0]
+    width = int(turn_ids.max()) + 1 if turn_ids.numel() else 1
+    seg = (torch.arange(B).unsqueeze(1) * max(width, 1) + turn_ids.clamp(min=0))[mask]  # [N] (row, turn) of each token
+    if not seg.numel():
+        return {"lag_turn_mean": math.nan, "lag_turn_max": 0, "turns_trained": 0}
+    oldest = torch.full((B * max(width, 1),), torch.iinfo(torch.long).max, dtype=torch.long)
+    oldest = oldest.scatter_reduce(0, seg, versions[mask].long(), reduce="amin")  # [B*width]
+    lag = (int(lag_version) - 1 - oldest[torch.unique(seg)]).double()  # [turns]
+    return {"lag_turn_mean": float(lag.mean()), "lag_turn_max": int(lag.max()), "turns_trained": int(lag.numel())}
+
+
+def collate(rollouts: Sequence[Rollout], pad_id: int, mask_observations: bool = True) -> Batch:
+    """Flatten groups into learner tensors; group_ids are the rollouts' order ids.
+
+    `mask_observations` (train.mask_observations): True (the default, correct) leaves a multi-turn episode's
+    observation tokens out of the mask, as prompt tokens. False is THE KNOWN BUG, kept only as an ablation
+    (experiments/sweeps/mask_observations.gin): observation tokens are trained on as if the policy had
+    generated them, with gen_logp 0."""
     from components.engines.logprobs import build_batch
 
     seqs: list[Completion] = []
@@ -215,10 +260,15 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
     mask = packed["completion_mask"].clone()  # [B, T]
     gen_logp = torch.zeros((B, T), dtype=torch.float32)
     versions = torch.full((B, T), -1, dtype=torch.long)
+    turn_ids = torch.full((B, T), -1, dtype=torch.long)
     for b, c in enumerate(seqs):
         n = len(c.token_ids)
         if n:
-            mask[b, :n] &= ~torch.tensor(list(c.forced), dtype=torch.bool)
+            excluded = list(c.forced)
+            if not mask_observations and c.observed is not None:  # the known bug: observations trained on
+                excluded = [f and not o for f, o in zip(c.forced, c.observed)]
+            mask[b, :n] &= ~torch.tensor(excluded, dtype=torch.bool)
+            turn_ids[b, :n] = torch.tensor(turn_index(c.observed, n), dtype=torch.long)
             gen_logp[b, :n] = torch.tensor(list(c.gen_logp), dtype=torch.float32)
             versions[b, :n] = torch.tensor(list(c.versions), dtype=torch.long)
     return Batch(
@@ -233,4 +283,5 @@ def collate(rollouts: Sequence[Rollout], pad_id: int) -> Batch:
         truncated=torch.tensor([c.finish_reason == "length" for c in seqs], dtype=torch.bool),
         num_tokens=torch.tensor([len(c.token_ids) for c in seqs], dtype=torch.long),
         completion_start=int(packed["completion_start"]),
+        turn_ids=turn_ids,
     )

@@ -128,6 +128,8 @@ def pick_samples(rollouts: Sequence[Any], tokenizer: Any, *, step: int, n: int) 
     if not pairs:
         return []
     chosen = random.Random(int(step)).sample(range(len(pairs)), min(int(n), len(pairs)))
+    from components.environments import turn_versions
+
     out = []
     for idx in sorted(chosen):
         r, j = pairs[idx]
@@ -146,6 +148,7 @@ def pick_samples(rollouts: Sequence[Any], tokenizer: Any, *, step: int, n: int) 
             "version_max": int(max(sampled)) if sampled else int(r.engine_version),
             "num_tokens": len(c.token_ids),
             "finish_reason": str(c.finish_reason),
+            **({"turn_versions": turn_versions(c)} if getattr(c, "observed", None) is not None else {}),
         })
     return out
 
