@@ -321,7 +321,7 @@ def test_every_sweep_spec_has_the_papers_finding():
     specs = {p.stem for p in shipped if load_spec(p).paper_ablation}  # beyond the paper: no finding
     assert specs and set(FINDINGS) == specs, sorted(specs ^ set(FINDINGS))
     assert {p.stem for p in shipped} - specs == {"mismatch", "update_epochs", "max_turns", "mask_observations",
-                                                 "turn_aggregation"}
+                                                 "turn_aggregation", "tool_use"}
 
 
 def test_every_finding_names_configs_its_sweep_runs():

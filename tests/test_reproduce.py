@@ -50,7 +50,7 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
 
     ablations = [s for s in sorted(launch.SWEEPS_DIR.glob("*.gin")) if launch.load_spec(s).paper_ablation]
     assert {s.stem for s in launch.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {
-        "mismatch", "update_epochs", "max_turns", "mask_observations", "turn_aggregation"}
+        "mismatch", "update_epochs", "max_turns", "mask_observations", "turn_aggregation", "tool_use"}
     expected = {(s.stem, r.name) for s in ablations
                 for r in launch.expand(dataclasses.replace(launch.load_spec(s), seeds=(0, 1, 2)), "tiny")}
     assert {int(re.search(r"-s(\d+)$", n).group(1)) for _, n in expected} == {0, 1, 2}

@@ -62,6 +62,9 @@ def _prepare(tmp_path, **overrides):
         (dict(train__lr="1e999"), dict(train__lr="1e300"), r"train\.lr = inf is out of range: must be finite and > 0"),
         (dict(train__temperature="1e999"), dict(train__temperature="1e3"),
          r"train\.temperature = inf is out of range: must be finite and > 0"),
+        # None where a number is needed: named, not a TypeError from int(None)
+        (dict(train__max_observation_tokens="None"), dict(train__max_observation_tokens="32"),
+         r"train\.max_observation_tokens = None: it takes a value \(int\), not None"),
     ],
 )
 def test_wrecking_settings_are_refused_before_the_model_is_resolved(tmp_path, overrides, good, message):

@@ -326,6 +326,8 @@ def _coerce(spec: dataclasses.Field, value: Any) -> Any:
         return None
     base = kind.removeprefix("Optional[").removesuffix("]")
     if base in ("int", "float", "bool"):
+        if value is None:
+            raise ConfigError(f"train.{spec.name} = None: it takes a value ({base}), not None")
         return {"int": int, "float": float, "bool": bool}[base](value)
     if base == "tuple":  # one name (a string) or one benchmark spec (a dict) is a tuple of one
         return (value,) if isinstance(value, (str, dict)) else tuple(value or ())
