@@ -27,7 +27,7 @@ bindings). ``clip_frac`` is the fraction of trained tokens whose gradient the lo
 
 Losses added in 2026 (`sapo`, `gmpo`, `clip_cov`, `kl_cov`; the table in docs/adding_a_loss.md
 lists their sources). `clip_cov` and `kl_cov` choose tokens by a covariance taken over the tokens
-they are GIVEN: the learner calls a loss once per micro-batch (`Learner._backward`: the rows of one
+they are GIVEN: the learner calls a loss once per micro-batch (`Learner.backward`: the rows of one
 micro-batch of one rank, `train.micro_batch_size` sequences or `train.max_tokens_per_micro_batch`
 tokens), so their statistics are per micro-batch, as in verl and in the authors' code, and equal to
 the whole-batch ones only when a step is one micro-batch on one rank (their docstrings say more).

@@ -42,6 +42,7 @@ import inspect
 import json
 import logging
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -308,19 +309,50 @@ def import_run_modules(run_dir: Optional[Path]) -> list[str]:
     return notes
 
 
+_TRAIN_BINDING = re.compile(r"^train\.(\w+)\s*=")
+
+
+def without_retired_train_settings(text: str) -> tuple[str, list[str]]:
+    """A stored config.gin without its `train.<name> = ...` bindings of settings TrainConfig no longer
+    has (an older run's operative config lists every train.* value), and the names dropped. A
+    binding's continuation lines (indented) go with it."""
+    from components.trainer.config import TrainConfig
+
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    kept, dropped, skipping = [], [], False
+    for line in text.splitlines(keepends=True):
+        if skipping and line[:1] in (" ", "\t"):
+            continue
+        match = _TRAIN_BINDING.match(line)
+        skipping = bool(match) and match.group(1) not in known
+        if skipping:
+            dropped.append(f"train.{match.group(1)}")
+        else:
+            kept.append(line)
+    return "".join(kept), dropped
+
+
 def _read_run_config(config: Path) -> tuple[dict, Any]:
     """(the settings a run's config.gin binds, a "_note" where there is something to say; its TrainConfig);
     gin's global config holds the run's bindings on return."""
     from components.trainer.config import parse_gin_files, train_config
 
+    text, retired = without_retired_train_settings(config.read_text())
     try:
-        parse_gin_files([str(config)], [])
-        cfg = train_config(model_path=str(config.parent))  # the model is not resolved (nor built) here
+        with tempfile.TemporaryDirectory() as tmp:
+            source = config
+            if retired:  # parse a copy without them (the run directory may be read-only)
+                source = Path(tmp) / "config.gin"
+                source.write_text(text)
+            parse_gin_files([str(source)], [])
+            cfg = train_config(model_path=str(config.parent))  # the model is not resolved (nor built) here
     except Exception as err:  # noqa: BLE001 - gin and the config raise anything, with a message
         raise EvalInputError(f"cannot read the run's settings from {config}: {type(err).__name__}: {err} "
                              "(a module the run imported must be importable here: run from the directory the run "
                              "was started in, or put it on PYTHONPATH)") from None
     template, system, note = _run_prompt_format(cfg.task, cfg.task_kwargs)
+    if retired:
+        note = "; ".join(filter(None, [note, f"settings this version no longer has were ignored: {', '.join(retired)}"]))
     values = {
         "engine": cfg.engine,
         "max_tokens": int(cfg.max_tokens),

@@ -167,7 +167,6 @@ def _hardware(cfg) -> dict:
             available = available if available is not None else torch.cuda.device_count()
         except Exception:  # noqa: BLE001 - a GPU the supervisor cannot see (Slurm binds it to the task)
             name = "cuda"
-    emulated = {"emulate_learner_ranks": int(cfg.emulate_learner_ranks)} if cfg.emulate_learner_ranks > 1 else {}
     return {
         "device": name,
         "count": layout.devices_reserved(gpu, available),
@@ -175,7 +174,6 @@ def _hardware(cfg) -> dict:
         "num_generators": layout.num_generators,
         "gpus_per_generator": layout.gpus_per_generator if gpu else 0,
         "processes": layout.world_size,
-        **emulated,  # one learner rank in the arithmetic of that many (train.emulate_learner_ranks)
     }
 
 

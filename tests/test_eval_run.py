@@ -308,3 +308,16 @@ def test_a_run_that_imported_a_user_module_is_evaluable_from_anywhere(tmp_path):
 
 def _jsonl(path: Path) -> list:
     return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_a_stored_config_binding_a_retired_train_setting_is_read_without_it():
+    """An older run's config.gin lists every train.* value, settings since removed included
+    (issue 42 retired train.emulate_learner_ranks): they are dropped, with their continuation lines."""
+    from experiments.evaluate import without_retired_train_settings
+
+    text = ("train.lr = 0.001\ntrain.emulate_learner_ranks = 1\ntrain.gone = {'a': 1,\n    'b': 2}\n"
+            "train.seed = 3\nother.x = 1\n")
+    kept, dropped = without_retired_train_settings(text)
+    assert kept == "train.lr = 0.001\ntrain.seed = 3\nother.x = 1\n"
+    assert dropped == ["train.emulate_learner_ranks", "train.gone"]
+    assert without_retired_train_settings("train.lr = 0.1\n") == ("train.lr = 0.1\n", [])

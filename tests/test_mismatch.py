@@ -285,10 +285,15 @@ def test_a_corrected_step_does_not_depend_on_micro_batches_or_ranks(model_path):
     holds): one micro-batch, three uneven ones and two emulated ranks give the same update."""
     rollouts = None
     params = []
-    for kw in (dict(micro_batch_size=16), dict(micro_batch_size=3), dict(micro_batch_size=3, emulate_learner_ranks=2)):
+    from _emulated_ranks import step_as_ranks
+
+    for kw, ranks in ((dict(micro_batch_size=16), 1), (dict(micro_batch_size=3), 1), (dict(micro_batch_size=3), 2)):
         learner, tok = _learner(model_path, mismatch_correction="seq_tis", grad_clip=0.0, **kw)
         rollouts = rollouts or _rollouts(tok, seed=9)
-        learner.step(rollouts, [True] * len(rollouts))
+        if ranks == 1:
+            learner.step(rollouts, [True] * len(rollouts))
+        else:  # one process in the arithmetic of two ranks (tests/_emulated_ranks.py)
+            step_as_ranks(learner, rollouts, ranks)
         params.append(_params(learner))
     for other in params[1:]:
         for n in params[0]:

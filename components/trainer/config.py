@@ -211,10 +211,6 @@ class TrainConfig:
     # -- processes --------------------------------------------------------------------------
     num_generators: int = 1
     learner_ranks: int = 1  # data-parallel FSDP2 learner processes (one device each)
-    # a ONE-rank learner that computes every step exactly as this many FSDP2 ranks would (their
-    # row split, micro-batches, gradient reduction and grad-norm reduction): a run at
-    # learner_ranks = 1 then reproduces a 2-rank run bit for bit (a check, not a speed-up)
-    emulate_learner_ranks: int = 1
     heartbeat_s: float = 2.0  # every process beats this often
     heartbeat_timeout_s: float = 30.0  # a process silent this long is named dead or hung
     weight_sync_bucket_mb: float = 64.0  # tensors broadcast to the generators per bucket
@@ -543,17 +539,6 @@ def validate(cfg: TrainConfig) -> None:
     each other, and the numeric hyper-parameters of the run's components (`check_components`).
     """
     check_train_values({name: getattr(cfg, name) for name in _TRAIN_PARAM_NAMES})
-    if cfg.emulate_learner_ranks not in (1, 2):
-        raise ConfigError(
-            f"train.emulate_learner_ranks must be 1 (off) or 2, got {cfg.emulate_learner_ranks!r}: two ranks reduce "
-            "a gradient with one exact addition; more ranks sum in the collective's own order, which one process "
-            "cannot reproduce bit for bit"
-        )
-    if cfg.emulate_learner_ranks > 1 and cfg.learner_ranks != 1:
-        raise ConfigError(
-            f"train.emulate_learner_ranks = {cfg.emulate_learner_ranks} makes ONE learner rank compute as "
-            f"{cfg.emulate_learner_ranks} ranks; got train.learner_ranks = {cfg.learner_ranks} (set it to 1)"
-        )
     if cfg.micro_batch_size > cfg.batch_sequences:
         raise ConfigError(
             f"train.micro_batch_size ({cfg.micro_batch_size}) is larger than the step batch "

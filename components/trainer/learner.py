@@ -291,29 +291,6 @@ def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list
     return [[rows[i] for i in g] for g in groups]
 
 
-def sharded_grad_norm(grads: Sequence[torch.Tensor], ranks: int) -> torch.Tensor:
-    """The total 2-norm of `grads` [full tensors] computed as `ranks` FSDP2 ranks compute it from
-    their dim-0 shards (`clip_grad_norm_` on DTensors), bit for bit: each rank takes the norm of
-    each of its shards (torch.chunk along dim 0, FSDP2's split; a rank past the last chunk holds
-    an empty one), every parameter's norm is reduced over the ranks as (sum of squares) ** 0.5
-    (DTensor's partial norm), then the norms of all parameters are stacked and normed. Returns a
-    0-d tensor."""
-    per_rank: list[list[torch.Tensor]] = [[] for _ in range(ranks)]
-    for g in grads:
-        chunks = list(torch.chunk(g, ranks, dim=0))  # FSDP2 `Shard(0)`
-        chunks += [g.new_empty(0)] * (ranks - len(chunks))
-        for r, c in enumerate(chunks):
-            per_rank[r].append(c)
-    local = [torch._foreach_norm(ts, 2.0) for ts in per_rank]  # [ranks][params] 0-d each
-    norms = []
-    for p in range(len(grads)):
-        total = local[0][p] ** 2.0
-        for r in range(1, ranks):
-            total = total + local[r][p] ** 2.0
-        norms.append(total ** (1.0 / 2.0))
-    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
-
-
 def _dummy_micro_batch(batch: Batch) -> MicroBatch:
     """One padding row with no trainable token: keeps the ranks' collective counts equal."""
     one = batch.select(torch.tensor([0])).trim()
@@ -504,7 +481,7 @@ class Learner:
                 reference.reshard()  # FSDP2 keeps the root unsharded after forward (for a backward that never comes)
         return ref_logp
 
-    def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:
+    def backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:
         """Forward + backward of one micro-batch (gradients added into .grad). Returns its loss and,
         unless it is a dummy, the detached log-probs [b, T] and entropies [b, T] of its tokens, and
         the other detached per-token values the statistics need ({"kl": [b, T]} with a KL penalty)."""
@@ -546,7 +523,7 @@ class Learner:
         logps, entropies = [], []
         extras: dict[str, list] = {}  # per micro-batch, as logp: {"kl": [...]} with a KL penalty
         for mb in micro_batches:
-            loss, logp, entropy, extra = self._backward(mb, scale)
+            loss, logp, entropy, extra = self.backward(mb, scale)
             total += loss
             if logp is not None:
                 logps.append(logp)
@@ -555,73 +532,31 @@ class Learner:
                 extras.setdefault(key, []).append(value)
         return {"loss": total, "logp": logps, "entropy": entropies, **extras}
 
-    def accumulate_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
-        """Forward + backward over EVERY shard of a step, in this one process, in the arithmetic
-        of `len(shards)` FSDP2 ranks (`train.emulate_learner_ranks`).
-
-        FSDP2 reduces after each backward: rank r computes micro-batch m of its shard, the
-        ranks' gradients of micro-batch m are summed (reduce-scatter) and added to the sharded
-        gradient, micro-batch after micro-batch. So here: each shard's micro-batch m gets its
-        own gradient, those are summed across shards in rank order, and the sum is added to the
-        step's gradient. With two ranks the reduction is one addition, exact and order-free
-        (the loss scale T and FSDP2's division by T are powers of two, also exact), so .grad
-        ends bit for bit equal to the two ranks' sharded gradients put together. Costs two more
-        gradient-sized buffers; returns one partial result per shard, as the ranks would.
-        """
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        n_mb = {len(s) for s in shards}
-        if len(n_mb) != 1:
-            raise RuntimeError(f"every rank needs the same number of micro-batches, got {[len(s) for s in shards]}")
-        parts = [{"loss": 0.0, "logp": [], "entropy": []} for _ in shards]
-        step_grad: list[torch.Tensor] | None = None
-        for m in range(n_mb.pop()):
-            reduced: list[torch.Tensor] | None = None
-            for part, shard in zip(parts, shards):
-                loss, logp, entropy, extra = self._backward(shard[m], 1.0)
-                part["loss"] += loss
-                for key, value in extra.items():
-                    part.setdefault(key, []).append(value)
-                if logp is not None:
-                    part["logp"].append(logp)
-                    part["entropy"].append(entropy)
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                for p in params:
-                    p.grad = None
-                reduced = grads if reduced is None else [a + b for a, b in zip(reduced, grads)]
-            step_grad = reduced if step_grad is None else [a + b for a, b in zip(step_grad, reduced)]
-        for p, g in zip(params, step_grad or []):
-            p.grad = g
-        return parts
-
-    def grad_norm(self, as_ranks: int = 1) -> float:
-        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0.
-        as_ranks > 1 (one process emulating that many ranks): the norm is reduced as the ranks
-        reduce it (`sharded_grad_norm`), so the clip factor is bit for bit theirs."""
+    def grad_norm(self) -> float:
+        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
         clip = self.cfg.grad_clip
-        max_norm = clip if clip and clip > 0 else float("inf")
-        if as_ranks > 1:
-            norm = sharded_grad_norm([p.grad for p in params], as_ranks)
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-            return float(norm)
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip and clip > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
 
-    def apply_update(self, as_ranks: int = 1) -> tuple[float, float]:
-        """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
-        grad_norm = self.grad_norm(as_ranks)
+    def update(self) -> float:
+        """AdamW and the schedule on the (clipped) gradients; the new weights are version + 1.
+        Returns the learning rate the update used."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        return grad_norm, lr
+        return lr
+
+    def apply_update(self) -> tuple[float, float]:
+        """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
+        grad_norm = self.grad_norm()
+        return grad_norm, self.update()
 
     def train_shard(self, micro_batches: Sequence[MicroBatch]) -> dict:
         """One step on this rank's share (a collective when T > 1): accumulate, then update."""
@@ -631,44 +566,28 @@ class Learner:
         part.update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
         return part
 
-    def train_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
-        """One step on every shard in the arithmetic of len(shards) ranks (one process); one
-        partial result per shard, the first carrying the grad norm, lr and time."""
-        t0 = time.perf_counter()
-        parts = self.accumulate_as_ranks(shards)
-        grad_norm, lr = self.apply_update(as_ranks=len(shards))
-        parts[0].update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
-        return parts
-
     # -------------------------------------------------------------------------------------
     def plan(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> StepPlan:
-        """The step's plan for this learner's ranks (`keep[i]`: the filters' verdict on group i): its
-        world size, or the ranks it computes as (`train.emulate_learner_ranks`)."""
+        """The step's plan for this learner's ranks (`keep[i]`: the filters' verdict on group i)."""
         t0 = time.perf_counter()
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, max(self.ranks, self.cfg.emulate_learner_ranks))
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, self.ranks)
         plan.time_plan = time.perf_counter() - t0
         return plan
 
     def train(self, plan: StepPlan, peers: Optional[StepPeers] = None) -> dict:
         """THE learner step (production, tests and benchmarks): train every shard of `plan`, update
         once, return the step's statistics. Rank 0 trains shards[0] while `peers` (ranks 1..T-1,
-        needed when T > 1) train the others in the same collectives. With
-        ``train.emulate_learner_ranks = 2`` this one rank computes every shard in the arithmetic of
-        two ranks (`train_as_ranks`): a 1-rank run then reproduces a 2-rank run bit for bit, a check
-        of the sharded path on one device (components/trainer/README.md, "1 vs 2 learner ranks")."""
+        needed when T > 1) train the others in the same collectives."""
         t0 = time.perf_counter()
         if not plan.shards:  # nothing to train on: no optimizer update, the version stays
             return finish_stats(plan, None, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
-        if self.cfg.emulate_learner_ranks > 1:
-            parts = self.train_as_ranks(plan.shards)
-        else:
-            if len(plan.shards) > 1:
-                if peers is None:
-                    raise RuntimeError(f"a {len(plan.shards)}-rank step needs its peer ranks (peers=None)")
-                peers.send(plan.shards[1:])
-            parts = [self.train_shard(plan.shards[0])]  # a collective with the peers when T > 1
-            if len(plan.shards) > 1:
-                parts += peers.gather()
+        if len(plan.shards) > 1:
+            if peers is None:
+                raise RuntimeError(f"a {len(plan.shards)}-rank step needs its peer ranks (peers=None)")
+            peers.send(plan.shards[1:])
+        parts = [self.train_shard(plan.shards[0])]  # a collective with the peers when T > 1
+        if len(plan.shards) > 1:
+            parts += peers.gather()
         return finish_stats(plan, parts, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
 
     def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool], peers: Optional[StepPeers] = None) -> dict:
