@@ -603,7 +603,8 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "mismatch_corrections": MISMATCH_CORRECTIONS,
 }
 
-# Modules whose import fills the registries. A module that cannot be imported here
+# Modules whose import fills the registries: the one list of the built-in modules (a package's
+# __init__ does not import its component modules for this). A module that cannot be imported here
 # (an optional dependency missing) is skipped by `load_builtin_components`, which says so.
 BUILTIN_MODULES = (
     "components.losses",
@@ -613,7 +614,13 @@ BUILTIN_MODULES = (
     "components.precision",
     "components.length_control",
     "components.offpolicy",
-    "components.tasks",
+    "components.tasks.arithmetic",
+    "components.tasks.stories",
+    "components.tasks.reasoning_gym_task",
+    "components.tasks.math_file",
+    "components.tasks.code_file",
+    "components.tasks.hf_dataset",
+    "components.tasks.mixture",
     "components.engines",
     "components.rewards",
     "components.trainer.tracking",

@@ -271,7 +271,7 @@ class CodeFileTask(SplitTask):
     ):
         if not path:
             raise ValueError("code_file: give the data file, e.g. code_file.path = '/data/deepcoder.jsonl'")
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         self.reward = check_reward(reward)
         self.pass_threshold = float(pass_threshold)
@@ -355,7 +355,7 @@ class CodeFileTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.reward is not None:
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             return reward_verdict(self.reward, problem.prompt, completion, {"tests": self.tests_of(problem)},
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
@@ -743,3 +743,11 @@ def _json_key(k: Any) -> Optional[str]:
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("code_file")` honours gin bindings.
 TASKS.register("code_file")(CodeFileTask)
+
+# The code task's numeric settings (a sandbox limit of 0 fails every program: every reward -1).
+# Declared for the parameters its signature has, so the grader can gain or drop knobs freely.
+CODE_FILE_RANGES = {"eval_size": ">= 0", "eval_fraction": "[0, 1)", "cpu_seconds": "> 0", "wall_seconds": "> 0",
+                    "memory_mb": ">= 1", "max_processes": ">= 1", "output_kb": ">= 1", "max_tests": ">= 1",
+                    "case_workers": ">= 1", "max_total_seconds": "> 0"}
+_PARAMS = {p.name for p in TASKS.params("code_file")}
+TASKS.declare_ranges("code_file", {k: v for k, v in CODE_FILE_RANGES.items() if k in _PARAMS})

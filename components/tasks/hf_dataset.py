@@ -256,7 +256,7 @@ class HFDatasetTask(SplitTask):
         allow_unsafe: bool = False,
         python: Optional[str] = None,
     ):
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         if prompt_template is None:
             prompt_template = "{prompt}\n\n{instruction}" if "tests" in dict(columns or {}) else "{prompt}"
@@ -413,7 +413,7 @@ class HFDatasetTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.grading == "reward":
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             return reward_verdict(self.reward, problem.prompt, completion, self.row_of(problem),
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
@@ -424,7 +424,7 @@ class HFDatasetTask(SplitTask):
             run = lambda p, code: run_program_tests(self.tests_of(p), code, limits=self.limits,
                                                     config=self.sandbox_config, max_tests=self.max_tests)
             return grade_code_completion(self, problem, completion, run)
-        from components.rewards import math_answer_matches
+        from components.tasks.reward_verdicts import math_answer_matches
 
         try:
             return self.verdict(math_answer_matches(completion, self.row_of(problem)["answer"], self.max_answer_chars))

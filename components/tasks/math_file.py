@@ -125,7 +125,7 @@ class MathFileTask(SplitTask):
     ):
         if not path:
             raise ValueError("math_file: give the data file, e.g. math_file.path = '/data/polaris.parquet'")
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         self.reward = check_reward(reward)
         self.pass_threshold = float(pass_threshold)
@@ -182,7 +182,7 @@ class MathFileTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.reward is not None:
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             row = {"answer": problem.answer}
             return reward_verdict(self.reward, problem.prompt, completion, row, pass_threshold=self.pass_threshold,

@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from components.registry import TASKS
 from components.tasks.base import Problem, Task, Verdict
+from components.tasks.factory import make_task
 
 __all__ = ["MixtureTask", "MIXTURE_META_KEYS", "mixture_weights"]
 
@@ -72,8 +73,6 @@ class MixtureTask(Task):
 
     def __init__(self, tasks: Optional[Mapping[str, float]] = None, seed: int = 0,
                  task_kwargs: Optional[Mapping[str, Mapping[str, Any]]] = None):
-        from components.tasks import make_task
-
         self.weights = mixture_weights(tasks if tasks is not None else {})
         per_task = dict(task_kwargs or {})
         unknown = [k for k in per_task if k not in self.weights]
