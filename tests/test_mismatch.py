@@ -358,18 +358,18 @@ def test_hyper_parameters_bind_from_gin_and_are_range_checked():
 
 
 def test_the_mismatch_sweep_crosses_precision_with_the_corrections():
-    from experiments import launch as L
+    from experiments import run_config, sweep_spec
     from experiments.cli import main as scalerl
 
-    spec = L.load_spec(SWEEP)
-    runs = L.expand(spec, "tiny")
+    spec = sweep_spec.load_spec(SWEEP)
+    runs = sweep_spec.expand(spec, "tiny")
     precisions, corrections = ("bf16", "bf16_fp32_head", "fp32"), ("none", "tis", "mis")
     assert [r.name for r in runs] == [f"{p}-{c}-s0" for p in precisions for c in corrections]
     for r in runs:
         p, c = r.name[:-3].rsplit("-", 1)
         assert f'train.precision = "{p}"' in r.bindings and f'train.mismatch_correction = "{c}"' in r.bindings
-    L.validate_runs(runs)
-    assert len(L.expand(spec, "paper")) == 9
+    run_config.validate_runs(runs)
+    assert len(sweep_spec.expand(spec, "paper")) == 9
     assert scalerl(["sweep", str(SWEEP), "--scale", "tiny", "--dry-run"]) == 0
     # not a paper ablation: outside the shipped sweeps that `scalerl reproduce` runs and findings judge
     from analysis.findings import FINDINGS
