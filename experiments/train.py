@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.config import attention_of, check_settings, engine_gpus, on_gpu, parse_gin_files
+from components.trainer.config import attention_of, check_settings, engine_gpus, on_gpu
+from components.trainer.gin_config import parse_gin_files
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -535,7 +536,8 @@ def refusal_message(err: BaseException) -> str:
     """One clean line for a refused config: the message of a config error as it is (gin's context lines
     dropped), other errors with their type ("FileNotFoundError: ...")."""
     from components.registry import ParamRangeError, UnknownComponentError
-    from components.trainer.config import ConfigError, gin_error_message
+    from components.trainer.config import ConfigError
+    from components.trainer.gin_config import gin_error_message
 
     msg = gin_error_message(err)
     return msg if isinstance(err, (ConfigError, UnknownComponentError, ParamRangeError)) else f"{type(err).__name__}: {msg}"

@@ -157,10 +157,10 @@ def test_every_module_is_in_a_layer_and_no_import_climbs_one(graph, layers):
 
 
 def test_function_level_imports_are_read():
-    # `from components.trainer.config import parse_gin_files` sits inside a function of evaluate.py
+    # `from components.trainer.gin_config import parse_gin_files` sits inside a function of eval_run_settings.py
     modules = _modules()
-    deps = _imports("experiments.evaluate", modules["experiments.evaluate"], set(modules))
-    assert "components.trainer.config" in deps
+    deps = _imports("experiments.eval_run_settings", modules["experiments.eval_run_settings"], set(modules))
+    assert "components.trainer.gin_config" in deps
 
 
 def test_the_graph_is_read(graph):

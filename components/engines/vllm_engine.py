@@ -27,7 +27,7 @@ reloaded between two steps:
   temperature-scaled logits just before the top-k/top-p filter.
 - Sampling knobs: `SamplingParams` top_p, top_k, min_p and repetition_penalty go to vLLM's
   SamplingParams as they are (vLLM's defaults 1.0, 0, 0.0, 1.0 are the knobs' off values); the
-  torch engine applies them in vLLM's order (`torch_engine.sampling_probs`). A prompt longer
+  torch engine applies them in vLLM's order (`engines/sampling.py`). A prompt longer
   than `SamplingParams.max_prompt_length` is refused in `add_requests`.
 - Forced interruption: vLLM cannot inject tokens into a running request, so a sample with an
   `Interruption` first runs with max_tokens = at_token; if it reaches that point, the phrase
