@@ -93,14 +93,15 @@ def dr_grpo(per_token_loss: Tensor, mask: Tensor, group_ids: Tensor, *, max_toke
     return torch.where(mask, per_token_loss, 0.0).sum() / norm  # []
 
 
-def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The weight of every token in aggregation `name`, computed on the WHOLE step batch.  [B, T]
+def token_weights(aggregation, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The weight of every token in `aggregation` (a registered name, built with its defaults, or the
+    aggregate function itself), computed on the WHOLE step batch.  [B, T]
 
     Works for any registered aggregation that is linear in the per-token loss (the paper's
     three, and any user one that is): the weights are the gradient of the aggregate with
     respect to the per-token loss.
     """
-    aggregate = AGGREGATIONS.get(name)
+    aggregate = AGGREGATIONS.build(aggregation) if isinstance(aggregation, str) else aggregation
     probe = torch.zeros(mask.shape, dtype=dtype, device=mask.device, requires_grad=True)  # [B, T]
     with torch.enable_grad():
         (weights,) = torch.autograd.grad(aggregate(probe, mask, group_ids), probe, allow_unused=True)

@@ -540,8 +540,8 @@ def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tens
     Returns {"clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean"}
     plus whatever else the loss's diagnostics hook reports. clip_frac comes from the hook
     (``LOSSES.register(name, diagnostics=fn)``); NaN for a loss that registers none. The hook gets
-    the hyper-parameters the loss gets (its registry entry's defaults and gin bindings,
-    `Registry.bound_values`), overridden by `hparams`.
+    the hyper-parameters the loss gets: its defaults, overridden by `hparams` (the run's resolved
+    values, `TrainConfig.params_of`).
     """
     hook = LOSSES.diagnostics_of(name)  # clear error for an unknown name
     logp, gen_logp = logp.detach(), gen_logp.detach()
@@ -559,7 +559,7 @@ def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tens
         "log_ratio_abs_mean": float(log_ratio.abs().mean()),
     }
     if hook is not None:
-        hp = {**LOSSES.bound_values(name), **hparams}
+        hp = {**LOSSES.defaults(name), **hparams}
         reported = hook(logp, gen_logp, advantages, mask, **hp)
         out.update({str(k): float(v) for k, v in dict(reported or {}).items()})
     return out

@@ -29,6 +29,7 @@ _TASK_PLACEHOLDERS = ("{problem}", "{prompt}", "{expr}", "{question}")
 def _task_format(spec: str, kwargs: Mapping) -> tuple[str, Optional[str]]:
     """(benchmark prompt template, system prompt) of one task spec, as the run's gin binds it (live)."""
     from components.registry import TASKS
+    from components.trainer.gin_config import bound_values
 
     name = "reasoning_gym" if spec.startswith("reasoning_gym:") else spec
     values: dict = {}
@@ -41,7 +42,7 @@ def _task_format(spec: str, kwargs: Mapping) -> tuple[str, Optional[str]]:
             except (TypeError, ValueError):
                 continue
             values.update({p.name: p.default for p in params.values() if p.default is not inspect.Parameter.empty})
-        values.update(TASKS.bound_values(name))
+        values.update(bound_values(TASKS, name))
     except Exception:  # noqa: BLE001 - a task this python cannot load: its format is unknown
         pass
     values.update(kwargs or {})

@@ -554,9 +554,6 @@ def _binding_line(key: str, value) -> str:
 
 
 # constructor arguments the trainer passes itself (from train.*), so a binding or default of them is not used
-_SET_BY_TRAINER = frozenset({"seed", "device", "precision", "model", "tokenizer"})
-
-
 def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> str:
     """The run's operative configuration as gin bindings: every train.* setting as the trainer reads it
     (defaults included), model.* and data.* as bound (model.path NOT resolved: resolving it may build a
@@ -568,7 +565,7 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
         ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, TASKS,
         configurable_params,
     )
-    from components.trainer.config import data_config, model_config
+    from components.trainer.config import SET_BY_TRAINER, data_config, model_config
 
     parsed = {key: dict(values) for key, values in gin.config._CONFIG.items()}  # gin's parsed bindings
     shown: set = set()
@@ -597,7 +594,7 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
         values.update(parsed.get(key, {}))
         section(title, name, values)
         shown.add(key)
-    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "model_path"}
+    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("gin", True)}
     section("train (every setting, as the trainer reads it)", "train", train)
     shown.add(("", gin.config._REGISTRY.get_match("train").selector))
     used = [(LOSSES, cfg.loss, {}), (AGGREGATIONS, cfg.aggregation, {}), (ADVANTAGE_NORMS, cfg.advantage_norm, {})]
@@ -615,7 +612,7 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
         values = {p.name: p.default for p in registry.params(name) if not p.required}
         values.update(parsed.get(key, {}))
         values.update({k: v for k, v in overrides.items() if k in values})
-        values = {k: v for k, v in values.items() if k not in _SET_BY_TRAINER}
+        values = {k: v for k, v in values.items() if k not in SET_BY_TRAINER}
         section(f"{registry.family} {name!r} (defaults and bindings)", gin.config._REGISTRY.minimal_selector(match.selector),
                 values)
         shown.add(key)

@@ -344,7 +344,10 @@ def test_hyper_parameters_bind_from_gin_and_are_range_checked():
     old, gen, mask = _random_logps(seed=8)
     assert float(MISMATCH_CORRECTIONS.get("tis")(old, gen, mask).max()) == 1.5  # bound by gin, called with no keyword
     expected = float(((old - gen).exp() > 1.5)[mask].double().mean())
-    assert mismatch_stats("tis", old, gen, mask)["mismatch_truncated_frac"] == pytest.approx(expected)
+    # the learner's statistics get the run's resolved values as arguments (issue 42), never gin's
+    assert mismatch_stats("tis", old, gen, mask, {"cap": 1.5})["mismatch_truncated_frac"] == pytest.approx(expected)
+    at_default = float(((old - gen).exp() > 2.0)[mask].double().mean())
+    assert mismatch_stats("tis", old, gen, mask)["mismatch_truncated_frac"] == pytest.approx(at_default)
     validate(TrainConfig(mismatch_correction="tis"))
     gin.clear_config()
     gin.parse_config("tis.cap = 0.5")

@@ -31,15 +31,12 @@ from typing import Any, Mapping, Optional
 import gin
 
 from components.registry import ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_BACKENDS, UnknownComponentError
+from components.trainer.gin_config import ConfigError, bound_values
 
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
            "check_train_values", "check_components", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
-
-
-class ConfigError(ValueError):
-    """An inconsistent or invalid training configuration (raised before anything runs)."""
 
 
 
@@ -219,8 +216,21 @@ class TrainConfig:
     verifier_timeout_s: float = 10.0
     queue_timeout_s: float = 600.0  # the learner fails clearly if no rollout arrives this long
 
+    # -- resolved, not bound: every chosen component's hyper-parameters, defaults included, as the run
+    # calls it: ((registry family, name, ((param, value), ...)), ...) (`component_table`; () in a
+    # TrainConfig made by hand, whose components then read their values where they are built)
+    components: tuple = field(default=(), metadata={"gin": False})
+
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
+
+    def params_of(self, family: str, name: str) -> Optional[dict]:
+        """The resolved hyper-parameters of component `name` of registry family `family` (a key of
+        `ALL_REGISTRIES`), or None when this config holds none for it."""
+        for fam, entry, params in self.components:
+            if fam == family and entry == name:
+                return dict(params)
+        return None
 
     @property
     def batch_sequences(self) -> int:
@@ -237,6 +247,7 @@ class TrainConfig:
             d["reward_weights"] = list(self.reward_weights)
         if isinstance(self.lora_targets, tuple):
             d["lora_targets"] = list(self.lora_targets)
+        d["components"] = {f"{family}/{name}": dict(params) for family, name, params in self.components}
         return d
 
 
@@ -319,6 +330,7 @@ def train_config(**values: Any) -> TrainConfig:
     (every `TrainConfig` field but model_path); `model.path` gives the model.
 
     The signature is TrainConfig's fields (set below), so gin refuses an unknown ``train.*`` name.
+    Every component the run uses gets its hyper-parameters here, from gin (`component_table`).
     When `model_path` is not given, the whole config is validated (`validate`) BEFORE `model.path`
     is resolved, since resolving it may build a model (a warm start, a new model).
     """
@@ -332,6 +344,7 @@ def train_config(**values: Any) -> TrainConfig:
         values["task_kwargs"].setdefault("path", data_path)
     resolve_model = model_path is None
     cfg = TrainConfig(model_path=UNRESOLVED_MODEL_PATH if resolve_model else str(model_path), **values)
+    cfg = cfg.replace(components=component_table(cfg))  # each component's values under this config, read once
     if resolve_model:
         validate(cfg)
         cfg = cfg.replace(model_path=model_config())
@@ -473,6 +486,78 @@ def component_names(cfg: "TrainConfig") -> list[tuple[Any, str]]:
     return list(dict.fromkeys((registry, name) for _, registry, name in component_fields(cfg)))
 
 
+def family_key(registry) -> str:
+    """The key of `registry` in `ALL_REGISTRIES` ("losses", "curricula", ...)."""
+    for key, reg in ALL_REGISTRIES.items():
+        if reg is registry:
+            return key
+    raise KeyError(f"{registry!r} is not one of the registries in ALL_REGISTRIES")
+
+
+def component_params(cfg: "TrainConfig", registry, name: str) -> dict:
+    """The hyper-parameters component `name` of `registry` is built with in this run: the resolved
+    ones `cfg` carries; for a TrainConfig made by hand (no table), its defaults and gin bindings now."""
+    params = cfg.params_of(family_key(registry), name)
+    return params if params is not None else bound_values(registry, name)
+
+
+def family_params(cfg: "TrainConfig", registry) -> Optional[dict[str, dict]]:
+    """{name: hyper-parameters} of every resolved component of `registry` in this run, or None for a
+    TrainConfig made by hand (the builders then take gin's bindings, as a tool outside a run does)."""
+    if not cfg.components:
+        return None
+    family = family_key(registry)
+    return {name: dict(params) for fam, name, params in cfg.components if fam == family}
+
+
+def build_component(cfg: "TrainConfig", registry, name: str):
+    """Component `name` of `registry` with this run's hyper-parameters bound as arguments (`Registry.build`)."""
+    return registry.build(name, component_params(cfg, registry, name))
+
+
+def _used_components(cfg: "TrainConfig") -> list[tuple[Any, str, Optional[dict]]]:
+    """(registry, name, explicit keywords) of every registered component the run builds: its named
+    components, each task of its task spec (with train.task_kwargs), the plain-function rewards of
+    train.reward_funcs. A task's own reward (its `reward` parameter) is added by `component_table`."""
+    from components.registry import REWARDS, TASKS
+
+    used = [(registry, name, None) for registry, name in component_names(cfg)]
+    used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
+    used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
+    return used
+
+
+# constructor arguments the trainer gives every component it builds (from train.*), not hyper-parameters
+SET_BY_TRAINER = frozenset({"seed", "device", "precision", "model", "tokenizer"})
+
+
+def component_table(cfg: "TrainConfig") -> tuple:
+    """Every registered component the run uses with its hyper-parameters under the parsed gin config
+    (defaults, then bindings; `TrainConfig.components`; the arguments `SET_BY_TRAINER` aside). A
+    value gin left as a reference (``@fn()``) is refused: the run's processes get values, never gin."""
+    from components.registry import REWARDS, TASKS
+
+    from components.trainer.gin_config import is_gin_reference
+
+    table: dict[tuple[str, str], dict] = {}
+    todo = _used_components(cfg)
+    while todo:
+        registry, name, explicit = todo.pop(0)
+        if not isinstance(name, str) or name not in registry or (family_key(registry), name) in table:
+            continue
+        params = bound_values(registry, name)
+        refs = sorted(k for k, v in params.items() if is_gin_reference(v))
+        if refs:
+            raise ConfigError(f"{registry.family} {name!r}: {', '.join(f'{name}.{k}' for k in refs)} is bound to a gin "
+                              "reference (@...); bind a value")
+        if registry is TASKS:  # its explicit keywords (train.task_kwargs) are what it is built with
+            params.update(explicit or {})
+        table[(family_key(registry), name)] = {k: v for k, v in params.items() if k not in SET_BY_TRAINER}
+        if registry is TASKS:
+            todo.append((REWARDS, {**params, **dict(explicit or {})}.get("reward"), None))
+    return tuple((family, name, tuple(params.items())) for (family, name), params in table.items())
+
+
 def check_components(cfg: "TrainConfig") -> None:
     """Refuse numeric hyper-parameters of the run's components that are not finite or out of their range.
 
@@ -483,16 +568,14 @@ def check_components(cfg: "TrainConfig") -> None:
     """
     from components.registry import LENGTH_CONTROLS, REWARDS, TASKS, ParamRangeError
 
-    used = [(registry, name, None) for registry, name in component_names(cfg) if registry is not TRACKERS]
-    used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
-    used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
+    used = [(registry, name, kw) for registry, name, kw in _used_components(cfg) if registry is not TRACKERS]
     problems = _mixture_weight_problem(cfg.task)
     while used:
         registry, name, overrides = used.pop(0)
         if not isinstance(name, str) or name not in registry:
             continue
         try:
-            values = registry.check_params(name, overrides)
+            values = registry.check_params(name, {**component_params(cfg, registry, name), **dict(overrides or {})})
         except ParamRangeError as err:
             problems.append(str(err))
             continue
@@ -503,7 +586,7 @@ def check_components(cfg: "TrainConfig") -> None:
         raise ConfigError("; ".join(problems))
     if cfg.length_control and cfg.length_control in LENGTH_CONTROLS:
         try:  # its constructor checks the parameters together (thinking_min <= thinking_max, ...)
-            LENGTH_CONTROLS.get(cfg.length_control)()
+            build_component(cfg, LENGTH_CONTROLS, cfg.length_control)()
         except (ValueError, TypeError) as err:
             raise ConfigError(f"length control {cfg.length_control!r}: {err}") from None
 
@@ -519,7 +602,7 @@ def _check_compile_precision(cfg: TrainConfig) -> None:
     if not isinstance(cfg.precision, str) or cfg.precision not in PRECISIONS:
         return  # the name check reports it
     mode = emulation_mode()
-    nominal = PRECISIONS.get(cfg.precision)()
+    nominal = build_component(cfg, PRECISIONS, cfg.precision)()
     if nominal.param_dtype != torch.float32 and (mode == "on" or (mode == "auto" and cfg.device == "cpu")):
         raise ConfigError(
             f"train.compile = True needs real arithmetic, but train.precision = {cfg.precision!r} is emulated here "
@@ -611,7 +694,7 @@ def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:
     except ValueError as err:
         raise ConfigError(f"train.task: {err}") from None
     validate(cfg)
-    OFF_POLICY.get(cfg.off_policy)()  # also validates k
+    build_component(cfg, OFF_POLICY, cfg.off_policy)()  # also validates k
     if on_this_machine:
         _check_device_here(cfg)
         try:
@@ -654,4 +737,4 @@ def engine_gpus(cfg) -> int:
     with its defaults and gin bindings: vLLM's tensor_parallel_size; 1 for the torch engine)."""
     engine_cls = ENGINES.original(cfg.engine)  # an unknown name: the registry's error
     gpus = getattr(engine_cls, "gpus_per_instance", None)
-    return max(int(gpus(ENGINES.bound_values(cfg.engine))), 1) if gpus is not None else 1
+    return max(int(gpus(component_params(cfg, ENGINES, cfg.engine))), 1) if gpus is not None else 1

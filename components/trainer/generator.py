@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.offpolicy import make_scheme
+from components.registry import OFF_POLICY, TASKS
 from components.trainer import messages as M
+from components.trainer.config import build_component, component_params, family_params
 from components.trainer.roles import pin_cpu, settle_heap
 
 __all__ = [
@@ -117,7 +119,9 @@ def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:
 def make_run_engine(cfg, device: str, seed: int, name: Optional[str] = None):
     from components.engines import make_engine
 
-    return make_engine(name or cfg.engine, cfg.model_path, precision=cfg.precision, device=device, seed=seed)
+    name = name or cfg.engine
+    return make_engine(name, cfg.model_path, cfg.params_of("engines", name), precision=cfg.precision, device=device,
+                       seed=seed)
 
 
 def make_length_control(cfg):
@@ -125,7 +129,7 @@ def make_length_control(cfg):
         return None
     from components.registry import LENGTH_CONTROLS
 
-    return LENGTH_CONTROLS.get(cfg.length_control)()
+    return build_component(cfg, LENGTH_CONTROLS, cfg.length_control)()
 
 
 def generation_cap(cfg, length_control) -> int:
@@ -387,8 +391,9 @@ class _Generator:
             torch.set_num_threads(1)
             pin_cpu(layout.learner_ranks + index, layout.world_size)
         apply_gin(setup)
-        self.weights_mid_sequence = make_scheme(cfg.off_policy).takes_weights_mid_sequence()
-        self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
+        scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
+        self.weights_mid_sequence = scheme.takes_weights_mid_sequence()
+        self.task = make_task(cfg.task, family_params(cfg, TASKS), seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
         self.engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
         self.length_control = make_length_control(cfg)

@@ -1,7 +1,10 @@
-"""Reading a run's gin config: its files and bindings parsed (`parse_gin_files`), and gin's errors
-in words (the binding at fault, and what was probably meant: `gin_error_message`,
-`check_binding_syntax`, `unknown_parameter_message`, ...). The TrainConfig and its checks are
-config.py's.
+"""The one module under components/ that reads gin's state: a run's gin files and bindings parsed
+(`parse_gin_files`), the values they bind for a registered component (`bound_values`: defaults,
+then bindings, macros resolved), and gin's errors in words (the binding at fault, and what was
+probably meant: `gin_error_message`, `check_binding_syntax`, `unknown_parameter_message`, ...).
+
+It runs in the process that resolves a run (components/trainer/resolve.py); the run's processes
+get the result, never gin. The TrainConfig and its checks are config.py's.
 """
 
 from __future__ import annotations
@@ -14,18 +17,70 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import gin
 
 from components.quiet import quiet_gin
-from components.registry import load_builtin_components
-from components.trainer.config import ConfigError
+from components.registry import Registry, load_builtin_components
 
-__all__ = ["parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
+__all__ = ["ConfigError", "bound_values", "components_config_str", "operative_config_str", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
            "unknown_parameter_message", "unknown_configurable_message", "configurable_parameter_names"]
 
 log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """An inconsistent or invalid training configuration (raised before anything runs)."""
+
+
+def bound_values(registry: Registry, name: str) -> dict[str, Any]:
+    """Entry `name`'s parameters as a call with no keywords gets them under the parsed config:
+    defaults, then gin bindings. Gin macros are resolved; a reference to another configurable
+    (``@fn()``) is left unevaluated (evaluating it could build a model), and is not range-checked."""
+    values = registry.defaults(name)
+    try:
+        bound = gin.get_bindings(f"{registry.gin_module}.{name}", resolve_references=False)
+    except (ValueError, KeyError):  # registered without gin, or gin knows no such selector
+        bound = {}
+    values.update({k: _resolve_gin_macro(v) for k, v in bound.items()})
+    return values
+
+
+def components_config_str(table) -> str:
+    """A run's resolved components (`TrainConfig.components`) as gin's operative config writes them:
+    one "# Parameters for NAME:" section per component, every parameter it is built with."""
+    from components.registry import ALL_REGISTRIES
+
+    sections = {}
+    for family, name, params in table:
+        selector = f"{ALL_REGISTRIES[family].gin_module}.{name}"
+        if selector in gin.config._REGISTRY:  # gin's selector map (no public lookup)
+            sections[("", gin.config._REGISTRY.get_match(selector).selector)] = dict(params)
+    return gin.config._config_str(sections) if sections else ""
+
+
+def operative_config_str() -> str:
+    """This process's operative gin config (the configurables it called through gin, their values)."""
+    return gin.operative_config_str()
+
+
+def is_gin_reference(value: Any) -> bool:
+    """A value gin has not evaluated: a macro or a reference to a configurable (``@fn()``)."""
+    return type(value).__name__ in ("ConfigurableReference", "MacroReference")
+
+
+def _resolve_gin_macro(value: Any) -> Any:
+    """A gin value with macros (``%NAME``) replaced by their values; other references are kept."""
+    seen = 0
+    while is_gin_reference(value) and getattr(getattr(value, "configurable", None), "name", None) == "macro" and seen < 32:
+        macro = value.scoped_selector.rsplit("/", 1)[0]  # "NAME/gin.macro" -> "NAME"
+        try:
+            value = gin.query_parameter(f"{macro}/gin.macro.value")
+        except (ValueError, KeyError):
+            return value
+        seen += 1
+    return value
 
 
 _GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path

@@ -45,7 +45,8 @@ from components.aggregation import token_weights, weighted_sum
 from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
 from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
-from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES
+from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES, MISMATCH_CORRECTIONS
+from components.trainer.config import build_component, component_params
 from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
                                        sequence_logprobs_packed)
 from components.trainer.rollout import Batch, Rollout, collate
@@ -110,15 +111,16 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int,
-                   schedule: str = "constant", total_steps: int = 1):
-    """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py): linear
-    warmup, then constant (the paper's schedule, the default) or a decay to 0 at `total_steps`."""
+                   schedule: str = "constant", total_steps: int = 1, schedule_params: Optional[dict] = None):
+    """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py) with its
+    hyper-parameters `schedule_params` (default: its defaults): linear warmup, then constant (the
+    paper's schedule, the default) or a decay to 0 at `total_steps`."""
     params = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
     warm = max(int(warmup_steps), 0)
-    schedule_fn = LR_SCHEDULES.get(schedule)
+    schedule_fn = LR_SCHEDULES.build(schedule, schedule_params)
 
     def factor(update: int) -> float:
         return schedule_fn(update, warm, int(total_steps))
@@ -320,9 +322,11 @@ def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: in
     kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
     batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
     # 2. advantages: one per sequence, normalised by name on the whole batch (batch std included)
-    advantages = ADVANTAGE_NORMS.get(cfg.advantage_norm)(batch.rewards.double(), batch.group_ids).float()  # [B]
+    normalize = build_component(cfg, ADVANTAGE_NORMS, cfg.advantage_norm)
+    advantages = normalize(batch.rewards.double(), batch.group_ids).float()  # [B]
     # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
-    weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids)  # [B, T]
+    weights = token_weights(build_component(cfg, AGGREGATIONS, AGGREGATIONS.check(cfg.aggregation)), batch.mask,
+                            batch.group_ids)  # [B, T]
     # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
     lengths = batch.attention_mask.sum(dim=1).tolist()  # [B] prompt + completion tokens
     per_rank = split_rows(lengths, ranks)
@@ -401,10 +405,13 @@ class Learner:
             warmup_steps=cfg.warmup_steps,
             schedule=cfg.lr_schedule,
             total_steps=cfg.total_steps,
+            schedule_params=component_params(cfg, LR_SCHEDULES, cfg.lr_schedule),
         )
-        self.loss_fn = LOSSES.get(cfg.loss)
-        self.correction = resolve_correction(cfg.mismatch_correction)  # None for "none" (components/mismatch.py)
-        self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator) if cfg.kl_coef > 0 else None
+        self.loss_fn = build_component(cfg, LOSSES, cfg.loss)
+        # None for "none" (components/mismatch.py)
+        self.correction = resolve_correction(cfg.mismatch_correction,
+                                             component_params(cfg, MISMATCH_CORRECTIONS, cfg.mismatch_correction))
+        self.kl_fn = build_component(cfg, KL_ESTIMATORS, cfg.kl_estimator) if cfg.kl_coef > 0 else None
         self.aggregate_name = AGGREGATIONS.check(cfg.aggregation)
 
     def _place(self, module: torch.nn.Module, on_meta: bool) -> torch.nn.Module:
@@ -633,9 +640,10 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
             entropy_all[idx, : ent.shape[1]] = ent
             start += lp.shape[0]
     mask = batch.mask
-    diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
+    loss_params = component_params(cfg, LOSSES, cfg.loss)
+    diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask, **loss_params)
     if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
-        against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)
+        against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask, **loss_params)
         diag.update({k: v for k, v in against_self.items() if k.startswith("clip_frac")})
     gap = (logp_all - batch.gen_logp)[mask].abs()  # [N]
     lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
@@ -674,7 +682,8 @@ def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_
     # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
     stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
     # generator vs learner before the update (free: logp_all are those log-probs); components/mismatch.py
-    stats.update(mismatch_stats(cfg.mismatch_correction, logp_all, batch.gen_logp, mask))
+    stats.update(mismatch_stats(cfg.mismatch_correction, logp_all, batch.gen_logp, mask,
+                                component_params(cfg, MISMATCH_CORRECTIONS, cfg.mismatch_correction)))
     return stats
 
 

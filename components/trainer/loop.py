@@ -39,7 +39,9 @@ import torch
 
 from components.curricula import build_curriculum
 from components.offpolicy import LoopState, derive_seed, make_scheme
+from components.registry import CURRICULA, OFF_POLICY, TASKS
 from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
+from components.trainer.config import component_params, family_params
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
 from components.trainer.export import write_final_policy
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
@@ -104,7 +106,7 @@ class Trainer:
         self.run_info = run_info
         self.progress = progress
         self.last_eval_pass_rate = float("nan")  # shown in the progress bar
-        self.scheme = make_scheme(cfg.off_policy)
+        self.scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
         self.P = cfg.prompts_per_step
         self.generators = layout.generator_names()
         self.followers = [f"learner-{k}" for k in range(1, layout.learner_ranks)]
@@ -139,7 +141,7 @@ class Trainer:
             torch.set_num_threads(1)  # one core per process
             pin_cpu(0, self.layout.world_size)  # ... and the same core throughout
         torch.manual_seed(cfg.seed)
-        self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
+        self.task = make_task(cfg.task, family_params(cfg, TASKS), seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
         model = load_causal_lm(cfg.model_path, dtype=torch.float32,
                                attn_implementation=learner_attn_implementation(cfg, self.device))
@@ -151,7 +153,7 @@ class Trainer:
             adapters = sum(p.numel() for p in self.learner.model.parameters() if p.requires_grad)  # global numel, sharded too
             self.flop_counter = self.flop_counter.for_lora(adapters)
         self.train_pool = list(self.task.train_problems())
-        self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed)
+        self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed, family_params(cfg, CURRICULA))
         eval_problems = list(self.task.eval_problems())
         if not eval_problems:
             raise ValueError(f"task {cfg.task!r} has no held-out problems to evaluate on")
@@ -743,10 +745,13 @@ class Trainer:
             self._shutdown()
 
     def operative_config(self) -> str:
-        """The run's operative gin config: this process's, plus the sections only generators read."""
-        import gin
+        """The run's operative gin config: this process's, plus every resolved component's section
+        (`TrainConfig.components`: built with those values as arguments, gin records no call) and the
+        sections only generators read."""
+        from components.trainer.gin_config import components_config_str, operative_config_str
 
-        return merge_operative_configs(gin.operative_config_str(), [self.peer_configs[p] for p in sorted(self.peer_configs)])
+        others = [components_config_str(self.cfg.components)] + [self.peer_configs[p] for p in sorted(self.peer_configs)]
+        return merge_operative_configs(operative_config_str(), others)
 
     def _name_the_culprit(self, err: BaseException) -> BaseException:
         """A collective that failed because a process died: wait for the heartbeats to name it."""

@@ -428,7 +428,9 @@ class RunTracker:
                 "stable_id": f"{_slug(name)[:40]}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"}
 
     def _start(self, name: str, ident: dict, stored: dict, resume_step: Optional[int]) -> _Backend:
-        return TRACKERS.get(name)(self.run_dir, ident, stored, self.cfg, resume_step)
+        params = ((self.cfg or {}).get("components") or {}).get(f"trackers/{name}")  # a resolved run's values
+        tracker = TRACKERS.get(name) if params is None else TRACKERS.build(name, params)
+        return tracker(self.run_dir, ident, stored, self.cfg, resume_step)
 
     def _store_ids(self, ids: dict) -> None:
         """run.json["trackers"][name] = ids (RunInfo.save keeps this key)."""
