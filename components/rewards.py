@@ -164,10 +164,12 @@ def _spec_name(spec: str) -> str:
     return spec.rpartition(".")[2] if "." in spec and spec not in REWARDS else spec
 
 
-def _resolve(spec: str) -> Callable:
-    """The callable of one spec (not the verifier). ValueError naming the spec and what it can be."""
+def _resolve(spec: str, params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Callable:
+    """The callable of one spec (not the verifier); a registered reward with its hyper-parameters in
+    `params` ({name: values} of a resolved run; None: as gin configures it). ValueError naming the
+    spec and what it can be."""
     if spec in REWARDS:
-        return REWARDS.get(spec)
+        return REWARDS.get(spec) if params is None else REWARDS.build(spec, params.get(spec))
     if ":" not in spec and "." not in spec:
         try:
             REWARDS.get(spec)
@@ -233,14 +235,16 @@ def parse_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]]) -
     return out
 
 
-def build_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]]) -> list[RewardFunc]:
-    """The resolved train.reward_funcs (imports their modules). ValueError naming a bad entry."""
+def build_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]],
+                       params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[RewardFunc]:
+    """The resolved train.reward_funcs (imports their modules); `params`: the registered rewards'
+    hyper-parameters in a resolved run ({name: values}). ValueError naming a bad entry."""
     out = []
     for spec, name, weight in parse_reward_funcs(funcs, weights):
         if spec == VERIFIER:
             out.append(RewardFunc(spec, name, weight))
             continue
-        fn = _resolve(spec)
+        fn = _resolve(spec, params)
         batched, accepts = _calling_convention(fn)
         out.append(RewardFunc(spec, name, weight, fn, batched, accepts))
     return out

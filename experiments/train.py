@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.config import attention_of, check_settings, engine_gpus, on_gpu
+from components.trainer.config import attention_of, check_settings, on_gpu
 from components.trainer.gin_config import parse_gin_files
+from components.trainer.resolve import layout_of
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -29,7 +30,7 @@ from components.trainer.runlog import (
     record_exception,
 )
 
-__all__ = ["run_training", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
+__all__ = ["run_training", "resolve", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
 
 log = logging.getLogger("scalerl.train")
 
@@ -114,11 +115,11 @@ def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
     Everything that can be checked without the model is checked (`check_config`) before model.path
     is resolved, since resolving it may build a model (a warm start)."""
     from components.models import check_model_path
-    from components.trainer.config import ConfigError, train_config
+    from components.trainer.config import ConfigError, model_config
 
-    _unresolved, files, sys_path = check_config(config_files, bindings)
+    unresolved, files, sys_path = check_config(config_files, bindings)  # parsed and validated, once
     try:
-        cfg = train_config()  # validates again, then resolves model.path
+        cfg = unresolved.replace(model_path=model_config())  # model.path resolved (a warm start may train here)
     except (ValueError, TypeError, RuntimeError) as err:
         if "model.path" in str(err) or "REQUIRED" in str(err) or "required" in str(err).lower():
             raise ConfigError(f"model.path is not set: bind it in the gin file or with --gin 'model.path=\"/path\"' ({err})") from err
@@ -142,14 +143,6 @@ def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None)
         return Path("runs") / stem / f"slurm-{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / stem / stamp
-
-
-def layout_of(cfg):
-    """The run's process layout (learner ranks, generators, GPUs per generator) from its config."""
-    from components.trainer.roles import Layout
-
-    return Layout(learner_ranks=cfg.learner_ranks, num_generators=cfg.num_generators,
-                  gpus_per_generator=engine_gpus(cfg))
 
 
 def _hardware(cfg) -> dict:
@@ -205,23 +198,31 @@ def run_training(
     if penv is not None and penv.source == "slurm":
         return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress)
     try:
-        cfg, files, sys_path = prepare(config_files, bindings)
+        run = resolve(config_files, bindings)
     except Exception as err:
         # a sweep's run (its directory made at submission): record why it never started; a refused
         # `scalerl train` leaves no run directory behind (it would show up in `scalerl status` and `fit`)
         if run_dir is not None and record_invalid and run_path.is_dir():
             _record_never_started(run_path, run_info, err)
         raise
-    return _supervise_local(cfg, files, sys_path, bindings, run_path, run_info, progress)
+    return _supervise_local(run, run_path, run_info, progress)
 
 
-def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
+def resolve(config_files: Sequence[str], bindings: Sequence[str] = ()):
+    """The run's `ResolvedRun`: gin parsed once, the config validated once, model.path resolved
+    (`prepare`), and what the run's processes need from gin captured; they read no gin."""
+    from components.trainer.resolve import resolved_run
+
+    cfg, files, sys_path = prepare(config_files, bindings)
+    return resolved_run(cfg, files, bindings, sys_path)
+
+
+def _start_run_dir(run, run_path: Path, run_info: Optional[dict]):
     """config.gin, run.json (running), the run-directory lock. Returns (lock, RunInfo, merged run info)."""
-    import gin
-
+    cfg, files = run.cfg, run.config_files
     run_path.mkdir(parents=True, exist_ok=True)
     lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
-    (run_path / "config.gin").write_text(gin.config_str())
+    (run_path / "config.gin").write_text(run.config_text)
     info = RunInfo(run_path)
     from components.trainer.checkpoint import latest_checkpoint
 
@@ -234,6 +235,7 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict]):
 
     merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
     merged.setdefault("user_modules", user_modules(cfg))  # what `scalerl eval RUN_DIR` imports to read config.gin
+    merged.setdefault("resolved", run.to_dict())  # the run as it was resolved (a resume keeps the first)
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged
 
@@ -273,16 +275,16 @@ def _registered_rewards() -> list:
     return REWARDS.names()
 
 
-def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, progress: bool) -> str:
+def _supervise_local(run, run_path: Path, run_info, progress: bool) -> str:
     from components.trainer.generator import WorkerSetup
     from components.trainer.launcher import launch_local
 
-    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
-    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg,
-                        run_dir=str(run_path), run_info=merged, progress=progress, devices=info.data["hardware"]["count"])
+    lock, info, merged = _start_run_dir(run, run_path, run_info)
+    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=merged, progress=progress,
+                        devices=info.data["hardware"]["count"])
     try:
         try:
-            code = launch_local(setup, layout_of(cfg), run_path, on_gpu(cfg))
+            code = launch_local(setup, run.layout, run_path, on_gpu(run.cfg))
         except SystemExit:
             # submitit's preemption / time-limit handler exits the job after checkpointing:
             # the run is not failed, it resumes from its last checkpoint when requeued.
@@ -339,7 +341,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
         _wait_for(marker, run_path, timeout_s=3600.0)
     try:
-        cfg, files, sys_path = prepare(config_files, bindings)
+        run = resolve(config_files, bindings)  # each task of the step resolves the run itself
     except Exception as err:
         if penv.rank == 0:  # record why the run never started, and release the other tasks
             _record_never_started(run_path, run_info, err)
@@ -349,7 +351,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     if penv.rank == 0:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("ok")
-    layout = layout_of(cfg)
+    cfg, layout = run.cfg, run.layout
     if penv.world_size != layout.world_size:
         from components.trainer.config import ConfigError
 
@@ -357,8 +359,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
                            f"(train.learner_ranks={layout.learner_ranks} + train.num_generators={layout.num_generators}); "
                            f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
     role = layout.role(penv.rank)
-    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg, run_dir=str(run_path),
-                        run_info=run_info, progress=progress and role.is_hub)
+    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=run_info, progress=progress and role.is_hub)
     setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
     if not role.is_hub:
         run_role(penv.rank, setup, penv.endpoints, layout)
@@ -368,7 +369,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
         return "done"
 
     outlive_step_sigterm()
-    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info)
+    lock, info, merged = _start_run_dir(run, run_path, run_info)
     setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
     try:
         try:

@@ -37,6 +37,8 @@ def read_records(path: Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"compare_metrics: no metrics file at {path}")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

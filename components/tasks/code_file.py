@@ -265,6 +265,7 @@ class CodeFileTask(SplitTask):
         python: Optional[str] = None,
         system_prompt: Optional[str] = None,
         reward: Optional[str] = None,
+        reward_params: Optional[dict] = None,
         pass_threshold: float = 1.0,
         case_workers: int = DEFAULT_CASE_WORKERS,
         max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS,
@@ -274,6 +275,7 @@ class CodeFileTask(SplitTask):
         from components.tasks.reward_verdicts import check_reward
 
         self.reward = check_reward(reward)
+        self.reward_params = dict(reward_params) if reward_params is not None else None  # a resolved run's values
         self.pass_threshold = float(pass_threshold)
         self.system_prompt = system_prompt
         self.path = str(path)
@@ -359,7 +361,8 @@ class CodeFileTask(SplitTask):
 
             return reward_verdict(self.reward, problem.prompt, completion, {"tests": self.tests_of(problem)},
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
-                                  reward_incorrect=self.reward_incorrect)
+                                  reward_incorrect=self.reward_incorrect,
+                                  params=self.reward_params)
         return grade_code_completion(self, problem, completion, self.run_tests)
 
 

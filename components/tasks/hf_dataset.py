@@ -217,7 +217,8 @@ class HFDatasetTask(SplitTask):
             ``{instruction}`` the code instruction (tests mapped). Default ``"{prompt}"``, or
             ``"{prompt}\n\n{instruction}"`` when tests are mapped.
         reward: a `REWARDS` name (plain-function reward); pass_threshold: a float reward
-            passes iff it is >= this.
+            passes iff it is >= this. reward_params: the reward's hyper-parameters in a resolved
+            run (set by the trainer; None: as gin configures it).
         max_answer_chars: math-verify grades at most this many trailing answer characters.
         cpu_seconds / wall_seconds / memory_mb / max_tests / allow_network / allow_unsafe /
             python: the sandbox of the tests grader (`code_file`).
@@ -240,6 +241,7 @@ class HFDatasetTask(SplitTask):
         prompt_template: Optional[str] = None,
         chat_template_kwargs: Optional[dict] = None,
         reward: Optional[str] = None,
+        reward_params: Optional[dict] = None,
         pass_threshold: float = 1.0,
         seed: int = 0,
         reward_correct: float = 1.0,
@@ -274,6 +276,7 @@ class HFDatasetTask(SplitTask):
         self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
         self.seed = seed
         self.reward = check_reward(reward)
+        self.reward_params = dict(reward_params) if reward_params is not None else None  # a resolved run's values
         self.pass_threshold = float(pass_threshold)
         self.reward_correct = float(reward_correct)
         self.reward_incorrect = float(reward_incorrect)
@@ -417,7 +420,8 @@ class HFDatasetTask(SplitTask):
 
             return reward_verdict(self.reward, problem.prompt, completion, self.row_of(problem),
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
-                                  reward_incorrect=self.reward_incorrect)
+                                  reward_incorrect=self.reward_incorrect,
+                                  params=self.reward_params)
         if self.grading == "tests":
             from components.tasks.code_file import grade_code_completion, run_program_tests
 

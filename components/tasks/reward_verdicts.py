@@ -41,8 +41,10 @@ def reward_verdict(
     pass_threshold: float = 1.0,
     reward_correct: float = 1.0,
     reward_incorrect: float = -1.0,
+    params: Optional[Mapping[str, Any]] = None,
 ) -> Verdict:
-    """Call reward `name` and turn its value into a Verdict; never raises.
+    """Call reward `name` (with `params`, its hyper-parameters in a resolved run; None: as gin
+    configures it) and turn its value into a Verdict; never raises.
 
     bool -> passed = value, reward = reward_correct / reward_incorrect;
     number -> reward = value, passed = value >= pass_threshold;
@@ -51,7 +53,7 @@ def reward_verdict(
     """
     kwargs = {k: v for k, v in row.items() if k not in RESERVED_KEYS}
     try:
-        value = REWARDS.get(name)(prompt, completion, **kwargs)
+        value = REWARDS.build(name, params)(prompt, completion, **kwargs)
     except Exception as err:  # noqa: BLE001 - a reward crashing on odd text fails the sample
         return Verdict(False, float(reward_incorrect), error=f"reward {name!r} raised {type(err).__name__}: {err}")
     return value_to_verdict(name, value, pass_threshold=pass_threshold, reward_correct=reward_correct,

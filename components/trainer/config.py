@@ -552,6 +552,9 @@ def component_table(cfg: "TrainConfig") -> tuple:
                               "reference (@...); bind a value")
         if registry is TASKS:  # its explicit keywords (train.task_kwargs) are what it is built with
             params.update(explicit or {})
+            reward = params.get("reward")
+            if "reward_params" in params and isinstance(reward, str) and reward in REWARDS:
+                params["reward_params"] = {k: v for k, v in bound_values(REWARDS, reward).items() if k not in SET_BY_TRAINER}
         table[(family_key(registry), name)] = {k: v for k, v in params.items() if k not in SET_BY_TRAINER}
         if registry is TASKS:
             todo.append((REWARDS, {**params, **dict(explicit or {})}.get("reward"), None))

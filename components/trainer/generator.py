@@ -5,7 +5,7 @@ per direction):
 - hub -> generator: Work(WorkOrder), PushWeights(WeightUpdate), Drain(), Evaluate(EvalOrder),
   RunDownstream(step), Stop()
 - generator -> hub: Ready, GroupDone(Rollout, proc), Drained(groups), EvalDone(record),
-  DownstreamDone(records), OperativeConfig(operative config), Failed(traceback)
+  DownstreamDone(records), Failed(traceback)
 
 Weights do not travel on the transport: a PushWeights(update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
@@ -38,16 +38,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.offpolicy import make_scheme
-from components.registry import OFF_POLICY, TASKS
+from components.registry import OFF_POLICY, REWARDS, TASKS
 from components.trainer import messages as M
 from components.trainer.config import build_component, component_params, family_params
+from components.trainer.resolve import ResolvedRun, enter_run
 from components.trainer.roles import pin_cpu, settle_heap
 
 __all__ = [
     "WorkerSetup",
     "EvalOrder",
     "generator_main",
-    "apply_gin",
     "resolve_device",
     "make_run_engine",
     "make_length_control",
@@ -58,17 +58,20 @@ __all__ = [
 
 @dataclass
 class WorkerSetup:
-    """Everything a process of the run needs to rebuild the run's components."""
+    """Everything a process of the run needs: the resolved run (its components are built from it; no
+    process of the run reads gin), and where and how this process runs it."""
 
-    config_files: list
-    bindings: list
-    sys_path: list  # directories added to sys.path before parsing (user components)
-    cfg: Any  # TrainConfig
+    run: ResolvedRun
     device: str = "cpu"
     run_dir: Optional[str] = None
     run_info: Optional[dict] = None
     progress: bool = True
     devices: Optional[int] = None  # devices the run reserved (compute accounting); None: from the layout
+
+    @property
+    def cfg(self):
+        """The run's TrainConfig."""
+        return self.run.cfg
 
 
 @dataclass
@@ -83,24 +86,6 @@ class EvalOrder:
     top_p: float
     max_tokens: int
     task_name: str
-
-
-def apply_gin(setup: WorkerSetup) -> None:
-    """Re-create the parent's gin state in this process (imports user modules named in the files)."""
-    import gin
-
-    from components.quiet import quiet_gin
-    from components.registry import load_builtin_components
-
-    for p in reversed(setup.sys_path):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    load_builtin_components()
-    quiet_gin()
-    gin.clear_config()
-    for p in setup.sys_path:
-        gin.add_config_file_search_path(p)
-    gin.parse_config_files_and_bindings(list(setup.config_files), list(setup.bindings), finalize_config=False, skip_unknown=False)
 
 
 def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:
@@ -390,7 +375,7 @@ class _Generator:
         if setup.device == "cpu":
             torch.set_num_threads(1)
             pin_cpu(layout.learner_ranks + index, layout.world_size)
-        apply_gin(setup)
+        enter_run(setup.run)
         scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
         self.weights_mid_sequence = scheme.takes_weights_mid_sequence()
         self.task = make_task(cfg.task, family_params(cfg, TASKS), seed=cfg.seed, **cfg.task_kwargs)
@@ -403,7 +388,8 @@ class _Generator:
         self.base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                                           max_tokens=generation_cap(cfg, self.length_control),
                                           **sampling_knobs(cfg))  # train.top_k, min_p, repetition_penalty, max_prompt_length
-        reward_funcs = build_reward_funcs(cfg.reward_funcs, cfg.reward_weights) or None  # train.reward_funcs, resolved here
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, cfg.reward_weights,
+                                          family_params(cfg, REWARDS)) or None  # train.reward_funcs, resolved here
         self.scorer = _Scorer(self.task, self.tokenizer, self.length_control, cfg, index, reward_funcs)
         settle_heap()  # start-up's objects out of the collector's full passes
         self.problems: dict[int, Any] = {}
@@ -427,11 +413,7 @@ class _Generator:
             raise RuntimeError(f"scoring failed:\n{self.scorer.error}")
 
     def serve(self) -> None:
-        import gin
-
-        # the bindings this process read (the engine's are read nowhere else): learner-0 merges them into config.gin
-        self.peer.send(M.Ready(self.index, pid=os.getpid(), proc=self.proc_stats(), device=self.device,
-                               operative_config=gin.operative_config_str()))
+        self.peer.send(M.Ready(self.index, pid=os.getpid(), proc=self.proc_stats(), device=self.device))
         engine, scorer, peer = self.engine, self.scorer, self.peer
         while True:
             self._check_scorer()
@@ -502,8 +484,6 @@ class _Generator:
 
     def downstream(self, step: int) -> None:
         """Every downstream benchmark at the weights this generator holds."""
-        import gin
-
         from components.trainer.evaluation import evaluate_downstream
 
         if self.benchmarks is None:
@@ -512,7 +492,4 @@ class _Generator:
             self.benchmarks = load_benchmarks(self.cfg.downstream_benchmarks)
         records = evaluate_downstream(_EvalView(self.engine, self.to_scorer), self.benchmarks, self.tokenizer, self.cfg,
                                       step=step, length_control=self.length_control)
-        # the benchmarks' bindings were first read just now: learner-0's config.gin gets them too
-        # (sent first: the hub has it once it has the results it waits for)
-        self.peer.send(M.OperativeConfig(self.index, gin.operative_config_str()))
         self.peer.send(M.DownstreamDone(self.index, records, self.proc_stats()))

@@ -24,7 +24,7 @@ import gin
 from components.quiet import quiet_gin
 from components.registry import Registry, load_builtin_components
 
-__all__ = ["ConfigError", "bound_values", "components_config_str", "operative_config_str", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
+__all__ = ["ConfigError", "bound_values", "components_config_str", "operative_config_str", "imported_modules", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
            "unknown_parameter_message", "unknown_configurable_message", "configurable_parameter_names"]
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,11 @@ def components_config_str(table) -> str:
         if selector in gin.config._REGISTRY:  # gin's selector map (no public lookup)
             sections[("", gin.config._REGISTRY.get_match(selector).selector)] = dict(params)
     return gin.config._config_str(sections) if sections else ""
+
+
+def imported_modules() -> list[str]:
+    """The modules the parsed gin files import (``import my_losses``), in gin's order."""
+    return [statement.module for statement in sorted(gin.config._IMPORTS, key=lambda st: st.module)]
 
 
 def operative_config_str() -> str:

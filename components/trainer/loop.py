@@ -49,8 +49,8 @@ from components.trainer import messages as M
 from components.trainer.learner import Learner
 from components.trainer.roles import pin_cpu, settle_heap
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
-                                      resume_log, write_text_atomic)
+from components.trainer.runlog import (JsonlLog, LogLossError, read_jsonl, repair_jsonl, resume_log,
+                                      write_text_atomic)
 from components.trainer.weight_group import weight_group_of
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,6 @@ class Trainer:
         self.ready: set = set()
         self.drained: set = set()  # generators that finished their in-flight training sequences
         self.drain_groups = 0  # training groups they finished while draining
-        self.peer_configs: dict[str, str] = {}  # generator -> its operative gin config (sent when ready)
         self.procs: dict = {}  # process name -> latest proc_stats()
         self._procs_at_step: dict = {}
         self._procs_at_start: dict = {}
@@ -238,8 +237,6 @@ class Trainer:
             self.procs[peer] = msg.proc
             self.drained.add(peer)
             self.drain_groups += int(msg.groups)
-        elif isinstance(msg, M.OperativeConfig):  # a generator's operative config after it read more bindings
-            self.peer_configs[peer] = msg.operative_config
         elif isinstance(msg, M.EvalDone):
             self.procs[peer] = msg.proc
             self.eval_done[int(msg.index)] = msg.record
@@ -249,8 +246,6 @@ class Trainer:
         elif isinstance(msg, M.Ready):  # its CPU time so far is start-up: the baseline of its accounting
             self.ready.add(peer)
             self.procs[peer] = msg.proc
-            if msg.operative_config:
-                self.peer_configs[peer] = msg.operative_config
         elif isinstance(msg, M.Failed):
             raise GeneratorError(f"{peer} failed:\n{msg.traceback}")
         else:
@@ -745,13 +740,8 @@ class Trainer:
             self._shutdown()
 
     def operative_config(self) -> str:
-        """The run's operative gin config: this process's, plus every resolved component's section
-        (`TrainConfig.components`: built with those values as arguments, gin records no call) and the
-        sections only generators read."""
-        from components.trainer.gin_config import components_config_str, operative_config_str
-
-        others = [components_config_str(self.cfg.components)] + [self.peer_configs[p] for p in sorted(self.peer_configs)]
-        return merge_operative_configs(operative_config_str(), others)
+        """The run's configuration as gin bindings, as it was resolved (`ResolvedRun.config_text`)."""
+        return self.setup.run.config_text
 
     def _name_the_culprit(self, err: BaseException) -> BaseException:
         """A collective that failed because a process died: wait for the heartbeats to name it."""

@@ -505,20 +505,13 @@ class RunTracker:
         self._each("log_config", lambda b: b.config(gin_text, run_json, self.cfg))
 
     def close(self, status: str = "done", operative_config: Optional[str] = None) -> None:
-        """End the tracker runs: the operative gin config (default: gin's, else config.gin) and
-        run.json with `status` ("done", "failed", "interrupted") sent once more."""
+        """End the tracker runs: the run's configuration (`operative_config`, the resolved run's text;
+        default: config.gin) and run.json with `status` ("done", "failed", "interrupted") sent once more."""
         if self._closed:
             return
         self._closed = True
         try:
             if self.backends:
-                if operative_config is None:
-                    try:
-                        import gin
-
-                        operative_config = gin.operative_config_str() or None
-                    except Exception:  # noqa: BLE001
-                        operative_config = None
                 run_json = dict(self._identity()["run_json"], status=status)
                 self._send_config(run_json, operative_config)
                 self._each("finish", lambda b: b.finish(status))
