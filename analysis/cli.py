@@ -339,7 +339,7 @@ def compare_main(args: argparse.Namespace) -> int:
     if not summaries:
         console.print(f"[red]no runs under {args.runs}")
         return 1
-    metrics = {"both": ("A", "tail"), "all": METRICS}.get(args.metric, (args.metric,))
+    metrics = metrics_of(args.metric)
     pairs = [p for s in summaries.values() for p in s.pairs if p.metric in metrics]
     if args.json:
         print(json.dumps([p.as_dict() for p in pairs], indent=1))
@@ -363,6 +363,22 @@ def compare_main(args: argparse.Namespace) -> int:
     console.print("verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in
                                            ("better", "worse", "equivalent", "inconclusive")), highlight=False)
     return 0
+
+
+def metrics_of(metric: str) -> tuple:
+    """--metric as the metrics it selects: "all" the three, "both" A and tail, else the one named."""
+    from analysis.compare import METRICS
+
+    return {"both": ("A", "tail"), "all": METRICS}.get(metric, (metric,))
+
+
+def pairs_frame(summaries: dict, metric: str = "all") -> pd.DataFrame:
+    """Every pair of configurations of every summarised sweep on `metric` (`metrics_of`), one row each with the
+    fields `scalerl compare --json` prints (`as_dict`; a missing number is NaN here); `scalerl.compare` returns it."""
+    metrics = metrics_of(metric)
+    rows = [p.as_dict() for s in summaries.values() for p in s.pairs if p.metric in metrics]
+    columns = ["sweep", "a", "b", "metric", "delta", "low", "high", "n", "paired", "identified", "verdict"]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,7 +32,7 @@ share of the variance (88-92% of it for the tiny study's pass rate):
     by log compute (`auc_values`). The paper finds that most choices move efficiency rather than
     the asymptote; B and C_mid, its fitted measures of efficiency, inherit A's identification
     problem, so `auc` judges every efficiency claim beside them.
-- `compare_sweep` compares every pair of configurations of one sweep on both metrics;
+- `compare_sweep` compares every pair of configurations of one sweep on every metric (A, tail, auc);
   `scalerl compare`, `scalerl fit`, the figures and the reproduction report all call it (through
   `analysis.study.summarize_sweep`).
 """

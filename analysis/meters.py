@@ -94,7 +94,8 @@ _FALLBACK = {"clip_frac_low": "clip_frac", "clip_frac_high": "clip_frac", "ratio
 
 
 def meter_summary(runs: pd.DataFrame, config: str, column: str) -> float:
-    """The mean over a configuration's runs of one meter column (NaN when none logged it)."""
+    """The mean over a configuration's runs of one meter column, the max for `lag_max` (NaN when none
+    logged it)."""
     if column not in runs:
         return math.nan
     x = pd.to_numeric(runs.loc[runs["config"] == config, column], errors="coerce").dropna()

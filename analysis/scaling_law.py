@@ -129,6 +129,7 @@ class FitResult:
     a_grid: np.ndarray
     c_mid_grid: np.ndarray
     flags: tuple[str, ...] = ()  # reasons not to trust the numbers; empty when clean
+    a_default: bool = True  # A came from the default grid: the polish bounds A by (R0, cap], not the grid
 
     @property
     def ok(self) -> bool:
@@ -443,6 +444,7 @@ def fit(
     return FitResult(
         A=A, B=B, C_mid=C_mid, R0=float(r0), sse=sse, rmse=math.sqrt(sse / n), r2=r2, n_points=n,
         compute=c, reward=r, min_compute=float(min_compute), a_grid=a, c_mid_grid=cm, flags=flags,
+        a_default=a_grid is None,
     )
 
 
@@ -721,8 +723,7 @@ def _refit_weighted(base: FitResult, w: np.ndarray) -> tuple[float, float, float
     grid and polish as `fit`."""
     A, B, C_mid, _, _ = _fit_core(base.compute, base.reward, w, base.R0, base.a_grid, base.c_mid_grid)
     cap = _a_cap(base.R0, base.reward)
-    default_a = base.a_grid.size > 1 and abs(float(base.a_grid.max()) - cap) < 1e-12
-    a_bounds, c_bounds = _polish_bounds(base.a_grid, default_a, base.R0, cap, base.c_mid_grid)
+    a_bounds, c_bounds = _polish_bounds(base.a_grid, base.a_default, base.R0, cap, base.c_mid_grid)
     A, B, C_mid, _ = _polish(base.compute, base.reward, w, base.R0, (A, B, C_mid), a_bounds, c_bounds)
     return A, B, C_mid
 
@@ -885,8 +886,7 @@ def predictive_draws(res: FitResult, at: Any, *, n_boot: int = PREDICT_BOOT, see
     Y = np.tile(fitted, (n_boot, 1))  # [K, n]
     Y[:, pos] += _ar1(rng, sds, int(pos.sum()), phi)
     cap = _a_cap(res.R0, res.reward)
-    default_a = res.a_grid.size > 1 and abs(float(res.a_grid.max()) - cap) < 1e-12
-    a_bounds, c_bounds = _polish_bounds(res.a_grid, default_a, res.R0, cap, res.c_mid_grid)
+    a_bounds, c_bounds = _polish_bounds(res.a_grid, res.a_default, res.R0, cap, res.c_mid_grid)
     th = _batch_refit(res.compute, Y, res.R0, (res.A, res.B, res.C_mid), a_bounds, c_bounds)  # [K, 3]
     law = np.mean(sigmoid(at_c[None, :], th[:, 0:1], th[:, 1:2], th[:, 2:3], res.R0), axis=1)  # [K]
     k = np.arange(at_c.size)

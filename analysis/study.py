@@ -6,7 +6,7 @@
                 # A's profile interval and whether it is identified, and `tail` (the measured metric)
     s.configs   # one row per configuration (run name without -s<seed>): A, B and tail over seeds
                 # with 95% t-intervals (inside [0, 1] for A and tail), rank by the paper's rule
-    s.pairs     # every pair of configurations on both metrics (analysis/compare.py)
+    s.pairs     # every pair of configurations on every metric (A, tail, auc) (analysis/compare.py)
     s.claims    # one row per claim of the paper's finding (analysis/findings.py), judged on each
                 # metric: verdict_A and verdict_tail (agree / disagree / inconclusive / not run /
                 # not testable)
@@ -295,7 +295,7 @@ class SweepSummary:
     configs: pd.DataFrame  # per config
     claims: pd.DataFrame  # per claim of the paper's finding, judged on each metric
     fits: dict[str, list[FitResult]]  # config -> fits of its seeds
-    pairs: list[PairComparison] = dataclasses.field(default_factory=list)  # every pair, both metrics
+    pairs: list[PairComparison] = dataclasses.field(default_factory=list)  # every pair, every metric (A, tail, auc)
     compute: str = "compute_hours"  # the compute axis the fits and the tail window use
     tail_end: float = math.nan  # the end of the sweep's common compute window
     equivalence: float = DEFAULT_EQUIVALENCE
@@ -542,7 +542,7 @@ def summarize_sweep(
     _seed_cache: dict | None = None,
 ) -> SweepSummary:
     """Fit every run of one sweep by its protocol, add each run's A profile interval and `tail`,
-    group seeds into configs, compare every pair on both metrics and judge the paper's claims
+    group seeds into configs, compare every pair on every metric (A, tail, auc) and judge the paper's claims
     (judge=False: skip the claims). ev/runs: that sweep's evaluation rows and run table (None:
     the runs that have evaluations); seed_ev/seed_runs: the seed sweep's (the rank's margin when
     this sweep has no seeds). compute: "auto" = FLOPs at tiny scale (every run on CPU), device-

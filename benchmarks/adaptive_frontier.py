@@ -14,22 +14,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import platform
-import subprocess
 import time
 import warnings
+
+from _machine import cpu_model
 
 SCHEDULES = ("0.25,0.5,1", "0.5,1", "0.25,1", "0.33,0.67,1", "0.125,0.25,0.5,1", "0.1,0.2,0.4,1", "0.2,0.4,1",
              "0.15,0.3,1", "0.1,0.3,1", "0.1,0.25,0.5,1", "0.1,0.2,0.3,0.4,1", "0.1,0.15,0.2,0.4,1",
              "0.05,0.1,0.2,0.4,1")
-
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                    platform.processor())
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finish", default="yes,no", help="does the last configuration run to the end: yes, no")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
-    print(f"machine: {_cpu()}; python {platform.python_version()}")
+    print(f"machine: {cpu_model()}; python {platform.python_version()}")
     t0 = time.time()
     tables = {p: (load_runs(p, what="eval"), load_runs(p, what="runs")) for p in args.results}
     caches: dict = {p: {} for p in args.results}

@@ -20,19 +20,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import time
 import warnings
 from pathlib import Path
 
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                    platform.processor())
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor()
+from _machine import cpu_model
 
 
 def _synthetic(n: int, phi: list[float], boot: int) -> None:
@@ -92,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.spread is not None:
         law.MODEL_SPREAD = float(args.spread)
-    print(f"machine: {_cpu()}; python {platform.python_version()}; law's spread {law.MODEL_SPREAD:.3f}")
+    print(f"machine: {cpu_model()}; python {platform.python_version()}; law's spread {law.MODEL_SPREAD:.3f}")
     if args.synthetic:
         _synthetic(args.synthetic, [float(x) for x in args.phi.split(",")], args.boot)
     for folder in args.results:

@@ -33,8 +33,9 @@ number, so it is not run. (Should a device's kernels ever differ between a grad 
 the forward whose gradient is taken is the one that defines pi_old.) A correction costs a few
 elementwise operations per token, and the learner step time of none, tis and mis is the same within
 noise (BENCHMARKS.md "Mismatch corrections", which also measures what the extra forward would have
-cost). If the learner ever makes several updates per batch (PPO epochs), old_logp must come from a
-forward before the first one.
+cost). When the learner makes several updates per batch (``train.update_epochs`` or ``train.mini_batches``
+> 1), old_logp comes from one no-grad forward before the first of them (`Learner.fix_old_logprobs`), fixed
+for the whole step, and counted in the FLOPs as one more forward.
 
 How the weight enters the loss (decoupled PPO)
 ----------------------------------------------
@@ -215,16 +216,18 @@ def resolve_correction(name: str, params: Optional[Mapping[str, Any]] = None) ->
 
 
 def policy_loss(loss_fn: Callable, correction: Optional[Callable], logp: Tensor, gen_logp: Tensor,
-                advantages: Tensor, mask: Tensor) -> Tensor:
+                advantages: Tensor, mask: Tensor, old_logp: Optional[Tensor] = None) -> Tensor:
     """The step's per-token policy loss.  [B, T]
 
     correction None: ``loss_fn(logp, gen_logp, A, mask)``, today's loss. Otherwise the decoupled
     form ``loss_fn(logp, old_logp, A, mask) * w(old_logp, gen_logp, mask)`` with old_logp = sg(logp), the
-    learner's log-probs under the weights this step updates (module docstring).
+    learner's log-probs under the weights this step updates (module docstring), unless `old_logp` [B, T]
+    gives pi_old fixed before the step's first update (train.update_epochs / train.mini_batches: several
+    updates per batch, components/trainer/learner.py "Update epochs").
     """
     if correction is None:
         return loss_fn(logp, gen_logp, advantages, mask)  # [B, T]
-    old_logp = logp.detach()  # [B, T]  pi_old: this step's pre-update weights
+    old_logp = logp.detach() if old_logp is None else old_logp.detach()  # [B, T]  pi_old: the pre-update weights
     weight = correction(old_logp, gen_logp.detach(), mask).detach()  # [B, T]
     return loss_fn(logp, old_logp, advantages, mask) * weight  # [B, T]
 

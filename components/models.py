@@ -37,10 +37,27 @@ CHAT_TEMPLATE = (
 )
 
 
+def _wrap_fast(tok):
+    """A `tokenizers.Tokenizer` as the tiny policies' `PreTrainedTokenizerFast`: the special tokens,
+    the chat template, left padding."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<think>", "</think>", "<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
 def make_char_tokenizer(alphabet: str = DEFAULT_ALPHABET):
     """A character-level `PreTrainedTokenizerFast` with special tokens and a chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import PreTrainedTokenizerFast
 
     chars = []
     for ch in alphabet:
@@ -53,17 +70,7 @@ def make_char_tokenizer(alphabet: str = DEFAULT_ALPHABET):
     # Split into single characters, keeping whitespace as tokens.
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=["<think>", "</think>", "<|user|>", "<|assistant|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
+    return _wrap_fast(tok)
 
 
 def make_word_tokenizer(words: Sequence[str]):
@@ -71,23 +78,12 @@ def make_word_tokenizer(words: Sequence[str]):
     `words`: one token per whitespace-separated word of the corpus, the specials first (stable ids),
     the same chat template as the char tokenizer. Decoding joins tokens with a space."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1, show_progress=False)
     tok.train_from_iterator(list(dict.fromkeys(words)), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=["<think>", "</think>", "<|user|>", "<|assistant|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
+    return _wrap_fast(tok)
 
 
 def build_tiny_policy(

@@ -73,6 +73,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LR_SCHEDULES",
     "MISMATCH_CORRECTIONS",
+    "ENVIRONMENTS",
     "ALL_REGISTRIES",
     "load_builtin_components",
 ]
@@ -591,6 +592,9 @@ LR_SCHEDULES = Registry("learning-rate schedule", "lr_schedules", autoload=True)
 # Training-inference mismatch corrections, chosen by train.mismatch_correction:
 # fn(old_logp [B, T], gen_logp [B, T], mask [B, T]) -> per-token loss weight [B, T] (components/mismatch.py).
 MISMATCH_CORRECTIONS = Registry("mismatch correction", "mismatch", autoload=True)
+# Multi-turn environments, chosen by train.environment (None: single turn): a class built per episode as
+# cls(task, problem) whose step(turn) answers an Observation or ends with a Reward (components/environments.py).
+ENVIRONMENTS = Registry("environment", "environments", autoload=True)
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "losses": LOSSES,
@@ -608,6 +612,7 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "kl_estimators": KL_ESTIMATORS,
     "lr_schedules": LR_SCHEDULES,
     "mismatch_corrections": MISMATCH_CORRECTIONS,
+    "environments": ENVIRONMENTS,
 }
 
 # Modules whose import fills the registries: the one list of the built-in modules (a package's
@@ -628,6 +633,7 @@ BUILTIN_MODULES = (
     "components.tasks.code_file",
     "components.tasks.hf_dataset",
     "components.tasks.mixture",
+    "components.tasks.tool_arithmetic",
     "components.engines",
     "components.rewards",
     "components.trainer.tracking",
@@ -636,6 +642,7 @@ BUILTIN_MODULES = (
     "components.kl",
     "components.schedules",
     "components.mismatch",
+    "components.environments",
 )
 
 

@@ -130,6 +130,8 @@ def sft_examples(task, tokenizer, problems, *, label_noise: float, noise_offsets
     from components.tasks import render_prompt
 
     prompts = [list(render_prompt(p, tokenizer)) for p in problems]
+    if hasattr(task, "tool_transcript"):  # a multi-turn gold episode (components/tasks/tool_arithmetic.py)
+        return _transcript_examples(task, tokenizer, problems, prompts, rng)
     solve = getattr(task, "solution_text", None)
     if solve is None:
         raise TypeError(f"task {type(task).__name__} has no solution_text(problem); the warm start needs gold answers")
@@ -157,6 +159,54 @@ def sft_examples(task, tokenizer, problems, *, label_noise: float, noise_offsets
         target_pos = pos[None, 1:]  # [1, L-1]: position of the predicted token
         loss_mask = ((target_pos >= torch.tensor(starts)[:, None]) & (target_pos < lengths[:, None])).float()  # [B, L-1]
         return ids, loss_mask, attention
+
+    return draw
+
+
+def transcript_ids(turns, tokenizer) -> tuple[list[int], list[bool]]:
+    """Token ids of a multi-turn gold episode after its prompt, and which of them are trained on.
+
+    `turns`: (role, text) pairs. An assistant turn is its text then EOS (trained); any other turn is an
+    observation, framed as the trainer's episode runner frames it (`environments.observation_framing`)
+    and not trained on, as in RL (observation tokens carry no loss).
+    """
+    from components.environments import observation_framing
+
+    ids: list[int] = []
+    trained: list[bool] = []
+    for role, text in turns:
+        if role == "assistant":
+            part = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        else:
+            prefix, suffix = observation_framing(tokenizer, role)
+            part = [t for chunk in (prefix, text, suffix) if chunk
+                    for t in tokenizer.encode(chunk, add_special_tokens=False)]
+        ids += part
+        trained += [role == "assistant"] * len(part)
+    return ids, trained
+
+
+def _transcript_examples(task, tokenizer, problems, prompts, rng: random.Random):
+    """`sft_examples` for a task with gold episodes (`task.tool_transcript(problem)`): the loss is on the
+    assistant turns (and their EOS) only."""
+    import torch
+
+    episodes = [transcript_ids(task.tool_transcript(p), tokenizer) for p in problems]
+
+    def draw(batch_size: int):
+        rows, flags = [], []
+        for _ in range(batch_size):
+            i = rng.randrange(len(problems))
+            ids, trained = episodes[i]
+            rows.append(prompts[i] + ids)
+            flags.append([False] * len(prompts[i]) + trained)
+        ids, lengths = _pad_right(rows, tokenizer.pad_token_id)  # [B, L], [B]
+        pos = torch.arange(ids.shape[1])  # [L]
+        attention = (pos[None, :] < lengths[:, None]).long()  # [B, L]
+        target = torch.zeros(ids.shape, dtype=torch.bool)  # [B, L]: token t is a target
+        for b, f in enumerate(flags):
+            target[b, : len(f)] = torch.tensor(f)
+        return ids, target[:, 1:].float(), attention  # loss_mask [B, L-1]: token t+1 is a target
 
     return draw
 

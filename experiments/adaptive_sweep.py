@@ -182,6 +182,7 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
     (re-running the same command goes on from there), 2 when the sweep cannot be adaptive."""
     from analysis.adaptive import DEFAULT_STOP_RULE, Decision, decide_rung, parse_rungs, parse_stop_rule
     from analysis.runs import config_name
+    from experiments.run_settings import check_planned
     from experiments.run_state import Planned, plan
     from experiments.submission import submit, wait
 
@@ -206,11 +207,22 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
         cut = rung * budget
         rung_runs = [dataclasses.replace(r, bindings=tuple(r.bindings) + (f"{BUDGET_KEY} = {cut:g}",)) for r in alive]
         planned = []
-        for p in plan(rung_runs, root, retry_failed=retry_failed):
+        # each rung extends its runs' budget; any other setting that differs from a run's recorded one is refused
+        rung_plan = check_planned(plan(rung_runs, root, retry_failed=retry_failed), _rung_configs(rung_runs),
+                                  extend=True)
+        refused = [p for p in rung_plan if p.action == "skip-refused"]
+        for p in refused:
+            console.print(f"[red]{p.run.name} refused:[/red] {p.reason}", highlight=False)
+        if refused:
+            console.print(f"rung {rung:g} not decided: {len(refused)} run(s) ran with other settings (their directories "
+                          "are left as they were); re-run with the settings they recorded, or another --runs directory",
+                          highlight=False)
+            return 1
+        for p in rung_plan:
             logged = _logged_flops(p.run_dir)
             if p.action == "skip-done" and logged is not None and logged < cut * (1 - 1e-9):
                 _reopen(p.run_dir, rung)  # finished the previous rung: goes on from its checkpoint
-                p = Planned(p.run, p.run_dir, "resume", f"continues from its checkpoint to rung {rung:g}")
+                p = Planned(p.run, p.run_dir, "resume", f"continues from its checkpoint to rung {rung:g}", extend=True)
             planned.append(p)
         console.print(f"rung {rung:g} ({cut:.3g} FLOPs): {sum(not p.action.startswith('skip') for p in planned)} of "
                       f"{len(planned)} runs to train", highlight=False)
@@ -248,6 +260,14 @@ def run_adaptive(spec: Any, runs: Sequence[Any], opts: Any, root: Path, *, rungs
             console.print(f"the sweep is decided at rung {rung:g}: {decisions[-1].config}", highlight=False)
             return 0
     return 0
+
+
+def _rung_configs(rung_runs: Sequence[Any]) -> dict:
+    """{run name: RunConfig} of a rung's runs (their settings, the rung's budget included); {} when the
+    trainer target's configs cannot be parsed here (a stand-in trainer): nothing is compared then."""
+    from experiments.run_config import parse_run_configs
+
+    return {name: rc for name, rc in parse_run_configs(rung_runs).items() if rc is not None}
 
 
 def _not_at(root: Path, sweep: str, runs: Sequence[Any], cut: float) -> list[str]:

@@ -44,6 +44,7 @@ class RunConfig:
     engine_gpus: int  # GPUs one generator's engine uses (vllm.tensor_parallel_size, read from gin)
     plan_inputs: Any = None  # experiments.plan.PlanInputs: what `scalerl plan` reads besides the TrainConfig
     plan_error: str = ""  # why plan_inputs is None (e.g. a model whose config.json is not readable here)
+    settings: Any = None  # experiments.run_settings.resolved_settings: what a re-run of its directory is compared with
 
 def _component_params() -> dict[str, str]:
     """`train.<param>` factors whose values are component names -> the family (ALL_REGISTRIES key)
@@ -226,7 +227,9 @@ def _parsed_config() -> RunConfig:
         raise  # a hub id the job could not load either: `_checked_config` refuses the run
     except PlanError as err:
         inputs, why = None, str(err)
-    return RunConfig(cfg, engine_gpus(cfg), inputs, why)
+    from experiments.run_settings import resolved_settings
+
+    return RunConfig(cfg, engine_gpus(cfg), inputs, why, resolved_settings(cfg))
 
 
 def _checked_config(run: Any) -> RunConfig:

@@ -187,8 +187,9 @@ def reconcile(status: str | None, job: dict, slurm_state: str = "", alive: bool 
 class Planned:
     run: RunSpec
     run_dir: Path
-    action: str  # submit | resume | retry | skip-done | skip-active | skip-failed
+    action: str  # submit | resume | retry | skip-done | skip-active | skip-failed | skip-refused
     reason: str = ""
+    extend: bool = False  # the trainer may extend the run's budget (`scalerl train --extend`, an adaptive rung)
 
 
 def plan(runs: Sequence[RunSpec], root: Path, *, retry_failed: bool = False) -> list[Planned]:

@@ -20,6 +20,7 @@ its run directory.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import socket
@@ -245,7 +246,6 @@ def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: s
     folder = Path(folder) if folder is not None else Path(root) / sweep / ".submitit"
     folder.mkdir(parents=True, exist_ok=True)
     resources = run_resources([p.run for p in todo], opts, configs) if opts.executor != "debug" else {}
-    fn = RunJob(opts.target)
     for p in todo:
         p.run_dir.mkdir(parents=True, exist_ok=True)
     if opts.executor == "slurm":
@@ -260,8 +260,8 @@ def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: s
             jobs: list = []
             with executor.batch():
                 for p in group:
-                    jobs.append(executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
-                                                str(p.run_dir), p.run.run_info()))
+                    jobs.append(executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files),
+                                                list(p.run.bindings), str(p.run_dir), p.run.run_info()))
             for p, job in zip(group, jobs):
                 _record(p, job, opts, folder)
             submitted.extend(zip(group, jobs))
@@ -275,8 +275,8 @@ def submit(planned: Sequence[Planned], opts: LaunchOptions, root: Path, sweep: s
         chunk = range(start, min(start + wave, len(todo)))
         for i in chunk:
             p = todo[i]
-            jobs[i] = executor.submit(fn, list(p.run.config_files), list(p.run.bindings),
-                                      str(p.run_dir), p.run.run_info())
+            jobs[i] = executor.submit(RunJob(opts.target, extend=p.extend), list(p.run.config_files),
+                                      list(p.run.bindings), str(p.run_dir), p.run.run_info())
             _record(p, jobs[i], opts, folder)
         if opts.executor == "local" and start + wave < len(todo):
             for i in chunk:
@@ -359,6 +359,15 @@ def _resolve_target(target: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def _takes(fn, name: str) -> bool:
+    """Whether `fn` accepts the keyword `name` (a trainer target of one's own may not know `extend`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind == p.VAR_KEYWORD for p in params)
+
+
 class RunJob(submitit.helpers.Checkpointable):
     """One training run as a submitit job.
 
@@ -367,15 +376,17 @@ class RunJob(submitit.helpers.Checkpointable):
     from the latest checkpoint in the run directory.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET):
+    def __init__(self, target: str = DEFAULT_TARGET, extend: bool = False):
         self.target = target
+        self.extend = extend  # the trainer may extend the run's budget (an adaptive rung, `scalerl train --extend`)
 
     def __call__(self, config_files: Sequence[str], bindings: Sequence[str], run_dir: str,
                  run_info: dict) -> str:
         if int(os.environ.get("SLURM_PROCID", "0") or 0) == 0:  # one record per job, not per task
             _record_job_start(Path(run_dir))
         train = _resolve_target(self.target)
-        status = train(list(config_files), list(bindings), run_dir, run_info=dict(run_info))
+        extra = {"extend": True} if getattr(self, "extend", False) and _takes(train, "extend") else {}
+        status = train(list(config_files), list(bindings), run_dir, run_info=dict(run_info), **extra)
         if status != "done":
             info = read_run_info(Path(run_dir))  # run.json, or the failure recorded beside it
             raise RunFailed(f"run {run_info.get('name')} ended with status {status!r}: "

@@ -29,6 +29,7 @@ from typing import Sequence
 from experiments.plan import print_sweep_memory, sweep_memory
 from experiments.recipes import SweepError
 from experiments.run_config import DEFAULT_TARGET, validate_runs
+from experiments.run_settings import check_planned, refused_runs
 from experiments.run_state import Planned, plan
 from experiments.slurm import check_partition, parse_time_min
 from experiments.submission import LaunchOptions, submit, wait
@@ -160,8 +161,10 @@ def main(args: argparse.Namespace) -> int:
         spec, runs, opts = prepare(args)
         root = Path(args.runs)
         planned = plan(runs, root, retry_failed=args.retry_failed)
-        print_plan(spec, planned, root, args.scale, console)
         configs = validate_runs(runs, opts.target)
+        if not getattr(args, "adaptive", False):  # (an adaptive sweep checks each rung with its own budget)
+            planned = check_planned(planned, configs)  # a run that ran with other settings: refused, by name
+        print_plan(spec, planned, root, args.scale, console)
         memory = sweep_memory(configs, getattr(args, "gpu_memory_gb", None))
         print_sweep_memory(memory, console)
         unfit = [p.run.name for p in planned if not p.action.startswith("skip") and memory[p.run.name][0] is False]
@@ -187,10 +190,13 @@ def main(args: argparse.Namespace) -> int:
         n = sum(not p.action.startswith("skip") for p in planned)
         console.print(f"dry run: {n} of {len(planned)} runs would be submitted ({opts.executor}); nothing submitted")
         return 0
+    refused = refused_runs(planned)
+    for p in refused:  # the others go on; these directories are left exactly as they were
+        console.print(f"[red]{p.run.name} refused:[/red] {p.reason}", highlight=False)
     submitted = submit(planned, opts, root, spec.name, configs=configs)
     if not submitted:
-        console.print("nothing to submit: every run is done, active or failed (see --retry-failed)")
-        return 0
+        console.print("nothing to submit: every run is done, active, failed (see --retry-failed) or refused")
+        return 1 if refused else 0
     ids = sorted({str(job.job_id).split("_")[0] for _, job in submitted})
     console.print(f"submitted {len(submitted)} runs ({opts.executor}, job {'/'.join(ids)}); "
                   f"follow with: scalerl status {root / spec.name}")
@@ -200,8 +206,10 @@ def main(args: argparse.Namespace) -> int:
     failed = {k: v for k, v in outcomes.items() if v[0] != "done"}
     for name, (_, err) in failed.items():
         console.print(f"[red]{name} failed:[/red] {err}")
-    console.print(f"{len(outcomes) - len(failed)} done, {len(failed)} failed")
-    return 1 if failed else 0
+    console.print(f"{len(outcomes) - len(failed)} done, {len(failed)} failed"
+                  + (f", {len(refused)} refused (ran with other settings: {', '.join(p.run.name for p in refused)})"
+                     if refused else ""), highlight=False)
+    return 1 if failed or refused else 0
 
 
 def _check_adaptive(runs: Sequence[RunSpec], args: argparse.Namespace) -> float:

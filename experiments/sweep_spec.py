@@ -203,12 +203,12 @@ def spec_from_dict(raw: dict, *, default_name: str = "sweep", path: str = "") ->
         tiny_base=_files(raw.get("tiny_base", "tiny_cpu.gin"), "tiny_base"),
         tiny_values=_values(raw["tiny_values"], "tiny_values") if "tiny_values" in raw else None,
         tiny_variants=_variants(raw["tiny_variants"], "tiny_variants") if "tiny_variants" in raw else None,
-        tiny_names=_names(raw.get("tiny_names", {}), where),
+        tiny_names=_names(raw.get("tiny_names", {}), where, "tiny_names"),
         tiny_overrides=_bindings(raw.get("tiny_overrides", []), "tiny_overrides"),
         small_base=_files(raw["small_base"], "small_base") if "small_base" in raw else None,
         small_values=_values(raw["small_values"], "small_values") if "small_values" in raw else None,
         small_variants=_variants(raw["small_variants"], "small_variants") if "small_variants" in raw else None,
-        small_names=_names(raw.get("small_names", {}), where),
+        small_names=_names(raw.get("small_names", {}), where, "small_names"),
         small_overrides=_bindings(raw.get("small_overrides", []), "small_overrides"),
         seed_binding=str(raw.get("seed_binding", "train.seed")),
         description=str(raw.get("description", "")),
@@ -240,13 +240,13 @@ def _flag(raw: Any, key: str, where: str) -> bool:
     return raw
 
 
-def _names(raw: Any, where: str) -> dict:
+def _names(raw: Any, where: str, key: str) -> dict:
     """sweep.tiny_names / small_names: {variant: name at that scale}, names usable as run names."""
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-        raise SweepError(f"{where}: sweep.tiny_names must map variant names to names, got {raw!r}")
+        raise SweepError(f"{where}: sweep.{key} must map variant names to names, got {raw!r}")
     for v in raw.values():
         if not re.fullmatch(r"[A-Za-z0-9._+=-]+", v):
-            raise SweepError(f"{where}: sweep.tiny_names value {v!r} must use letters, digits and . _ + = -")
+            raise SweepError(f"{where}: sweep.{key} value {v!r} must use letters, digits and . _ + = -")
     return dict(raw)
 
 

@@ -179,8 +179,14 @@ def run_training(
     run_info: Optional[dict] = None,
     progress: bool = True,
     record_invalid: bool = True,
+    extend: bool = False,
 ) -> str:
     """Train (or resume, or skip if done) one run. Returns "done" or "failed"; bad input raises early.
+
+    A run directory that exists is re-invoked: its recorded settings are compared with these first
+    (`experiments.run_settings`), and any difference is refused (SettingsChangedError) before anything
+    is computed or written; `extend` accepts a larger budget (train.total_steps, train.compute_budget_*),
+    which continues a finished run from its last checkpoint.
 
     On one machine this process starts the run's T learner ranks and G generators itself
     (components/trainer/launcher.py) and watches them. Inside a Slurm job step with several
@@ -190,22 +196,26 @@ def run_training(
     from components.trainer.roles import process_env
 
     run_path = Path(run_dir) if run_dir is not None else default_run_dir(config_files)
-    info = RunInfo(run_path) if (run_path / "run.json").exists() else None
-    if info is not None and info.status == "done":
-        log.info("run %s is already done", run_path)
-        return "done"
+    rerun = None
+    if (run_path / "run.json").exists():
+        try:
+            rerun = _check_rerun(config_files, bindings, run_path, extend)
+        except Exception as err:
+            _refused_input(run_path, run_dir, run_info, record_invalid, err)
+            raise
+        if rerun.done:
+            log.info("run %s is already done", run_path)
+            return "done"
     penv = process_env()
     if penv is not None and penv.source == "slurm":
-        return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress)
+        return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress, rerun=rerun)
     try:
         run = resolve(config_files, bindings)
     except Exception as err:
-        # a sweep's run (its directory made at submission): record why it never started; a refused
-        # `scalerl train` leaves no run directory behind (it would show up in `scalerl status` and `fit`)
-        if run_dir is not None and record_invalid and run_path.is_dir():
-            _record_never_started(run_path, run_info, err)
+        _refused_input(run_path, run_dir, run_info, record_invalid, err)
         raise
-    return _supervise_local(run, run_path, run_info, progress)
+    _say_resuming(run_path, rerun)
+    return _supervise_local(run, run_path, run_info, progress, rerun)
 
 
 def resolve(config_files: Sequence[str], bindings: Sequence[str] = ()):
@@ -217,8 +227,47 @@ def resolve(config_files: Sequence[str], bindings: Sequence[str] = ()):
     return resolved_run(cfg, files, bindings, sys_path)
 
 
-def _start_run_dir(run, run_path: Path, run_info: Optional[dict]):
-    """config.gin, run.json (running), the run-directory lock. Returns (lock, RunInfo, merged run info)."""
+def _check_rerun(config_files, bindings, run_path: Path, extend: bool):
+    """A re-invoked run directory: its recorded settings against these (parsed, nothing built or
+    written). Returns the `Rerun`; raises SettingsChangedError naming every refused difference."""
+    from experiments.run_settings import check_rerun, resolved_settings, stored_settings
+
+    cfg, _files, _sys_path = check_config(config_files, bindings, read_data=False, on_this_machine=False)
+    rerun = check_rerun(run_path, resolved_settings(cfg), extend)
+    if stored_settings(run_path) is None and (rerun.checkpoint is not None or rerun.status == "done"):
+        log.warning("run %s records no settings (it started before runs recorded them): its settings cannot be "
+                    "compared with these; they are recorded from now on", run_path)
+    return rerun
+
+
+def _refused_input(run_path: Path, run_dir, run_info, record_invalid: bool, err: BaseException) -> None:
+    """A sweep's run (its directory made at submission) refused before it started: record why in its
+    run.json. A refused `scalerl train` leaves no run directory behind (it would show up in `scalerl status`
+    and `fit`); a changed-settings refusal and a done run are left exactly as they were."""
+    from experiments.run_settings import SettingsChangedError
+
+    if isinstance(err, SettingsChangedError) or run_dir is None or not record_invalid or not run_path.is_dir():
+        return
+    if (run_path / "run.json").exists() and RunInfo(run_path).status == "done":
+        return
+    _record_never_started(run_path, run_info, err)
+
+
+def _say_resuming(run_path: Path, rerun) -> None:
+    """'resuming <run_dir> from step N (checkpoint ...)' on stdout, before the processes start."""
+    from experiments.run_settings import resume_line
+
+    line = resume_line(run_path, rerun) if rerun is not None else None
+    if line:
+        print(line, flush=True)
+
+
+def _start_run_dir(run, run_path: Path, run_info: Optional[dict], rerun=None):
+    """config.gin, run.json (running, with the run's resolved settings), the run-directory lock.
+    Returns (lock, RunInfo, merged run info)."""
+    from components.trainer.runlog import now_iso
+    from experiments.run_settings import record_settings, resolved_settings
+
     cfg, files = run.cfg, run.config_files
     run_path.mkdir(parents=True, exist_ok=True)
     lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
@@ -236,6 +285,7 @@ def _start_run_dir(run, run_path: Path, run_info: Optional[dict]):
     merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
     merged.setdefault("user_modules", user_modules(cfg))  # what `scalerl eval RUN_DIR` imports to read config.gin
     merged.setdefault("resolved", run.to_dict())  # the run as it was resolved (a resume keeps the first)
+    record_settings(info.data, resolved_settings(cfg), rerun, now_iso())  # what a re-run is compared against
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged
 
@@ -275,11 +325,11 @@ def _registered_rewards() -> list:
     return REWARDS.names()
 
 
-def _supervise_local(run, run_path: Path, run_info, progress: bool) -> str:
+def _supervise_local(run, run_path: Path, run_info, progress: bool, rerun=None) -> str:
     from components.trainer.generator import WorkerSetup
     from components.trainer.launcher import launch_local
 
-    lock, info, merged = _start_run_dir(run, run_path, run_info)
+    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
     setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=merged, progress=progress,
                         devices=info.data["hardware"]["count"])
     try:
@@ -327,7 +377,7 @@ def outlive_step_sigterm() -> None:
         signal.signal(signal.SIGTERM, note)
 
 
-def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool) -> str:
+def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool, rerun=None) -> str:
     """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
     from components.trainer.generator import WorkerSetup, resolve_device
     from components.trainer.worker import run_role
@@ -369,7 +419,8 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
         return "done"
 
     outlive_step_sigterm()
-    lock, info, merged = _start_run_dir(run, run_path, run_info)
+    _say_resuming(run_path, rerun)
+    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
     setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
     try:
         try:
@@ -475,7 +526,13 @@ def _record_never_started(run_path: Path, run_info: Optional[dict], err: BaseExc
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG", help="gin config file(s), e.g. experiments/configs/tiny_cpu.gin")
     parser.add_argument("--gin", action="append", default=[], metavar="BINDING", help="extra gin binding, e.g. 'train.lr = 1e-5' (repeatable)")
-    parser.add_argument("--run-dir", default=None, help="run directory (default: runs/<config stem>/<timestamp>); an existing one is resumed")
+    parser.add_argument("--run-dir", default=None,
+                        help="run directory (default: runs/<config stem>/<timestamp>); an existing one is resumed from its "
+                             "last checkpoint, with the settings it recorded (any other setting is refused, naming it)")
+    parser.add_argument("--extend", action="store_true",
+                        help="with --run-dir: accept a larger train.total_steps / train.compute_budget_flops / "
+                             "train.compute_budget_hours, continuing a finished run from its last checkpoint "
+                             "(other changed settings are still refused)")
     parser.add_argument("--name", default=None, help="run name recorded in run.json")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-report", action="store_true", help="skip the end-of-run fit and figure")
@@ -514,7 +571,12 @@ def submit_run(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
         configs = validate_runs([run], opts.target)
         check_partition(opts.partition)
-        planned = plan([run], run_dir.parent.parent)
+        from experiments.run_settings import check_planned
+
+        planned = check_planned(plan([run], run_dir.parent.parent), configs, extend=getattr(args, "extend", False))
+        if planned[0].action == "skip-refused":
+            print(f"scalerl train: error: {planned[0].reason}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         if planned[0].action.startswith("skip"):
             print(f"nothing to submit: {run_dir} is {planned[0].action[5:]} ({planned[0].reason})")
             return 0
@@ -554,22 +616,15 @@ def _binding_line(key: str, value) -> str:
     return f"{key} = \\\n" + "\n".join("    " + line for line in lines)
 
 
-# constructor arguments the trainer passes itself (from train.*), so a binding or default of them is not used
 def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> str:
     """The run's operative configuration as gin bindings: every train.* setting as the trainer reads it
     (defaults included), model.* and data.* as bound (model.path NOT resolved: resolving it may build a
-    model), the parameters of every component the run uses (defaults and bindings), then every other binding.
-    Call after `check_config` (gin holds the parsed config)."""
+    model), the parameters of every component the run uses (defaults and bindings), then every other binding
+    (`run_settings.operative_sections`). Call after `check_config` (gin holds the parsed config)."""
     import gin
 
-    from components.registry import (
-        ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, TASKS,
-        configurable_params,
-    )
-    from components.trainer.config import SET_BY_TRAINER, data_config, model_config
+    from experiments.run_settings import operative_sections
 
-    parsed = {key: dict(values) for key, values in gin.config._CONFIG.items()}  # gin's parsed bindings
-    shown: set = set()
     out = ["# operative configuration of " + " + ".join(str(f) for f in config_files)
            + "".join(f"\n#   --gin {b!r}" for b in bindings),
            "# (defaults included; model.path is shown as bound, not resolved: nothing is built, trained or created;",
@@ -579,48 +634,14 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
     if imports:
         out.append("")
         out.extend(imports)
-    macros = {scope: values.get("value") for (scope, selector), values in parsed.items() if selector == "gin.macro"}
+    macros = {scope: values.get("value") for (scope, selector), values in gin.config._CONFIG.items() if selector == "gin.macro"}
     if macros:
         out.append("\n# macros")
         out.extend(_binding_line(name, value) for name, value in macros.items())
-
-    def section(title: str, selector: str, values: dict) -> None:
+    for title, values in operative_sections(cfg):
         if values:
             out.append(f"\n# {title}")
-            out.extend(_binding_line(f"{selector}.{name}", value) for name, value in values.items())
-
-    for title, name, fn in (("model (model.path as bound, not resolved)", "model", model_config), ("data", "data", data_config)):
-        key = ("", gin.config._REGISTRY.get_match(name).selector)
-        values = {p.name: p.default for p in configurable_params(fn) if not p.required and p.default is not gin.REQUIRED}
-        values.update(parsed.get(key, {}))
-        section(title, name, values)
-        shown.add(key)
-    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("gin", True)}
-    section("train (every setting, as the trainer reads it)", "train", train)
-    shown.add(("", gin.config._REGISTRY.get_match("train").selector))
-    used = [(LOSSES, cfg.loss, {}), (AGGREGATIONS, cfg.aggregation, {}), (ADVANTAGE_NORMS, cfg.advantage_norm, {})]
-    used += [(CURRICULA, name, {}) for name in cfg.curriculum]
-    used += [(OFF_POLICY, cfg.off_policy, {}), (PRECISIONS, cfg.precision, {})]
-    used += [(LENGTH_CONTROLS, cfg.length_control, {})] if cfg.length_control else []
-    used += [(ENGINES, name, {}) for name in dict.fromkeys([cfg.engine, cfg.eval_engine or cfg.engine])]
-    if isinstance(cfg.task, str) and cfg.task in TASKS:
-        used.append((TASKS, cfg.task, dict(cfg.task_kwargs)))
-    for registry, name, overrides in used:
-        match = gin.config._REGISTRY.get_match(f"{registry.gin_module}.{name}")
-        if match is None:
-            continue
-        key = ("", match.selector)
-        values = {p.name: p.default for p in registry.params(name) if not p.required}
-        values.update(parsed.get(key, {}))
-        values.update({k: v for k, v in overrides.items() if k in values})
-        values = {k: v for k, v in values.items() if k not in SET_BY_TRAINER}
-        section(f"{registry.family} {name!r} (defaults and bindings)", gin.config._REGISTRY.minimal_selector(match.selector),
-                values)
-        shown.add(key)
-    rest = {key: values for key, values in parsed.items() if key not in shown and key[1] != "gin.macro"}
-    for (scope, selector), values in sorted(rest.items(), key=lambda kv: kv[0][1]):
-        short = gin.config._REGISTRY.minimal_selector(selector)
-        section(f"{short} (bound)", f"{scope + '/' if scope else ''}{short}", values)
+            out.extend(_binding_line(key, value) for key, value in values.items())
     return "\n".join(out) + "\n"
 
 
@@ -634,6 +655,24 @@ def print_config(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     print(text, end="", flush=True)
     return 0
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+
+def interrupted_line(run_dir) -> str:
+    """The one line a Ctrl-C'd `scalerl train` prints: where the run stopped and how it resumes."""
+    from components.trainer.checkpoint import latest_checkpoint, read_checkpoint_info
+
+    try:
+        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
+        step = int(read_checkpoint_info(ckpt)["step"]) if ckpt is not None else None
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint: the resume names it
+        ckpt, step = None, None
+    where = (f"its last checkpoint is step {step} ({ckpt})" if step is not None
+             else "it has no checkpoint yet (a re-run starts it over)")
+    return (f"interrupted (Ctrl-C): {run_dir} stopped; {where}; the same command with --run-dir {run_dir} "
+            "resumes it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -651,6 +690,10 @@ def main(args: argparse.Namespace) -> int:
         except Exception as err:
             print(f"scalerl train: error: {refusal_message(err)}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    if getattr(args, "extend", False) and not args.run_dir:
+        print("scalerl train: error: --extend continues an existing run: give its directory with --run-dir DIR",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     if getattr(args, "executor", "here") == "slurm":
         return submit_run(args)
     run_dir = args.run_dir or str(default_run_dir(args.configs))
@@ -659,8 +702,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         status = run_training(
             args.configs, args.gin, run_dir, run_info=run_info, progress=not args.no_progress,
-            record_invalid=args.run_dir is not None,
+            record_invalid=args.run_dir is not None, extend=getattr(args, "extend", False),
         )
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback wall; the run resumes from its last checkpoint
+        print(f"scalerl train: {interrupted_line(run_dir)}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except Exception as err:  # bad input: a clear one-line error, no traceback wall
         print(f"scalerl train: error: {refusal_message(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT

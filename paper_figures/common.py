@@ -243,15 +243,15 @@ def figure_summaries(spec: FigureSpec, ev: pd.DataFrame, opts: Options, data: "R
 
 
 def protocol_note(summaries: dict) -> str:
-    """'fit: whole run (whole protocol), from end of epoch 1 (3); A n.i. = not identified (95% profile
-    interval wider than 0.1); tail over the last 20% of the common window (to 2.3e+12)'."""
+    """'fit: whole run (whole protocol), from 0.4 of the fitted range (3); A n.i. = not identified (95% profile
+    interval wider than 0.1 or reaching the cap or the search floor); tail over the last 20% of the common window (to 2.3e+12)'."""
     parts = []
     for s in summaries.values():
         rules = s.runs["min_compute_rule"].fillna("").map(lambda x: x.split(" (")[0]).value_counts()
         rule = ", ".join(f"{k} ({n})" for k, n in rules.items() if k) or "-"
         frac = float(s.runs["fit_fraction"].iloc[0]) if len(s.runs) else s.protocol.fit_fraction
         ident = "" if bool(s.runs["A_identified"].fillna(False).all()) else \
-            "; A n.i. = not identified (95% profile interval wider than 0.1 or reaching the cap)"
+            "; A n.i. = not identified (95% profile interval wider than 0.1 or reaching the cap or the search floor)"
         parts.append(f"fit: {s.protocol.range_text(frac)} ({s.protocol.name} protocol), from {rule}{ident}; "
                      f"tail over the last 20% of the common window (to {s.tail_end:.3g})")
     return "\n".join(dict.fromkeys(parts))

@@ -1,7 +1,7 @@
 """Fig 10a: Batch size. Needs runs with sweep batch_size or factor batch_size.
 
 Each run of the sweep is drawn with its sigmoid fitted by the figure's protocol (the whole
-run from the end of epoch 1, or its first half from the paper's start; analysis/figure_specs.py), solid over
+run or its first half, from 0.4 of the fitted range as the paper starts it; analysis/figure_specs.py), solid over
 the fitted range and dashed beyond; stars are fitted points, "×" the points held out, hollow
 circles the points before the fit starts. Runs are selected by analysis/figure_specs.py.
 """

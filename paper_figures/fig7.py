@@ -1,8 +1,8 @@
 """Fig 7: leave-one-out (LOO) runs compared at a common A.
 
 Eq. 1 rearranged: F(R_C) = C_mid^B / ((A − R0)/(R_C − R0) − 1) = C^B. Every LOO run is
-fitted by the figure's protocol (the paper: the first half, 8k of 16k GPU-h, from the end of
-the first epoch; analysis/figure_specs.py), all are refitted at the mean of their A, and
+fitted by the figure's protocol (the paper: the first half, 8k of 16k GPU-h, from 0.19 of it,
+where the paper starts; analysis/figure_specs.py), all are refitted at the mean of their A, and
 log F(R_C) is plotted against log C: a line of slope B. Beside it, the table of the paper:
 C_mid, B, A of the original fit and B after the refit at the common A (plus the slope of a
 least-squares line through the transformed fitted points). Also writes fig7.csv (with the

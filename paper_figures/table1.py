@@ -1,6 +1,6 @@
 """Table 1: fitted C_mid, B and A of the ScaleRL variants (model size, batch size, generation
 length, generations per prompt), each run fitted by the table's protocol (the paper: the first
-half of the run from the end of the first epoch; analysis/figure_specs.py), as `scalerl fit`
+half of the run, from the paper's cutoff as a fraction of it; analysis/figure_specs.py), as `scalerl fit`
 fits it; and the math / code rows: each task of a run trained on a task mixture (Fig 11's runs),
 its per-task curve fitted alike. Writes table1.csv (with the protocol, where each fit starts and the margin on A),
 table1.md and the table as PNG/PDF."""

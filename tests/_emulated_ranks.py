@@ -88,17 +88,39 @@ def clip_as_ranks(learner, ranks: int) -> float:
     return float(norm)
 
 
+def update_as_ranks(learner, shards) -> list[dict]:
+    """ONE optimizer update on every shard (accumulate, clip, AdamW) in the arithmetic of len(shards)
+    ranks; one partial result per shard, the first carrying the grad norm, lr and time
+    (`Learner.update_all_ranks` as T ranks compute it)."""
+    t0 = time.perf_counter()
+    parts = accumulate_as_ranks(learner, shards)
+    grad_norm = clip_as_ranks(learner, len(shards))
+    lr = learner.update()
+    parts[0].update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
+    return parts
+
+
 def step_as_ranks(learner, rollouts, ranks: int = 2) -> dict:
     """One whole learner step (plan, every shard, clip, AdamW) of ONE process in the arithmetic of
-    `ranks` ranks; returns the step's statistics as `Learner.train` would."""
-    from components.trainer.learner import finish_stats, plan_step
+    `ranks` ranks; returns the step's statistics as `Learner.train` would. With train.update_epochs
+    x train.mini_batches > 1, the step's updates as `Learner.train_updates` makes them: pi_old fixed
+    first (every shard's micro-batches, `Learner.old_logprobs`, as each rank computes its own), then
+    every epoch over every mini-batch, one update each."""
+    from components.trainer.learner import finish_stats, finish_update_stats, plan_step
 
     t0 = time.perf_counter()
     plan = plan_step(rollouts, [True] * len(rollouts), learner.cfg, learner.pad_id, ranks)
     if not plan.shards:
         return finish_stats(plan, None, learner.version, learner.cfg, time.perf_counter() - t0)
-    parts = accumulate_as_ranks(learner, plan.shards)
-    grad_norm = clip_as_ranks(learner, ranks)
-    lr = learner.update()
-    parts[0].update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
-    return finish_stats(plan, parts, learner.version, learner.cfg, time.perf_counter() - t0)
+    if learner.cfg.updates_per_step == 1:
+        parts = update_as_ranks(learner, plan.shards)
+        return finish_stats(plan, parts, learner.version, learner.cfg, time.perf_counter() - t0)
+    start_version = learner.version
+    minis = plan.mini_batch_plans()
+    if learner.fixes_old_logprobs:
+        for mini in minis:
+            for shard in mini.shards:
+                learner.old_logprobs(shard)
+    updates = [(epoch, mini, update_as_ranks(learner, mini.shards))
+               for epoch in range(learner.cfg.update_epochs) for mini in minis]
+    return finish_update_stats(plan, updates, start_version, learner.version, learner.cfg, time.perf_counter() - t0)

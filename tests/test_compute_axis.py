@@ -272,8 +272,11 @@ def test_the_fast_tests_here_pass_beside_a_cpu_hog():
 
 @pytest.mark.slow
 def test_compute_stays_put_beside_a_cpu_hog_and_the_hog_is_flagged(tmp_path):
-    _wait_until_quiet()
-    alone = _run(tmp_path, "alone")
+    for attempt in range(3):  # a neighbour that starts during the 'alone' run shows as contention: run it again
+        _wait_until_quiet()
+        alone = _run(tmp_path, f"alone{attempt}")
+        if alone[-1]["contention_run"] < 0.10:
+            break
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)

@@ -267,7 +267,10 @@ def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None) 
                     train__checkpoint_every="2", train__eval_every="100", train__learner_ranks=str(ranks),
                     train__micro_batch_size="5",
                     train__grad_clip="0.05")  # clipping active: its norm must match too
-    assert run_training([cfg], [], str(run_dir), progress=False) == "done", (run_dir / "run.json").read_text()
+    # an existing run directory resumes at another learner_ranks (a setting any re-run may change) and to more
+    # steps (an extension: --extend)
+    assert run_training([cfg], [], str(run_dir), progress=False, extend=run_dir.exists()) == "done", \
+        (run_dir / "run.json").read_text()
     gin.clear_config()
     return run_dir
 

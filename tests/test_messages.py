@@ -31,6 +31,7 @@ def _examples() -> dict[type, M.Message]:
         M.RunDownstream: M.RunDownstream(25),
         M.Stop: M.Stop(),
         M.TrainStep: M.TrainStep({"input_ids": big.to(torch.int64).reshape(100, 1000), "weights": torch.ones(3)}),
+        M.ScoreOld: M.ScoreOld([[{"input_ids": big.to(torch.int64).reshape(100, 1000)}], []]),
         M.JoinWeightSync: M.JoinWeightSync({"version": 3}),
         M.SaveCheckpoint: M.SaveCheckpoint(10),
         M.LoadCheckpoint: M.LoadCheckpoint("/runs/x/checkpoints/step_10"),

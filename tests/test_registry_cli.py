@@ -28,10 +28,11 @@ EXPECTED = {
     "advantage_norms": {"none": {"eps": 1e-6}, "prompt": {"eps": 1e-6}, "batch": {"eps": 1e-6}},
     "mismatch_corrections": {"none": {}, "tis": {"cap": 2.0}, "mis": {"low": 0.5, "high": 2.0},
                              "seq_tis": {"cap": 2.0}, "seq_mis": {"low": 0.5, "high": 2.0}},
+    "environments": {"single_turn": {}, "calculator": {}},
 }
 ALL_FAMILIES = {"losses", "aggregations", "advantage_norms", "curricula", "precisions", "length_controls",
                 "off_policy", "tasks", "engines", "rewards", "trackers", "weight_sync_backends",
-                "kl_estimators", "lr_schedules", "mismatch_corrections"}
+                "kl_estimators", "lr_schedules", "mismatch_corrections", "environments"}
 
 
 def _scalerl(*args, cwd=REPO):

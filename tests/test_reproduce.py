@@ -49,7 +49,7 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
     import dataclasses
 
     ablations = [s for s in sorted(recipes.SWEEPS_DIR.glob("*.gin")) if sweep_spec.load_spec(s).paper_ablation]
-    assert {s.stem for s in recipes.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {"mismatch"}
+    assert {s.stem for s in recipes.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {"mismatch", "update_epochs"}
     expected = {(s.stem, r.name) for s in ablations
                 for r in sweep_spec.expand(dataclasses.replace(sweep_spec.load_spec(s), seeds=(0, 1, 2)), "tiny")}
     assert {int(re.search(r"-s(\d+)$", n).group(1)) for _, n in expected} == {0, 1, 2}

@@ -105,7 +105,7 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(finished_run, t
 
     run = _crashed_copy(finished_run, tmp_path)
     _truncate(run / "checkpoints" / "step_00000004" / "trainer.pt")  # today: "failed finding central directory"
-    status = run_training([finished_run[0]], ["train.total_steps = 6"], str(run), progress=False)
+    status = run_training([finished_run[0]], ["train.total_steps = 6"], str(run), progress=False, extend=True)
     err = capfd.readouterr().err
     assert status == "done", run_json(run).get("error")
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]  # resumed at 2: no gap, no duplicate
@@ -168,7 +168,7 @@ def test_metrics_cut_mid_line_before_the_checkpoint_is_refused(finished_run, tmp
     lines = metrics.read_bytes().split(b"\n")
     cut = b"\n".join(lines[:2]) + b"\n" + lines[2][:40]  # steps 1, 2 and a torn step 3; step 4 lost
     metrics.write_bytes(cut)
-    status = run_training([finished_run[0]], ["train.total_steps = 6"], str(run), progress=False)
+    status = run_training([finished_run[0]], ["train.total_steps = 6"], str(run), progress=False, extend=True)
     error = run_json(run).get("error", "")
     assert status == "failed", metrics.read_text()  # today: done, with steps 3 and 4 missing
     assert "LogLossError" in error and str(metrics) in error and "steps 3-4" in error and "torn line" in error, error

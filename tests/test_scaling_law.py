@@ -309,3 +309,21 @@ def test_pure_noise_is_flagged():
     r[0] = 0.3
     res = fit(c, r)
     assert not res.ok and any("R²" in f for f in res.flags), res
+
+
+def test_bootstrap_and_prediction_keep_the_fits_range_of_A_for_rewards_beyond_0_1():
+    """A reward that is not a pass rate (R0 = -1, true A = 4): the fit's A may exceed the default
+    grid's top, and every bootstrap or predictive refit must be allowed the same range, so the
+    intervals contain the fit's own A and prediction."""
+    from analysis.scaling_law import bootstrap, fit, predictive_draws, sigmoid
+
+    c = np.geomspace(1.0, 400.0, 40)  # [n]
+    r = sigmoid(c, 4.0, 1.3, 2000.0, -1.0) + np.random.default_rng(3).normal(0, 0.01, c.size)  # [n]: before its midpoint
+    res = fit(c, r, r0=-1.0)
+    assert res.A > float(res.a_grid.max())  # the polish left the grid: the case at stake
+    boot = bootstrap(c, r, r0=-1.0, n_boot=40, seed=1)
+    lo, hi = boot.interval("A")
+    assert lo <= res.A <= hi and hi - lo > 1e-6, (lo, res.A, hi)
+    draws = predictive_draws(res, c[-1], n_boot=100, seed=1)
+    low, high = draws.interval(0.95)
+    assert low <= float(res(c[-1])) <= high

@@ -133,7 +133,7 @@ def test_no_past_key_values_future_warning_in_generation(tmp_path):
     assert out and all(len(c.token_ids) >= 1 for c in out[0].completions)
     about_cache = [str(w.message) for w in caught if "past_key_values" in str(w.message)]
     assert not about_cache, about_cache
+    # the name the engine passes is one the installed transformers' forward accepts
     import inspect
 
-    expected = "cache" if "cache" in inspect.signature(type(engine.model).forward).parameters else "past_key_values"
-    assert kv_cache_name(engine.model) == expected
+    assert kv_cache_name(engine.model) in inspect.signature(type(engine.model).forward).parameters

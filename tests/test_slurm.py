@@ -439,12 +439,13 @@ def test_a_fresh_start_cancels_the_jobs_a_controller_saved_and_a_plain_one_keeps
                            capture_output=True, text=True, timeout=30)
     assert probe.returncode == 0, probe.stderr
     job = probe.stdout.strip().split(";")[0]
+    saved = len(_queued_ids())  # the probe, and in CI whatever else was queued (a fresh start cancels it all)
     try:
         out = _restart_controller(fresh=False)
         assert job in _queued_ids(), "a plain restart should bring the saved job back"
-        assert "jobs in the queue (1)" in out and "scalerl-fresh-probe" in out, out
+        assert f"jobs in the queue ({saved})" in out and ("scalerl-fresh-probe" in out or saved > 10), out  # lists 10
         out = _restart_controller(fresh=True)
-        assert "SCALERL_SLURM_FRESH=1: cancelling the 1 job(s) an earlier controller saved" in out, out
+        assert f"SCALERL_SLURM_FRESH=1: cancelling the {saved} job(s) an earlier controller saved" in out, out
         assert job not in _queued_ids(), "a fresh start must cancel the saved job"
         state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True,
                                text=True, timeout=30).stdout.splitlines()

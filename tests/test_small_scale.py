@@ -147,3 +147,13 @@ def test_identical_configurations_across_sweeps_run_once(tmp_path):
     info = json.loads((dest / "run.json").read_text())
     assert info["sweep"] == "fp32_head" and info["name"] == "bf16-s0" and info[SHARED_KEY] == "loss_type/dapo-s0"
     assert info["status"] == "done" and (dest / "eval.jsonl").read_text() == (src / "eval.jsonl").read_text()
+
+
+@pytest.mark.parametrize("key", ["tiny_names", "small_names"])
+def test_a_bad_scale_name_is_refused_naming_its_own_setting(key):
+    from experiments.sweep_spec import SweepError, spec_from_dict
+
+    raw = {"name": "s", "base": "tiny_cpu.gin", "factor": "train.loss", "values": ["cispo", "dapo"],
+           key: {"cispo": "bad name!"}}
+    with pytest.raises(SweepError, match=rf"sweep\.{key} value 'bad name!'"):
+        spec_from_dict(raw)

@@ -161,6 +161,75 @@ def still_thinking(it: Interruption, prompt_ids: Sequence[int], completion_ids: 
     return _find(prompt_ids, opening, last=True) > _find(prompt_ids, close, last=True)
 
 
+class Conversation(ABC):
+    """One sample's multi-turn episode as an engine sees it: token ids in, token ids out.
+
+    The engine samples an assistant turn until a stop token (finish reason "stop"), the turn's
+    budget `max_tokens_per_turn` or the request's `SamplingParams.max_tokens` ("length"), then calls
+    `on_turn_end(turn_ids, finish_reason, budget_left)` with the turn's tokens (the stop token
+    included) and the sampled-token budget left. It returns the observation's token ids, which the
+    engine appends as forced tokens (gen_logp 0.0, ``forced`` and ``observed`` True: never trained
+    on) before the next turn is sampled, or None: the episode is over and the sample finishes with
+    that finish reason. `outcome` (set by then) goes on the finished ``Completion.episode``.
+
+    `max_observation_tokens` bounds the observation tokens of the whole episode (the engine sizes
+    its positions and KV cache with it). The generator's implementation is
+    `components.environments.EpisodeRunner`.
+    """
+
+    max_tokens_per_turn: Optional[int] = None  # sampled tokens per assistant turn (None: only max_tokens)
+    max_observation_tokens: int = 0  # most observation tokens the episode may append, all turns together
+    outcome: Any = None  # what the episode produced, once over (attached to the Completion)
+
+    @abstractmethod
+    def on_turn_end(self, turn_ids: Sequence[int], finish_reason: str, budget_left: int) -> Optional[list[int]]:
+        """The observation's token ids after this turn, or None to end the episode."""
+
+    def finish_reason(self, turn_reason: str) -> str:
+        """The finished sample's finish reason, once `on_turn_end` ended the episode after a turn that ended
+        with `turn_reason`: that reason, unless the conversation says otherwise (an episode cut short is
+        "length")."""
+        return turn_reason
+
+
+def turn_budget(conversation: Optional[Conversation], sampled: int, cap: int) -> int:
+    """Sampled tokens the next turn may take: the request's remaining budget `cap - sampled`, no more than
+    the conversation's `max_tokens_per_turn` (None or no conversation: the remaining budget)."""
+    left = int(cap) - int(sampled)
+    per_turn = getattr(conversation, "max_tokens_per_turn", None)
+    return left if per_turn is None else min(left, int(per_turn))
+
+
+def finish_sample(row: Any, reason: str) -> Any:
+    """Hand a finished sample of either engine to its group (`row`: the engine's per-sample state, with
+    conversation, tokens, turn_start, logps, versions, forced, observed, group and sample_index). An episode
+    cut from outside (abort_all) ends at its current turn. Returns the group's result once it is complete."""
+    conv = row.conversation
+    if conv is not None and conv.outcome is None:
+        conv.on_turn_end(row.tokens[row.turn_start :], "length", 0)
+    return row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason,
+                                   observed=list(row.observed) if conv is not None else None,
+                                   episode=conv.outcome if conv is not None else None)
+
+
+def check_conversations(request: "GenerationRequest") -> None:
+    """Refuse a request whose conversations do not give one per sample, or that also asks for forced
+    interruptions (ValueError naming the request)."""
+    convs = request.conversations
+    if convs is None:
+        return
+    if len(convs) != request.n:
+        raise ValueError(f"request {request.group_id!r}: {len(convs)} conversations for n={request.n} samples")
+    if request.interruptions is not None and any(i is not None for i in request.interruptions):
+        raise ValueError(f"request {request.group_id!r}: forced interruptions and multi-turn conversations cannot be "
+                         "combined (an interruption counts sampled tokens across turns); use one or the other")
+
+
+def max_observation_tokens(request: "GenerationRequest") -> int:
+    """Most observation tokens any sample of `request` may append (0 without conversations)."""
+    return max((int(c.max_observation_tokens) for c in request.conversations or ()), default=0)
+
+
 @dataclass
 class GenerationRequest:
     """One prompt to complete `n` times (a rollout group)."""
@@ -171,6 +240,8 @@ class GenerationRequest:
     # One Interruption per sample (len == n), or None for no interruption.
     interruptions: Optional[Sequence[Optional[Interruption]]] = None
     meta: dict = field(default_factory=dict)  # passed through untouched (problem id, ...)
+    # One Conversation per sample (len == n): multi-turn episodes; None: one turn (a plain completion).
+    conversations: Optional[Sequence[Conversation]] = None
 
 
 @dataclass
@@ -184,6 +255,9 @@ class Completion:
     recomputes exactly this quantity).
     Forced (injected) tokens have gen_logp 0.0 and forced True; they are excluded from the loss.
     versions[t] is the policy version that produced token t.
+    Multi-turn (a request with conversations): `observed` marks the environment's observation
+    tokens (all of them forced too; the version of the turn they follow), `episode` is the
+    conversation's outcome; both None for a single-turn completion.
     """
 
     group_id: Any
@@ -195,6 +269,8 @@ class Completion:
     forced: list[bool]
     finish_reason: FinishReason
     meta: dict = field(default_factory=dict)
+    observed: Optional[list] = None  # [len] bool: observation tokens (multi-turn), None: none
+    episode: Any = None  # the Conversation's outcome (components.environments.EpisodeOutcome)
 
     @property
     def num_tokens(self) -> int:
@@ -237,6 +313,8 @@ class PendingGroup:
         versions: list[int],
         forced: list[bool],
         finish_reason: FinishReason,
+        observed: Optional[list[bool]] = None,
+        episode: Any = None,
     ) -> Optional[CompletedGroup]:
         """Record one finished sample; the whole group once its last sample is in, else None."""
         req = self.request
@@ -250,6 +328,8 @@ class PendingGroup:
             forced=forced,
             finish_reason=finish_reason,
             meta=req.meta,
+            observed=observed,
+            episode=episode,
         )
         self.remaining -= 1
         return CompletedGroup(request=req, completions=self.completions) if self.remaining == 0 else None

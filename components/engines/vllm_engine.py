@@ -58,10 +58,14 @@ from components.engines.base import (
     Engine,
     GenerationRequest,
     Interruption,
+    Conversation,
     SamplingParams,
+    check_conversations,
     check_prompt_length,
     check_sampling_knobs,
     still_thinking,
+    finish_sample,
+    turn_budget,
 )
 from components.precision import get_precision, vllm_dtype
 from components.registry import ENGINES
@@ -153,6 +157,11 @@ class _Seq:
     forced: list = field(default_factory=list)
     sampled: int = 0
     interrupted: bool = False
+    # multi-turn (GenerationRequest.conversations): the episode, which tokens are observations, where the
+    # current assistant turn starts
+    conversation: Optional[Conversation] = None
+    observed: list = field(default_factory=list)
+    turn_start: int = 0
 
 
 # ----------------------------------------------------------------------------- engine knobs
@@ -422,13 +431,18 @@ class VllmEngine(Engine):
                 raise ValueError(f"request {req.group_id!r}: need n >= 1 and a non-empty prompt")
             if req.interruptions is not None and len(req.interruptions) != req.n:
                 raise ValueError(f"request {req.group_id!r}: {len(req.interruptions)} interruptions for n={req.n}")
+            check_conversations(req)
+        for req in requests:
             group = PendingGroup(request=req)
             for s in range(req.n):
                 it = req.interruptions[s] if req.interruptions is not None else None
                 if it is not None and it.at_token == 0 and not still_thinking(it, req.prompt_ids, ()):
                     it = None  # the prompt opens no thinking part: nothing to interrupt
-                seq = _Seq(group=group, sample_index=s, params=params, interruption=it)
-                if it is not None and it.at_token == 0:
+                conv = req.conversations[s] if req.conversations is not None else None
+                seq = _Seq(group=group, sample_index=s, params=params, interruption=it, conversation=conv)
+                if conv is not None:  # multi-turn: each assistant turn is a request of its own (`_end_turn`)
+                    self._submit(seq, list(req.prompt_ids), turn_budget(conv, 0, params.max_tokens))
+                elif it is not None and it.at_token == 0:
                     self._inject(seq)
                 else:
                     budget = params.max_tokens
@@ -452,6 +466,8 @@ class VllmEngine(Engine):
                     seq.versions.append(version)
                     seq.forced.append(False)
                     seq.sampled += 1
+                    if seq.conversation is not None:
+                        seq.observed.append(False)
                 if out.finished:
                     del self._seqs[out.request_id]
                     self._on_finished(seq, comp.finish_reason)
@@ -547,6 +563,9 @@ class VllmEngine(Engine):
 
     def _on_finished(self, seq: _Seq, vllm_reason: Optional[str]) -> None:
         reason = "stop" if vllm_reason == "stop" else "length"
+        if seq.conversation is not None:
+            self._end_turn(seq, reason)
+            return
         it = seq.interruption
         if seq.interrupted:
             self._finish(seq, "interrupted" if reason == "stop" else "length")
@@ -559,8 +578,27 @@ class VllmEngine(Engine):
         else:
             self._finish(seq, reason)
 
+    def _end_turn(self, seq: _Seq, reason: str) -> None:
+        """A multi-turn sample's assistant turn ended (`reason` "stop" or "length"): its observation is appended
+        (forced and observed, this version) and the next turn submitted as a continuation (prompt + everything so
+        far; with prefix caching mostly a cache hit), or the episode is over and the sample finishes."""
+        conv = seq.conversation
+        obs = conv.on_turn_end(seq.tokens[seq.turn_start :], reason, seq.params.max_tokens - seq.sampled)
+        if not obs:
+            self._finish(seq, conv.finish_reason(reason))
+            return
+        for tok in obs:
+            seq.tokens.append(int(tok))
+            seq.logps.append(0.0)
+            seq.versions.append(self.version)
+            seq.forced.append(True)
+            seq.observed.append(True)
+        seq.turn_start = len(seq.tokens)
+        self._submit(seq, list(seq.group.request.prompt_ids) + seq.tokens,
+                     turn_budget(conv, seq.sampled, seq.params.max_tokens))
+
     def _finish(self, seq: _Seq, reason: str) -> None:
-        done = seq.group.finish_sample(seq.sample_index, seq.tokens, seq.logps, seq.versions, seq.forced, reason)
+        done = finish_sample(seq, reason)
         if done is not None:
             self._done.append(done)
 

@@ -13,6 +13,8 @@ Built-in tasks (each registered under its name):
 - ``hf_dataset``: any Hugging Face ``datasets.load_dataset`` source (Hub name or local
   parquet / jsonl / json / csv / arrow) with a column mapping, graded by math-verify, the
   sandboxed tests, or a plain-function reward (`components.rewards`).
+- ``tool_arithmetic``: two-digit products to be worked out with the calculator tool (multi-turn,
+  `components.environments`);
 - ``mixture``: a weighted mixture of any of these, spelled as a dict in specs
   (``{"arithmetic": 0.5, "reasoning_gym:countdown": 0.5}``; `components.tasks.mixture`).
 

@@ -61,6 +61,19 @@ def parse_last_int(text: str) -> Optional[int]:
     return int(found[-1]) if found else None
 
 
+def verify_last_int(task: SplitTask, problem: Problem, completion: str) -> Verdict:
+    """Correct iff the last integer after the thinking part equals `problem.answer` (the verdict of
+    the arithmetic-style tasks; never raises for a bad completion)."""
+    try:
+        final = strip_thinking(completion)
+        if final is None:
+            return task.verdict(False)  # thinking never closed: no answer
+        got = parse_last_int(strip_special_tokens(final))
+        return task.verdict(got is not None and got == int(problem.answer))
+    except Exception as err:  # never raise for a bad completion
+        return task.verdict(False, error=f"{type(err).__name__}: {err}")
+
+
 class ArithmeticTask(SplitTask):
     """Procedural integer arithmetic ("12+7=" -> "19") with a seeded, disjoint train / held-out split.
 
@@ -191,17 +204,7 @@ class ArithmeticTask(SplitTask):
         return f"<think>{','.join(str(v) for v in steps)}</think>{problem.answer}"
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
-        """Correct iff the last integer after the thinking part equals the answer."""
-        try:
-            final = strip_thinking(completion)
-            if final is None:
-                return self.verdict(False)  # thinking never closed: no answer
-            got = parse_last_int(strip_special_tokens(final))
-            if got is None:
-                return self.verdict(False)
-            return self.verdict(got == int(problem.answer))
-        except Exception as err:  # never raise for a bad completion
-            return self.verdict(False, error=f"{type(err).__name__}: {err}")
+        return verify_last_int(self, problem, completion)
 
 
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a

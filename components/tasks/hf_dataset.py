@@ -1,6 +1,7 @@
 """`hf_dataset`: any Hugging Face `datasets.load_dataset` source as a task.
 
-The source is whatever `datasets.load_dataset` reads:
+The source is whatever `datasets.load_dataset` reads, or a directory written by `save_to_disk` (a
+Dataset, read as split "train", or a DatasetDict; the Python API saves a `datasets.Dataset` there):
 
 - a Hub dataset name (``path = "org/name"``, with ``name`` for its config and ``revision``);
   it is downloaded by `datasets` on first use and cached (nothing is downloaded otherwise);
@@ -113,6 +114,10 @@ def load_rows(path: str, data_files: DataFiles, split: str, *, name: Optional[st
     quiet_libraries()
     import datasets
 
+    saved = saved_dataset_dir(path) if data_files is None else None
+    if saved is not None:  # a `Dataset.save_to_disk` / `DatasetDict.save_to_disk` directory (the Python API's)
+        ds = load_saved_split(saved, split)
+        return ds.to_list(), list(ds.column_names), f"{path}:{split}"
     source, files = resolve_source(path, data_files)
     label = f"{path or files}" + (f"[{name}]" if name else "") + f":{split}"
     try:
@@ -125,6 +130,31 @@ def load_rows(path: str, data_files: DataFiles, split: str, *, name: Optional[st
     if not isinstance(ds, datasets.Dataset):
         raise ValueError(f"hf_dataset: {label} did not load as one split (got {type(ds).__name__}); give split = '<name>'")
     return ds.to_list(), list(ds.column_names), label
+
+
+def saved_dataset_dir(path: str) -> Optional[Path]:
+    """`path` when it is a directory written by `datasets`' `save_to_disk` (a DatasetDict's dataset_dict.json, or
+    a Dataset's state.json), which `load_dataset` cannot read; else None."""
+    p = Path(str(path or "")).expanduser()
+    if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
+        return p.resolve()
+    return None
+
+
+def load_saved_split(path: Path, split: str):
+    """Split `split` of a `save_to_disk` directory: a DatasetDict's split, or a lone Dataset as split "train"."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ValueError(f"hf_dataset: {str(path)!r} (saved with save_to_disk) has no split {split!r}; "
+                             f"its splits: {sorted(ds)}")
+        return ds[split]
+    if split != "train":
+        raise ValueError(f"hf_dataset: {str(path)!r} is one saved Dataset, read as split 'train'; got split = "
+                         f"{split!r} (save a DatasetDict for several splits)")
+    return ds
 
 
 def resolve_columns(columns: Optional[Mapping[str, str]], present: Sequence[str], label: str,

@@ -35,9 +35,9 @@ import zlib
 from typing import Optional
 
 from components.registry import TASKS
-from components.tasks.arithmetic import parse_last_int
+from components.tasks.arithmetic import verify_last_int
 from components.tasks.base import Problem, Verdict
-from components.tasks.common import SplitTask, strip_special_tokens, strip_thinking
+from components.tasks.common import SplitTask
 
 __all__ = ["StoryTask", "lexicon", "GAIN_VERBS", "LOSS_VERBS"]
 
@@ -213,14 +213,7 @@ class StoryTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         """Correct iff the last integer after the thinking part equals the answer."""
-        try:
-            final = strip_thinking(completion)
-            if final is None:
-                return self.verdict(False)  # thinking never closed: no answer
-            got = parse_last_int(strip_special_tokens(final))
-            return self.verdict(got is not None and got == int(problem.answer))
-        except Exception as err:  # never raise for a bad completion
-            return self.verdict(False, error=f"{type(err).__name__}: {err}")
+        return verify_last_int(self, problem, completion)
 
 
 TASKS.register("stories", ranges={"num_train": ">= 0", "num_eval": ">= 0", "min_steps": ">= 1",

@@ -34,6 +34,7 @@ __all__ = [
     "TrainingClock",
     "FlopCounter",
     "sequence_forward_flops",
+    "step_flop_terms",
 ]
 
 
@@ -249,9 +250,32 @@ class FlopCounter:
         """One forward of the generators' model (LoRA: the merged weights, no adapters)."""
         return sequence_forward_flops(self.n_params, self.layers, self.attn_width, prompt_len, completion_len)
 
+    def policy_forward(self, prompt_len: int, completion_len: int) -> float:
+        """One no-grad forward of the trained policy (LoRA: its adapters included), e.g. for pi_old."""
+        return sequence_forward_flops(self.n_params + self.n_adapter, self.layers, self.attn_width, prompt_len,
+                                      completion_len)
+
     def training(self, prompt_len: int, completion_len: int) -> float:
         L = int(prompt_len) + int(completion_len)
         attention = sequence_forward_flops(0, self.layers, self.attn_width, prompt_len, completion_len)
         forward = 2.0 * (self.n_params + self.n_adapter) * L  # [tokens] x every matmul, adapters included
         weight_grads = 2.0 * (self.n_params - self.n_frozen + self.n_adapter) * L
         return 2.0 * forward + weight_grads + 3.0 * attention
+
+
+def step_flop_terms(counter: FlopCounter, prompt_len: int, completion_len: int, *, epochs: int = 1,
+                    reference: bool = False, old_pass: bool = False) -> list[float]:
+    """The FLOPs one trained sequence costs a learner step, as the terms added to the run's count, in order.
+
+    Per update epoch (train.update_epochs; the mini-batches of an epoch cover each sequence once): one
+    training pass (forward + backward, `FlopCounter.training`) and, with a KL reference, its forward. Then,
+    with `old_pass` (pi_old computed before the first update: a mismatch correction with several updates
+    per step), one more forward. With one epoch and neither, [training], as before update epochs existed."""
+    terms = []
+    for _ in range(int(epochs)):
+        terms.append(counter.training(prompt_len, completion_len))
+        if reference:  # the KL reference (a copy, or LoRA adapters off): one more forward
+            terms.append(counter.generation(prompt_len, completion_len))
+    if old_pass:
+        terms.append(counter.policy_forward(prompt_len, completion_len))
+    return terms

@@ -34,7 +34,7 @@ from components.registry import ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_B
 from components.trainer.gin_config import ConfigError, bound_values
 
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
-           "check_train_values", "check_components", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "engine_gpus"]
+           "check_train_values", "check_components", "check_mini_batches", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
 
@@ -145,6 +145,12 @@ class TrainConfig:
     # own verdict reward; an entry is a REWARDS name or an import path "module:function"; the pass rate stays the verifier's
     reward_funcs: tuple = field(default=(), metadata={"coerce": _reward_funcs})
     reward_weights: Optional[tuple] = field(default=None, metadata={"coerce": _reward_weights})  # None: all 1.0
+    # multi-turn rollouts (components/environments.py): an ENVIRONMENTS name answers each assistant turn with an
+    # observation (appended as prompt tokens, never trained on) or ends the episode with a reward; None: single turn
+    environment: Optional[str] = _component("environments", None)
+    max_turns: int = 4  # assistant turns per episode (with an environment); the last one is graded or cut
+    max_tokens_per_turn: Optional[int] = None  # sampled tokens per assistant turn (None: only train.max_tokens, all turns)
+    max_observation_tokens: int = 64  # tokens per observation, chat framing included (longer text is cut)
     # -- batch and sampling ---------------------------------------------------------------
     prompts_per_step: int = 8
     generations_per_prompt: int = 8
@@ -157,6 +163,12 @@ class TrainConfig:
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0: off)
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion (1: off)
     max_prompt_length: Optional[int] = None  # a longer prompt is refused with an error naming it (None: no limit)
+    # PPO-style reuse of each step batch (TRL's num_iterations, verl's ppo_epochs / ppo_mini_batch_size): the
+    # learner passes over the batch update_epochs times, each pass split into mini_batches mini-batches of
+    # whole prompt groups, one optimizer update per mini-batch (update_epochs x mini_batches updates per step).
+    # pi_old is fixed for the whole step (components/trainer/learner.py "Update epochs"); 1 and 1: one update
+    update_epochs: int = 1
+    mini_batches: int = 1
     micro_batch_size: int = 64  # sequences per forward/backward (padded micro-batches)
     max_tokens_per_micro_batch: Optional[int] = None  # token budget: packed micro-batches (overrides micro_batch_size)
     activation_checkpointing: bool = False  # recompute each decoder block in backward
@@ -235,6 +247,11 @@ class TrainConfig:
     @property
     def batch_sequences(self) -> int:
         return self.prompts_per_step * self.generations_per_prompt
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per learner step (a full step batch): update_epochs x mini_batches."""
+        return self.update_epochs * self.mini_batches
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -366,12 +383,17 @@ TRAIN_RANGES = {
     "prompts_per_step": ">= 1",
     "generations_per_prompt": ">= 2",  # group-relative advantages need a group
     "max_tokens": ">= 1",
+    "max_turns": ">= 1",
+    "max_tokens_per_turn": ">= 1",  # None: no per-turn budget
+    "max_observation_tokens": ">= 1",
     "temperature": "> 0",
     "top_p": "(0, 1]",
     "top_k": ">= 0",  # 0: off
     "min_p": "[0, 1]",  # 0: off
     "repetition_penalty": "> 0",  # 1: off
     "max_prompt_length": ">= 1",  # None: no limit
+    "update_epochs": ">= 1",
+    "mini_batches": ">= 1",
     "micro_batch_size": ">= 1",
     "max_tokens_per_micro_batch": ">= 1",
     "logprob_chunk_size": ">= 1",
@@ -613,6 +635,16 @@ def _check_compile_precision(cfg: TrainConfig) -> None:
             "train.precision = 'fp32', or precision.emulate = \"off\" (real bf16)")
 
 
+def check_mini_batches(prompts_per_step: int, mini_batches: int) -> None:
+    """train.mini_batches must split a step's prompts_per_step prompt groups into equal mini-batches of whole
+    groups (a group's advantages and prompt_mean's normaliser stay in one update). ConfigError naming the
+    value and the valid ones (the divisors of prompts_per_step)."""
+    if mini_batches >= 1 and prompts_per_step >= 1 and prompts_per_step % mini_batches:
+        valid = [d for d in range(1, prompts_per_step + 1) if prompts_per_step % d == 0]
+        raise ConfigError(f"train.mini_batches = {mini_batches} does not divide train.prompts_per_step = "
+                          f"{prompts_per_step} (mini-batches hold whole prompt groups); valid: {valid}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Fail early and clearly on out-of-range or inconsistent settings (component names are checked elsewhere).
 
@@ -620,6 +652,7 @@ def validate(cfg: TrainConfig) -> None:
     each other, and the numeric hyper-parameters of the run's components (`check_components`).
     """
     check_train_values({name: getattr(cfg, name) for name in _TRAIN_PARAM_NAMES})
+    check_mini_batches(cfg.prompts_per_step, cfg.mini_batches)
     if cfg.micro_batch_size > cfg.batch_sequences:
         raise ConfigError(
             f"train.micro_batch_size ({cfg.micro_batch_size}) is larger than the step batch "
@@ -656,6 +689,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.downstream_every = {cfg.downstream_every} but train.downstream_benchmarks is empty; name the benchmark files")
     if not cfg.curriculum:
         raise ConfigError("train.curriculum is empty; use ['uniform'] for plain uniform sampling")
+    _check_multi_turn(cfg)
     if cfg.lora_rank > 0:
         _check_lora_targets(cfg.lora_targets)  # their form; which modules they match is checked on the model (lora.check_targets)
     if cfg.reward_funcs or cfg.reward_weights is not None:
@@ -672,6 +706,23 @@ def validate(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_components(cfg)
+
+
+def _check_multi_turn(cfg: TrainConfig) -> None:
+    """train.environment's settings agree: a per-turn budget needs an environment and fits in max_tokens, and a
+    forced-interruption length control (it counts sampled tokens across turns) is refused beside one."""
+    if not cfg.environment:
+        if cfg.max_tokens_per_turn is not None:
+            raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} needs train.environment "
+                              "(a single-turn run has one turn: its budget is train.max_tokens)")
+        return
+    if cfg.max_tokens_per_turn is not None and cfg.max_tokens_per_turn > cfg.max_tokens:
+        raise ConfigError(f"train.max_tokens_per_turn = {cfg.max_tokens_per_turn} is above train.max_tokens = "
+                          f"{cfg.max_tokens}, the sampled-token budget of the whole episode")
+    if cfg.length_control == "interruption":
+        raise ConfigError(f"train.length_control = 'interruption' cannot run with train.environment = "
+                          f"{cfg.environment!r}: forced interruptions count sampled tokens across turns; use "
+                          "train.max_tokens_per_turn, 'length_penalty' or 'truncate'")
 
 
 def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:

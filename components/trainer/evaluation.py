@@ -125,7 +125,7 @@ class Graded:
 
 def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int, seed: int, temperature: float,
                      top_p: float, max_tokens: int, length_control=None, verifier_timeout_s: float = 10.0,
-                     on_sample: Optional[Callable] = None, **knobs) -> Graded:
+                     on_sample: Optional[Callable] = None, conversations: Optional[Callable] = None, **knobs) -> Graded:
     """k samples per problem with the engine's current weights, each graded by `verifier.verify`.
 
     Prompts go through `render_prompt` (the chat template, with the problem's system prompt).
@@ -133,6 +133,8 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
     max_prompt_length; `engines.base.sampling_knobs(cfg)` gives the run's), off when not given.
     `on_sample(problem_index, sample_index, problem, prompt_ids, completion, text, verdict)` is
     called for every graded completion (`scalerl eval --dump`).
+    `conversations(problem, k)`: multi-turn episodes, one per sample (`generator.episode_factory`); a sample's
+    verdict is then its episode's (`Completion.episode`), not the verifier's on the whole text.
     """
     requests = []
     for i, problem in enumerate(problems):
@@ -140,7 +142,8 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
         if length_control is not None and hasattr(length_control, "interruptions"):
             interruptions = length_control.interruptions(k, random.Random(f"{seed}-{i}-eval-interruption"), tokenizer)
         requests.append(GenerationRequest(group_id=i, prompt_ids=list(render_prompt(problem, tokenizer)), n=k,
-                                          interruptions=interruptions))
+                                          interruptions=interruptions,
+                                          conversations=conversations(problem, k) if conversations is not None else None))
     if length_control is not None and hasattr(length_control, "max_tokens"):
         max_tokens = int(length_control.max_tokens(max_tokens))
     params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed, **knobs)
@@ -150,7 +153,12 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
         verdicts = []
         for j, c in enumerate(group.completions):
             text = tokenizer.decode(c.token_ids, skip_special_tokens=False)
-            verdict, err = safe_verify(verifier, problems[i], text, verifier_timeout_s)
+            if c.episode is not None:  # multi-turn: the episode's verdict
+                from components.environments import episode_verdict
+
+                verdict, err = episode_verdict(c.episode)
+            else:
+                verdict, err = safe_verify(verifier, problems[i], text, verifier_timeout_s)
             verdicts.append(bool(verdict.passed))
             if on_sample is not None:
                 on_sample(i, j, problems[i], group.request.prompt_ids, c, text, verdict)
@@ -169,7 +177,8 @@ def sample_and_grade(engine, verifier, problems: Sequence, tokenizer, *, k: int,
 
 
 def evaluate(engine, task, problems: Sequence, tokenizer, *, k: int, seed: int, temperature: float, top_p: float,
-             max_tokens: int, task_name: str, length_control=None, verifier_timeout_s: float = 10.0, **knobs) -> dict:
+             max_tokens: int, task_name: str, length_control=None, verifier_timeout_s: float = 10.0,
+             conversations: Optional[Callable] = None, **knobs) -> dict:
     """mean@k over `problems` with the engine's current weights. Returns the eval.jsonl fields.
 
     ``per_task``: mean@k per task, keyed by ``problem.meta["task"]`` (a task mixture sets it
@@ -183,7 +192,7 @@ def evaluate(engine, task, problems: Sequence, tokenizer, *, k: int, seed: int, 
     t0 = time.perf_counter()
     graded = sample_and_grade(engine, task, problems, tokenizer, k=k, seed=seed, temperature=temperature, top_p=top_p,
                               max_tokens=max_tokens, length_control=length_control, verifier_timeout_s=verifier_timeout_s,
-                              **knobs)
+                              conversations=conversations, **knobs)
     per_task: dict[str, list[float]] = defaultdict(list)
     for problem, verdicts in zip(problems, graded.passed):
         name = (getattr(problem, "meta", None) or {}).get("task", task_name)

@@ -124,11 +124,13 @@ def generation_cap(cfg, length_control) -> int:
     return int(cfg.max_tokens)
 
 
-def build_requests(work, tokenizer, length_control, cfg) -> list:
-    """GenerationRequests of a work order (interruptions drawn from (seed, order id))."""
+def build_requests(work, tokenizer, length_control, cfg, task=None) -> list:
+    """GenerationRequests of a work order (interruptions drawn from (seed, order id)); with
+    train.environment, one episode per sample (`components.environments.make_episode_runners`)."""
     import random
 
     from components.engines.base import GenerationRequest
+    from components.environments import make_episode_runners
     from components.tasks import render_prompt
 
     requests = []
@@ -144,6 +146,7 @@ def build_requests(work, tokenizer, length_control, cfg) -> list:
                 n=cfg.generations_per_prompt,
                 interruptions=interruptions,
                 meta={"problem_id": problem.id},
+                conversations=make_episode_runners(cfg, task, problem, tokenizer, cfg.generations_per_prompt),
             )
         )
     return requests
@@ -159,7 +162,12 @@ def score_group(group, problem, task, tokenizer, length_control, cfg, reward_fun
     texts, verdict_rewards, passed, errors = [], [], [], 0
     for c in completions:
         text = tokenizer.decode(c.token_ids, skip_special_tokens=False)
-        verdict, err = safe_verify(task, problem, text, cfg.verifier_timeout_s)
+        if c.episode is not None:  # multi-turn: the environment ended the episode with its reward
+            from components.environments import episode_verdict
+
+            verdict, err = episode_verdict(c.episode)
+        else:
+            verdict, err = safe_verify(task, problem, text, cfg.verifier_timeout_s)
         texts.append(text)
         verdict_rewards.append(float(verdict.reward))
         passed.append(bool(verdict.passed))
@@ -176,8 +184,11 @@ def score_group(group, problem, task, tokenizer, length_control, cfg, reward_fun
             reward_incorrect=float(getattr(task, "reward_incorrect", -1.0)),
             call=lambda thunk: safe_call(thunk, cfg.verifier_timeout_s))
         errors += reward_errors
+    parts = _with_episode_parts(parts, completions)
     if length_control is not None and hasattr(length_control, "shape_reward"):
-        rewards = [float(length_control.shape_reward(r, ok, len(c.token_ids)))
+        from components.environments import generated_token_count  # observations are not generated tokens
+
+        rewards = [float(length_control.shape_reward(r, ok, generated_token_count(c)))
                    for r, ok, c in zip(rewards, passed, completions)]
     return Rollout(
         order_id=int(group.request.group_id),
@@ -188,6 +199,19 @@ def score_group(group, problem, task, tokenizer, length_control, cfg, reward_fun
         verifier_errors=errors,
         reward_parts=parts,
     )
+
+
+def _with_episode_parts(parts, completions):
+    """train.reward_funcs' parts with the environments' reward parts added ({name: [G]}, NaN where a sample has
+    none): logged as reward/<name>. Unchanged without episodes."""
+    names = list(dict.fromkeys(k for c in completions if c.episode is not None for k in c.episode.parts))
+    if not names:
+        return parts
+    out = dict(parts or {})
+    for name in names:
+        out.setdefault(name, [float(c.episode.parts.get(name, float("nan"))) if c.episode is not None else float("nan")
+                              for c in completions])
+    return out
 
 
 class _Scorer:
@@ -280,6 +304,15 @@ class _EvalView:
                 yield CompletedGroup(request=req, completions=group.completions)
 
 
+def episode_factory(cfg, task, tokenizer):
+    """fn(problem, n) -> one episode per sample (train.environment), or None for a single-turn run."""
+    if not getattr(cfg, "environment", None):
+        return None
+    from components.environments import make_episode_runners
+
+    return lambda problem, n: make_episode_runners(cfg, task, problem, tokenizer, n)
+
+
 def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on_training_group) -> dict:
     from components.engines.base import sampling_knobs
     from components.trainer.evaluation import evaluate
@@ -299,6 +332,7 @@ def _run_eval(order: EvalOrder, engine, task, tokenizer, length_control, cfg, on
         task_name=order.task_name,
         length_control=length_control,
         verifier_timeout_s=cfg.verifier_timeout_s,
+        conversations=episode_factory(cfg, task, tokenizer),  # train.environment: the held-out prompts are episodes too
         **sampling_knobs(cfg),  # the run's train.top_k, min_p, repetition_penalty, max_prompt_length
     )
     record["version"] = order.version
@@ -458,7 +492,7 @@ class _Generator:
             work = msg.order
             for order_id, problem in work.orders:
                 self.problems[int(order_id)] = problem
-            requests = build_requests(work, self.tokenizer, self.length_control, self.cfg)
+            requests = build_requests(work, self.tokenizer, self.length_control, self.cfg, self.task)
             engine.add_requests(requests, dataclasses.replace(self.base_params, seed=int(work.seed)))
         elif isinstance(msg, M.Drain):  # an evaluation comes next: finish the training sequences in flight first
             self.drain()

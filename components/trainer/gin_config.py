@@ -24,7 +24,7 @@ import gin
 from components.quiet import quiet_gin
 from components.registry import Registry, load_builtin_components
 
-__all__ = ["ConfigError", "bound_values", "components_config_str", "operative_config_str", "imported_modules", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
+__all__ = ["ConfigError", "text_bindings", "bound_values", "components_config_str", "operative_config_str", "imported_modules", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
            "unknown_parameter_message", "unknown_configurable_message", "configurable_parameter_names"]
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,18 @@ class _OpaqueReferences:
 
     def macro(self, name: str) -> str:
         return f"%{name}"
+
+
+def text_bindings(text: str) -> dict[str, Any]:
+    """Every binding of a gin config text (e.g. a run's config.gin) as {"[scope/]selector.param": value},
+    references and macros left as their text ("@warm_start()", "%LR"); nothing is imported or bound."""
+    import gin.config_parser as cp
+
+    out = {}
+    for statement in cp.ConfigParser(text, _OpaqueReferences()):
+        if isinstance(statement, cp.BindingStatement):
+            out[f"{statement.scope + '/' if statement.scope else ''}{statement.selector}.{statement.arg_name}"] = statement.value
+    return out
 
 
 def _gin_syntax_error(text: str) -> Optional[SyntaxError]:

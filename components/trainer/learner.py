@@ -27,34 +27,55 @@ adapters off (`reference_logprobs`), not a copy of the model.
 Because every normaliser (token counts, per-prompt counts, sequence counts, the batch
 advantage std) is computed on the whole step batch before it is split, the update does
 not depend on T nor on the micro-batch size (tests/test_learner_ranks.py).
+
+Update epochs (``train.update_epochs`` = mu, ``train.mini_batches`` = M; TRL's ``num_iterations``, verl's
+``ppo_epochs`` and ``ppo_mini_batch_size``). With mu = M = 1 (the default) a step is the one update above,
+bit for bit. Otherwise the step batch is split into M mini-batches of whole prompt groups (consecutive, the
+same split every epoch), and the learner passes over them mu times: mu x M optimizer updates per step, each
+one mini-batch. Advantages are normalised once, on the whole step batch; the aggregation's normalisers are
+each mini-batch's own (an update's loss is the aggregate over its mini-batch, as TRL and verl normalise).
+pi_old, the policy the losses' ratio is taken against, is FIXED for the whole step, before its first update:
+- without a mismatch correction it is the generator's pi_gen (``gen_logp``, the paper's pi_gen(theta_old),
+  DESIGN.md), recorded when the batch was sampled: the policy that generated it;
+- with one (components/mismatch.py) it is the learner's own log-prob under the weights current when the
+  batch arrived, computed by one no-grad forward over the batch before the first update
+  (`Learner.fix_old_logprobs`, what verl's ``old_log_prob`` and TRL's ``old_per_token_logps`` are); the
+  correction's weight pi_old / pi_gen is then fixed too.
+pi_theta moves with every update, so the clipped losses' ratios leave 1 and their clip fractions rise.
+The step's metrics: `loss`, `grad_norm` and `lr` are means over its updates, `optimizer_steps` their number,
+the clip fractions and IS-ratio statistics are over every pass (each epoch's forward of each row), and the
+before-the-update statistics (entropy, log-prob gap, ratio quantiles, mismatch, KL) come from each row's
+first-epoch forward. `version` counts optimizer updates, so it grows by mu x M per step (the lag and
+pipeline_rl's k count updates too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
-from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
-from components.aggregation import token_weights, weighted_sum
-from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
-from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
+from components.aggregation import weighted_sum
+from components.mismatch import policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
-from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES, MISMATCH_CORRECTIONS
+from components.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES, MISMATCH_CORRECTIONS
 from components.trainer.config import build_component, component_params
-from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
-                                       sequence_logprobs_packed)
-from components.trainer.rollout import Batch, Rollout, collate
+from components.trainer.forward import enable_activation_checkpointing, pack_batch, sequence_logprobs_packed
+from components.trainer.rollout import Batch, Rollout
+# the step's plan and statistics live beside the learner (split for size); their names stay importable here
+from components.trainer.step_plan import (MicroBatch, MiniBatchPlan, StepPeers, StepPlan, plan_mini_batches, plan_step,
+                                          split_groups, split_rows)
+from components.trainer.step_stats import finish_stats, finish_update_stats
 
 __all__ = [
     "Learner",
     "MicroBatch",
     "StepPlan",
+    "MiniBatchPlan",
+    "split_groups",
     "StepPeers",
     "plan_step",
     "split_rows",
@@ -65,6 +86,9 @@ __all__ = [
     "compile_blocks",
     "load_from_rank0",
     "tied_aliases",
+    "plan_mini_batches",
+    "finish_stats",
+    "finish_update_stats",
 ]
 
 
@@ -111,19 +135,26 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int,
-                   schedule: str = "constant", total_steps: int = 1, schedule_params: Optional[dict] = None):
+                   schedule: str = "constant", total_steps: int = 1, schedule_params: Optional[dict] = None,
+                   updates_per_step: int = 1):
     """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py) with its
     hyper-parameters `schedule_params` (default: its defaults): linear warmup, then constant (the
-    paper's schedule, the default) or a decay to 0 at `total_steps`."""
+    paper's schedule, the default) or a decay to 0 at `total_steps`.
+
+    `warmup_steps` and `total_steps` count learner steps; the schedule advances once per optimizer update,
+    and a step makes `updates_per_step` of them (train.update_epochs x train.mini_batches), so the warmup
+    spans warmup_steps x updates_per_step updates and a decay reaches 0 after total_steps x updates_per_step:
+    the LR against the step (and the compute axis) keeps its shape whatever the number of updates."""
     params = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel is ~3x faster than the per-parameter loop on CPU for small models
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
-    warm = max(int(warmup_steps), 0)
+    per_step = max(int(updates_per_step), 1)
+    warm = max(int(warmup_steps), 0) * per_step
     schedule_fn = LR_SCHEDULES.build(schedule, schedule_params)
 
     def factor(update: int) -> float:
-        return schedule_fn(update, warm, int(total_steps))
+        return schedule_fn(update, warm, int(total_steps) * per_step)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return optimizer, scheduler
@@ -230,123 +261,6 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------
-# the step plan (learner rank 0, whole batch)
-@dataclass
-class MicroBatch:
-    """One forward/backward: padded rows with their share of the (global) loss normalisers."""
-
-    batch: Batch  # [b, P+T] padded (prompts left, completions right)
-    advantages: torch.Tensor  # [b] float32, normalised on the whole step batch
-    weights: torch.Tensor  # [b, T] float32, aggregation token weights from the whole step batch
-
-    @property
-    def dummy(self) -> bool:
-        return not bool(self.batch.mask.any())
-
-
-@dataclass
-class StepPlan:
-    """What every learner rank trains on this step, and what rank 0 keeps for the statistics."""
-
-    shards: list  # [T] lists of MicroBatch, all of equal length
-    batch: Batch  # the whole kept batch (rank 0)
-    advantages: torch.Tensor  # [B]
-    rows: list  # [T] index tensors: the rows of `batch` each rank trains on (in micro-batch order)
-    stats: dict
-    time_plan: float = 0.0  # seconds spent planning (counted in the step's time_train)
-
-
-class StepPeers(Protocol):
-    """Learner ranks 1..T-1 as rank 0 sees them (the trainer hands them their shards by message)."""
-
-    def send(self, shards: Sequence[Sequence[MicroBatch]]) -> None:
-        """Hand rank k its shard, shards[k - 1]; each trains it with `Learner.train_shard`."""
-
-    def gather(self) -> list[dict]:
-        """Their partial results, in rank order (once every one has reported)."""
-
-
-def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
-    """Assign rows to ranks with balanced token counts (longest first to the lightest rank).
-
-    Returns `ranks` lists of row indices, each sorted ascending (so a rank's rows keep the
-    batch order, and one rank gets exactly the original order).
-    """
-    if ranks == 1:
-        return [list(range(len(lengths)))]
-    load = [0] * ranks
-    out: list[list[int]] = [[] for _ in range(ranks)]
-    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
-        r = min(range(ranks), key=lambda k: (load[k], k))
-        out[r].append(i)
-        load[r] += int(lengths[i])
-    return [sorted(rows) for rows in out]
-
-
-def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list[int]]:
-    """Consecutive micro-batches of `rows`: by token budget when set, else by sequence count."""
-    budget = cfg.max_tokens_per_micro_batch
-    if budget is None:
-        n = max(int(cfg.micro_batch_size), 1)
-        return [rows[i : i + n] for i in range(0, len(rows), n)]
-    groups = plan_micro_batches([int(lengths[r]) for r in rows], int(budget))
-    return [[rows[i] for i in g] for g in groups]
-
-
-def _dummy_micro_batch(batch: Batch) -> MicroBatch:
-    """One padding row with no trainable token: keeps the ranks' collective counts equal."""
-    one = batch.select(torch.tensor([0])).trim()
-    one.mask = torch.zeros_like(one.mask)
-    return MicroBatch(one, torch.zeros(1), torch.zeros(one.mask.shape))
-
-
-def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: int, ranks: int) -> StepPlan:
-    """Filters, advantages and aggregation weights on the WHOLE step batch, split across `ranks`.
-
-    A plan with no shards means there is nothing to train on (every group filtered, or no
-    completion): no optimizer update this step.
-    """
-    if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
-        stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
-                 "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
-                 "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
-                 "forced_tokens": 0, "interrupted_frac": math.nan}
-        return StepPlan(shards=[], batch=None, advantages=torch.zeros(0), rows=[], stats=stats)
-    all_batch = collate(rollouts, pad_id)
-    stats = _rollout_stats(all_batch, rollouts, keep)
-    # 1. filters: groups the curriculum drops leave the loss (no refill here)
-    kept = [r for r, k in zip(rollouts, keep) if k]
-    stats["groups_trained"] = len(kept)
-    if not kept or sum(len(r.completions) for r in kept) == 0:
-        return StepPlan(shards=[], batch=all_batch, advantages=torch.zeros(0), rows=[], stats=stats)
-    kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
-    batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
-    # 2. advantages: one per sequence, normalised by name on the whole batch (batch std included)
-    normalize = build_component(cfg, ADVANTAGE_NORMS, cfg.advantage_norm)
-    advantages = normalize(batch.rewards.double(), batch.group_ids).float()  # [B]
-    # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
-    weights = token_weights(build_component(cfg, AGGREGATIONS, AGGREGATIONS.check(cfg.aggregation)), batch.mask,
-                            batch.group_ids)  # [B, T]
-    # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
-    lengths = batch.attention_mask.sum(dim=1).tolist()  # [B] prompt + completion tokens
-    per_rank = split_rows(lengths, ranks)
-    groups = [_micro_batch_rows(rows, lengths, cfg) for rows in per_rank]
-    n_mb = max(len(g) for g in groups)
-    shards, order = [], []
-    for g in groups:
-        mbs = []
-        for rows in g:
-            idx = torch.tensor(rows, dtype=torch.long)
-            sub = batch.select(idx).trim()
-            mbs.append(MicroBatch(sub, advantages[idx], weights[idx][:, : sub.mask.shape[1]]))
-        while len(mbs) < n_mb:
-            mbs.append(_dummy_micro_batch(batch))
-        shards.append(mbs)
-        order.append(torch.tensor([r for rows in g for r in rows], dtype=torch.long))
-    return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats)
-
-
-# ---------------------------------------------------------------------------------------
 class Learner:
     """Owns the trained model (fp32 master), its optimizer and the step function of one learner rank.
 
@@ -406,6 +320,7 @@ class Learner:
             schedule=cfg.lr_schedule,
             total_steps=cfg.total_steps,
             schedule_params=component_params(cfg, LR_SCHEDULES, cfg.lr_schedule),
+            updates_per_step=cfg.updates_per_step,
         )
         self.loss_fn = build_component(cfg, LOSSES, cfg.loss)
         # None for "none" (components/mismatch.py)
@@ -498,7 +413,9 @@ class Learner:
         adv = mb.advantages.to(self.device)  # [b]
         batch = mb.batch.to(self.device)
         # train.mismatch_correction: none -> loss_fn as is; else loss_fn against sg(logp) times the weight
-        per_token = policy_loss(self.loss_fn, self.correction, logp, batch.gen_logp, adv, batch.mask)  # [b, T]
+        old_logp = mb.old_logp.to(self.device) if mb.old_logp is not None else None  # [b, T] fixed pi_old, or None
+        per_token = policy_loss(self.loss_fn, self.correction, logp, batch.gen_logp, adv, batch.mask,
+                                old_logp=old_logp)  # [b, T]
         extra = {}
         # reference-KL penalty (train.kl_coef > 0): + kl_coef * kl per token, aggregated like the policy loss
         if self.kl_fn is not None:
@@ -588,14 +505,77 @@ class Learner:
         t0 = time.perf_counter()
         if not plan.shards:  # nothing to train on: no optimizer update, the version stays
             return finish_stats(plan, None, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
-        if len(plan.shards) > 1:
-            if peers is None:
-                raise RuntimeError(f"a {len(plan.shards)}-rank step needs its peer ranks (peers=None)")
-            peers.send(plan.shards[1:])
-        parts = [self.train_shard(plan.shards[0])]  # a collective with the peers when T > 1
-        if len(plan.shards) > 1:
-            parts += peers.gather()
+        if self.cfg.updates_per_step > 1:
+            return self.train_updates(plan, peers)
+        parts = self.update_all_ranks(plan.shards, peers)
         return finish_stats(plan, parts, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
+
+    def update_all_ranks(self, shards: Sequence[Sequence[MicroBatch]], peers: Optional[StepPeers] = None) -> list[dict]:
+        """ONE optimizer update on `shards` (one per rank): every rank's partial results, in rank order."""
+        if len(shards) > 1:
+            if peers is None:
+                raise RuntimeError(f"a {len(shards)}-rank step needs its peer ranks (peers=None)")
+            peers.send(shards[1:])
+        parts = [self.train_shard(shards[0])]  # a collective with the peers when T > 1
+        if len(shards) > 1:
+            parts += peers.gather()
+        return parts
+
+    @property
+    def fixes_old_logprobs(self) -> bool:
+        """Whether a step starts with a no-grad forward for pi_old (a mismatch correction with several updates
+        per step; one more forward per trained sequence in the FLOPs)."""
+        return self.correction is not None and self.cfg.updates_per_step > 1
+
+    @torch.no_grad()
+    def old_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[torch.Tensor]:
+        """pi_old [b, T] of each micro-batch (dummies included: the ranks' collectives must match): a no-grad
+        forward, in eval mode (no dropout), under the current weights. Sets each micro-batch's `old_logp`."""
+        self.model.eval()
+        out = []
+        for mb in micro_batches:
+            logp, _ = self.logprobs(mb)  # [b, T]
+            mb.old_logp = logp.detach().float().cpu()
+            out.append(mb.old_logp)
+        if self.ranks > 1:
+            self.model.reshard()  # FSDP2 keeps the root unsharded after a forward with no backward
+        self.model.train()
+        return out
+
+    def fix_old_logprobs(self, minis: Sequence[MiniBatchPlan], peers=None) -> None:
+        """Before a step's first update: every micro-batch of every mini-batch gets its pi_old (`old_logprobs`),
+        on the rank that trains it; peer ranks compute theirs and send them back, so the micro-batches
+        rank 0 hands out later carry them."""
+        T = len(minis[0].shards)
+        if T == 1:
+            for mini in minis:
+                for shard in mini.shards:
+                    self.old_logprobs(shard)
+            return
+        if peers is None:
+            raise RuntimeError(f"a {T}-rank step needs its peer ranks (peers=None)")
+        peers.score_old([[mini.shards[k] for mini in minis] for k in range(1, T)])
+        for mini in minis:
+            self.old_logprobs(mini.shards[0])  # the same forwards, in the same order, as the peers
+        for k, per_mini in enumerate(peers.gather_old(), start=1):
+            for mini, logps in zip(minis, per_mini):
+                for mb, lp in zip(mini.shards[k], logps):
+                    mb.old_logp = lp
+
+    def train_updates(self, plan: StepPlan, peers: Optional[StepPeers] = None) -> dict:
+        """A step of train.update_epochs x train.mini_batches optimizer updates on one batch (module docstring,
+        "Update epochs"): pi_old fixed first, then every epoch passes over every mini-batch, one update each."""
+        t0 = time.perf_counter()
+        start_version = self.version
+        minis = plan.mini_batch_plans()
+        if self.fixes_old_logprobs:
+            self.fix_old_logprobs(minis, peers)
+        updates = []  # (epoch, mini-batch plan, every rank's partial results)
+        for epoch in range(self.cfg.update_epochs):
+            for mini in minis:
+                updates.append((epoch, mini, self.update_all_ranks(mini.shards, peers)))
+        return finish_update_stats(plan, updates, start_version, self.version, self.cfg,
+                                   plan.time_plan + time.perf_counter() - t0)
 
     def step(self, rollouts: Sequence[Rollout], keep: Sequence[bool], peers: Optional[StepPeers] = None) -> dict:
         """`plan` then `train`: one step on `rollouts` (`keep[i]`: the filters' verdict on group i)."""
@@ -615,144 +595,3 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
-
-
-# ---------------------------------------------------------------------------------------
-# statistics (learner rank 0)
-def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_train: float) -> dict:
-    """The metrics of a step from the plan and every rank's partial results (rank order)."""
-    stats = dict(plan.stats)
-    if parts is None:  # nothing trained: no optimizer update, the version stays
-        stats.update(_empty_step_stats(version))
-        stats["time_train"] = time_train
-        if cfg.kl_coef > 0:
-            stats["kl"] = math.nan
-        return stats
-    batch, advantages = plan.batch, plan.advantages
-    B, T = batch.mask.shape
-    logp_all = torch.zeros(B, T)  # [B, T]
-    entropy_all = torch.zeros(B, T)  # [B, T]
-    for rows, part in zip(plan.rows, parts):
-        start = 0
-        for lp, ent in zip(part["logp"], part["entropy"]):
-            idx = rows[start : start + lp.shape[0]]
-            logp_all[idx, : lp.shape[1]] = lp
-            entropy_all[idx, : ent.shape[1]] = ent
-            start += lp.shape[0]
-    mask = batch.mask
-    loss_params = component_params(cfg, LOSSES, cfg.loss)
-    diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask, **loss_params)
-    if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
-        against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask, **loss_params)
-        diag.update({k: v for k, v in against_self.items() if k.startswith("clip_frac")})
-    gap = (logp_all - batch.gen_logp)[mask].abs()  # [N]
-    lag = (version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
-    gap_lag0 = gap[lag == 0]  # [N0] tokens sampled by the very weights trained on: kernel/precision mismatch only
-    stats.update(
-        loss=float(sum(p["loss"] for p in parts)),
-        grad_norm=parts[0]["grad_norm"],
-        lr=parts[0]["lr"],
-        entropy=float(entropy_all[mask].mean()) if bool(mask.any()) else math.nan,
-        clip_frac=diag["clip_frac"],
-        is_ratio_mean=diag["is_ratio_mean"],
-        is_ratio_min=diag["is_ratio_min"],
-        is_ratio_max=diag["is_ratio_max"],
-        logprob_gap_mean=float(gap.mean()) if gap.numel() else math.nan,
-        logprob_gap_max=float(gap.max()) if gap.numel() else math.nan,
-        lag_mean=float(lag.mean()) if lag.numel() else math.nan,
-        lag_max=int(lag.max()) if lag.numel() else 0,
-        logprob_gap_lag0=float(gap_lag0.mean()) if gap_lag0.numel() else math.nan,
-        **_mechanism_quantiles(logp_all, batch.gen_logp, mask, lag),
-        advantage_abs_mean=float(advantages.abs().mean()),
-        trained_tokens=int(mask.sum()),
-        trained_seq_tokens=int(batch.attention_mask.sum()),
-        version=version,
-        time_train=time_train,
-    )
-    # the reference-KL penalty (train.kl_coef > 0): `kl` is the mean per-token estimate over the trained tokens
-    if any("kl" in part for part in parts):
-        kl_all = torch.zeros(B, T)  # [B, T]
-        for rows, part in zip(plan.rows, parts):
-            start = 0
-            for kl in part.get("kl", []):
-                idx = rows[start : start + kl.shape[0]]
-                kl_all[idx, : kl.shape[1]] = kl
-                start += kl.shape[0]
-        stats["kl"] = float(kl_all[mask].mean()) if bool(mask.any()) else math.nan
-    # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
-    stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
-    # generator vs learner before the update (free: logp_all are those log-probs); components/mismatch.py
-    stats.update(mismatch_stats(cfg.mismatch_correction, logp_all, batch.gen_logp, mask,
-                                component_params(cfg, MISMATCH_CORRECTIONS, cfg.mismatch_correction)))
-    return stats
-
-
-RATIO_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)  # ratio_p01 ... ratio_p99: how far the importance ratios spread
-LAG_QUANTILES = (0.5, 0.9)  # lag_p50, lag_p90 (lag_mean and lag_max beside them)
-
-
-def _quantile_stats(values: torch.Tensor, qs: Sequence[float], prefix: str) -> dict:
-    """{f"{prefix}{round(100 q):02d}": the q-quantile of the 1-D `values`} (NaN when empty)."""
-    keys = [f"{prefix}{round(100 * q):02d}" for q in qs]
-    if not values.numel():
-        return dict.fromkeys(keys, math.nan)
-    got = torch.quantile(values.double(), torch.tensor(qs, dtype=torch.float64))  # [len(qs)]
-    return {k: float(v) for k, v in zip(keys, got)}
-
-
-def _mechanism_quantiles(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor, lag: torch.Tensor) -> dict:
-    """The meters of the off-policy mechanisms over the trained tokens: quantiles of the importance
-    ratio pi_train / pi_gen (before the update) and of the policy lag. logp, gen_logp, mask [B, T];
-    lag [N] (N = mask.sum())."""
-    ratio = torch.exp(logp.detach() - gen_logp)[mask]  # [N]
-    return {**_quantile_stats(ratio, RATIO_QUANTILES, "ratio_p"), **_quantile_stats(lag, LAG_QUANTILES, "lag_p")}
-
-
-def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
-    """Statistics over EVERY group of the step (before filtering)."""
-    n_groups = len(rollouts)
-    zero_var = sum(1 for r in rollouts if len(set(float(x) for x in r.rewards)) <= 1)
-    # completions whose sampled tokens came from more than one policy version (in-flight updates)
-    spans = [len({v for v, f in zip(c.versions, c.forced) if not f}) > 1 for r in rollouts for c in r.completions]
-    n = len(batch)
-    return {
-        "prompts": n_groups,
-        "generations": n,
-        "tokens": int(batch.num_tokens.sum()) if n else 0,
-        "reward_mean": float(batch.rewards.mean()) if n else math.nan,
-        "pass_rate": float(batch.passed.float().mean()) if n else math.nan,
-        "zero_variance_frac": zero_var / max(n_groups, 1),
-        "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
-        "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
-        "completion_len_mean": float(batch.num_tokens.float().mean()) if n else math.nan,
-        **_quantile_stats(batch.num_tokens.float() if n else torch.zeros(0), (0.1, 0.5, 0.9), "completion_tokens_p"),
-        "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
-        "multi_version_frac": sum(spans) / max(len(spans), 1),
-        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions)),
-        "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
-        if n else math.nan,
-        **_reward_part_means(rollouts),
-    }
-
-
-def _reward_part_means(rollouts: Sequence[Rollout]) -> dict:
-    """train.reward_funcs: {"reward/<name>": the mean of that function's (unweighted) reward over every
-    generation of the step that it scored (NaN: none)}; empty without reward functions."""
-    names = list(dict.fromkeys(name for r in rollouts for name in (r.reward_parts or {})))
-    out = {}
-    for name in names:
-        values = [float(v) for r in rollouts for v in (r.reward_parts or {}).get(name, ()) if math.isfinite(float(v))]
-        out[f"reward/{name}"] = math.fsum(values) / len(values) if values else math.nan
-    return out
-
-
-def _empty_step_stats(version: int) -> dict:
-    nan = math.nan
-    return dict(
-        loss=nan, grad_norm=nan, lr=nan, entropy=nan, clip_frac=nan, is_ratio_mean=nan, is_ratio_min=nan,
-        is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan, logprob_gap_lag0=nan,
-        **{f"ratio_p{round(100 * q):02d}": nan for q in RATIO_QUANTILES},
-        **{f"lag_p{round(100 * q):02d}": nan for q in LAG_QUANTILES},
-        advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1,
-        mismatch_kl=nan, mismatch_masked_frac=nan,
-    )

@@ -38,12 +38,15 @@ from typing import Optional
 import torch
 
 from components.curricula import build_curriculum
+from components.environments import episode_stats, generated_token_count, observation_token_count
 from components.offpolicy import LoopState, derive_seed, make_scheme
 from components.registry import CURRICULA, OFF_POLICY, TASKS
-from components.trainer.accounting import FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats
+from components.trainer.accounting import (FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats,
+                                           step_flop_terms)
 from components.trainer.config import component_params, family_params
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
 from components.trainer.export import write_final_policy
+from components.trainer.follower_ranks import FollowerRanks, GeneratorError
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer import messages as M
 from components.trainer.learner import Learner
@@ -58,39 +61,12 @@ log = logging.getLogger(__name__)
 __all__ = ["Trainer", "GeneratorError", "derive_seed"]
 
 
-class GeneratorError(RuntimeError):
-    """A generator (or another process of the run) failed; its traceback is in the message."""
-
-
 def _count_by_generator(rollouts: list) -> dict:
     counts: dict = {}
     for r in rollouts:
         key = f"generator-{int(r.generator)}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
-
-
-class _FollowerRanks:
-    """Learner ranks 1..T-1 seen from rank 0 (`learner.StepPeers`): each gets its shard by message,
-    trains it in the same collectives (worker.py), and reports its partial result back."""
-
-    def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
-
-    def send(self, shards) -> None:
-        t = self.trainer
-        t.step_parts = {}
-        for name, shard in zip(t.followers, shards):
-            t.hub.send(name, M.TrainStep(shard))
-
-    def gather(self) -> list[dict]:
-        t = self.trainer
-        deadline = time.monotonic() + t.cfg.queue_timeout_s
-        while len(t.step_parts) < len(t.followers):
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"learner ranks did not report their step within {t.cfg.queue_timeout_s}s")
-            t._pump(1.0)
-        return [t.step_parts[k] for k in range(1, len(t.followers) + 1)]
 
 
 class Trainer:
@@ -263,11 +239,13 @@ class Trainer:
                                      f"process states: {self.hub.state()}")
         rollout = self.rollouts.pop(0)
         self._since["time_generate"] += rollout.time_generate
-        tokens = sum(len(c.token_ids) for c in rollout.completions)
+        # multi-turn: an environment's observation tokens count as prompt tokens, not generated ones
+        tokens = sum(generated_token_count(c) for c in rollout.completions)
         self._since["generated_tokens"] += tokens
         self.totals["generated_tokens"] += tokens
         self.totals["verifier_errors"] += rollout.verifier_errors
-        self.flops += sum(self.flop_counter.generation(len(c.prompt_ids), len(c.token_ids)) for c in rollout.completions)
+        self.flops += sum(self.flop_counter.generation(len(c.prompt_ids) + observation_token_count(c), generated_token_count(c))
+                          for c in rollout.completions)
         return rollout
 
     def _push_weights(self) -> None:
@@ -437,14 +415,15 @@ class Trainer:
     def _learn(self, rollouts: list[Rollout]) -> dict:
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
         plan = self.learner.plan(rollouts, keep)
-        stats = self.learner.train(plan, _FollowerRanks(self) if self.followers else None)
-        if plan.shards:  # the kept (trained) sequences' FLOPs
+        stats = self.learner.train(plan, FollowerRanks(self) if self.followers else None)
+        if plan.shards:  # the kept (trained) sequences' FLOPs: every pass of every update epoch
             batch = plan.batch
             prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
             for p_len, c_len in zip(prompt_lens, batch.num_tokens.tolist()):
-                self.flops += self.flop_counter.training(int(p_len), int(c_len))
-                if self.learner.has_reference:  # the KL reference (a copy, or LoRA adapters off): one more forward
-                    self.flops += self.flop_counter.generation(int(p_len), int(c_len))
+                for flops in step_flop_terms(self.flop_counter, int(p_len), int(c_len), epochs=self.cfg.update_epochs,
+                                             reference=self.learner.has_reference,
+                                             old_pass=self.learner.fixes_old_logprobs):
+                    self.flops += flops
         return stats
 
     def _train_step(self, rollouts: list[Rollout]) -> dict:
@@ -465,6 +444,7 @@ class Trainer:
             "stale_dropped": self._since["stale_dropped"],
             "refill_dropped": self._since["refill_dropped"],
             **self.curriculum.sampler.stats(),
+            **episode_stats(rollouts),  # multi-turn only (train.environment): turns, tool calls, observation tokens
             "groups_by_generator": _count_by_generator(rollouts),
             **self._proc_fields(),
         }

@@ -5,7 +5,7 @@ the dataclasses below and read them by attribute (``msg.rollout``, ``msg.proc``)
 position. Who sends what:
 
     learner-0 (hub) ──► generator-i      Work, PushWeights, Drain, Evaluate, RunDownstream, Stop
-    learner-0 (hub) ──► learner-k        TrainStep, JoinWeightSync, SaveCheckpoint, LoadCheckpoint, Stop
+    learner-0 (hub) ──► learner-k        TrainStep, ScoreOld, JoinWeightSync, SaveCheckpoint, LoadCheckpoint, Stop
     generator-i     ──► learner-0        Ready, GroupDone, Drained, EvalDone, DownstreamDone, Failed
     learner-k       ──► learner-0        Ready, StepDone, Failed
 
@@ -37,6 +37,7 @@ __all__ = [
     "RunDownstream",
     "Stop",
     "TrainStep",
+    "ScoreOld",
     "JoinWeightSync",
     "SaveCheckpoint",
     "LoadCheckpoint",
@@ -107,6 +108,15 @@ class TrainStep(Message):
     """Train this rank's share of one learner step (a `learner.plan_step` shard); answered by `StepDone`."""
 
     shard: Any
+
+
+@dataclass(frozen=True)
+class ScoreOld(Message):
+    """Compute pi_old of this rank's micro-batches before a step's first update (train.update_epochs /
+    train.mini_batches with a mismatch correction: `Learner.fix_old_logprobs`): `shards` holds this rank's
+    micro-batches of each mini-batch; answered by `StepDone` whose part is {"old_logp": per mini-batch lists}."""
+
+    shards: Any
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,6 @@ class Failed(Message):
 
 MESSAGE_TYPES: tuple[type, ...] = (
     Work, PushWeights, Drain, Evaluate, RunDownstream, Stop,
-    TrainStep, JoinWeightSync, SaveCheckpoint, LoadCheckpoint,
+    TrainStep, ScoreOld, JoinWeightSync, SaveCheckpoint, LoadCheckpoint,
     Ready, GroupDone, StepDone, Drained, EvalDone, DownstreamDone, Failed,
 )

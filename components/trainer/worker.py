@@ -132,6 +132,9 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
             elif isinstance(msg, M.TrainStep):
                 part = learner.train_shard(msg.shard)
                 peer.send(M.StepDone(index, part, proc_stats()))
+            elif isinstance(msg, M.ScoreOld):  # pi_old before a step's first update, in the same forwards as rank 0
+                part = {"old_logp": [learner.old_logprobs(shard) for shard in msg.shards]}
+                peer.send(M.StepDone(index, part, proc_stats()))
             elif isinstance(msg, M.JoinWeightSync):  # join the parameter gathers; learner-0 broadcasts
                 push_weights(learner.model, cfg.precision, msg.update, None)
             elif isinstance(msg, M.SaveCheckpoint):
