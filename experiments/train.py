@@ -92,12 +92,27 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str] = (), *, r
     (`on_this_machine`: see `check_settings`).
     model.path is NOT resolved (resolving it may build a warm start). Returns (TrainConfig with
     model_path unresolved, absolute config files, sys_path)."""
-    import gin
+    parsed = parse_config(config_files, bindings)
+    check_parsed(parsed[0], read_data=read_data, on_this_machine=on_this_machine)
+    return parsed
 
-    from components.trainer.config import UNRESOLVED_MODEL_PATH, ConfigError, train_config
+
+def parse_config(config_files: Sequence[str], bindings: Sequence[str] = ()):
+    """The run's gin files parsed (once) and its TrainConfig built from them, every component's values in
+    its table, model.path unresolved; nothing checked yet (`check_parsed`). Returns (TrainConfig,
+    absolute config files, sys_path); gin holds the parsed config."""
+    from components.trainer.config import UNRESOLVED_MODEL_PATH, train_config
 
     files, sys_path = parse_gin_files(config_files, bindings)
-    cfg = train_config(model_path=UNRESOLVED_MODEL_PATH)
+    return train_config(model_path=UNRESOLVED_MODEL_PATH), files, sys_path
+
+
+def check_parsed(cfg, *, read_data: bool = True, on_this_machine: bool = True) -> None:
+    """`check_config`'s checks of a parsed config (`parse_config`; gin holds it)."""
+    import gin
+
+    from components.trainer.config import ConfigError
+
     check_settings(cfg, on_this_machine)
     try:  # bound (to a path, an id or a builder): what it names is resolved after these checks
         gin.query_parameter("model.path")
@@ -106,18 +121,22 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str] = (), *, r
                           "(a local checkpoint directory or a Hugging Face hub id)") from None
     if read_data:
         check_data(cfg)
-    return cfg, files, sys_path
 
 
-def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
+def prepare(config_files: Sequence[str], bindings: Sequence[str] = (), parsed=None):
     """Parse and validate; returns (TrainConfig, absolute config files, sys_path). Raises on bad input.
 
     Everything that can be checked without the model is checked (`check_config`) before model.path
-    is resolved, since resolving it may build a model (a warm start)."""
+    is resolved, since resolving it may build a model (a warm start). `parsed`: what `parse_config`
+    returned for these files and bindings (gin still holding it), not parsed again."""
     from components.models import check_model_path
     from components.trainer.config import ConfigError, model_config
 
-    unresolved, files, sys_path = check_config(config_files, bindings)  # parsed and validated, once
+    if parsed is None:
+        unresolved, files, sys_path = check_config(config_files, bindings)  # parsed and validated, once
+    else:
+        unresolved, files, sys_path = parsed
+        check_parsed(unresolved)
     try:
         cfg = unresolved.replace(model_path=model_config())  # model.path resolved (a warm start may train here)
     except (ValueError, TypeError, RuntimeError) as err:
@@ -196,10 +215,11 @@ def run_training(
     from components.trainer.roles import process_env
 
     run_path = Path(run_dir) if run_dir is not None else default_run_dir(config_files)
-    rerun = None
+    rerun, parsed = None, None
     if (run_path / "run.json").exists():
         try:
-            rerun = _check_rerun(config_files, bindings, run_path, extend)
+            parsed = parse_config(config_files, bindings)  # the one parse, also what resolves the run below
+            rerun = _check_rerun(parsed[0], run_path, extend)
         except Exception as err:
             _refused_input(run_path, run_dir, run_info, record_invalid, err)
             raise
@@ -210,7 +230,7 @@ def run_training(
     if penv is not None and penv.source == "slurm":
         return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress, rerun=rerun)
     try:
-        run = resolve(config_files, bindings)
+        run = resolve(config_files, bindings, parsed)
     except Exception as err:
         _refused_input(run_path, run_dir, run_info, record_invalid, err)
         raise
@@ -218,21 +238,23 @@ def run_training(
     return _supervise_local(run, run_path, run_info, progress, rerun)
 
 
-def resolve(config_files: Sequence[str], bindings: Sequence[str] = ()):
-    """The run's `ResolvedRun`: gin parsed once, the config validated once, model.path resolved
-    (`prepare`), and what the run's processes need from gin captured; they read no gin."""
+def resolve(config_files: Sequence[str], bindings: Sequence[str] = (), parsed=None):
+    """The run's `ResolvedRun`: gin parsed once (`parsed`: already, by `parse_config`), the config validated,
+    model.path resolved (`prepare`), and what the run's processes need from gin captured; they read no gin."""
     from components.trainer.resolve import resolved_run
 
-    cfg, files, sys_path = prepare(config_files, bindings)
+    cfg, files, sys_path = prepare(config_files, bindings, parsed)
     return resolved_run(cfg, files, bindings, sys_path)
 
 
-def _check_rerun(config_files, bindings, run_path: Path, extend: bool):
-    """A re-invoked run directory: its recorded settings against these (parsed, nothing built or
-    written). Returns the `Rerun`; raises SettingsChangedError naming every refused difference."""
+def _check_rerun(cfg, run_path: Path, extend: bool):
+    """A re-invoked run directory: its recorded settings against these (`cfg` parsed, with its resolved
+    component table; nothing built or written): the same `run_settings.resolved_settings` that run.json
+    records when the run starts. Returns the `Rerun`; raises SettingsChangedError naming every refused
+    difference."""
     from experiments.run_settings import check_rerun, resolved_settings, stored_settings
 
-    cfg, _files, _sys_path = check_config(config_files, bindings, read_data=False, on_this_machine=False)
+    check_parsed(cfg, read_data=False, on_this_machine=False)
     rerun = check_rerun(run_path, resolved_settings(cfg), extend)
     if stored_settings(run_path) is None and (rerun.checkpoint is not None or rerun.status == "done"):
         log.warning("run %s records no settings (it started before runs recorded them): its settings cannot be "
