@@ -19,7 +19,45 @@ import pytest
 from _helpers_trainer import REPO
 
 CONFIG = str(REPO / "experiments" / "configs" / "tiny_cpu.gin")
-RETRY_GIN = str(REPO / "docs" / "examples" / "retry_env.gin")
+# a user environment with hyper-parameters (as docs/examples/retry_env.py), under a name no other test uses;
+# unregistered after this module's tests, so the registry's listing elsewhere is the built-in one
+ENV_MODULE = '''
+from components.environments import Environment, Reward
+from components.registry import ENVIRONMENTS
+
+
+@ENVIRONMENTS.register("rs_retry", ranges={"tries": ">= 1"})
+class RsRetry(Environment):
+    def __init__(self, task, problem, *, tries: int = 3, retry_cost: float = 0.5):
+        super().__init__(task, problem)
+        self.tries, self.retry_cost = int(tries), float(retry_cost)
+
+    def step(self, turn):
+        return Reward(0.0, False, {})
+'''
+ENV_GIN = '''import rs_env
+train.environment = "rs_retry"
+train.length_control = None
+train.max_turns = 2
+train.max_tokens = 24
+train.max_tokens_per_turn = 12
+train.max_observation_tokens = 24
+'''
+
+
+@pytest.fixture(scope="module")
+def env_gin(tmp_path_factory):
+    import sys
+
+    from components.registry import ENVIRONMENTS
+
+    root = tmp_path_factory.mktemp("rs_env")
+    (root / "rs_env.py").write_text(ENV_MODULE)
+    (root / "rs_env.gin").write_text(ENV_GIN)
+    yield str(root / "rs_env.gin")
+    if "rs_retry" in ENVIRONMENTS:
+        ENVIRONMENTS.unregister("rs_retry")
+    sys.modules.pop("rs_env", None)
 
 
 @pytest.fixture(autouse=True)
@@ -38,18 +76,18 @@ def _parsed(*bindings: str, files=(CONFIG,)):
     return cfg
 
 
-def test_print_config_prints_every_resolved_component_with_its_defaults(capsys):
+def test_print_config_prints_every_resolved_component_with_its_defaults(capsys, env_gin):
     from experiments.cli import main
 
-    bindings = ['train.mismatch_correction = "tis"', "train.kl_coef = 0.01", "retry.tries = 4"]
-    assert main(["train", CONFIG, RETRY_GIN, *sum((["--gin", b] for b in bindings), []), "--print-config"]) == 0
+    bindings = ['train.mismatch_correction = "tis"', "train.kl_coef = 0.01", "rs_retry.tries = 4"]
+    assert main(["train", CONFIG, env_gin, *sum((["--gin", b] for b in bindings), []), "--print-config"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "tis.cap = 2.0" in lines  # the mismatch correction's default (no hand-kept list names that family)
-    assert "retry.tries = 4" in lines and "retry.retry_cost = 0.5" in lines  # a user environment: binding, default
+    assert "rs_retry.tries = 4" in lines and "rs_retry.retry_cost = 0.5" in lines  # a user environment: binding, default
     import gin
 
     gin.clear_config()
-    cfg = _parsed(*bindings, files=(CONFIG, RETRY_GIN))
+    cfg = _parsed(*bindings, files=(CONFIG, env_gin))
     families = {family for family, _name, _params in cfg.components}
     assert {"mismatch_corrections", "environments", "kl_estimators", "losses", "tasks"} <= families
     for family, name, params in cfg.components:  # every resolved value is printed
@@ -58,10 +96,10 @@ def test_print_config_prints_every_resolved_component_with_its_defaults(capsys):
                 (family, name, key, value)
 
 
-def test_run_json_settings_come_from_the_resolved_table_and_a_changed_value_is_refused(tmp_path):
+def test_run_json_settings_come_from_the_resolved_table_and_a_changed_value_is_refused(tmp_path, env_gin):
     from experiments.run_settings import SettingsChangedError, check_rerun, resolved_settings
 
-    cfg = _parsed('train.mismatch_correction = "tis"', files=(CONFIG, RETRY_GIN))
+    cfg = _parsed('train.mismatch_correction = "tis"', files=(CONFIG, env_gin))
     settings = resolved_settings(cfg)
     for family, name, params in cfg.components:
         for key, _value in params:
@@ -72,12 +110,12 @@ def test_run_json_settings_come_from_the_resolved_table_and_a_changed_value_is_r
     import gin
 
     gin.clear_config()
-    changed = resolved_settings(_parsed('train.mismatch_correction = "tis"', "tis.cap = 3.0", "retry.retry_cost = 0.25",
-                                        files=(CONFIG, RETRY_GIN)))
+    changed = resolved_settings(_parsed('train.mismatch_correction = "tis"', "tis.cap = 3.0", "rs_retry.retry_cost = 0.25",
+                                        files=(CONFIG, env_gin)))
     with pytest.raises(SettingsChangedError) as caught:
         check_rerun(run_dir, changed)
     msg = str(caught.value)
-    assert "tis.cap: recorded 2.0, new 3.0" in msg and "retry.retry_cost: recorded 0.5, new 0.25" in msg, msg
+    assert "tis.cap: recorded 2.0, new 3.0" in msg and "rs_retry.retry_cost: recorded 0.5, new 0.25" in msg, msg
 
 
 def test_a_rerun_parses_its_config_once(tmp_path, monkeypatch):
@@ -109,19 +147,19 @@ def test_a_rerun_parses_its_config_once(tmp_path, monkeypatch):
     assert resolved_settings(started[0].cfg) == recorded  # what run.json will record: the same resolution
 
 
-def test_an_environment_is_built_with_its_resolved_values_gin_unread(tmp_path):
+def test_an_environment_is_built_with_its_resolved_values_gin_unread(tmp_path, env_gin):
     import gin
 
     from components.environments import make_episode_runners
     from components.models import build_tiny_policy, load_tokenizer
     from components.registry import TASKS
 
-    cfg = _parsed("retry.tries = 5", files=(CONFIG, RETRY_GIN))
-    assert cfg.params_of("environments", "retry") == {"tries": 5, "retry_cost": 0.5}
+    cfg = _parsed("rs_retry.tries = 5", files=(CONFIG, env_gin))
+    assert cfg.params_of("environments", "rs_retry") == {"tries": 5, "retry_cost": 0.5}
     gin.clear_config()  # what a run's process sees: no gin
     task = TASKS.get("arithmetic")(seed=0, num_train=4, num_eval=2)
     tokenizer = load_tokenizer(str(build_tiny_policy(tmp_path / "tiny")))
     runners = make_episode_runners(cfg, task, task.train_problems()[0], tokenizer, 2)
     assert [r.environment.tries for r in runners] == [5, 5] and runners[0].environment.retry_cost == 0.5
-    gin.parse_config("retry.tries = 9")  # a binding made afterwards is not read: the run's values are
+    gin.parse_config("rs_retry.tries = 9")  # a binding made afterwards is not read: the run's values are
     assert make_episode_runners(cfg, task, task.train_problems()[0], tokenizer, 1)[0].environment.tries == 5
