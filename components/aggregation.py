@@ -131,16 +131,17 @@ def _takes_turn_ids(aggregate) -> bool:
         return False
 
 
-def token_weights(name: str, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32, *,
+def token_weights(aggregation, mask: Tensor, group_ids: Tensor, dtype: torch.dtype = torch.float32, *,
                   turn_ids: Optional[Tensor] = None) -> Tensor:
-    """The weight of every token in aggregation `name`, computed on the WHOLE step batch.  [B, T]
+    """The weight of every token in `aggregation` (a registered name, built with its defaults, or the
+    aggregate function itself), computed on the WHOLE step batch.  [B, T]
 
     Works for any registered aggregation that is linear in the per-token loss (the paper's
     three, and any user one that is): the weights are the gradient of the aggregate with
     respect to the per-token loss. `turn_ids` [B, T] reaches an aggregation that takes a
     `turn_ids` keyword (turn_mean).
     """
-    aggregate = AGGREGATIONS.get(name)
+    aggregate = AGGREGATIONS.build(aggregation) if isinstance(aggregation, str) else aggregation
     extra = {"turn_ids": turn_ids} if turn_ids is not None and _takes_turn_ids(aggregate) else {}
     probe = torch.zeros(mask.shape, dtype=dtype, device=mask.device, requires_grad=True)  # [B, T]
     with torch.enable_grad():

@@ -218,7 +218,7 @@ class BenchmarkTask(Task):
         self.grader = grader
         self.reward_name = {"math": "math_verify", "reward": reward, "code": None}[grader]
         if grader == "reward":
-            from components.rewards import check_reward
+            from components.tasks.reward_verdicts import check_reward
 
             check_reward(reward)
         self.pass_threshold = float(pass_threshold)
@@ -297,7 +297,7 @@ class BenchmarkTask(Task):
             run = lambda p, code: run_program_tests(self._tests[p.id], code, limits=self.limits,
                                                     config=self.sandbox_config, max_tests=self.max_tests)
             return grade_code_completion(self, problem, completion, run)
-        from components.rewards import reward_verdict
+        from components.tasks.reward_verdicts import reward_verdict
 
         return reward_verdict(self.reward_name, problem.prompt, completion, row, pass_threshold=self.pass_threshold,
                               reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect)

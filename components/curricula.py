@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -356,14 +356,22 @@ class Curriculum:
         self.sampler.load_state_dict(state["sampler"])
 
 
-def build_curriculum(names: Sequence[str] | str, problems: Sequence[Any], seed: int = 0) -> Curriculum:
-    """Compose `names` (registry CURRICULA) into one Curriculum; unknown names raise the registry's error."""
+def build_curriculum(names: Sequence[str] | str, problems: Sequence[Any], seed: int = 0,
+                     params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Curriculum:
+    """Compose `names` (registry CURRICULA) into one Curriculum; unknown names raise the registry's error.
+
+    `params`: {name: hyper-parameters} of a resolved run (a name it lacks: its defaults); None: each
+    entry as gin configures it (a tool outside a run)."""
     if isinstance(names, str):
         names = [names]
     sampler = None
     filters: list[GroupFilter] = []
+
+    def entry(name: str):
+        return CURRICULA.get(name) if params is None else CURRICULA.build(name, params.get(name))
+
     for name in names:
-        cls = CURRICULA.get(name)
+        cls = entry(name)
         original = CURRICULA.original(name)
         if isinstance(original, type) and issubclass(original, PromptSampler):
             if sampler is not None:
@@ -378,5 +386,5 @@ def build_curriculum(names: Sequence[str] | str, problems: Sequence[Any], seed: 
                 raise TypeError(f"curriculum entry {name!r} is neither a prompt sampler nor a group filter")
             filters.append(obj)
     if sampler is None:
-        sampler = CURRICULA.get("uniform")(problems, seed)
+        sampler = entry("uniform")(problems, seed)
     return Curriculum(sampler=sampler, filters=filters)

@@ -23,8 +23,9 @@ Writing one (see docs/adding_an_environment.md)::
                 return Reward(1.0, True, {"correct": 1.0})
             return Observation("No, try again.")
 
-A fresh instance serves each sample (one episode): ``ENVIRONMENTS.get(name)(task, problem)``, its
-keyword hyper-parameters from gin (``guess.tries = 5``). The episode ends when `step` returns a
+A fresh instance serves each sample (one episode): ``make_environment(name, task, problem, params)``, its
+keyword hyper-parameters bound in gin (``guess.tries = 5``), resolved once with the run (its component
+table, `components.trainer.resolve`) and passed as arguments. The episode ends when `step` returns a
 `Reward`, or is cut by the trainer (``train.max_turns`` turns, the token budgets): `stop(reason)`
 then gives the reward (default: the task's incorrect reward, not passed).
 
@@ -263,15 +264,16 @@ class Calculator(ToolEnvironment):
 
 
 # Registered without rebinding the module names (as the tasks are): SingleTurn and Calculator stay the plain
-# classes, to subclass and to check instances against; ENVIRONMENTS.get(name) returns gin's configurable wrapper.
+# classes, to subclass and to check instances against; a run builds them with ENVIRONMENTS.build(name, params).
 ENVIRONMENTS.register("single_turn")(SingleTurn)
 ENVIRONMENTS.register("calculator")(Calculator)
 
 
-def make_environment(name: str, task, problem) -> Environment:
+def make_environment(name: str, task, problem, params: Optional[Mapping[str, Any]] = None) -> Environment:
     """A fresh episode of the environment registered as `name` (an unknown name: the registry's error,
-    listing the registered environments)."""
-    return ENVIRONMENTS.get(name)(task, problem)
+    listing the registered environments), built with a resolved run's hyper-parameters `params` as
+    arguments (`Registry.build`); None: as gin configures it (a tool or a test outside a run)."""
+    return ENVIRONMENTS.build(name, params)(task, problem)
 
 
 # =========================================================================================
@@ -413,11 +415,15 @@ class EpisodeRunner(Conversation):
 
 def make_episode_runners(settings, task, problem, tokenizer, n: int) -> Optional[list[EpisodeRunner]]:
     """One `EpisodeRunner` per sample of a problem, from a config with ``environment``, ``max_turns``,
-    ``max_tokens_per_turn`` and ``max_observation_tokens`` (a TrainConfig); None without an environment."""
+    ``max_tokens_per_turn`` and ``max_observation_tokens`` (a TrainConfig); None without an environment.
+    The environment is built with the hyper-parameters the config resolved for it (``params_of``), gin
+    unread; a TrainConfig made by hand (no component table) gets gin's bindings."""
     name = getattr(settings, "environment", None)
     if not name:
         return None
-    return [EpisodeRunner(make_environment(name, task, problem), tokenizer, max_turns=settings.max_turns,
+    # a resolved run's TrainConfig carries the environment's hyper-parameters (its component table)
+    params = settings.params_of("environments", name) if getattr(settings, "components", None) else None
+    return [EpisodeRunner(make_environment(name, task, problem, params), tokenizer, max_turns=settings.max_turns,
                           max_tokens_per_turn=settings.max_tokens_per_turn,
                           max_observation_tokens=settings.max_observation_tokens) for _ in range(int(n))]
 

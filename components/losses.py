@@ -27,7 +27,7 @@ bindings). ``clip_frac`` is the fraction of trained tokens whose gradient the lo
 
 Losses added in 2026 (`sapo`, `gmpo`, `clip_cov`, `kl_cov`; the table in docs/adding_a_loss.md
 lists their sources). `clip_cov` and `kl_cov` choose tokens by a covariance taken over the tokens
-they are GIVEN: the learner calls a loss once per micro-batch (`Learner._backward`: the rows of one
+they are GIVEN: the learner calls a loss once per micro-batch (`Learner.backward`: the rows of one
 micro-batch of one rank, `train.micro_batch_size` sequences or `train.max_tokens_per_micro_batch`
 tokens), so their statistics are per micro-batch, as in verl and in the authors' code, and equal to
 the whole-batch ones only when a step is one micro-batch on one rank (their docstrings say more).
@@ -540,8 +540,8 @@ def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tens
     Returns {"clip_frac", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "log_ratio_abs_mean"}
     plus whatever else the loss's diagnostics hook reports. clip_frac comes from the hook
     (``LOSSES.register(name, diagnostics=fn)``); NaN for a loss that registers none. The hook gets
-    the hyper-parameters the loss gets (its registry entry's defaults and gin bindings,
-    `Registry.bound_values`), overridden by `hparams`.
+    the hyper-parameters the loss gets: its defaults, overridden by `hparams` (the run's resolved
+    values, `TrainConfig.params_of`).
     """
     hook = LOSSES.diagnostics_of(name)  # clear error for an unknown name
     logp, gen_logp = logp.detach(), gen_logp.detach()
@@ -559,7 +559,7 @@ def loss_diagnostics(name: str, logp: Tensor, gen_logp: Tensor, advantages: Tens
         "log_ratio_abs_mean": float(log_ratio.abs().mean()),
     }
     if hook is not None:
-        hp = {**LOSSES.bound_values(name), **hparams}
+        hp = {**LOSSES.defaults(name), **hparams}
         reported = hook(logp, gen_logp, advantages, mask, **hp)
         out.update({str(k): float(v) for k, v in dict(reported or {}).items()})
     return out

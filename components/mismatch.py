@@ -106,7 +106,7 @@ returns ``{metric: float}``.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -208,9 +208,10 @@ def seq_mis(old_logp: Tensor, gen_logp: Tensor, mask: Tensor, *, low: float = 0.
 
 # ---------------------------------------------------------------------------------------
 # the learner's side
-def resolve_correction(name: str) -> Optional[Callable]:
-    """The registered correction `name` (gin-configured), or None for ``none`` (today's loss, untouched)."""
-    fn = MISMATCH_CORRECTIONS.get(name)  # an unknown name: the registry's error, with a did-you-mean
+def resolve_correction(name: str, params: Optional[Mapping[str, Any]] = None) -> Optional[Callable]:
+    """The registered correction `name` with its hyper-parameters `params` (the run's; None: as gin
+    configures it, `Registry.build`), or None for ``none`` (today's loss, untouched)."""
+    fn = MISMATCH_CORRECTIONS.build(name, params)  # an unknown name: the registry's error, with a did-you-mean
     return None if name == NONE else fn
 
 
@@ -232,20 +233,23 @@ def policy_loss(loss_fn: Callable, correction: Optional[Callable], logp: Tensor,
 
 
 @torch.no_grad()
-def mismatch_stats(name: str, old_logp: Tensor, gen_logp: Tensor, mask: Tensor) -> dict:
+def mismatch_stats(name: str, old_logp: Tensor, gen_logp: Tensor, mask: Tensor,
+                   params: Optional[Mapping[str, Any]] = None) -> dict:
     """The step's mismatch metrics over its trained tokens (module docstring, "Metrics"):
     mismatch_kl, mismatch_masked_frac, plus what the correction's diagnostics hook reports
-    (called with the hyper-parameters the correction gets: defaults and gin bindings)."""
+    (the correction and its hook get the hyper-parameters `params`, the run's resolved values;
+    a parameter `params` lacks keeps its default)."""
     n = int(mask.sum())
     if n == 0:
         return {"mismatch_kl": math.nan, "mismatch_masked_frac": math.nan}
-    weight = MISMATCH_CORRECTIONS.get(name)(old_logp, gen_logp, mask)  # [B, T]
+    params = {**MISMATCH_CORRECTIONS.defaults(name), **dict(params or {})}
+    weight = MISMATCH_CORRECTIONS.build(name, params)(old_logp, gen_logp, mask)  # [B, T]
     out = {
         "mismatch_kl": float(k3(old_logp, gen_logp, mask)[mask].mean()),
         "mismatch_masked_frac": _frac(weight == 0, mask),
     }
     hook = MISMATCH_CORRECTIONS.diagnostics_of(name)
     if hook is not None:
-        reported = hook(old_logp, gen_logp, mask, **MISMATCH_CORRECTIONS.bound_values(name))
+        reported = hook(old_logp, gen_logp, mask, **params)
         out.update({str(k): float(v) for k, v in dict(reported or {}).items()})
     return out

@@ -52,7 +52,7 @@ docs/adding_an_off_policy_scheme.md writes a scheme of one's own (`bounded_async
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -257,9 +257,10 @@ def pipeline_rl(k: int = 8, inflight_batches: Optional[int] = None) -> PipelineR
     return PipelineRL(k=k, inflight_batches=inflight_batches)
 
 
-def make_scheme(name: str) -> OffPolicyScheme:
-    """The run's scheme: `OFF_POLICY.get(name)()` with its gin bindings, checked to be a scheme."""
-    scheme = OFF_POLICY.get(name)()
+def make_scheme(name: str, params: Optional[Mapping[str, Any]] = None) -> OffPolicyScheme:
+    """The run's scheme `name` built with its hyper-parameters `params` (default: its defaults),
+    checked to be a scheme."""
+    scheme = OFF_POLICY.build(name, params)()
     if not isinstance(scheme, OffPolicyScheme):
         raise TypeError(f"off-policy scheme {name!r} built {type(scheme).__name__} {scheme!r}, not an OffPolicyScheme "
                         f"(components.offpolicy); registered schemes: {', '.join(OFF_POLICY.names())}")

@@ -119,6 +119,7 @@ __all__ = [
     "precision_options",
     "emulation_mode",
     "emulation_override",
+    "set_emulation_mode",
     "EMULATION_MODES",
     "marking_autocast",
     "BF16Emulation",
@@ -139,11 +140,22 @@ def precision_options(emulate: str = "auto") -> dict:
 
 
 _OVERRIDE: list = []  # emulation_override's stack (process-wide)
+_RUN_MODE: list = []  # the mode of the run this process belongs to (`set_emulation_mode`), at most one
+
+
+def set_emulation_mode(mode: str) -> None:
+    """This process's ``precision.emulate``, as the run was resolved with it (a run's processes read no gin)."""
+    if mode not in EMULATION_MODES:
+        raise ValueError(f"precision.emulate = {mode!r} is not one of {list(EMULATION_MODES)}")
+    _RUN_MODE[:] = [mode]
 
 
 def emulation_mode() -> str:
-    """The ``precision.emulate`` in force: an `emulation_override`, else the gin binding ("auto" by default)."""
-    return _OVERRIDE[-1] if _OVERRIDE else precision_options()["emulate"]
+    """The ``precision.emulate`` in force: an `emulation_override`, else the run's (`set_emulation_mode`),
+    else the gin binding ("auto" by default; a tool outside a run)."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    return _RUN_MODE[0] if _RUN_MODE else precision_options()["emulate"]
 
 
 @contextlib.contextmanager

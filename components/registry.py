@@ -434,27 +434,37 @@ class Registry:
         self.get(name)
         return dict(self._ranges.get(name, {}))
 
-    def bound_values(self, name: str) -> dict[str, Any]:
-        """The entry's parameters as a call with no keywords gets them: defaults, then gin bindings.
+    def defaults(self, name: str) -> dict[str, Any]:
+        """The entry's hyper-parameters with their defaults (a run's own values: its resolved config)."""
+        return {p.name: p.default for p in self.params(name) if not p.required}
 
-        Gin macros are resolved; a reference to another configurable (``@fn()``) is left
-        unevaluated (evaluating it could build a model), and is not range-checked.
-        """
-        values = {p.name: p.default for p in self.params(name) if not p.required}
-        try:
-            bound = gin.get_bindings(f"{self.gin_module}.{name}", resolve_references=False)
-        except (ValueError, KeyError):  # registered without gin, or gin knows no such selector
-            bound = {}
-        values.update({k: _resolve_gin_macro(v) for k, v in bound.items()})
-        return values
+    def build(self, name: str, params: Optional[Mapping[str, Any]] = None) -> Callable:
+        """Entry `name` with a run's hyper-parameters `params` bound as arguments: calling it calls the
+        registered function or class itself, gin's state unread (a name `params` lacks keeps its
+        default). An argument the caller gives (by position or keyword) wins over `params`, as over
+        a gin binding. `params` None: the entry as gin configures it (`get`; a tool or a test
+        outside a resolved run)."""
+        if params is None:
+            return self.get(name)
+        fn = self.original(name)
+        bound = {**self.defaults(name), **dict(params)}
+        positional = _positional_names(fn)
 
-    def check_params(self, name: str, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            given = set(positional[: len(args)]) | set(kwargs)
+            return fn(*args, **{k: v for k, v in bound.items() if k not in given}, **kwargs)
+
+        call.params = dict(bound)
+        return call
+
+    def check_params(self, name: str, values: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
         """Refuse (`ParamRangeError`) numeric parameters of entry `name` that are not finite or out of range.
 
-        The values checked are those a run calls the entry with: defaults, gin bindings, then
-        `overrides` (explicit keywords, e.g. ``train.task_kwargs``). Returns them.
+        `values`: those a run calls the entry with (its resolved hyper-parameters, explicit keywords
+        such as ``train.task_kwargs`` included); missing ones are the entry's defaults. Returns them.
         """
-        values = {**self.bound_values(name), **dict(overrides or {})}
+        values = {**self.defaults(name), **dict(values or {})}
         check_numeric(name, self.params(name), values, self._ranges.get(name))
         return values
 
@@ -518,17 +528,14 @@ def _parse_ranges(label: str, obj: Callable, ranges: Optional[Mapping[str, Any]]
     return out
 
 
-def _resolve_gin_macro(value: Any) -> Any:
-    """A gin value with macros (``%NAME``) replaced by their values; other references are kept."""
-    seen = 0
-    while _is_gin_reference(value) and getattr(getattr(value, "configurable", None), "name", None) == "macro" and seen < 32:
-        macro = value.scoped_selector.rsplit("/", 1)[0]  # "NAME/gin.macro" -> "NAME"
-        try:
-            value = gin.query_parameter(f"{macro}/gin.macro.value")
-        except (ValueError, KeyError):
-            return value
-        seen += 1
-    return value
+def _positional_names(fn: Callable) -> list[str]:
+    """The names of the parameters `fn` (a class: its __init__, self aside) takes by position."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _where(obj: Callable) -> str:
@@ -608,7 +615,8 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "environments": ENVIRONMENTS,
 }
 
-# Modules whose import fills the registries. A module that cannot be imported here
+# Modules whose import fills the registries: the one list of the built-in modules (a package's
+# __init__ does not import its component modules for this). A module that cannot be imported here
 # (an optional dependency missing) is skipped by `load_builtin_components`, which says so.
 BUILTIN_MODULES = (
     "components.losses",
@@ -618,7 +626,14 @@ BUILTIN_MODULES = (
     "components.precision",
     "components.length_control",
     "components.offpolicy",
-    "components.tasks",
+    "components.tasks.arithmetic",
+    "components.tasks.stories",
+    "components.tasks.reasoning_gym_task",
+    "components.tasks.math_file",
+    "components.tasks.code_file",
+    "components.tasks.hf_dataset",
+    "components.tasks.mixture",
+    "components.tasks.tool_arithmetic",
     "components.engines",
     "components.rewards",
     "components.trainer.tracking",

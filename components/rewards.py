@@ -39,89 +39,15 @@ import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from components.registry import REWARDS
-from components.tasks.base import Verdict
 from components.tasks.common import strip_special_tokens, strip_thinking
-from components.tasks.math_answers import math_equal, parse_gold, plain_answer
+from components.tasks.reward_verdicts import (RESERVED_KEYS, check_reward, math_answer_matches, reward_verdict,
+                                              value_to_verdict)
 
 __all__ = ["reward_verdict", "value_to_verdict", "check_reward", "math_answer_matches", "math_verify", "exact_match",
            "VERIFIER", "RewardFunc", "reward_spec_of", "parse_reward_funcs", "build_reward_funcs", "check_reward_funcs",
            "reward_row", "combined_rewards"]
 
-# Row keys never passed as **row: they are the positional arguments.
-RESERVED_KEYS = ("prompt", "completion")
-
-
-def check_reward(name: Optional[str]) -> Optional[str]:
-    """Validate a reward name early (the registry's error lists the registered names)."""
-    if name is None:
-        return None
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a reward is selected by its registered name (a string), got {name!r}")
-    REWARDS.check(name)
-    return name
-
-
-def reward_verdict(
-    name: str,
-    prompt: str,
-    completion: str,
-    row: Mapping[str, Any],
-    *,
-    pass_threshold: float = 1.0,
-    reward_correct: float = 1.0,
-    reward_incorrect: float = -1.0,
-) -> Verdict:
-    """Call reward `name` and turn its value into a Verdict; never raises.
-
-    bool -> passed = value, reward = reward_correct / reward_incorrect;
-    number -> reward = value, passed = value >= pass_threshold;
-    anything else, a non-finite number, or an exception -> failed with the error set (the
-    trainer then gives reward_incorrect and counts a verifier error).
-    """
-    kwargs = {k: v for k, v in row.items() if k not in RESERVED_KEYS}
-    try:
-        value = REWARDS.get(name)(prompt, completion, **kwargs)
-    except Exception as err:  # noqa: BLE001 - a reward crashing on odd text fails the sample
-        return Verdict(False, float(reward_incorrect), error=f"reward {name!r} raised {type(err).__name__}: {err}")
-    return value_to_verdict(name, value, pass_threshold=pass_threshold, reward_correct=reward_correct,
-                            reward_incorrect=reward_incorrect)
-
-
-def value_to_verdict(name: str, value: Any, *, pass_threshold: float, reward_correct: float,
-                     reward_incorrect: float) -> Verdict:
-    """A reward function's return value as a Verdict (see `reward_verdict`)."""
-    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
-        passed = bool(value)
-        return Verdict(passed, float(reward_correct if passed else reward_incorrect))
-    if isinstance(value, numbers.Real):
-        reward = float(value)
-        if not math.isfinite(reward):
-            return Verdict(False, float(reward_incorrect), error=f"reward {name!r} returned {reward!r}")
-        return Verdict(reward >= pass_threshold, reward)
-    return Verdict(
-        False, float(reward_incorrect),
-        error=f"reward {name!r} returned {type(value).__name__} {value!r:.80}; return a float or a bool",
-    )
-
-
 # -- built-in rewards --------------------------------------------------------------------------
-def math_answer_matches(completion: str, answer: Any, max_answer_chars: int = 4000) -> bool:
-    """math-verify equivalence of the text after the last </think> with the gold `answer`.
-
-    No answer (a thinking part left open, or nothing after it) is wrong. A gold answer that
-    math-verify cannot parse is compared as text with the last boxed answer / last line.
-    """
-    final = strip_thinking(completion)
-    if final is None or not final.strip():
-        return False
-    final = strip_special_tokens(final)[-int(max_answer_chars):]
-    gold_text = str(answer).strip()
-    gold = parse_gold(gold_text)
-    if not gold:
-        return plain_answer(final) == gold_text
-    return math_equal(gold, final)
-
-
 @REWARDS.register("math_verify")
 def math_verify(prompt: str, completion: str, *, answer: Any = None, max_answer_chars: int = 4000, **row) -> bool:
     """math-verify equivalence of the answer after the last </think> with the row's `answer`."""
@@ -238,10 +164,12 @@ def _spec_name(spec: str) -> str:
     return spec.rpartition(".")[2] if "." in spec and spec not in REWARDS else spec
 
 
-def _resolve(spec: str) -> Callable:
-    """The callable of one spec (not the verifier). ValueError naming the spec and what it can be."""
+def _resolve(spec: str, params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Callable:
+    """The callable of one spec (not the verifier); a registered reward with its hyper-parameters in
+    `params` ({name: values} of a resolved run; None: as gin configures it). ValueError naming the
+    spec and what it can be."""
     if spec in REWARDS:
-        return REWARDS.get(spec)
+        return REWARDS.get(spec) if params is None else REWARDS.build(spec, params.get(spec))
     if ":" not in spec and "." not in spec:
         try:
             REWARDS.get(spec)
@@ -307,14 +235,16 @@ def parse_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]]) -
     return out
 
 
-def build_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]]) -> list[RewardFunc]:
-    """The resolved train.reward_funcs (imports their modules). ValueError naming a bad entry."""
+def build_reward_funcs(funcs: Sequence[Any], weights: Optional[Sequence[Any]],
+                       params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> list[RewardFunc]:
+    """The resolved train.reward_funcs (imports their modules); `params`: the registered rewards'
+    hyper-parameters in a resolved run ({name: values}). ValueError naming a bad entry."""
     out = []
     for spec, name, weight in parse_reward_funcs(funcs, weights):
         if spec == VERIFIER:
             out.append(RewardFunc(spec, name, weight))
             continue
-        fn = _resolve(spec)
+        fn = _resolve(spec, params)
         batched, accepts = _calling_convention(fn)
         out.append(RewardFunc(spec, name, weight, fn, batched, accepts))
     return out

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -53,14 +52,13 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 __all__ = ["resolve_model", "run_eval", "eval_settings", "describe_settings", "format_table", "add_arguments", "main",
            "EvalInputError", "EvalSettings", "DEFAULTS", "HeldOut", "import_run_modules", "HELD_OUT"]
 
+from experiments.eval_run_settings import (EvalInputError, HeldOut, build_held_out, import_run_modules,
+                                          read_run_config)
+
 log = logging.getLogger("scalerl.eval")
 
 DOWNSTREAM_FILE = "downstream.jsonl"
 FINAL_DIR = "final"
-
-
-class EvalInputError(ValueError):
-    """Bad input to `scalerl eval` (no such model, nothing to evaluate in a run, bad option)."""
 
 
 def _is_model_dir(p: Path) -> bool:
@@ -166,7 +164,6 @@ HELD_OUT = "held_out"  # the benchmark name of a run's held-out set in downstrea
 NO_LENGTH_CONTROL = "none"
 # the placeholder of a task's prompt_template, in the order they are looked for (arithmetic: {expr},
 # hf_dataset: {prompt}, math_file / code_file: {problem})
-_TASK_PLACEHOLDERS = ("{problem}", "{prompt}", "{expr}", "{question}")
 
 
 @dataclass
@@ -213,149 +210,6 @@ def local_run_dir(path: str | Path) -> Optional[Path]:
     return p if p.is_dir() and not _is_model_dir(p) and _is_run_dir(p) else None
 
 
-def _task_format(spec: str, kwargs: Mapping) -> tuple[str, Optional[str]]:
-    """(benchmark prompt template, system prompt) of one task spec, as the run's gin binds it (live)."""
-    from components.registry import TASKS
-
-    name = "reasoning_gym" if spec.startswith("reasoning_gym:") else spec
-    values: dict = {}
-    try:
-        obj = TASKS.original(name)
-        for cls in reversed(inspect.getmro(obj) if inspect.isclass(obj) else (obj,)):  # a subclass's own default wins
-            target = cls.__init__ if inspect.isclass(cls) else cls
-            try:
-                params = inspect.signature(target).parameters
-            except (TypeError, ValueError):
-                continue
-            values.update({p.name: p.default for p in params.values() if p.default is not inspect.Parameter.empty})
-        values.update(TASKS.bound_values(name))
-    except Exception:  # noqa: BLE001 - a task this python cannot load: its format is unknown
-        pass
-    values.update(kwargs or {})
-    template = values.get("prompt_template")
-    if isinstance(template, str):
-        found = next((ph for ph in _TASK_PLACEHOLDERS if ph in template), None)
-        template = template.replace(found, "{problem}") if found else "{problem}"
-    elif isinstance(values.get("instruction"), str):  # reasoning-gym: the question, then its instruction
-        template = "{problem}" + values["instruction"].replace("{", "{{").replace("}", "}}")
-    else:
-        template = "{problem}"
-    system = values.get("system_prompt")
-    return template, (system if isinstance(system, str) and system else None)
-
-
-def _run_prompt_format(task: Any, task_kwargs: Mapping) -> tuple[str, Optional[str], Optional[str]]:
-    """(prompt template, system prompt, note) of a run's train.task (a mixture: its members' common one)."""
-    if isinstance(task, Mapping):
-        formats = {str(spec): _task_format(str(spec), (task_kwargs or {}).get(spec, {})) for spec in task}
-        if len(set(formats.values())) == 1:
-            return (*next(iter(formats.values())), None)
-        shown = ", ".join(f"{spec}: {t!r}" for spec, (t, _) in formats.items())
-        return "{problem}", None, (f"the run's tasks write their prompts differently ({shown}); each benchmark "
-                                   "problem is given as it is (--prompt-template to choose)")
-    return (*_task_format(str(task), task_kwargs), None)
-
-
-@dataclass
-class HeldOut:
-    """A run's held-out set, built from its config (`eval_settings(..., held_out=True)`)."""
-
-    task: Any  # the run's Task (its verifier grades)
-    problems: list  # the first train.eval_prompts held-out problems (or --limit)
-    k: int  # train.eval_k, or --k
-    spec: Any  # train.task as bound (a name or a mixture dict)
-    verifier_timeout_s: float
-    max_prompt_length: Optional[int] = None
-    total: int = 0  # held-out problems the task has
-
-
-def import_run_modules(run_dir: Optional[Path]) -> list[str]:
-    """Import the modules a run's gin imported (run.json "user_modules": module, file, sys.path entry)
-    from where the run found them, before its config.gin is parsed; returns notes. A module whose
-    file is gone is imported from wherever this python finds it, else EvalInputError naming it."""
-    import importlib
-    import importlib.util
-
-    if run_dir is None or not (run_dir / "run.json").is_file():
-        return []
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except ValueError:
-        return []
-    notes = []
-    for rec in info.get("user_modules") or []:
-        name, file, entry = rec.get("module"), rec.get("file"), rec.get("path")
-        if not name or name in sys.modules:
-            continue
-        if file and Path(file).is_file() and entry:
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
-            try:
-                importlib.import_module(name)  # now: a same-named module of the working directory must not win
-            except Exception as err:  # noqa: BLE001 - the user's module raised on import
-                raise EvalInputError(f"the run imported module {name!r} from {file}; importing it here failed: "
-                                     f"{type(err).__name__}: {err}") from None
-            continue
-        try:
-            found = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise EvalInputError(f"the run's config imports module {name!r}, which it found at {file or '(unknown)'}; "
-                                 "that file is gone and this python cannot import the module: put it back, or on "
-                                 "PYTHONPATH, or run from its directory")
-        notes.append(f"module {name!r} is no longer at {file}; imported from {found.origin}")
-    return notes
-
-
-def _read_run_config(config: Path) -> tuple[dict, Any]:
-    """(the settings a run's config.gin binds, a "_note" where there is something to say; its TrainConfig);
-    gin's global config holds the run's bindings on return."""
-    from components.trainer.config import parse_gin_files, train_config
-
-    try:
-        parse_gin_files([str(config)], [])
-        cfg = train_config(model_path=str(config.parent))  # the model is not resolved (nor built) here
-    except Exception as err:  # noqa: BLE001 - gin and the config raise anything, with a message
-        raise EvalInputError(f"cannot read the run's settings from {config}: {type(err).__name__}: {err} "
-                             "(a module the run imported must be importable here: run from the directory the run "
-                             "was started in, or put it on PYTHONPATH)") from None
-    template, system, note = _run_prompt_format(cfg.task, cfg.task_kwargs)
-    values = {
-        "engine": cfg.engine,
-        "max_tokens": int(cfg.max_tokens),
-        "temperature": float(cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature),
-        "top_p": float(cfg.top_p),
-        "top_k": 0 if cfg.top_k is None else int(cfg.top_k),
-        "min_p": float(cfg.min_p),
-        "repetition_penalty": float(cfg.repetition_penalty),
-        "precision": cfg.precision,
-        "length_control": cfg.length_control or None,
-        "prompt_template": template,
-        "system_prompt": system,
-    }
-    return ({**values, "_note": note} if note else values), cfg
-
-
-def _build_held_out(cfg, k: Optional[int], limit: Optional[int]) -> HeldOut:
-    """The run's task (under the run's bindings, live now) and the held-out problems its evaluations use."""
-    from components.tasks import make_task
-
-    try:
-        task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
-        problems = list(task.eval_problems())
-    except Exception as err:  # noqa: BLE001 - a dataset that moved, a sandbox that is missing, ...
-        raise EvalInputError(f"cannot build the run's task {cfg.task!r} (task_kwargs={cfg.task_kwargs!r}) for its "
-                             f"held-out set: {type(err).__name__}: {err}") from None
-    if not problems:
-        raise EvalInputError(f"the run's task {cfg.task!r} has no held-out problems")
-    total = len(problems)
-    n = int(limit) if limit is not None else (int(cfg.eval_prompts) if cfg.eval_prompts else total)
-    return HeldOut(task=task, problems=problems[:n], k=int(k) if k is not None else int(cfg.eval_k), spec=cfg.task,
-                   verifier_timeout_s=float(cfg.verifier_timeout_s), max_prompt_length=cfg.max_prompt_length,
-                   total=total)
-
-
 def _check_choice(registry: Any, name: str, flag: str) -> None:
     try:
         registry.check(name)
@@ -393,11 +247,11 @@ def eval_settings(run_dir: Optional[Path], flags: Mapping[str, Any], *, held_out
     try:
         if parsed:
             notes += import_run_modules(run_dir.resolve())
-            run_values, cfg = _read_run_config(config)
+            run_values, cfg = read_run_config(config)
             if "_note" in run_values:
                 notes.append(run_values.pop("_note"))
             if held_out:
-                held = _build_held_out(cfg, k, limit)
+                held = build_held_out(cfg, k, limit)
                 run_values["engine"] = cfg.eval_engine or cfg.engine  # what the run's own evaluations used
                 notes.append(f"held-out set of train.task = {cfg.task!r}: {len(held.problems)} of its {held.total} "
                              f"prompts (train.eval_prompts = {cfg.eval_prompts}"
@@ -449,30 +303,9 @@ def benchmark_specs(args: argparse.Namespace) -> list:
     return specs
 
 
-def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional[int] = None,
-             engine: Optional[str] = None, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
-             top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
-             repetition_penalty: Optional[float] = None, seed: int = 0, device: str = "auto",
-             precision: Optional[str] = None, step: Optional[int] = None, out: Optional[str | Path] = None,
-             length_control: Optional[str] = None, prompt_template: Optional[str] = None,
-             system_prompt: Optional[str] = None, dump: Optional[str | Path] = None,
-             limit: Optional[int] = None) -> tuple[list[dict], Path]:
-    """Evaluate; returns (records, the JSONL file they were appended to). Bad input raises before any sampling.
-
-    `benchmarks` empty: a run directory's own held-out set (`HeldOut`: its task, train.eval_prompts
-    prompts or `limit`, train.eval_k samples or `k`), one record named "held_out" with per-task pass
-    rates. Else each benchmark, `k` samples per problem (default 16).
-    A setting left None is the run's own (a run directory's config.gin, `eval_settings`), else
-    `DEFAULTS`; `length_control="none"` turns a run's length control off. A benchmark spec's own
-    prompt_template / system_prompt wins over both. `dump`: a JSONL file that gets one line per
-    completion (`DUMP_FIELDS`). Each record carries the settings used and where each came from.
-    """
-    from components.benchmarks import Benchmark, load_benchmarks
-    from components.engines import check_engine, make_engine
-    from components.models import load_tokenizer
-    from components.trainer.evaluation import downstream_seed, evaluate_benchmark
-    from components.trainer.runlog import now_iso
-
+def _check_eval_numbers(*, k, max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, step, limit,
+                        benchmarks) -> None:
+    """`run_eval`'s numeric arguments in range (None: not given), each refused naming its flag."""
     if k is not None and int(k) < 1:
         raise EvalInputError(f"--k must be >= 1, got {k}")
     if max_tokens is not None and int(max_tokens) < 1:
@@ -495,6 +328,56 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional
         threshold = spec.get("pass_threshold") if isinstance(spec, Mapping) else None
         if threshold is not None and not math.isfinite(float(threshold)):
             raise EvalInputError(f"--pass-threshold must be a finite number, got {threshold}")
+
+
+def _checked_engine(settings: EvalSettings) -> str:
+    """The engine the settings name, once it is known to be installed (else EvalInputError)."""
+    from components.engines import check_engine
+
+    engine = settings.values["engine"]
+    try:
+        check_engine(engine)
+    except (ImportError, KeyError) as err:
+        why = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
+        if settings.source["engine"] == "run":
+            why += f" (the run generated with train.engine = {engine!r}; --engine torch evaluates it with the torch engine)"
+        raise EvalInputError(why) from None
+    return engine
+
+
+def _append_records(out_path: Path, records: Sequence[dict]) -> None:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "a") as f:
+        for rec in records:
+            f.write(json.dumps(_finite(rec)) + "\n")
+
+
+def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional[int] = None,
+             engine: Optional[str] = None, max_tokens: Optional[int] = None, temperature: Optional[float] = None,
+             top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
+             repetition_penalty: Optional[float] = None, seed: int = 0, device: str = "auto",
+             precision: Optional[str] = None, step: Optional[int] = None, out: Optional[str | Path] = None,
+             length_control: Optional[str] = None, prompt_template: Optional[str] = None,
+             system_prompt: Optional[str] = None, dump: Optional[str | Path] = None,
+             limit: Optional[int] = None) -> tuple[list[dict], Path]:
+    """Evaluate; returns (records, the JSONL file they were appended to). Bad input raises before any sampling.
+
+    `benchmarks` empty: a run directory's own held-out set (`HeldOut`: its task, train.eval_prompts
+    prompts or `limit`, train.eval_k samples or `k`), one record named "held_out" with per-task pass
+    rates. Else each benchmark, `k` samples per problem (default 16).
+    A setting left None is the run's own (a run directory's config.gin, `eval_settings`), else
+    `DEFAULTS`; `length_control="none"` turns a run's length control off. A benchmark spec's own
+    prompt_template / system_prompt wins over both. `dump`: a JSONL file that gets one line per
+    completion (`DUMP_FIELDS`). Each record carries the settings used and where each came from.
+    """
+    from components.benchmarks import Benchmark, load_benchmarks
+    from components.engines import make_engine
+    from components.models import load_tokenizer
+    from components.trainer.evaluation import downstream_seed, evaluate_benchmark
+    from components.trainer.runlog import now_iso
+
+    _check_eval_numbers(k=k, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                        repetition_penalty=repetition_penalty, step=step, limit=limit, benchmarks=benchmarks)
     run_dir = local_run_dir(model_or_run)
     held_out = not benchmarks
     if held_out and run_dir is None:
@@ -507,14 +390,7 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional
              "min_p": min_p, "repetition_penalty": repetition_penalty, "precision": precision,
              "length_control": length_control, "prompt_template": prompt_template, "system_prompt": system_prompt}
     settings = eval_settings(run_dir, flags, held_out=held_out, k=k, limit=limit)
-    engine = settings.values["engine"]
-    try:
-        check_engine(engine)
-    except (ImportError, KeyError) as err:
-        why = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
-        if settings.source["engine"] == "run":
-            why += f" (the run generated with train.engine = {engine!r}; --engine torch evaluates it with the torch engine)"
-        raise EvalInputError(why) from None
+    engine = _checked_engine(settings)
     if run_dir is not None and step is not None:
         _check_step(run_dir, int(step))
     held = settings.held_out
@@ -572,10 +448,7 @@ def run_eval(model_or_run: str | Path, benchmarks: Sequence = (), *, k: Optional
             eng.close()
             if dump_file is not None:
                 dump_file.close()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "a") as f:
-        for rec in records:
-            f.write(json.dumps(_finite(rec)) + "\n")
+    _append_records(out_path, records)
     return records, out_path
 
 

@@ -1,6 +1,6 @@
 """`scalerl plan CONFIG [CONFIG...] [--gin BINDING]... [--gpu-memory-gb 80]`: memory per GPU before submission.
 
-Parses the run's gin config exactly as `scalerl train` does (`components.trainer.config.parse_gin_files`),
+Parses the run's gin config exactly as `scalerl train` does (`components.trainer.gin_config.parse_gin_files`),
 reads the model's `config.json` only (no weights, no model built), reads the run's layout
 (`train.learner_ranks`, `train.num_generators`, the engine's knobs such as
 `vllm.tensor_parallel_size`, `vllm.max_num_seqs`, `vllm.max_model_len`,
@@ -260,7 +260,8 @@ def plan_config(
     gpu_memory_gb: memory of one GPU in GiB; None: 80 for GPU runs, and CPU runs
     (train.device = "cpu") are estimated but not checked.
     """
-    from components.trainer.config import ConfigError, parse_gin_files, train_config, validate
+    from components.trainer.config import ConfigError, train_config, validate
+    from components.trainer.gin_config import parse_gin_files
 
     _check_plan_args(gpu_memory_gb, prompt_tokens)
     try:
@@ -308,6 +309,31 @@ def _check_plan_args(gpu_memory_gb: Optional[float], prompt_tokens: int) -> None
         raise PlanError(f"--prompt-tokens must be >= 1, got {prompt_tokens!r}")
     if gpu_memory_gb is not None and not float(gpu_memory_gb) > 0:
         raise PlanError(f"--gpu-memory-gb must be > 0, got {gpu_memory_gb!r}")
+
+
+def _fit_problems(cfg, learner: dict, generator: dict, layout_g, gpu_bytes: int, is_vllm: bool) -> list[str]:
+    """Where the learner or a generator does not fit its GPU of `gpu_bytes` (vLLM: its KV cache)."""
+    problems: list[str] = []
+    if learner["total"] > gpu_bytes:
+        problems.append(f"learner GPU needs {_gib(learner['total'])} GiB > {_gib(gpu_bytes)} GiB "
+                        f"(train.learner_ranks = {cfg.learner_ranks}: raise it to shard the fp32 state further, "
+                        "or lower train.max_tokens_per_micro_batch / turn on train.activation_checkpointing)")
+    if is_vllm:
+        if generator["kv_budget"] <= 0:
+            problems.append(f"generator GPU: weights + activations + overhead ({_gib(generator['reserved'] - generator['kv_budget'])} GiB) "
+                            f"leave no KV cache within gpu_memory_utilization x GPU = {_gib(generator['reserved'])} GiB "
+                            "(raise vllm.tensor_parallel_size or vllm.gpu_memory_utilization)")
+        elif generator["kv_needed"] > generator["kv_budget"]:
+            per_seq = layout_g.max_model_len * generator["kv_per_token"]
+            fit = generator["kv_budget"] // per_seq
+            problems.append(f"generator KV cache: vllm.max_num_seqs ({layout_g.max_num_seqs}) x vllm.max_model_len "
+                            f"({layout_g.max_model_len}) needs {_gib(generator['kv_needed'])} GiB > the "
+                            f"{_gib(generator['kv_budget'])} GiB vLLM leaves; at most {fit} sequences of that length fit "
+                            "(lower max_num_seqs, or raise tensor_parallel_size / gpu_memory_utilization)")
+    elif generator["total"] > gpu_bytes:
+        problems.append(f"generator GPU needs {_gib(generator['total'])} GiB > {_gib(gpu_bytes)} GiB "
+                        f"(set {cfg.engine}.max_cache_tokens or lower {cfg.engine}.max_batch_size)")
+    return problems
 
 
 def plan_memory(cfg, inputs: PlanInputs, *, gpu_memory_gb: Optional[float] = None,
@@ -396,29 +422,8 @@ def plan_memory(cfg, inputs: PlanInputs, *, gpu_memory_gb: Optional[float] = Non
                                    max_model_len=longest, max_cache_tokens=knobs.get("max_cache_tokens"))
     generator = generator_memory(shape, layout_g, gpu_bytes)
 
-    if checked:
-        if learner["total"] > gpu_bytes:
-            problems.append(f"learner GPU needs {_gib(learner['total'])} GiB > {_gib(gpu_bytes)} GiB "
-                            f"(train.learner_ranks = {cfg.learner_ranks}: raise it to shard the fp32 state further, "
-                            "or lower train.max_tokens_per_micro_batch / turn on train.activation_checkpointing)")
-        if is_vllm:
-            if generator["kv_budget"] <= 0:
-                problems.append(f"generator GPU: weights + activations + overhead ({_gib(generator['reserved'] - generator['kv_budget'])} GiB) "
-                                f"leave no KV cache within gpu_memory_utilization x GPU = {_gib(generator['reserved'])} GiB "
-                                "(raise vllm.tensor_parallel_size or vllm.gpu_memory_utilization)")
-            elif generator["kv_needed"] > generator["kv_budget"]:
-                per_seq = layout_g.max_model_len * generator["kv_per_token"]
-                fit = generator["kv_budget"] // per_seq
-                problems.append(f"generator KV cache: vllm.max_num_seqs ({layout_g.max_num_seqs}) x vllm.max_model_len "
-                                f"({layout_g.max_model_len}) needs {_gib(generator['kv_needed'])} GiB > the "
-                                f"{_gib(generator['kv_budget'])} GiB vLLM leaves; at most {fit} sequences of that length fit "
-                                "(lower max_num_seqs, or raise tensor_parallel_size / gpu_memory_utilization)")
-        elif generator["total"] > gpu_bytes:
-            problems.append(f"generator GPU needs {_gib(generator['total'])} GiB > {_gib(gpu_bytes)} GiB "
-                            f"(set {cfg.engine}.max_cache_tokens or lower {cfg.engine}.max_batch_size)")
-    else:
-        # length problems are real on a CPU too; memory is not checked
-        pass
+    if checked:  # length problems are real on a CPU too; memory is checked on a GPU (or a given size)
+        problems += _fit_problems(cfg, learner, generator, layout_g, gpu_bytes, is_vllm)
     return MemoryPlan(
         config_files=list(files), bindings=list(bindings), model_source=source, shape=shape, cpu=cpu, checked=checked,
         gpu_bytes=gpu_bytes, learner_ranks=cfg.learner_ranks, num_generators=cfg.num_generators, engine=cfg.engine,

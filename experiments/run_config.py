@@ -70,7 +70,8 @@ class _AnyDelegate:
 
 def parse_binding(binding: str) -> tuple[str, str, str, Any]:
     """'scope/train.loss = "dapo"' -> (scope, selector, param, value)."""
-    from components.trainer.config import ConfigError, check_binding_syntax
+    from components.trainer.config import ConfigError
+    from components.trainer.gin_config import check_binding_syntax
 
     cp = gin_parser()
     try:  # the same words as `scalerl train --gin` (a bare word: did you mean it quoted?)
@@ -113,7 +114,7 @@ def check_binding(binding: str) -> None:
     """The binding's configurable and parameter exist; component-name values are registered."""
     import gin
     from components import registry as reg
-    from components.trainer.config import unknown_configurable_message, unknown_parameter_message
+    from components.trainer.gin_config import unknown_configurable_message, unknown_parameter_message
 
     _scope, selector, param, value = parse_binding(binding)
     gin_registry = gin.config._REGISTRY  # gin's own selector map (no public lookup API)
@@ -146,7 +147,7 @@ def validate_runs(runs: Sequence[Any], target: str = DEFAULT_TARGET) -> dict[str
     """Check every run's recipe and bindings with gin and the registries, in a clean gin state;
     {run name: the RunConfig it parsed into}."""
     import gin
-    from components.trainer.config import gin_error_message
+    from components.trainer.gin_config import gin_error_message
 
     if not runs:
         raise SweepError("the sweep has no runs")
@@ -237,7 +238,7 @@ def _checked_config(run: Any) -> RunConfig:
     alone (`plan_inputs`: fetched into the HF cache unless cached), so a wrong id, revision or a
     gated repository is refused here, not by a job after its wait in the queue."""
     from components.registry import UnknownComponentError
-    from components.trainer.config import gin_error_message
+    from components.trainer.gin_config import gin_error_message
     from components.trainer.config import check_settings
 
     try:

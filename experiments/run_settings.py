@@ -54,7 +54,6 @@ ALLOWED_CHANGES = {
     "train.heartbeat_timeout_s": "liveness: how long a silent process is waited for",
     "train.queue_timeout_s": "liveness: how long the learner waits for a rollout",
     "train.learner_ranks": "learner layout (checkpoints resume at any learner_ranks)",
-    "train.emulate_learner_ranks": "learner layout (one rank in the arithmetic of two)",
     "train.micro_batch_size": "learner memory: sequences per forward/backward",
     "train.max_tokens_per_micro_batch": "learner memory: tokens per packed micro-batch",
     "train.activation_checkpointing": "learner memory: recompute blocks in backward",
@@ -102,14 +101,15 @@ def setting_text(value: Any) -> str:
 def operative_sections(cfg, *, rest_defaults: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """The run's operative configuration as (title, {key: value}) sections: model.* and data.* (defaults
     and bindings; model.path as bound, not resolved), every train.* setting as the trainer reads it, the
-    parameters of every component the run uses (defaults and bindings), then every other bound
-    configurable (with `rest_defaults`, its defaults too). Keys are `[scope/]selector.param` as gin's
-    shortest selector spells them. Call while gin holds the run's parsed config."""
+    parameters of every component the run uses as the run resolved them once (`cfg.components`, the
+    table `config.component_table` fills and `ResolvedRun` carries to every process: defaults, bindings,
+    a task's train.task_kwargs), then every other bound configurable (with `rest_defaults`, its defaults
+    too). Keys are `[scope/]selector.param` as gin's shortest selector spells them. Call while gin holds
+    the run's parsed config."""
     import gin
 
+    from components.registry import ALL_REGISTRIES, configurable_params
     from components.trainer.config import data_config, model_config
-
-    from components.registry import configurable_params
 
     parsed = {key: dict(values) for key, values in gin.config._CONFIG.items()}  # gin's parsed bindings
     shown: set = set()
@@ -127,18 +127,16 @@ def operative_sections(cfg, *, rest_defaults: bool = False) -> list[tuple[str, d
     for title, name, fn in (("model (model.path as bound, not resolved)", "model", model_config), ("data", "data", data_config)):
         key = ("", gin.config._REGISTRY.get_match(name).selector)
         section(title, key, {p.name: p.default for p in configurable_params(fn) if not p.required and p.default is not gin.REQUIRED})
-    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "model_path"}
+    train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+             if f.name != "model_path" and f.metadata.get("gin", True)}  # not the resolved component table
     out.append(("train (every setting, as the trainer reads it)", {f"train.{k}": v for k, v in train.items()}))
     shown.add(("", gin.config._REGISTRY.get_match("train").selector))
-    for registry, name, overrides in _used_components(cfg):
+    for family, name, params in cfg.components:  # the run's resolved component table (ResolvedRun carries it)
+        registry = ALL_REGISTRIES[family]
         match = gin.config._REGISTRY.get_match(f"{registry.gin_module}.{name}")
-        if match is None:
+        if match is None:  # registered without gin: nothing of it is bindable
             continue
-        values = {p.name: p.default for p in registry.params(name) if not p.required}
-        values.update(parsed.get(("", match.selector), {}))
-        values.update({k: v for k, v in overrides.items() if k in values})
-        values = {k: v for k, v in values.items() if k not in SET_BY_TRAINER}
-        section(f"{registry.family} {name!r} (defaults and bindings)", ("", match.selector), {}, values)
+        section(f"{registry.family} {name!r} (defaults and bindings)", ("", match.selector), {}, dict(params))
     rest = {key: values for key, values in parsed.items() if key not in shown and key[1] != "gin.macro"}
     for (scope, selector), _values in sorted(rest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         defaults = _configurable_defaults(selector) if rest_defaults else {}
@@ -147,31 +145,12 @@ def operative_sections(cfg, *, rest_defaults: bool = False) -> list[tuple[str, d
     return out
 
 
-# constructor arguments the trainer passes itself (from train.*), so a binding or default of them is not used
-SET_BY_TRAINER = frozenset({"seed", "device", "precision", "model", "tokenizer"})
-
-
-def _used_components(cfg) -> list[tuple[Any, str, dict]]:
-    """(registry, name, values the trainer passes) of every component the run uses."""
-    from components.registry import (
-        ADVANTAGE_NORMS, AGGREGATIONS, CURRICULA, ENGINES, LENGTH_CONTROLS, LOSSES, OFF_POLICY, PRECISIONS, TASKS,
-    )
-
-    used = [(LOSSES, cfg.loss, {}), (AGGREGATIONS, cfg.aggregation, {}), (ADVANTAGE_NORMS, cfg.advantage_norm, {})]
-    used += [(CURRICULA, name, {}) for name in cfg.curriculum]
-    used += [(OFF_POLICY, cfg.off_policy, {}), (PRECISIONS, cfg.precision, {})]
-    used += [(LENGTH_CONTROLS, cfg.length_control, {})] if cfg.length_control else []
-    used += [(ENGINES, name, {}) for name in dict.fromkeys([cfg.engine, cfg.eval_engine or cfg.engine])]
-    if isinstance(cfg.task, str) and cfg.task in TASKS:
-        used.append((TASKS, cfg.task, dict(cfg.task_kwargs)))
-    return used
-
-
 def _configurable_defaults(selector: str) -> dict[str, Any]:
     """The parameters with defaults of the configurable `selector` names ({} when gin does not expose them)."""
     import gin
 
     from components.registry import configurable_params
+    from components.trainer.config import SET_BY_TRAINER
 
     match = gin.config._REGISTRY.get_match(selector)
     if match is None:
@@ -218,11 +197,24 @@ def default_text(key: str) -> Optional[str]:
     return setting_text(defaults[param]) if param in defaults else None
 
 
+def retired_train_setting(key: str) -> bool:
+    """A `train.<name>` key of a setting TrainConfig no longer has (a run recorded by an older version lists
+    every train.* value): left out of the comparison, as `scalerl eval` drops it from an older config.gin
+    (`eval_run_settings.without_retired_train_settings`)."""
+    from components.trainer.config import TrainConfig
+
+    selector, _, param = key.rpartition(".")
+    return selector == "train" and param not in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
 def diff_settings(stored: dict, new: dict) -> dict[str, tuple[str, str]]:
     """{key: (recorded, new)} of the settings that differ; a setting absent on one side is at this code's
-    default there (a setting added to the code since, a section shown only when bound), else `NOT_SET`."""
+    default there (a setting added to the code since, a section shown only when bound), else `NOT_SET`.
+    A recorded train.* setting this code no longer has is not compared (`retired_train_setting`)."""
     out = {}
     for key in sorted(set(stored) | set(new)):
+        if key not in new and retired_train_setting(key):
+            continue
         default = None if key in stored and key in new else default_text(key)
         old_value = stored.get(key, default if default is not None else NOT_SET)
         new_value = new.get(key, default if default is not None else NOT_SET)

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping
 
 from analysis.runs import config_name
 from analysis.synthetic import DEFAULT_LAW, SYNTHETIC_SWEEPS, write_run
-from experiments.launch import SWEEPS_DIR, expand, load_spec, slug
+from experiments.recipes import SWEEPS_DIR
+from experiments.sweep_spec import expand, load_spec, slug
 
 __all__ = ["write_study", "launch_config_name"]
 

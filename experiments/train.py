@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.config import attention_of, check_settings, engine_gpus, on_gpu, parse_gin_files
+from components.trainer.config import attention_of, check_settings, on_gpu
+from components.trainer.gin_config import parse_gin_files
+from components.trainer.resolve import layout_of
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -28,7 +30,7 @@ from components.trainer.runlog import (
     record_exception,
 )
 
-__all__ = ["run_training", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
+__all__ = ["run_training", "resolve", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
 
 log = logging.getLogger("scalerl.train")
 
@@ -90,12 +92,27 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str] = (), *, r
     (`on_this_machine`: see `check_settings`).
     model.path is NOT resolved (resolving it may build a warm start). Returns (TrainConfig with
     model_path unresolved, absolute config files, sys_path)."""
-    import gin
+    parsed = parse_config(config_files, bindings)
+    check_parsed(parsed[0], read_data=read_data, on_this_machine=on_this_machine)
+    return parsed
 
-    from components.trainer.config import UNRESOLVED_MODEL_PATH, ConfigError, train_config
+
+def parse_config(config_files: Sequence[str], bindings: Sequence[str] = ()):
+    """The run's gin files parsed (once) and its TrainConfig built from them, every component's values in
+    its table, model.path unresolved; nothing checked yet (`check_parsed`). Returns (TrainConfig,
+    absolute config files, sys_path); gin holds the parsed config."""
+    from components.trainer.config import UNRESOLVED_MODEL_PATH, train_config
 
     files, sys_path = parse_gin_files(config_files, bindings)
-    cfg = train_config(model_path=UNRESOLVED_MODEL_PATH)
+    return train_config(model_path=UNRESOLVED_MODEL_PATH), files, sys_path
+
+
+def check_parsed(cfg, *, read_data: bool = True, on_this_machine: bool = True) -> None:
+    """`check_config`'s checks of a parsed config (`parse_config`; gin holds it)."""
+    import gin
+
+    from components.trainer.config import ConfigError
+
     check_settings(cfg, on_this_machine)
     try:  # bound (to a path, an id or a builder): what it names is resolved after these checks
         gin.query_parameter("model.path")
@@ -104,20 +121,24 @@ def check_config(config_files: Sequence[str], bindings: Sequence[str] = (), *, r
                           "(a local checkpoint directory or a Hugging Face hub id)") from None
     if read_data:
         check_data(cfg)
-    return cfg, files, sys_path
 
 
-def prepare(config_files: Sequence[str], bindings: Sequence[str] = ()):
+def prepare(config_files: Sequence[str], bindings: Sequence[str] = (), parsed=None):
     """Parse and validate; returns (TrainConfig, absolute config files, sys_path). Raises on bad input.
 
     Everything that can be checked without the model is checked (`check_config`) before model.path
-    is resolved, since resolving it may build a model (a warm start)."""
+    is resolved, since resolving it may build a model (a warm start). `parsed`: what `parse_config`
+    returned for these files and bindings (gin still holding it), not parsed again."""
     from components.models import check_model_path
-    from components.trainer.config import ConfigError, train_config
+    from components.trainer.config import ConfigError, model_config
 
-    _unresolved, files, sys_path = check_config(config_files, bindings)
+    if parsed is None:
+        unresolved, files, sys_path = check_config(config_files, bindings)  # parsed and validated, once
+    else:
+        unresolved, files, sys_path = parsed
+        check_parsed(unresolved)
     try:
-        cfg = train_config()  # validates again, then resolves model.path
+        cfg = unresolved.replace(model_path=model_config())  # model.path resolved (a warm start may train here)
     except (ValueError, TypeError, RuntimeError) as err:
         if "model.path" in str(err) or "REQUIRED" in str(err) or "required" in str(err).lower():
             raise ConfigError(f"model.path is not set: bind it in the gin file or with --gin 'model.path=\"/path\"' ({err})") from err
@@ -143,14 +164,6 @@ def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None)
     return Path("runs") / stem / stamp
 
 
-def layout_of(cfg):
-    """The run's process layout (learner ranks, generators, GPUs per generator) from its config."""
-    from components.trainer.roles import Layout
-
-    return Layout(learner_ranks=cfg.learner_ranks, num_generators=cfg.num_generators,
-                  gpus_per_generator=engine_gpus(cfg))
-
-
 def _hardware(cfg) -> dict:
     import torch
 
@@ -167,7 +180,6 @@ def _hardware(cfg) -> dict:
             available = available if available is not None else torch.cuda.device_count()
         except Exception:  # noqa: BLE001 - a GPU the supervisor cannot see (Slurm binds it to the task)
             name = "cuda"
-    emulated = {"emulate_learner_ranks": int(cfg.emulate_learner_ranks)} if cfg.emulate_learner_ranks > 1 else {}
     return {
         "device": name,
         "count": layout.devices_reserved(gpu, available),
@@ -175,7 +187,6 @@ def _hardware(cfg) -> dict:
         "num_generators": layout.num_generators,
         "gpus_per_generator": layout.gpus_per_generator if gpu else 0,
         "processes": layout.world_size,
-        **emulated,  # one learner rank in the arithmetic of that many (train.emulate_learner_ranks)
     }
 
 
@@ -204,10 +215,11 @@ def run_training(
     from components.trainer.roles import process_env
 
     run_path = Path(run_dir) if run_dir is not None else default_run_dir(config_files)
-    rerun = None
+    rerun, parsed = None, None
     if (run_path / "run.json").exists():
         try:
-            rerun = _check_rerun(config_files, bindings, run_path, extend)
+            parsed = parse_config(config_files, bindings)  # the one parse, also what resolves the run below
+            rerun = _check_rerun(parsed[0], run_path, extend)
         except Exception as err:
             _refused_input(run_path, run_dir, run_info, record_invalid, err)
             raise
@@ -218,20 +230,31 @@ def run_training(
     if penv is not None and penv.source == "slurm":
         return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress, rerun=rerun)
     try:
-        cfg, files, sys_path = prepare(config_files, bindings)
+        run = resolve(config_files, bindings, parsed)
     except Exception as err:
         _refused_input(run_path, run_dir, run_info, record_invalid, err)
         raise
     _say_resuming(run_path, rerun)
-    return _supervise_local(cfg, files, sys_path, bindings, run_path, run_info, progress, rerun)
+    return _supervise_local(run, run_path, run_info, progress, rerun)
 
 
-def _check_rerun(config_files, bindings, run_path: Path, extend: bool):
-    """A re-invoked run directory: its recorded settings against these (parsed, nothing built or
-    written). Returns the `Rerun`; raises SettingsChangedError naming every refused difference."""
+def resolve(config_files: Sequence[str], bindings: Sequence[str] = (), parsed=None):
+    """The run's `ResolvedRun`: gin parsed once (`parsed`: already, by `parse_config`), the config validated,
+    model.path resolved (`prepare`), and what the run's processes need from gin captured; they read no gin."""
+    from components.trainer.resolve import resolved_run
+
+    cfg, files, sys_path = prepare(config_files, bindings, parsed)
+    return resolved_run(cfg, files, bindings, sys_path)
+
+
+def _check_rerun(cfg, run_path: Path, extend: bool):
+    """A re-invoked run directory: its recorded settings against these (`cfg` parsed, with its resolved
+    component table; nothing built or written): the same `run_settings.resolved_settings` that run.json
+    records when the run starts. Returns the `Rerun`; raises SettingsChangedError naming every refused
+    difference."""
     from experiments.run_settings import check_rerun, resolved_settings, stored_settings
 
-    cfg, _files, _sys_path = check_config(config_files, bindings, read_data=False, on_this_machine=False)
+    check_parsed(cfg, read_data=False, on_this_machine=False)
     rerun = check_rerun(run_path, resolved_settings(cfg), extend)
     if stored_settings(run_path) is None and (rerun.checkpoint is not None or rerun.status == "done"):
         log.warning("run %s records no settings (it started before runs recorded them): its settings cannot be "
@@ -261,17 +284,16 @@ def _say_resuming(run_path: Path, rerun) -> None:
         print(line, flush=True)
 
 
-def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict], rerun=None):
+def _start_run_dir(run, run_path: Path, run_info: Optional[dict], rerun=None):
     """config.gin, run.json (running, with the run's resolved settings), the run-directory lock.
     Returns (lock, RunInfo, merged run info)."""
-    import gin
-
     from components.trainer.runlog import now_iso
     from experiments.run_settings import record_settings, resolved_settings
 
+    cfg, files = run.cfg, run.config_files
     run_path.mkdir(parents=True, exist_ok=True)
     lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
-    (run_path / "config.gin").write_text(gin.config_str())
+    (run_path / "config.gin").write_text(run.config_text)
     info = RunInfo(run_path)
     from components.trainer.checkpoint import latest_checkpoint
 
@@ -284,6 +306,7 @@ def _start_run_dir(cfg, files, run_path: Path, run_info: Optional[dict], rerun=N
 
     merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
     merged.setdefault("user_modules", user_modules(cfg))  # what `scalerl eval RUN_DIR` imports to read config.gin
+    merged.setdefault("resolved", run.to_dict())  # the run as it was resolved (a resume keeps the first)
     record_settings(info.data, resolved_settings(cfg), rerun, now_iso())  # what a re-run is compared against
     info.start(merged, _hardware(cfg), resumed=resumed)
     return lock, info, merged
@@ -324,16 +347,16 @@ def _registered_rewards() -> list:
     return REWARDS.names()
 
 
-def _supervise_local(cfg, files, sys_path, bindings, run_path: Path, run_info, progress: bool, rerun=None) -> str:
+def _supervise_local(run, run_path: Path, run_info, progress: bool, rerun=None) -> str:
     from components.trainer.generator import WorkerSetup
     from components.trainer.launcher import launch_local
 
-    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info, rerun)
-    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg,
-                        run_dir=str(run_path), run_info=merged, progress=progress, devices=info.data["hardware"]["count"])
+    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
+    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=merged, progress=progress,
+                        devices=info.data["hardware"]["count"])
     try:
         try:
-            code = launch_local(setup, layout_of(cfg), run_path, on_gpu(cfg))
+            code = launch_local(setup, run.layout, run_path, on_gpu(run.cfg))
         except SystemExit:
             # submitit's preemption / time-limit handler exits the job after checkpointing:
             # the run is not failed, it resumes from its last checkpoint when requeued.
@@ -390,7 +413,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
         _wait_for(marker, run_path, timeout_s=3600.0)
     try:
-        cfg, files, sys_path = prepare(config_files, bindings)
+        run = resolve(config_files, bindings)  # each task of the step resolves the run itself
     except Exception as err:
         if penv.rank == 0:  # record why the run never started, and release the other tasks
             _record_never_started(run_path, run_info, err)
@@ -400,7 +423,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
     if penv.rank == 0:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("ok")
-    layout = layout_of(cfg)
+    cfg, layout = run.cfg, run.layout
     if penv.world_size != layout.world_size:
         from components.trainer.config import ConfigError
 
@@ -408,8 +431,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
                            f"(train.learner_ranks={layout.learner_ranks} + train.num_generators={layout.num_generators}); "
                            f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
     role = layout.role(penv.rank)
-    setup = WorkerSetup(config_files=files, bindings=list(bindings), sys_path=sys_path, cfg=cfg, run_dir=str(run_path),
-                        run_info=run_info, progress=progress and role.is_hub)
+    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=run_info, progress=progress and role.is_hub)
     setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
     if not role.is_hub:
         run_role(penv.rank, setup, penv.endpoints, layout)
@@ -420,7 +442,7 @@ def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, p
 
     outlive_step_sigterm()
     _say_resuming(run_path, rerun)
-    lock, info, merged = _start_run_dir(cfg, files, run_path, run_info, rerun)
+    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
     setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
     try:
         try:
@@ -599,7 +621,8 @@ def refusal_message(err: BaseException) -> str:
     """One clean line for a refused config: the message of a config error as it is (gin's context lines
     dropped), other errors with their type ("FileNotFoundError: ...")."""
     from components.registry import ParamRangeError, UnknownComponentError
-    from components.trainer.config import ConfigError, gin_error_message
+    from components.trainer.config import ConfigError
+    from components.trainer.gin_config import gin_error_message
 
     msg = gin_error_message(err)
     return msg if isinstance(err, (ConfigError, UnknownComponentError, ParamRangeError)) else f"{type(err).__name__}: {msg}"

@@ -347,19 +347,10 @@ def evaluate(model_or_run: PathLike, benchmarks: Sequence[Any] = (), *, imports:
 def run_settings(run_dir: PathLike) -> dict:
     """Every binding of a run's config.gin (the operative config: train.* defaults included) as
     {"train.lr": 0.002, "cispo.eps_max": 4.0, ...}; references and macros as their text ("@warm_start()")."""
-    import gin.config_parser as cp
-
-    from components.trainer.config import _OpaqueReferences
+    from components.trainer.gin_config import text_bindings
 
     path = Path(run_dir) / "config.gin"
-    if not path.is_file():
-        return {}
-    out = {}
-    for statement in cp.ConfigParser(path.read_text(), _OpaqueReferences()):
-        if isinstance(statement, cp.BindingStatement):
-            key = f"{statement.scope + '/' if statement.scope else ''}{statement.selector}.{statement.arg_name}"
-            out[key] = statement.value
-    return out
+    return text_bindings(path.read_text()) if path.is_file() else {}
 
 
 def load_runs(runs_dir: PathLike) -> pd.DataFrame:

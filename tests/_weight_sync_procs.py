@@ -605,7 +605,7 @@ def nccl_standin_check(model_dir: str) -> dict:
     res["G2"]["vllm_load_calls"] = stub.calls
 
     # TP2: one generator, two vLLM workers, on the nccl path and on this repo's gloo engine
-    for backend, engine_cls in (("nccl", NCCLWeightTransferEngine), ("gloo", register_vllm_gloo_engine())):
+    for backend, engine_cls in (("nccl", NCCLWeightTransferEngine), ("gloo", register_vllm_gloo_engine(WeightReceiver))):
         group = WeightGroup.local(1, backend=backend, timeout_s=STANDIN_TIMEOUT_S, bucket_mb=0.05, workers_per_generator=2)
         rx = WeightReceiver(group, group.generator_rank(0))
         receivers = {}

@@ -67,8 +67,9 @@ def test_engine_gpus_come_from_the_engine_class():
 
 
 def test_a_users_loss_reports_its_diagnostics_in_the_step_metrics():
-    """A loss registered with a diagnostics hook: the hook gets the loss's hyper-parameters (gin
-    bindings included) and what it reports lands in the learner step's stats (metrics.jsonl)."""
+    """A loss registered with a diagnostics hook: the hook gets the loss's hyper-parameters (the
+    run's values: a gin binding, resolved with the config) and what it reports lands in the learner
+    step's stats (metrics.jsonl)."""
     import gin
 
     from components.losses import loss_diagnostics
@@ -92,8 +93,9 @@ def test_a_users_loss_reports_its_diagnostics_in_the_step_metrics():
         mask = torch.ones(2, 3, dtype=torch.bool)
         gin.clear_config()
         gin.parse_config(f"{name}.scale = 2.5")
-        diag = loss_diagnostics(name, logp, logp, torch.ones(2), mask)
+        diag = loss_diagnostics(name, logp, logp, torch.ones(2), mask, scale=2.5)
         assert seen["scale"] == 2.5 and diag["clip_frac"] == 0.25 and diag[f"{name}_scale_seen"] == 2.5
+        assert loss_diagnostics(name, logp, logp, torch.ones(2), mask)[f"{name}_scale_seen"] == 1.0  # gin unread
         assert diag["is_ratio_mean"] == 1.0
         assert loss_diagnostics(name, logp, logp, torch.ones(2), mask, scale=3.0)[f"{name}_scale_seen"] == 3.0
         assert loss_diagnostics("grpo", logp, logp, torch.ones(2), mask)["clip_frac"] == 0.0  # a built-in's hook

@@ -11,7 +11,7 @@ import torch
 from _helpers_engines import recompute_logprobs
 from components.engines import Engine, GenerationRequest, Interruption, SamplingParams, make_engine
 from components.engines.logprobs import build_batch
-from components.engines.torch_engine import top_p_filter
+from components.engines.sampling import top_p_filter
 from components.models import build_tiny_policy, load_causal_lm
 from components.precision import get_precision
 from components.registry import ENGINES

@@ -185,7 +185,7 @@ def test_bad_flag_values_are_usage_errors(run, flags, message, capsys):
 def test_the_prompt_format_of_each_task():
     """A task's prompt_template with the problem in place of its placeholder (cheap: nothing is built)."""
     from components.benchmarks import MATH_TEMPLATE, apply_template
-    from experiments.evaluate import _run_prompt_format
+    from experiments.eval_run_settings import _run_prompt_format
 
     assert _run_prompt_format("arithmetic", {})[:2] == ("{problem}=", None)
     assert _run_prompt_format("math_file", {"system_prompt": "Think."})[:2] == (MATH_TEMPLATE, "Think.")
@@ -308,3 +308,16 @@ def test_a_run_that_imported_a_user_module_is_evaluable_from_anywhere(tmp_path):
 
 def _jsonl(path: Path) -> list:
     return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def test_a_stored_config_binding_a_retired_train_setting_is_read_without_it():
+    """An older run's config.gin lists every train.* value, settings since removed included
+    (issue 42 retired train.emulate_learner_ranks): they are dropped, with their continuation lines."""
+    from experiments.eval_run_settings import without_retired_train_settings
+
+    text = ("train.lr = 0.001\ntrain.emulate_learner_ranks = 1\ntrain.gone = {'a': 1,\n    'b': 2}\n"
+            "train.seed = 3\nother.x = 1\n")
+    kept, dropped = without_retired_train_settings(text)
+    assert kept == "train.lr = 0.001\ntrain.seed = 3\nother.x = 1\n"
+    assert dropped == ["train.emulate_learner_ranks", "train.gone"]
+    assert without_retired_train_settings("train.lr = 0.1\n") == ("train.lr = 0.1\n", [])

@@ -325,7 +325,7 @@ def test_every_sweep_spec_has_the_papers_finding():
 
 
 def test_every_finding_names_configs_its_sweep_runs():
-    from experiments.launch import expand, load_spec
+    from experiments.sweep_spec import expand, load_spec
 
     from analysis.runs import config_name
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _emulated_ranks import accumulate_as_ranks, clip_as_ranks  # noqa: E402
 from _helpers_trainer import tiny_model  # noqa: E402
 
 LOSSES = ["grpo", "dapo", "cispo", "gspo", "ppo_dual_clip", "icepop"]
@@ -86,8 +87,9 @@ def gradients(model_path: str, rollouts, cfg, ranks: int, rank: int):
 
 
 def emulated_gradients(model_path: str, rollouts, cfg, ranks: int):
-    """(full gradient by parameter name, grad norm) of ONE process computing as `ranks` ranks, on
-    one thread as every rank process runs (a matmul's summation order depends on the threads)."""
+    """(full gradient by parameter name, grad norm) of ONE process computing as `ranks` ranks (the
+    test double tests/_emulated_ranks.py), on one thread as every rank process runs (a matmul's
+    summation order depends on the threads)."""
     from components.models import load_causal_lm, load_tokenizer
     from components.trainer.learner import Learner, plan_step
 
@@ -98,9 +100,9 @@ def emulated_gradients(model_path: str, rollouts, cfg, ranks: int):
         tok = load_tokenizer(model_path)
         learner = Learner(load_causal_lm(model_path), cfg, tok.pad_token_id, torch.device("cpu"))
         plan = plan_step(rollouts, [True] * len(rollouts), cfg, tok.pad_token_id, ranks)
-        learner.accumulate_as_ranks(plan.shards)
+        accumulate_as_ranks(learner, plan.shards)
         grads = {name: p.grad.detach().clone() for name, p in learner.model.named_parameters()}
-        return grads, learner.grad_norm(as_ranks=ranks)
+        return grads, clip_as_ranks(learner, ranks)
     finally:
         torch.set_num_threads(threads)
 
@@ -161,8 +163,8 @@ def test_two_ranks_give_the_one_process_gradient_for_every_loss_and_aggregation(
             scale = ref[name].abs().max().clamp_min(1e-12)
             err = (got[name] - ref[name]).abs().max() / scale
             assert err < 1e-6, f"{combo} {name}: relative gradient error {float(err):.2e}"
-        # one process in the arithmetic of two ranks (train.emulate_learner_ranks = 2): bit for bit
-        emu, emu_norm = emulated_gradients(model_path, rollouts, config(model_path, *combo, emulate_learner_ranks=2), 2)
+        # one process in the arithmetic of two ranks (tests/_emulated_ranks.py): bit for bit
+        emu, emu_norm = emulated_gradients(model_path, rollouts, config(model_path, *combo), 2)
         assert emu_norm == got_norm, combo
         for name in ref:
             assert torch.equal(emu[name], got[name]), f"{combo} {name}: emulated 2-rank gradient is not bit-equal"
@@ -176,13 +178,13 @@ def test_two_ranks_give_the_one_process_gradient_for_every_loss_and_aggregation(
     for name in ref:
         err = (got[name] - ref[name]).abs().max() / ref[name].abs().max().clamp_min(1e-12)
         assert err < 1e-5, f"compiled, two ranks: {name}: relative gradient error {float(err):.2e}"
-    # compiled, in ONE process computing as two ranks (train.emulate_learner_ranks = 2 with train.compile)
+    # compiled, in ONE process computing as two ranks (tests/_emulated_ranks.py with train.compile)
     from _helpers_compile import GRAPHS, compiled_ops, register_recording_backend
 
     register_recording_backend()
     torch._dynamo.reset()  # compile afresh: graphs cached by earlier tests would not be recorded again
     start = len(GRAPHS)
-    emu, emu_norm = emulated_gradients(model_path, rollouts, COMPILED(model_path, emulate_learner_ranks=2), 2)
+    emu, emu_norm = emulated_gradients(model_path, rollouts, COMPILED(model_path), 2)
     ops = compiled_ops(start)  # the emulation ran the compiled blocks, not eager ones
     assert any("scaled_dot_product_attention" in op for op in ops) and any("silu" in op for op in ops), sorted(ops)
     assert emu_norm == got_norm
@@ -203,14 +205,17 @@ def test_a_gradient_scale_error_is_caught(model_path):
     assert any(((half[k] - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-12)) > 1e-6 for k in ref)
 
 
-def test_emulating_learner_ranks_takes_two_and_only_on_one_rank(model_path):
-    from components.trainer.config import ConfigError, validate
+def test_the_emulated_grad_norm_is_the_plain_norm_up_to_round_off():
+    """The test double's sharded norm reduces as two ranks do: the plain norm to round-off, and
+    one rank is the plain norm."""
+    from _emulated_ranks import sharded_grad_norm
 
-    validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=2))
-    with pytest.raises(ConfigError, match=r"emulate_learner_ranks must be 1 \(off\) or 2, got 4"):
-        validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=4))
-    with pytest.raises(ConfigError, match="got train.learner_ranks = 2"):
-        validate(config(model_path, "cispo", "prompt_mean", "batch", emulate_learner_ranks=2, learner_ranks=2))
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(5, 3, generator=g), torch.randn(1, generator=g), torch.randn(4, generator=g)]
+    plain = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]))
+    for ranks in (1, 2, 3):
+        assert float(sharded_grad_norm(grads, ranks)) == pytest.approx(float(plain), rel=1e-6)
+    assert float(sharded_grad_norm([torch.zeros(3)], 2)) == 0.0
 
 
 def test_rows_and_micro_batches_split_evenly():
@@ -250,7 +255,7 @@ def test_bf16_step_at_the_paper_lr_changes_every_fp32_master_tensor(model_path):
 
 # ---------------------------------------------------------------------------------------
 # end to end: the trainer with T = 2 learner ranks, and resuming at another T (items 2 and 7)
-def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None, emulate: int = 1) -> Path:
+def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None) -> Path:
     import gin
 
     from _helpers_trainer import write_gin
@@ -260,7 +265,7 @@ def _run(tmp_path, model_path, name: str, steps: int, ranks: int, run_dir=None, 
     run_dir = Path(run_dir or tmp_path / name)
     cfg = write_gin(tmp_path / f"{name}-{steps}-{ranks}.gin", model_path, train__total_steps=str(steps),
                     train__checkpoint_every="2", train__eval_every="100", train__learner_ranks=str(ranks),
-                    train__micro_batch_size="5", train__emulate_learner_ranks=str(emulate),
+                    train__micro_batch_size="5",
                     train__grad_clip="0.05")  # clipping active: its norm must match too
     # an existing run directory resumes at another learner_ranks (a setting any re-run may change) and to more
     # steps (an extension: --extend)
@@ -308,13 +313,7 @@ def test_trainer_with_two_learner_ranks_matches_one_and_resumes_at_another_rank_
     for a, b in zip(m1, m2):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     print(f"T=1 vs T=2 after 6 steps: max |dw| = {diff:.2e}")
-    # one rank computing in the arithmetic of two (train.emulate_learner_ranks = 2) is the 2-rank run bit for bit
-    emu = _run(tmp_path, model_path, "emu", 6, 1, emulate=2)
-    w2, we = _final(two), _final(emu)
-    assert all(torch.equal(w2[k], we[k]) for k in w2), "T=1 emulating 2 ranks vs T=2: weights not bit-equal"
-    me = read_jsonl(emu / "metrics.jsonl")
-    assert [m["grad_norm"] for m in me] == [m["grad_norm"] for m in m2] and [m["loss"] for m in me] == [m["loss"] for m in m2]
-    assert run_json(emu)["hardware"]["emulate_learner_ranks"] == 2
+    assert "emulate_learner_ranks" not in run_json(two)["hardware"]
     # resume a T=2 checkpoint with T=1, and a T=1 checkpoint with T=2
     r21 = _run(tmp_path, model_path, "r21", 4, 2)
     _interrupt(r21)

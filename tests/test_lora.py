@@ -4,7 +4,7 @@ What is checked: after learner steps only the adapters have changed (the base bi
 only they are in the optimizer; the weights the generators receive, and `final/` / `scalerl
 export`, are the merged W + (alpha / r) B A, checked against an independent float64 product;
 the exported adapter loads with peft and gives the merged model's logits; 2 FSDP2 learner ranks
-give the one-process gradients and merged weights (and `emulate_learner_ranks = 2` bit for bit);
+give the one-process gradients and merged weights (and the two-rank test double bit for bit);
 a DCP checkpoint resumes adapters and AdamW state bit for bit; `scalerl plan` counts adapter
 parameters as peft creates them; `lora_rank = 0` leaves the learner as it was; bad values are
 refused before anything runs. The slow test trains the tiny recipe with LoRA end to end.
@@ -360,15 +360,18 @@ def test_two_learner_ranks_give_the_one_process_step(tmp_path, model_path):
         err = (two["merged"][name] - w).abs().max() / w.abs().max()
         assert err < 1e-6, f"{name}: merged weights of 2 ranks differ by {float(err):.2e}"
 
-    # one process in the arithmetic of two ranks (train.emulate_learner_ranks = 2): bit for bit
+    # one process in the arithmetic of two ranks (the test double tests/_emulated_ranks.py): bit for bit
+    from _emulated_ranks import accumulate_as_ranks, clip_as_ranks, step_as_ranks
+    from components.trainer.learner import plan_step
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        emu, tok = make_learner(model_path, lora_cfg(model_path, emulate_learner_ranks=2))
+        emu, tok = make_learner(model_path, lora_cfg(model_path))
         rollouts = make_rollouts(tok)
-        emu.step(rollouts, [True] * len(rollouts))
-        emu.accumulate_as_ranks(emu.plan(rollouts, [True] * len(rollouts)).shards)
-        assert emu.grad_norm(as_ranks=2) == two["norm"]
+        step_as_ranks(emu, rollouts, 2)
+        accumulate_as_ranks(emu, plan_step(rollouts, [True] * len(rollouts), emu.cfg, emu.pad_id, 2).shards)
+        assert clip_as_ranks(emu, 2) == two["norm"]
         for name, p in emu.model.named_parameters():
             if p.requires_grad:
                 assert torch.equal(p.grad, two["grads"][name]), f"{name}: emulated 2-rank gradient is not bit-equal"

@@ -143,8 +143,10 @@ def test_out_of_range_hyper_parameters_are_refused_by_the_registry(name, binding
 
     LOSSES.check_params(name)  # the defaults pass
     gin.parse_config(binding)
+    from components.trainer.gin_config import bound_values
+
     with pytest.raises(ParamRangeError, match=rf"{name}\.\w+ = .* is out of range: {bad}"):
-        LOSSES.check_params(name)
+        LOSSES.check_params(name, bound_values(LOSSES, name))
 
 
 def test_clip_cov_refuses_crossed_covariance_bounds():
@@ -332,15 +334,17 @@ def test_sapo_diagnostics_against_reference(hp):
 
 
 @pytest.mark.parametrize("name", NEW_LOSSES)
-def test_diagnostics_honour_gin_and_handle_an_empty_mask(name):
+def test_diagnostics_take_the_runs_values_and_handle_an_empty_mask(name):
+    """The hook gets the hyper-parameters it is given (the learner passes the run's resolved
+    values, issue 42); a gin binding is not read."""
     batch = _batch()
     binding, override = {"sapo": ("sapo.tau_pos = 4.0", {"tau_pos": 4.0}), "gmpo": ("gmpo.eps_high = 0.05", {"eps_high": 0.05}),
                          "clip_cov": ("clip_cov.eps_high = 0.1", {"eps_high": 0.1}),
                          "kl_cov": ("kl_cov.ratio = 0.3", {"ratio": 0.3})}[name]
+    default = loss_diagnostics(name, *_args(batch))["clip_frac"]
+    assert default != loss_diagnostics(name, *_args(batch), **override)["clip_frac"]
     gin.parse_config(binding)
-    assert loss_diagnostics(name, *_args(batch))["clip_frac"] == loss_diagnostics(name, *_args(batch), **override)["clip_frac"]
-    gin.clear_config()
-    assert loss_diagnostics(name, *_args(batch))["clip_frac"] != loss_diagnostics(name, *_args(batch), **override)["clip_frac"]
+    assert loss_diagnostics(name, *_args(batch))["clip_frac"] == default
     empty = torch.zeros_like(batch["mask"])
     assert all(math.isnan(v) for v in loss_diagnostics(name, batch["logp"], batch["gen_logp"], batch["advantages"], empty).values())
 
@@ -507,6 +511,8 @@ def test_dr_grpo_micro_batches_with_global_weights_are_exact(name, split):
 def test_dr_grpo_refuses_a_bad_constant():
     from components.registry import ParamRangeError
 
+    from components.trainer.gin_config import bound_values
+
     gin.parse_config("dr_grpo.max_tokens = 0")
     with pytest.raises(ParamRangeError, match=r"dr_grpo\.max_tokens = 0 is out of range: must be an integer >= 1"):
-        AGGREGATIONS.check_params("dr_grpo")
+        AGGREGATIONS.check_params("dr_grpo", bound_values(AGGREGATIONS, "dr_grpo"))

@@ -35,12 +35,11 @@ def _examples() -> dict[type, M.Message]:
         M.JoinWeightSync: M.JoinWeightSync({"version": 3}),
         M.SaveCheckpoint: M.SaveCheckpoint(10),
         M.LoadCheckpoint: M.LoadCheckpoint("/runs/x/checkpoints/step_10"),
-        M.Ready: M.Ready(0, pid=42, proc=PROC, device="cpu", operative_config="train.loss = 'cispo'"),
+        M.Ready: M.Ready(0, pid=42, proc=PROC, device="cpu"),
         M.GroupDone: M.GroupDone(Rollout(order_id=5, problem_id="p5", completions=[], rewards=[1.0, 0.0], passed=[True, False]),
                                  PROC),
         M.StepDone: M.StepDone(1, {"loss_sum": torch.tensor(0.25), "grad": big}, PROC),
         M.Drained: M.Drained(0, PROC, groups=3),
-        M.OperativeConfig: M.OperativeConfig(1, "cispo.eps_max = 4.0"),
         M.EvalDone: M.EvalDone(0, {"pass_rate": 0.5, "prompts": 10}, PROC),
         M.DownstreamDone: M.DownstreamDone(0, [{"benchmark": "b", "mean@k": 0.25}], PROC),
         M.Failed: M.Failed(2, "Traceback (most recent call last):\n  ...\nValueError: boom"),
@@ -88,7 +87,7 @@ def test_a_field_added_with_a_default_is_read_from_an_older_sender():
     ready = object.__new__(M.Ready)
     object.__setattr__(ready, "__dict__", {"index": 1, "pid": 9, "proc": PROC})  # a learner rank's Ready
     out = decode(encode(ready))
-    assert out.device is None and out.operative_config is None
+    assert out.device is None
 
 
 def test_a_field_a_reader_does_not_know_is_ignored():

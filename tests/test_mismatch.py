@@ -285,10 +285,15 @@ def test_a_corrected_step_does_not_depend_on_micro_batches_or_ranks(model_path):
     holds): one micro-batch, three uneven ones and two emulated ranks give the same update."""
     rollouts = None
     params = []
-    for kw in (dict(micro_batch_size=16), dict(micro_batch_size=3), dict(micro_batch_size=3, emulate_learner_ranks=2)):
+    from _emulated_ranks import step_as_ranks
+
+    for kw, ranks in ((dict(micro_batch_size=16), 1), (dict(micro_batch_size=3), 1), (dict(micro_batch_size=3), 2)):
         learner, tok = _learner(model_path, mismatch_correction="seq_tis", grad_clip=0.0, **kw)
         rollouts = rollouts or _rollouts(tok, seed=9)
-        learner.step(rollouts, [True] * len(rollouts))
+        if ranks == 1:
+            learner.step(rollouts, [True] * len(rollouts))
+        else:  # one process in the arithmetic of two ranks (tests/_emulated_ranks.py)
+            step_as_ranks(learner, rollouts, ranks)
         params.append(_params(learner))
     for other in params[1:]:
         for n in params[0]:
@@ -339,7 +344,10 @@ def test_hyper_parameters_bind_from_gin_and_are_range_checked():
     old, gen, mask = _random_logps(seed=8)
     assert float(MISMATCH_CORRECTIONS.get("tis")(old, gen, mask).max()) == 1.5  # bound by gin, called with no keyword
     expected = float(((old - gen).exp() > 1.5)[mask].double().mean())
-    assert mismatch_stats("tis", old, gen, mask)["mismatch_truncated_frac"] == pytest.approx(expected)
+    # the learner's statistics get the run's resolved values as arguments (issue 42), never gin's
+    assert mismatch_stats("tis", old, gen, mask, {"cap": 1.5})["mismatch_truncated_frac"] == pytest.approx(expected)
+    at_default = float(((old - gen).exp() > 2.0)[mask].double().mean())
+    assert mismatch_stats("tis", old, gen, mask)["mismatch_truncated_frac"] == pytest.approx(at_default)
     validate(TrainConfig(mismatch_correction="tis"))
     gin.clear_config()
     gin.parse_config("tis.cap = 0.5")
@@ -353,18 +361,18 @@ def test_hyper_parameters_bind_from_gin_and_are_range_checked():
 
 
 def test_the_mismatch_sweep_crosses_precision_with_the_corrections():
-    from experiments import launch as L
+    from experiments import run_config, sweep_spec
     from experiments.cli import main as scalerl
 
-    spec = L.load_spec(SWEEP)
-    runs = L.expand(spec, "tiny")
+    spec = sweep_spec.load_spec(SWEEP)
+    runs = sweep_spec.expand(spec, "tiny")
     precisions, corrections = ("bf16", "bf16_fp32_head", "fp32"), ("none", "tis", "mis")
     assert [r.name for r in runs] == [f"{p}-{c}-s0" for p in precisions for c in corrections]
     for r in runs:
         p, c = r.name[:-3].rsplit("-", 1)
         assert f'train.precision = "{p}"' in r.bindings and f'train.mismatch_correction = "{c}"' in r.bindings
-    L.validate_runs(runs)
-    assert len(L.expand(spec, "paper")) == 9
+    run_config.validate_runs(runs)
+    assert len(sweep_spec.expand(spec, "paper")) == 9
     assert scalerl(["sweep", str(SWEEP), "--scale", "tiny", "--dry-run"]) == 0
     # not a paper ablation: outside the shipped sweeps that `scalerl reproduce` runs and findings judge
     from analysis.findings import FINDINGS

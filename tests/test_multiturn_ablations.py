@@ -147,7 +147,8 @@ def test_learner_plan_uses_turn_ids_and_the_observation_mask():
 
     rollouts = _rollouts(6)
     cfg = SimpleNamespace(advantage_norm="prompt", aggregation="turn_mean", mini_batches=1, micro_batch_size=64,
-                          max_tokens_per_micro_batch=None, sequence_parallel=1, mask_observations=True)
+                          max_tokens_per_micro_batch=None, sequence_parallel=1, mask_observations=True,
+                          components=(), params_of=lambda family, name: None)  # no resolved table: defaults
     plan = plan_step(rollouts, [True] * len(rollouts), cfg, pad_id=0, ranks=1)
     batch = plan.batch
     expected = token_weights("turn_mean", batch.mask, batch.group_ids, turn_ids=batch.turn_ids)  # [B, T]

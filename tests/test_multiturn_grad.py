@@ -75,7 +75,7 @@ def _exclude(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _fake_learner(loss: str, correction: str, kl: str | None, logp, entropy, ref_logp):
-    """What `Learner._backward` reads from its learner, with the per-token inputs given (float64 leaves)."""
+    """What `Learner.backward` reads from its learner, with the per-token inputs given (float64 leaves)."""
     return SimpleNamespace(
         loss_fn=LOSSES.get(loss), correction=resolve_correction(correction),
         kl_fn=KL_ESTIMATORS.get(kl) if kl else None, device=torch.device("cpu"),
@@ -90,7 +90,7 @@ def _step(batch: Batch, advantages, aggregation: str, loss: str, correction: str
     entropy = ent0.clone().requires_grad_(True)  # [B, T]
     weights = token_weights(aggregation, batch.mask, batch.group_ids, dtype=torch.float64)  # [B, T]
     torch.manual_seed(1234)  # losses that draw tokens at random (clip_cov) draw the same in both batches
-    value, *_ = Learner._backward(_fake_learner(loss, correction, kl, logp, entropy, ref0),
+    value, *_ = Learner.backward(_fake_learner(loss, correction, kl, logp, entropy, ref0),
                                   MicroBatch(batch, advantages, weights), 1.0)
     grad_logp = logp.grad if logp.grad is not None else torch.zeros_like(logp)
     grad_ent = entropy.grad if entropy.grad is not None else torch.zeros_like(entropy)
@@ -184,7 +184,7 @@ def test_model_level_hidden_state_before_an_observation_gets_no_gradient():
         fake = SimpleNamespace(loss_fn=LOSSES.get("cispo"), correction=resolve_correction("tis"),
                                kl_fn=None, device=torch.device("cpu"), cfg=SimpleNamespace(kl_coef=0.0, entropy_coef=0.01),
                                logprobs=lambda mb: (logp, entropy), reference_logprobs=None)
-        Learner._backward(fake, MicroBatch(batch, advantages, weights), 1.0)
+        Learner.backward(fake, MicroBatch(batch, advantages, weights), 1.0)
     finally:
         handle.remove()
     grad = captured["h"].grad[0]  # [N, H]: the packed row, sequences one after another

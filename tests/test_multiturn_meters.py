@@ -11,7 +11,7 @@ import pytest
 from components.engines.base import CompletedGroup, Completion, GenerationRequest
 from components.environments import EpisodeOutcome
 from components.trainer.evaluation import sample_and_grade
-from components.trainer.learner import _rollout_stats
+from components.trainer.step_plan import _rollout_stats
 from components.trainer.rollout import Rollout, collate
 
 

@@ -52,7 +52,7 @@ def test_loading_the_tiny_model_prints_nothing_while_bars_and_errors_would_show(
 GIN_INCLUDE = """
     import logging, sys
     logging.basicConfig()
-    from components.trainer.config import parse_gin_files
+    from components.trainer.gin_config import parse_gin_files
     import gin
     parse_gin_files([{child!r}], [])
     assert gin.query_parameter("train.seed") == 7  # the include was read

@@ -104,7 +104,8 @@ def test_print_config_prints_the_operative_config_and_makes_nothing(tmp_path, em
         assert line in out.splitlines(), (line, out)
     _nothing_made(tmp_path, empty_cache)
     # what it prints is a gin config: read back, it is the same configuration
-    from components.trainer.config import UNRESOLVED_MODEL_PATH, parse_gin_files, train_config
+    from components.trainer.config import UNRESOLVED_MODEL_PATH, train_config
+    from components.trainer.gin_config import parse_gin_files
 
     printed = tmp_path / "printed.gin"
     printed.write_text(out)

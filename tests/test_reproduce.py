@@ -19,7 +19,7 @@ import pytest
 from analysis.findings import FINDINGS
 from analysis.runs import read_jsonl
 from analysis.synthetic import write_run
-from experiments import launch
+from experiments import recipes, sweep_spec
 from experiments import reproduce as R
 from experiments import study_report, study_runs
 from experiments.sweep_spec import budget_of
@@ -48,11 +48,11 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
     out = capsys.readouterr().out
     import dataclasses
 
-    ablations = [s for s in sorted(launch.SWEEPS_DIR.glob("*.gin")) if launch.load_spec(s).paper_ablation]
-    assert {s.stem for s in launch.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {
+    ablations = [s for s in sorted(recipes.SWEEPS_DIR.glob("*.gin")) if sweep_spec.load_spec(s).paper_ablation]
+    assert {s.stem for s in recipes.SWEEPS_DIR.glob("*.gin")} - {s.stem for s in ablations} == {
         "mismatch", "update_epochs", "max_turns", "mask_observations", "turn_aggregation", "tool_use"}
     expected = {(s.stem, r.name) for s in ablations
-                for r in launch.expand(dataclasses.replace(launch.load_spec(s), seeds=(0, 1, 2)), "tiny")}
+                for r in sweep_spec.expand(dataclasses.replace(sweep_spec.load_spec(s), seeds=(0, 1, 2)), "tiny")}
     assert {int(re.search(r"-s(\d+)$", n).group(1)) for _, n in expected} == {0, 1, 2}
     ns = argparse_ns(tmp_path, seeds=3, executor="local")
     plans = study_runs.plan_study(ns, act=False)
@@ -299,7 +299,7 @@ def test_done_run_trained_past_the_tiny_budget_without_it_is_set_aside_and_run_a
     """A run collected before the tiny scale's compute budget existed is re-run only when its
     training compute went past the budget; one that stayed within it, or ran under it, is kept."""
     res = tmp_path / "results"
-    budget = launch.TINY_COMPUTE_BUDGET_FLOPS
+    budget = sweep_spec.TINY_COMPUTE_BUDGET_FLOPS
     steps = 30
     # write_run logs flops = step x 8 x params_per_token_flops x 1,536,000 tokens: a run's FLOPs by its parameter count
     per = lambda frac: frac * budget / (steps * 8 * 1536000)  # noqa: E731

@@ -162,7 +162,7 @@ def test_an_absent_setting_is_at_its_default_and_nothing_to_continue_is_not_comp
 # sweeps: a re-run resumes with the same settings; a run with others is reported by name
 def test_a_sweep_rerun_reports_a_run_with_other_settings_by_name_and_runs_the_rest(tmp_path, capsys):
     from experiments.cli import main
-    from experiments.launch import expand, load_spec
+    from experiments.sweep_spec import expand, load_spec
     from experiments.run_config import validate_runs
     from test_sweep import FAKE, write_fake_sweep
 

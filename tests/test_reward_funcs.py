@@ -227,7 +227,8 @@ def test_a_group_function_gets_only_the_arguments_it_names():
 README_CHECK = """
 import json, sys
 sys.path.insert(0, {user_dir!r})
-from components.trainer.config import parse_gin_files, train_config
+from components.trainer.config import train_config
+from components.trainer.gin_config import parse_gin_files
 from components.rewards import build_reward_funcs
 parse_gin_files([{gin!r}], [])
 cfg = train_config(model_path="unused")

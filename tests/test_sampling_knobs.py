@@ -28,7 +28,7 @@ from _helpers_sampling import SAMPLE_KNOBS, SAMPLE_PROMPT, next_logits, penalise
 from components.engines import GenerationRequest, Interruption, SamplingParams, make_engine
 from components.engines.base import check_prompt_length, check_sampling_knobs, sampling_knobs
 from components.engines.logprobs import scaled_log_softmax
-from components.engines.torch_engine import repetition_penalized, sampling_probs, top_p_filter
+from components.engines.sampling import repetition_penalized, sampling_probs, top_p_filter
 from components.models import build_tiny_policy, load_causal_lm
 from components.trainer.config import ConfigError, TrainConfig, validate
 

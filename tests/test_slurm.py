@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import launch as L
+from experiments import run_state, submission, sweep_spec
 from experiments import status as S
 
 HERE = Path(__file__).resolve().parent
@@ -191,13 +191,13 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
     """Preemption as Slurm does it: USR2 to the job (submitit's signal). submitit calls
     RunJob.checkpoint, requeues the job (`scontrol requeue`) and exits; the new attempt
     resumes the real trainer from the run's latest checkpoint."""
-    spec = L.load_spec("loss_type")
-    (run,) = [r for r in L.expand(spec, "tiny") if r.name == "cispo-s0"]
+    spec = sweep_spec.load_spec("loss_type")
+    (run,) = [r for r in sweep_spec.expand(spec, "tiny") if r.name == "cispo-s0"]
     extra = tuple(TINY) + ("train.total_steps = 6", "train.eval_every = 3", f'model.path = "{model_dir}"')
     run = dataclasses.replace(run, bindings=run.bindings + extra)
     root = tmp_path / "runs"
-    opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=10)
-    ((planned, job),) = L.submit(L.plan([run], root), opts, root, "loss_type")
+    opts = submission.LaunchOptions(executor="slurm", partition="debug", time_min=10)
+    ((planned, job),) = submission.submit(run_state.plan([run], root), opts, root, "loss_type")
     metrics = planned.run_dir / "metrics.jsonl"
     deadline = time.time() + 240
     while not (metrics.exists() and len(_steps(metrics)) >= 2):
@@ -221,7 +221,7 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(tmp_path, mod
         assert time.time() < deadline + 240, f"job still {state}"
         time.sleep(1)
     assert requeued, "the job was never requeued"
-    attempts = [json.loads(x) for x in (planned.run_dir / L.ATTEMPTS_FILE).read_text().splitlines()]
+    attempts = [json.loads(x) for x in (planned.run_dir / run_state.ATTEMPTS_FILE).read_text().splitlines()]
     assert [a["restart_count"] for a in attempts if "restart_count" in a] == [0, 1]
     assert [a.get("event") for a in attempts] == [None, "interrupted", None]  # start, checkpoint(), start
     info = json.loads((planned.run_dir / "run.json").read_text())
@@ -245,12 +245,12 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
 
     monkeypatch.setenv("SCALERL_FAKE_STEP_S", "1.0")
     (tmp_path / "recipe.gin").write_text(FAKE_RECIPE)
-    spec = L.parse_spec_text('sweep.name = "tl"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
+    spec = sweep_spec.parse_spec_text('sweep.name = "tl"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
                              "sweep.values = [40]" % (tmp_path / "recipe.gin"))
-    runs = L.expand(spec, "paper")
+    runs = sweep_spec.expand(spec, "paper")
     root = tmp_path / "runs"
-    opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=1, signal_delay_s=40, target=FAKE)
-    ((planned, job),) = L.submit(L.plan(runs, root), opts, root, "tl")
+    opts = submission.LaunchOptions(executor="slurm", partition="debug", time_min=1, signal_delay_s=40, target=FAKE)
+    ((planned, job),) = submission.submit(run_state.plan(runs, root), opts, root, "tl")
     deadline = time.time() + 300
     released = set()
     held_since: dict[int, float] = {}
@@ -258,7 +258,7 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
         state = _squeue(job.job_id)
         if not state:
             break
-        attempts = (planned.run_dir / L.ATTEMPTS_FILE)
+        attempts = (planned.run_dir / run_state.ATTEMPTS_FILE)
         n = len(attempts.read_text().splitlines()) if attempts.exists() else 0
         if state.startswith("PENDING") and "BeginTime" in state and n not in released:
             # release the requeued job from Slurm's ~2 min hold, as the admin, once settled
@@ -267,7 +267,7 @@ def test_run_hitting_its_time_limit_is_requeued_and_resumes(tmp_path, monkeypatc
                 subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=False)
         assert time.time() < deadline, f"job still {state}"
         time.sleep(1)
-    lines = [json.loads(x) for x in (planned.run_dir / L.ATTEMPTS_FILE).read_text().splitlines()]
+    lines = [json.loads(x) for x in (planned.run_dir / run_state.ATTEMPTS_FILE).read_text().splitlines()]
     starts = [a for a in lines if "restart_count" in a]
     assert [a["restart_count"] for a in starts] == list(range(len(starts))) and len(starts) >= 2
     assert any(a.get("event") == "interrupted" for a in lines)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import launch as L
+from experiments import recipes, sweep_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,18 +60,18 @@ def test_sweep_help_names_the_default_executor(capsys):
 
 def _copy_spec(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    return Path(shutil.copy(L.SWEEPS_DIR / "loss_type.gin", dest / "my_loss_type.gin"))
+    return Path(shutil.copy(recipes.SWEEPS_DIR / "loss_type.gin", dest / "my_loss_type.gin"))
 
 
 def test_a_copied_spec_finds_the_repository_overlays_and_recipes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not the repository: nothing is found relative to the working directory
     spec = _copy_spec(tmp_path / "elsewhere")
     for scale, recipe in (("paper", "scalerl.gin"), ("tiny", "tiny_cpu.gin")):
-        runs = L.expand(L.load_spec(spec), scale)
+        runs = sweep_spec.expand(sweep_spec.load_spec(spec), scale)
         assert runs
         for run in runs:
-            assert run.config_files == (str((L.CONFIGS_DIR / recipe).resolve()),
-                                        str((L.SWEEPS_DIR / "overlays" / "baseline.gin").resolve())), run
+            assert run.config_files == (str((recipes.CONFIGS_DIR / recipe).resolve()),
+                                        str((recipes.SWEEPS_DIR / "overlays" / "baseline.gin").resolve())), run
 
 
 def test_a_spec_prefers_files_next_to_it(tmp_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_a_spec_prefers_files_next_to_it(tmp_path, monkeypatch):
     (tmp_path / "mine" / "overlays").mkdir()
     own = tmp_path / "mine" / "overlays" / "baseline.gin"
     own.write_text("train.seed = 0\n")
-    (run, *_) = L.expand(L.load_spec(spec), "tiny")
+    (run, *_) = sweep_spec.expand(sweep_spec.load_spec(spec), "tiny")
     assert run.config_files[1] == str(own.resolve())
 
 
@@ -88,11 +88,11 @@ def test_an_unresolvable_config_names_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = _copy_spec(tmp_path / "mine")
     spec.write_text(spec.read_text().replace("overlays/baseline.gin", "overlays/nope.gin"))
-    with pytest.raises(L.SweepError) as err:
-        L.expand(L.load_spec(spec), "tiny")
+    with pytest.raises(recipes.SweepError) as err:
+        sweep_spec.expand(sweep_spec.load_spec(spec), "tiny")
     msg = str(err.value)
     assert "'overlays/nope.gin' not found" in msg, msg
-    for place in (tmp_path / "mine", L.SWEEPS_DIR, L.CONFIGS_DIR):
+    for place in (tmp_path / "mine", recipes.SWEEPS_DIR, recipes.CONFIGS_DIR):
         assert str(place / "overlays" / "nope.gin") in msg, msg
     assert "overlays/baseline.gin" in msg  # what there is
 

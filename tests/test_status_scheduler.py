@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import launch as L
+from experiments import run_state, slurm, submission, sweep_spec
 from experiments import status as S
 
 HERE = Path(__file__).resolve().parent
@@ -104,8 +104,8 @@ def _run_dir(root: Path, name: str, status: str | None, job_id: str | None = Non
     return d
 
 
-def _specs(names) -> list[L.RunSpec]:
-    return [L.RunSpec(name=n, sweep="sw", factor="train.loss", value=n, recipe="r", seed=0, config_files=(),
+def _specs(names) -> list[sweep_spec.RunSpec]:
+    return [sweep_spec.RunSpec(name=n, sweep="sw", factor="train.loss", value=n, recipe="r", seed=0, config_files=(),
                       bindings=()) for n in names]
 
 
@@ -113,8 +113,8 @@ def _states(root: Path) -> dict[str, S.RunStatus]:
     return {r.run: r for r in S.collect(root / "sw")}
 
 
-def _actions(root: Path, names) -> dict[str, L.Planned]:
-    return {p.run.name: p for p in L.plan(_specs(names), root)}
+def _actions(root: Path, names) -> dict[str, run_state.Planned]:
+    return {p.run.name: p for p in run_state.plan(_specs(names), root)}
 
 
 # ------------------------------------------------------------------------------ unit tests
@@ -128,7 +128,7 @@ def test_a_job_that_ended_without_the_run_writing_is_interrupted_and_resumed(tmp
     (row,) = S.collect(tmp_path / "sw")
     assert (row.state, row.slurm) == ("interrupted", state), row
     assert f"Slurm job 500_0 ended {state}" in row.reason
-    (p,) = L.plan(_specs(["r"]), tmp_path)
+    (p,) = run_state.plan(_specs(["r"]), tmp_path)
     assert p.action == "resume" and state in p.reason, p
 
 
@@ -137,10 +137,10 @@ def test_a_cancelled_job_that_was_signalled_like_a_preempted_one_is_reported_as_
     `interrupted`, as after a preemption): the plan still gives the scheduler's reason (seen once in CI)."""
     fake_slurm({"500_0": "CANCELLED by 0"}, aged={"500_0"})
     d = _run_dir(tmp_path, "r", "running", "500_0")
-    (d / L.ATTEMPTS_FILE).write_text(json.dumps({"event": "start", "job_id": "500_0"}) + "\n"
+    (d / run_state.ATTEMPTS_FILE).write_text(json.dumps({"event": "start", "job_id": "500_0"}) + "\n"
                                      + json.dumps({"event": "interrupted", "job_id": "500_0"}) + "\n")
-    assert L.was_interrupted(d)
-    (p,) = L.plan(_specs(["r"]), tmp_path)
+    assert run_state.was_interrupted(d)
+    (p,) = run_state.plan(_specs(["r"]), tmp_path)
     assert p.action == "resume" and "Slurm job 500_0 ended CANCELLED" in p.reason, p
 
 
@@ -153,7 +153,7 @@ def test_a_run_that_recorded_failed_in_a_cancelled_job_is_interrupted_and_resume
     fake_slurm({"500_0": shown}, aged={"500_0"})
     _run_dir(tmp_path, "r", "failed", "500_0", error="PeerLost: generator 0 (pid 4242) exited: was killed by SIGKILL")
     (row,) = S.collect(tmp_path / "sw")
-    (p,) = L.plan(_specs(["r"]), tmp_path)
+    (p,) = run_state.plan(_specs(["r"]), tmp_path)
     if state == "CANCELLED":
         assert (row.state, row.slurm) == ("interrupted", "CANCELLED"), row
         assert "Slurm job 500_0 was cancelled while the run trained" in row.reason
@@ -161,7 +161,7 @@ def test_a_run_that_recorded_failed_in_a_cancelled_job_is_interrupted_and_resume
     else:
         assert (row.state, row.slurm) == ("failed", state), row
         assert p.action == "skip-failed" and "PeerLost" in p.reason, p
-        (p,) = L.plan(_specs(["r"]), tmp_path, retry_failed=True)
+        (p,) = run_state.plan(_specs(["r"]), tmp_path, retry_failed=True)
         assert p.action == "retry"
 
 
@@ -214,8 +214,8 @@ def test_array_tasks_that_never_started_are_found_through_their_array(tmp_path, 
     assert {n: (r.state, r.slurm) for n, r in rows.items()} == {
         "a": ("interrupted", "CANCELLED"), "b": ("interrupted", "CANCELLED"), "c": ("interrupted", "CANCELLED"),
         "d": ("interrupted", "CANCELLED"), "e": ("interrupted", "TIMEOUT")}
-    assert L.array_task_ids("1-7:2%1") == {"1", "3", "5", "7"} and L.array_task_ids("0,4-5") == {"0", "4", "5"}
-    assert {p.action for p in L.plan(_specs("abcde"), tmp_path)} == {"resume"}
+    assert slurm.array_task_ids("1-7:2%1") == {"1", "3", "5", "7"} and slurm.array_task_ids("0,4-5") == {"0", "4", "5"}
+    assert {p.action for p in run_state.plan(_specs("abcde"), tmp_path)} == {"resume"}
 
 
 def test_without_accounting_a_job_squeue_no_longer_lists_is_gone(tmp_path, fake_slurm):
@@ -331,12 +331,12 @@ def test_scancel_of_a_sweep_array_shows_its_runs_interrupted_and_a_rerun_resumes
     monkeypatch.setenv("SCALERL_FAKE_STEP_S", "120")  # run 0 stays in its first step until cancelled
     monkeypatch.chdir(REPO)
     (tmp_path / "recipe.gin").write_text(FAKE_RECIPE)
-    spec = L.parse_spec_text('sweep.name = "sc"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
+    spec = sweep_spec.parse_spec_text('sweep.name = "sc"\nsweep.base = "%s"\nsweep.factor = "train.total_steps"\n'
                              "sweep.values = [2, 3]" % (tmp_path / "recipe.gin"))
-    runs = L.expand(spec, "paper")
+    runs = sweep_spec.expand(spec, "paper")
     root = tmp_path / "runs"
-    opts = L.LaunchOptions(executor="slurm", partition="debug", time_min=2, cpus=1, array_parallelism=1, target=FAKE)
-    submitted = L.submit(L.plan(runs, root), opts, root, "sc")
+    opts = submission.LaunchOptions(executor="slurm", partition="debug", time_min=2, cpus=1, array_parallelism=1, target=FAKE)
+    submitted = submission.submit(run_state.plan(runs, root), opts, root, "sc")
     ids = [str(job.job_id) for _, job in submitted]
     first = submitted[0][0].run_dir / "run.json"
     try:
@@ -357,7 +357,7 @@ def test_scancel_of_a_sweep_array_shows_its_runs_interrupted_and_a_rerun_resumes
     rows = {r.run: r for r in S.collect(root / "sc")}
     assert {n: (r.state, r.slurm) for n, r in rows.items()} == {
         p.run.name: ("interrupted", "CANCELLED") for p, _ in submitted}, rows
-    planned = {p.run.name: p for p in L.plan(runs, root)}
+    planned = {p.run.name: p for p in run_state.plan(runs, root)}
     assert {n: p.action for n, p in planned.items()} == {p.run.name: "resume" for p, _ in submitted}
     assert all("CANCELLED" in p.reason for p in planned.values()), planned
     from experiments.cli import main
@@ -381,4 +381,4 @@ def test_a_failure_recorded_beside_an_unwritable_run_directory_stands(tmp_path, 
         "finished": "2026-01-01T01:00:00+00:00"}))
     (row,) = S.collect(tmp_path / "sw")
     assert (row.state, row.slurm) == ("failed", "FAILED") and "Read-only" in row.error
-    assert [p.action for p in L.plan(_specs(["ro"]), tmp_path)] == ["skip-failed"]
+    assert [p.action for p in run_state.plan(_specs(["ro"]), tmp_path)] == ["skip-failed"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import launch as L
+from experiments import recipes, run_config, run_state, slurm, submission, sweep_spec
 from experiments import run_state, slurm, submission
 from experiments import status as S
 
@@ -54,7 +54,7 @@ def write_fake_sweep(tmp: Path, *, values=("dapo", "gspo", "cispo"), extra: str 
         'sweep.tiny_base = "recipe.gin"\n'
         'sweep.factor = "train.loss"\n'
         f"sweep.values = {json.dumps(list(values))}\n"
-        # the tiny scale's step cap (launch.TINY_SCALE_BINDINGS) would outlast the fake recipe's 3 steps
+        # the tiny scale's step cap (sweep_spec.TINY_SCALE_BINDINGS) would outlast the fake recipe's 3 steps
         'sweep.tiny_overrides = ["train.total_steps = 3"]\n'
         "sweep.seeds = [0]\n" + extra
     )
@@ -68,12 +68,12 @@ def test_every_paper_ablation_has_a_spec():
 
 
 def _expand_or_skip(spec, scale):
-    return L.expand(spec, scale)  # every recipe a spec names must exist: no skip
+    return sweep_spec.expand(spec, scale)  # every recipe a spec names must exist: no skip
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_spec_expands_and_validates_at_tiny_scale(name):
-    spec = L.load_spec(name)
+    spec = sweep_spec.load_spec(name)
     assert spec.name == name
     runs = _expand_or_skip(spec, "tiny")
     assert len(runs) >= 2 * len(spec.seeds) or spec.factor == "recipe"
@@ -81,21 +81,21 @@ def test_shipped_spec_expands_and_validates_at_tiny_scale(name):
     for r in runs:
         assert r.bindings[-1] == f"train.seed = {r.seed}"
         assert all(Path(f).is_file() for f in r.config_files)
-    L.validate_runs(runs)  # every binding is a real configurable/parameter and every component registered
+    run_config.validate_runs(runs)  # every binding is a real configurable/parameter and every component registered
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_spec_expands_at_paper_scale(name):
-    spec = L.load_spec(name)
+    spec = sweep_spec.load_spec(name)
     runs = _expand_or_skip(spec, "paper")
-    L.validate_runs(runs)
-    tiny = L.expand(spec, "tiny")
+    run_config.validate_runs(runs)
+    tiny = sweep_spec.expand(spec, "tiny")
     # a tiny run's name says what ran (k1 for the paper's k4); its paper_name maps it back one to one
     assert [r.name for r in runs] == [(f"{r.paper_name}-s{r.seed}" if r.paper_name else r.name) for r in tiny]
 
 
 def test_loss_type_spec_runs_one_run_per_loss_with_its_binding():
-    runs = L.expand(L.load_spec("loss_type"), "tiny")
+    runs = sweep_spec.expand(sweep_spec.load_spec("loss_type"), "tiny")
     assert [r.name for r in runs] == ["dapo-s0", "gspo-s0", "cispo-s0"]
     for r, loss in zip(runs, ("dapo", "gspo", "cispo")):
         assert f'train.loss = "{loss}"' in r.bindings
@@ -110,21 +110,21 @@ def test_gin_state_is_untouched_by_spec_parsing():
 
     gin.clear_config()
     gin.parse_config('train.lr = 0.5')
-    L.load_spec("leave_one_out")
+    sweep_spec.load_spec("leave_one_out")
     assert "train.lr = 0.5" in gin.config_str()
     gin.clear_config()
 
 
 def test_binding_order_and_tiny_mapping():
-    spec = L.parse_spec_text(
+    spec = sweep_spec.parse_spec_text(
         'sweep.base = "tiny_cpu.gin"\nsweep.factor = "pipeline_rl.k"\nsweep.values = [4, 8]\n'
         'sweep.tiny_values = [1, 2]\nsweep.overrides = ["train.lr = 0.1"]\n'
         'sweep.tiny_overrides = ["train.total_steps = 2"]\nsweep.seeds = [3, 4]\n', default_name="k")
-    paper = L.expand(spec, "paper")
-    tiny = L.expand(spec, "tiny")
+    paper = sweep_spec.expand(spec, "paper")
+    tiny = sweep_spec.expand(spec, "tiny")
     assert [r.name for r in paper] == ["k4-s3", "k4-s4", "k8-s3", "k8-s4"]
     assert paper[0].bindings == ("train.lr = 0.1", "pipeline_rl.k = 4", "train.seed = 3")
-    assert tiny[0].bindings == (*L.TINY_SCALE_BINDINGS, "train.lr = 0.1", "pipeline_rl.k = 1",
+    assert tiny[0].bindings == (*sweep_spec.TINY_SCALE_BINDINGS, "train.lr = 0.1", "pipeline_rl.k = 1",
                                 "train.total_steps = 2", "train.seed = 3")
     assert tiny[3].value == 2 and paper[3].value == 8
     # at tiny scale the name says the value that ran; run.json keeps the paper's name
@@ -136,21 +136,21 @@ def test_every_tiny_run_has_the_tiny_compute_budget_and_a_spec_may_change_it():
     """The tiny scale gives every run one training compute budget in FLOPs (the paper's equal budget
     per forward ablation; FLOPs reproduce, wall-clock does not), with the step count only a safety
     cap; the paper scale adds none; a spec's tiny_overrides come after it."""
-    spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
+    spec = sweep_spec.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
                              'sweep.values = ["dapo"]\n', default_name="b")
-    (tiny,) = L.expand(spec, "tiny")
-    (paper,) = L.expand(spec, "paper")
-    assert L.TINY_SCALE_BINDINGS == ("train.compute_budget_flops = 5e+12", "train.total_steps = 5000")
-    assert set(L.TINY_SCALE_BINDINGS) <= set(tiny.bindings)
+    (tiny,) = sweep_spec.expand(spec, "tiny")
+    (paper,) = sweep_spec.expand(spec, "paper")
+    assert sweep_spec.TINY_SCALE_BINDINGS == ("train.compute_budget_flops = 5e+12", "train.total_steps = 5000")
+    assert set(sweep_spec.TINY_SCALE_BINDINGS) <= set(tiny.bindings)
     assert not any("compute_budget" in b or "total_steps" in b for b in paper.bindings)
-    spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["dapo"]\n'
+    spec = sweep_spec.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["dapo"]\n'
                              'sweep.tiny_overrides = ["train.compute_budget_flops = 2e13"]\n', default_name="b")
-    (tiny,) = L.expand(spec, "tiny")
+    (tiny,) = sweep_spec.expand(spec, "tiny")
     budget = [b for b in tiny.bindings if b.startswith("train.compute_budget_flops")]
     assert budget == ["train.compute_budget_flops = 5e+12", "train.compute_budget_flops = 2e13"]  # the last wins
     # every shipped sweep at tiny scale carries it
-    for spec_path in sorted(Path(L.__file__).parent.joinpath("sweeps").glob("*.gin")):
-        for run in L.expand(L.load_spec(spec_path), "tiny"):
+    for spec_path in sorted(Path(recipes.__file__).parent.joinpath("sweeps").glob("*.gin")):
+        for run in sweep_spec.expand(sweep_spec.load_spec(spec_path), "tiny"):
             assert "train.compute_budget_flops = 5e+12" in run.bindings, (spec_path.name, run.name)
 
 
@@ -161,21 +161,21 @@ def test_tiny_run_names_say_what_ran_and_record_the_papers_name():
                                                        "gen16": "gen32"},
                             "off_policy": {"ppo_off_policy-k1": "", "ppo_off_policy-k2": "ppo_off_policy-k8",
                                            "pipeline_rl-k2": "pipeline_rl-k8"}}.items():
-        tiny = L.expand(L.load_spec(sweep), "tiny")
+        tiny = sweep_spec.expand(sweep_spec.load_spec(sweep), "tiny")
         assert {r.name.rsplit("-s", 1)[0]: r.paper_name for r in tiny} == expected, sweep
         for r in tiny:
             assert r.run_info().get("paper_name", "") == r.paper_name
-        assert all(not r.paper_name for r in L.expand(L.load_spec(sweep), "paper"))
-    with pytest.raises(L.SweepError, match="tiny_names names \\['nope'\\]"):
-        L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "f"\nsweep.variants = {"a": []}\n'
+        assert all(not r.paper_name for r in sweep_spec.expand(sweep_spec.load_spec(sweep), "paper"))
+    with pytest.raises(recipes.SweepError, match="tiny_names names \\['nope'\\]"):
+        sweep_spec.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "f"\nsweep.variants = {"a": []}\n'
                           'sweep.tiny_names = {"nope": "b"}\n', default_name="b")
 
 @pytest.mark.parametrize("value,name", [("cispo", "cispo"), (0.28, "0.28"), (True, "on"), ("a b/c", "a_b_c"),
                                         (["uniform", "zero_variance_filter"], "uniform_zero_variance_filter"),
                                         ("minimax.gin", "minimax")])
 def test_slug_is_stable_and_filesystem_safe(value, name):
-    assert L.slug(value) == name
-    assert L.run_name(value, 2) == f"{name}-s2"
+    assert sweep_spec.slug(value) == name
+    assert sweep_spec.run_name(value, 2) == f"{name}-s2"
 
 
 def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
@@ -185,13 +185,13 @@ def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
     spec = tmp_path / "s.gin"
     spec.write_text('sweep.name = "r"\nsweep.base = []\nsweep.tiny_base = "tiny_cpu.gin"\nsweep.factor = "recipe"\n'
                     'sweep.values = ["myrecipe.gin"]\nsweep.tiny_overrides = ["train.total_steps = 2"]\n')
-    (run,) = L.expand(L.load_spec(spec), "tiny")
+    (run,) = sweep_spec.expand(sweep_spec.load_spec(spec), "tiny")
     assert run.name == "myrecipe-s0" and run.value == "myrecipe"
     assert [Path(f).name for f in run.config_files] == ["tiny_cpu.gin"]
-    assert run.bindings == (*L.TINY_SCALE_BINDINGS, 'train.loss = "dapo"', "dapo.eps_high = 0.26",
+    assert run.bindings == (*sweep_spec.TINY_SCALE_BINDINGS, 'train.loss = "dapo"', "dapo.eps_high = 0.26",
                             'train.curriculum = ["uniform", "zero_variance_filter"]', "train.total_steps = 2",
                             "train.seed = 0")
-    (paper,) = L.expand(L.load_spec(spec), "paper")
+    (paper,) = sweep_spec.expand(sweep_spec.load_spec(spec), "paper")
     assert [Path(f).name for f in paper.config_files] == ["myrecipe.gin"]
 
 
@@ -207,44 +207,44 @@ def test_recipe_sweep_at_tiny_scale_keeps_the_recipes_algorithm(tmp_path):
      "paper_ablation must be True or False"),
 ])
 def test_malformed_specs_are_rejected(text, match):
-    with pytest.raises(L.SweepError, match=match):
-        L.parse_spec_text(text)
+    with pytest.raises(recipes.SweepError, match=match):
+        sweep_spec.parse_spec_text(text)
 
 
 def test_duplicate_run_names_are_rejected():
-    spec = L.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["a b", "a_b"]')
-    with pytest.raises(L.SweepError, match="same run name"):
-        L.expand(spec, "tiny")
+    spec = sweep_spec.parse_spec_text('sweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\nsweep.values = ["a b", "a_b"]')
+    with pytest.raises(recipes.SweepError, match="same run name"):
+        sweep_spec.expand(spec, "tiny")
 
 
 # -------------------------------------------------------------------------- validation
 def _runs_with(binding: str):
-    spec = L.parse_spec_text(f'sweep.base = "tiny_cpu.gin"\nsweep.factor = "f"\nsweep.variants = {{"v": [{json.dumps(binding)}]}}')
-    return L.expand(spec, "tiny")
+    spec = sweep_spec.parse_spec_text(f'sweep.base = "tiny_cpu.gin"\nsweep.factor = "f"\nsweep.variants = {{"v": [{json.dumps(binding)}]}}')
+    return sweep_spec.expand(spec, "tiny")
 
 
 def test_unknown_factor_is_an_error_before_submission():
-    with pytest.raises(L.SweepError, match=r"unknown factor train\.los\b.*did you mean train\.loss\?"):
-        L.validate_runs(_runs_with('train.los = "dapo"'))
-    with pytest.raises(L.SweepError, match="no gin configurable named 'trian'"):
-        L.validate_runs(_runs_with('trian.loss = "dapo"'))
-    with pytest.raises(L.SweepError, match="cispo has no parameter 'eps'"):
-        L.validate_runs(_runs_with("cispo.eps = 4.0"))
+    with pytest.raises(recipes.SweepError, match=r"unknown factor train\.los\b.*did you mean train\.loss\?"):
+        run_config.validate_runs(_runs_with('train.los = "dapo"'))
+    with pytest.raises(recipes.SweepError, match="no gin configurable named 'trian'"):
+        run_config.validate_runs(_runs_with('trian.loss = "dapo"'))
+    with pytest.raises(recipes.SweepError, match="cispo has no parameter 'eps'"):
+        run_config.validate_runs(_runs_with("cispo.eps = 4.0"))
 
 
 def test_unknown_component_value_names_the_valid_choices():
-    with pytest.raises(L.SweepError, match=r"Unknown loss 'cipso'.*cispo.*dapo.*Did you mean 'cispo'"):
-        L.validate_runs(_runs_with('train.loss = "cipso"'))
-    with pytest.raises(L.SweepError, match=r"Unknown curriculum 'zero_var'"):
-        L.validate_runs(_runs_with('train.curriculum = ["uniform", "zero_var"]'))
-    with pytest.raises(L.SweepError, match=r"Unknown precision policy"):
-        L.validate_runs(_runs_with('train.precision = "fp8"'))
+    with pytest.raises(recipes.SweepError, match=r"Unknown loss 'cipso'.*cispo.*dapo.*Did you mean 'cispo'"):
+        run_config.validate_runs(_runs_with('train.loss = "cipso"'))
+    with pytest.raises(recipes.SweepError, match=r"Unknown curriculum 'zero_var'"):
+        run_config.validate_runs(_runs_with('train.curriculum = ["uniform", "zero_var"]'))
+    with pytest.raises(recipes.SweepError, match=r"Unknown precision policy"):
+        run_config.validate_runs(_runs_with('train.precision = "fp8"'))
 
 
 def test_inconsistent_run_config_is_an_error_before_submission():
     # the trainer's own checks run on each run's parsed config (no model is touched)
-    with pytest.raises(L.SweepError, match=r"run v-s0: train.micro_batch_size \(128\) is larger than the step batch"):
-        L.validate_runs(_runs_with("train.prompts_per_step = 2"))
+    with pytest.raises(recipes.SweepError, match=r"run v-s0: train.micro_batch_size \(128\) is larger than the step batch"):
+        run_config.validate_runs(_runs_with("train.prompts_per_step = 2"))
 
 
 def test_cli_reports_validation_errors_and_submits_nothing(tmp_path, capsys):
@@ -259,26 +259,26 @@ def test_cli_reports_validation_errors_and_submits_nothing(tmp_path, capsys):
 
 def test_unknown_partition_is_an_error(monkeypatch):
     monkeypatch.setattr(slurm, "slurm_partitions", lambda: ["debug", "gpu"])
-    with pytest.raises(L.SweepError, match=r"unknown Slurm partition 'gpus'.*debug, gpu.*Did you mean 'gpu'"):
-        L.check_partition("gpus")
-    L.check_partition("gpu")
-    L.check_partition(None)
+    with pytest.raises(recipes.SweepError, match=r"unknown Slurm partition 'gpus'.*debug, gpu.*Did you mean 'gpu'"):
+        slurm.check_partition("gpus")
+    slurm.check_partition("gpu")
+    slurm.check_partition(None)
 
 
 @pytest.mark.skipif(shutil.which("sinfo") is None, reason="no sinfo: the real-cluster partition check runs in test_slurm")
 def test_unknown_partition_against_the_real_sinfo():
-    with pytest.raises(L.SweepError, match="unknown Slurm partition 'no_such_partition'"):
-        L.check_partition("no_such_partition")
+    with pytest.raises(recipes.SweepError, match="unknown Slurm partition 'no_such_partition'"):
+        slurm.check_partition("no_such_partition")
 
 
 @pytest.mark.parametrize("text,minutes", [("90", 90), ("1:30:00", 90), ("45:30", 46), ("2-00:00:00", 2880), ("1-2", 1560)])
 def test_time_limits(text, minutes):
-    assert L.parse_time_min(text) == minutes
+    assert slurm.parse_time_min(text) == minutes
 
 
 def test_bad_time_limit():
-    with pytest.raises(L.SweepError, match="cannot read time limit"):
-        L.parse_time_min("an hour")
+    with pytest.raises(recipes.SweepError, match="cannot read time limit"):
+        slurm.parse_time_min("an hour")
 
 
 # ------------------------------------------------------------------------------ dry run
@@ -308,19 +308,19 @@ def _mkrun(root: Path, sweep: str, name: str, status: str | None, checkpoint: bo
 
 
 def test_plan_skips_done_resumes_checkpointed_and_retries_failed_only_when_asked(tmp_path, monkeypatch):
-    spec = L.parse_spec_text('sweep.name = "p"\nsweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
+    spec = sweep_spec.parse_spec_text('sweep.name = "p"\nsweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
                              'sweep.values = ["a", "b", "c", "d", "e", "f"]')
-    runs = L.expand(spec, "tiny")
+    runs = sweep_spec.expand(spec, "tiny")
     _mkrun(tmp_path, "p", "a-s0", "done", checkpoint=True)
     _mkrun(tmp_path, "p", "b-s0", "running", checkpoint=True)
     _mkrun(tmp_path, "p", "c-s0", "failed")
     _mkrun(tmp_path, "p", "d-s0", "running", slurm={"executor": "slurm", "job_id": "77_3"})
     _mkrun(tmp_path, "p", "e-s0", "running", slurm={"executor": "slurm", "job_id": "77_4"})
     monkeypatch.setattr(run_state, "slurm_job_states", lambda ids: {"77_3": "RUNNING"} if "77_3" in ids else {})
-    actions = {p.run.name: p.action for p in L.plan(runs, tmp_path)}
+    actions = {p.run.name: p.action for p in run_state.plan(runs, tmp_path)}
     assert actions == {"a-s0": "skip-done", "b-s0": "resume", "c-s0": "skip-failed", "d-s0": "skip-active",
                        "e-s0": "submit", "f-s0": "submit"}
-    again = {p.run.name: p.action for p in L.plan(runs, tmp_path, retry_failed=True)}
+    again = {p.run.name: p.action for p in run_state.plan(runs, tmp_path, retry_failed=True)}
     assert again["c-s0"] == "retry" and again["a-s0"] == "skip-done"
 
 
@@ -371,17 +371,17 @@ def test_failed_run_is_reported_and_resubmitted_only_with_retry(tmp_path, capsys
 def test_resume_continues_from_the_checkpoint(tmp_path):
     """A run interrupted after step 2 (checkpoint at 2, a stray step-3 log line) is resumed, not restarted."""
     spec = write_fake_sweep(tmp_path, values=("cispo",))
-    runs = L.expand(L.load_spec(spec), "tiny")
+    runs = sweep_spec.expand(sweep_spec.load_spec(spec), "tiny")
     root = tmp_path / "runs"
     d = root / "fake" / "cispo-s0"
     (d / "checkpoints").mkdir(parents=True)
     (d / "checkpoints" / "step_000002.json").write_text(json.dumps({"step": 2}))
     (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "compute_hours": s * 0.01}) + "\n" for s in (1, 2, 3)))
     (d / "run.json").write_text(json.dumps({"status": "running", "starts": 1}))
-    planned = L.plan(runs, root)
+    planned = run_state.plan(runs, root)
     assert [p.action for p in planned] == ["resume"]
-    submitted = L.submit(planned, L.LaunchOptions(executor="debug", target=FAKE), root, "fake")
-    assert L.wait(submitted, poll_s=0.1) == {"cispo-s0": ("done", "")}
+    submitted = submission.submit(planned, submission.LaunchOptions(executor="debug", target=FAKE), root, "fake")
+    assert submission.wait(submitted, poll_s=0.1) == {"cispo-s0": ("done", "")}
     steps = [json.loads(x)["step"] for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
 
@@ -389,23 +389,23 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
 def test_runjob_is_checkpointable_and_resubmits_the_same_call(tmp_path):
     import submitit
 
-    job = L.RunJob("x:y")
+    job = submission.RunJob("x:y")
     rd = str(tmp_path)
     delayed = job.checkpoint(["a.gin"], ["train.seed = 0"], rd, {"name": "r"})
     assert isinstance(delayed, submitit.helpers.DelayedSubmission)
     assert delayed.function is job and delayed.args == (["a.gin"], ["train.seed = 0"], rd, {"name": "r"})
-    assert L.was_interrupted(tmp_path)
+    assert run_state.was_interrupted(tmp_path)
 
 
 def test_an_interrupted_run_marked_failed_is_resumed_not_skipped(tmp_path):
     """The trainer records the SystemExit of a preempted job as failed; the launcher knows better."""
-    spec = L.parse_spec_text('sweep.name = "p"\nsweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
+    spec = sweep_spec.parse_spec_text('sweep.name = "p"\nsweep.base = "tiny_cpu.gin"\nsweep.factor = "train.loss"\n'
                              'sweep.values = ["a"]')
-    runs = L.expand(spec, "tiny")
+    runs = sweep_spec.expand(spec, "tiny")
     _mkrun(tmp_path, "p", "a-s0", "failed", checkpoint=True)
-    assert [p.action for p in L.plan(runs, tmp_path)] == ["skip-failed"]
-    L.RunJob().checkpoint([], [], str(tmp_path / "p" / "a-s0"), {})
-    assert [p.action for p in L.plan(runs, tmp_path)] == ["resume"]
+    assert [p.action for p in run_state.plan(runs, tmp_path)] == ["skip-failed"]
+    submission.RunJob().checkpoint([], [], str(tmp_path / "p" / "a-s0"), {})
+    assert [p.action for p in run_state.plan(runs, tmp_path)] == ["resume"]
 
 
 # ---------------------------------------------------------------------------- status
@@ -454,9 +454,9 @@ def test_console_script_help_lists_the_slurm_options():
 
 
 def test_slurm_options_reach_the_submitit_executor(tmp_path):
-    opts = L.LaunchOptions(executor="slurm", partition="gpu", gpus=8, cpus=32, mem_gb=200, time_min=L.parse_time_min("4:00:00"),
+    opts = submission.LaunchOptions(executor="slurm", partition="gpu", gpus=8, cpus=32, mem_gb=200, time_min=slurm.parse_time_min("4:00:00"),
                            array_parallelism=5, account="myacct", qos="high", slurm_extra={"constraint": "h100"})
-    executor = L.make_executor(opts, tmp_path, "loss_type")
+    executor = submission.make_executor(opts, tmp_path, "loss_type")
     params = executor._executor.parameters  # submitit's resolved sbatch parameters
     assert params["partition"] == "gpu" and params["gpus_per_node"] == 8 and params["cpus_per_task"] == 32
     assert params["time"] == 240 and params["array_parallelism"] == 5
@@ -480,7 +480,7 @@ def test_only_selects_runs_and_rejects_unknown_names(tmp_path, capsys):
 
 
 def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
-    params = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s")._executor.parameters
+    params = submission.make_executor(submission.LaunchOptions(executor="slurm"), tmp_path, "s")._executor.parameters
     # one CPU per process of the run (1 learner + 1 generator by default): runs never share cores
     assert "gpus_per_node" not in params and params["cpus_per_task"] == 2 and params["time"] == 60
     assert params["signal_delay_s"] == 90
@@ -489,55 +489,55 @@ def test_cpu_only_jobs_ask_for_no_gpus(tmp_path):
 def test_job_layout_follows_the_run_layout(tmp_path, monkeypatch):
     node_cpus = {"gpu": 64}
     monkeypatch.setattr(submission, "partition_node_cpus", lambda partition: node_cpus.get(partition))
-    res = L.RunResources(learner_ranks=2, num_generators=1)
-    one_task = L.job_parameters(L.LaunchOptions(executor="slurm"), res)
+    res = submission.RunResources(learner_ranks=2, num_generators=1)
+    one_task = submission.job_parameters(submission.LaunchOptions(executor="slurm"), res)
     assert one_task == {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 3, "gpus_per_node": 0}
-    tasks = L.job_parameters(L.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), res)
+    tasks = submission.job_parameters(submission.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), res)
     assert tasks == {"nodes": 1, "tasks_per_node": 3, "cpus_per_task": 1, "gpus_per_node": 0}
     # the paper's layout: 16 learner GPUs + 64 generator GPUs = 10 nodes x 8 tasks, one GPU each
-    paper = L.RunResources(learner_ranks=16, num_generators=64, gpus_per_generator=1, on_gpu=True)
+    paper = submission.RunResources(learner_ranks=16, num_generators=64, gpus_per_generator=1, on_gpu=True)
     # each GPU task gets its share of 3/4 of the node's CPUs (sinfo), not one core for a vLLM engine
-    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), paper) == {
+    assert submission.job_parameters(submission.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), paper) == {
         "nodes": 10, "tasks_per_node": 8, "cpus_per_task": 6, "gpus_per_node": 8}
-    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu", cpus=2), paper)["cpus_per_task"] == 2
-    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=10, partition="other"), paper)["cpus_per_task"] == 1
+    assert submission.job_parameters(submission.LaunchOptions(executor="slurm", nodes=10, partition="gpu", cpus=2), paper)["cpus_per_task"] == 2
+    assert submission.job_parameters(submission.LaunchOptions(executor="slurm", nodes=10, partition="other"), paper)["cpus_per_task"] == 1
     # generators with tensor parallelism 2: the busiest node decides the GPUs per node
-    tp2 = L.RunResources(learner_ranks=4, num_generators=4, gpus_per_generator=2, on_gpu=True)
-    assert L.job_parameters(L.LaunchOptions(executor="slurm", nodes=2), tp2)["gpus_per_node"] == 8
-    with pytest.raises(L.SweepError, match="must be equal"):
-        L.job_parameters(L.LaunchOptions(executor="slurm", nodes=2, tasks_per_node=1), res)
-    executor = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), tmp_path, "s", res)
+    tp2 = submission.RunResources(learner_ranks=4, num_generators=4, gpus_per_generator=2, on_gpu=True)
+    assert submission.job_parameters(submission.LaunchOptions(executor="slurm", nodes=2), tp2)["gpus_per_node"] == 8
+    with pytest.raises(recipes.SweepError, match="must be equal"):
+        submission.job_parameters(submission.LaunchOptions(executor="slurm", nodes=2, tasks_per_node=1), res)
+    executor = submission.make_executor(submission.LaunchOptions(executor="slurm", tasks_per_node=3, overcommit=True), tmp_path, "s", res)
     params = executor._executor.parameters
     assert params["additional_parameters"] == {"overcommit": True, "ntasks": 3} and "ntasks_per_node" not in params
     assert params["srun_args"] == ["--kill-on-bad-exit=1"]
     # srun (Slurm 22.05-23.02) does not inherit sbatch's --cpus-per-task: the step is told too
-    one = L.make_executor(L.LaunchOptions(executor="slurm"), tmp_path, "s", res)._executor.parameters
+    one = submission.make_executor(submission.LaunchOptions(executor="slurm"), tmp_path, "s", res)._executor.parameters
     assert one["cpus_per_task"] == 3 and one["srun_args"] == ["--cpus-per-task=3"]
-    gpu = L.make_executor(L.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), tmp_path, "s", paper)
+    gpu = submission.make_executor(submission.LaunchOptions(executor="slurm", nodes=10, partition="gpu"), tmp_path, "s", paper)
     assert gpu._executor.parameters["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=6"]
-    plain = L.make_executor(L.LaunchOptions(executor="slurm", tasks_per_node=3), tmp_path, "s", res)._executor.parameters
+    plain = submission.make_executor(submission.LaunchOptions(executor="slurm", tasks_per_node=3), tmp_path, "s", res)._executor.parameters
     assert plain["ntasks_per_node"] == 3
-    with pytest.raises(L.SweepError, match="need --executor slurm"):
-        L.make_executor(L.LaunchOptions(executor="local", nodes=2), tmp_path, "s", res)
+    with pytest.raises(recipes.SweepError, match="need --executor slurm"):
+        submission.make_executor(submission.LaunchOptions(executor="local", nodes=2), tmp_path, "s", res)
 
 
 def test_local_executor_runs_as_many_runs_at_once_as_the_machine_has_cores_for(monkeypatch):
     monkeypatch.setattr(submission, "_usable_cores", lambda: 2)
-    two_procs = [L.RunResources(1, 1)] * 3
-    assert L.local_parallelism(L.LaunchOptions(executor="local"), two_procs) == 1
-    assert L.local_parallelism(L.LaunchOptions(executor="local", cpus=1), two_procs) == 2
+    two_procs = [submission.RunResources(1, 1)] * 3
+    assert submission.local_parallelism(submission.LaunchOptions(executor="local"), two_procs) == 1
+    assert submission.local_parallelism(submission.LaunchOptions(executor="local", cpus=1), two_procs) == 2
     monkeypatch.setattr(submission, "_usable_cores", lambda: 16)
-    assert L.local_parallelism(L.LaunchOptions(executor="local", array_parallelism=3), two_procs) == 3
+    assert submission.local_parallelism(submission.LaunchOptions(executor="local", array_parallelism=3), two_procs) == 3
     monkeypatch.setattr(submission, "_visible_gpus", lambda: 4)
-    gpu_runs = [L.RunResources(1, 1, on_gpu=True)] * 3  # 2 GPUs each
-    assert L.local_parallelism(L.LaunchOptions(executor="local"), gpu_runs) == 2
+    gpu_runs = [submission.RunResources(1, 1, on_gpu=True)] * 3  # 2 GPUs each
+    assert submission.local_parallelism(submission.LaunchOptions(executor="local"), gpu_runs) == 2
 
 
 def _effective(run, selector: str, param: str):
     """The value a run binds to selector.param: its config files, then its bindings (last wins)."""
-    value = L.recipe_binding(run.config_files, selector, param)
+    value = recipes.recipe_binding(run.config_files, selector, param)
     for b in run.bindings:
-        scope, sel, p, v = L.parse_binding(b)
+        scope, sel, p, v = run_config.parse_binding(b)
         if not scope and sel.split(".")[-1] == selector and p == param:
             value = v
     return value
@@ -547,7 +547,7 @@ def _effective(run, selector: str, param: str):
 def test_no_tiny_run_carries_the_papers_lengths(name):
     """A tiny run's generation lengths must fit the tiny model (128 positions): a recipe's paper
     sizes (10k-12k thinking tokens) leaking into a tiny run fail at its first evaluation."""
-    for run in L.expand(L.load_spec(name), "tiny"):
+    for run in sweep_spec.expand(sweep_spec.load_spec(name), "tiny"):
         thinking = _effective(run, "interruption", "thinking_max") or 0
         answer = _effective(run, "interruption", "answer_budget") or 0
         l_max = _effective(run, "length_penalty", "l_max") or 0
@@ -560,23 +560,23 @@ def test_no_tiny_run_carries_the_papers_lengths(name):
 def test_tiny_scalerl_seeds_are_tiny_cpu_itself():
     """The seed sweep sets the comparison margin of every tiny sweep, so its runs must be the tiny
     base's configuration: every bound value equals tiny_cpu.gin's."""
-    for run in L.expand(L.load_spec("scalerl_seeds"), "tiny"):
+    for run in sweep_spec.expand(sweep_spec.load_spec("scalerl_seeds"), "tiny"):
         for b in run.bindings[:-1]:  # the last one is the seed
-            if b in L.TINY_SCALE_BINDINGS:  # the tiny scale's stopping rule, on every sweep alike
+            if b in sweep_spec.TINY_SCALE_BINDINGS:  # the tiny scale's stopping rule, on every sweep alike
                 continue
-            scope, sel, p, _ = L.parse_binding(b)
-            base, got = L.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
+            scope, sel, p, _ = run_config.parse_binding(b)
+            base, got = recipes.recipe_binding(run.config_files, sel.split(".")[-1], p), _effective(run, sel.split(".")[-1], p)
             assert base is None or base == got, f"{run.name}: {sel}.{p} = {got!r}, tiny_cpu.gin binds {base!r}"
 
 
 def test_a_multi_node_auto_device_run_must_say_its_gpus():
     """train.device = "auto" on several nodes without --gpus would ask Slurm for no GPU (every task on CPU)."""
     cfg = str(REPO / "experiments" / "configs" / "tiny_cpu.gin")
-    run = L.RunSpec(name="r0", sweep="sw", factor="train.loss", value="cispo", recipe="r", seed=0,
+    run = sweep_spec.RunSpec(name="r0", sweep="sw", factor="train.loss", value="cispo", recipe="r", seed=0,
                     config_files=(cfg,), bindings=('train.device = "auto"',))
-    with pytest.raises(L.SweepError, match=r"run 'r0': train.device = \"auto\" on --nodes 2 without --gpus"):
-        L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=2))
-    assert L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=2, gpus=8))["r0"].on_gpu
-    assert not L.run_resources([run], L.LaunchOptions(executor="slurm", nodes=1))["r0"].on_gpu  # one node: as before
+    with pytest.raises(recipes.SweepError, match=r"run 'r0': train.device = \"auto\" on --nodes 2 without --gpus"):
+        submission.run_resources([run], submission.LaunchOptions(executor="slurm", nodes=2))
+    assert submission.run_resources([run], submission.LaunchOptions(executor="slurm", nodes=2, gpus=8))["r0"].on_gpu
+    assert not submission.run_resources([run], submission.LaunchOptions(executor="slurm", nodes=1))["r0"].on_gpu  # one node: as before
     cpu = dataclasses.replace(run, bindings=('train.device = "cpu"',))
-    assert not L.run_resources([cpu], L.LaunchOptions(executor="slurm", nodes=2))["r0"].on_gpu
+    assert not submission.run_resources([cpu], submission.LaunchOptions(executor="slurm", nodes=2))["r0"].on_gpu

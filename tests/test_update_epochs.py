@@ -242,12 +242,14 @@ def test_update_epochs_match_a_float64_reference(model_path, correction):
 
 
 def test_emulated_ranks_fix_pi_old_like_one_rank(model_path):
-    """train.emulate_learner_ranks = 2 computes pi_old per shard in one process: the same step as one rank."""
+    """One process in the arithmetic of two ranks (the test double tests/_emulated_ranks.py) computes pi_old
+    per shard: the same step as one rank."""
+    from _emulated_ranks import step_as_ranks
+
     one, tok = _learner(model_path, update_epochs=2, mini_batches=2, micro_batch_size=4, mismatch_correction="tis")
-    two, _ = _learner(model_path, update_epochs=2, mini_batches=2, micro_batch_size=4, mismatch_correction="tis",
-                      emulate_learner_ranks=2)
+    two, _ = _learner(model_path, update_epochs=2, mini_batches=2, micro_batch_size=4, mismatch_correction="tis")
     rollouts = _rollouts(one.model, tok, seed=4)
-    s1, s2 = one.step(rollouts, [True] * 4), two.step(rollouts, [True] * 4)
+    s1, s2 = one.step(rollouts, [True] * 4), step_as_ranks(two, rollouts, 2)
     for (name, a), (_, b) in zip(one.model.named_parameters(), two.model.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
     assert s1["optimizer_steps"] == s2["optimizer_steps"] == 4

@@ -20,6 +20,7 @@ import pytest
 from _helpers_trainer import REPO, write_gin
 from components.registry import ALL_REGISTRIES, LOSSES, ParamRangeError, load_builtin_components
 from components.trainer.config import ConfigError, TrainConfig, model_config, train_config, validate
+from components.trainer.gin_config import bound_values
 
 # model.path = @validation_spy_model(): resolving the model path (a build, in a real recipe) is
 # recorded, so a test sees whether a refusal came before it.
@@ -172,7 +173,7 @@ def test_user_component_gets_its_declared_range_and_finite_floats():
             with pytest.raises(ConfigError, match=message):
                 validate(TrainConfig(model_path="m", loss=name))
             with pytest.raises(ParamRangeError, match=message):
-                LOSSES.check_params(name)
+                LOSSES.check_params(name, bound_values(LOSSES, name))
     finally:
         LOSSES.unregister(declared)
         LOSSES.unregister(plain)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from typing import Any, Mapping, Optional
 
 from components.engines import base, logprobs, torch_engine, vllm_engine  # noqa: F401  (register "torch", "vllm")
 from components.engines.base import (  # noqa: F401
@@ -44,16 +45,19 @@ def check_engine(name: str) -> type:
     return engine_cls
 
 
-def make_engine(name: str, model_path: str, **kwargs) -> Engine:
+def make_engine(name: str, model_path: str, params: Optional[Mapping[str, Any]] = None, **kwargs) -> Engine:
     """Build the engine registered as `name` (e.g. "torch", "vllm") for the checkpoint at `model_path`.
 
     Keyword arguments go to the engine's constructor (precision, device, seed, ...); every other
     constructor argument is gin-bindable as ``<name>.<argument>`` because the registered class is
     gin-configurable: e.g. ``vllm.max_num_seqs``, ``vllm.gpu_memory_utilization``,
     ``vllm.tensor_parallel_size``, ``torch.max_batch_size``, ``torch.max_cache_tokens``.
-    Explicit keyword arguments win over gin bindings.
+    Explicit keyword arguments win over gin bindings. `params`: the engine's hyper-parameters in a
+    resolved run (then gin is not read); None: as gin configures it (a tool outside a run).
     """
     engine_cls = check_engine(name)
+    if params is not None:
+        engine_cls = ENGINES.build(name, params)
     return engine_cls(model_path, **kwargs)
 
 

@@ -349,7 +349,7 @@ class Engine(ABC):
     @classmethod
     def gpus_per_instance(cls, knobs: Mapping[str, Any]) -> int:
         """GPUs one engine (one generator) spans, given its constructor's keyword values
-        (defaults and gin bindings: ``ENGINES.bound_values(name)``)."""
+        (defaults and gin bindings: ``gin_config.bound_values(ENGINES, name)``, or a run's resolved values)."""
         return 1
 
     @abstractmethod

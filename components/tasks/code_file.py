@@ -265,15 +265,17 @@ class CodeFileTask(SplitTask):
         python: Optional[str] = None,
         system_prompt: Optional[str] = None,
         reward: Optional[str] = None,
+        reward_params: Optional[dict] = None,
         pass_threshold: float = 1.0,
         case_workers: int = DEFAULT_CASE_WORKERS,
         max_total_seconds: float = DEFAULT_MAX_TOTAL_SECONDS,
     ):
         if not path:
             raise ValueError("code_file: give the data file, e.g. code_file.path = '/data/deepcoder.jsonl'")
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         self.reward = check_reward(reward)
+        self.reward_params = dict(reward_params) if reward_params is not None else None  # a resolved run's values
         self.pass_threshold = float(pass_threshold)
         self.system_prompt = system_prompt
         self.path = str(path)
@@ -355,11 +357,12 @@ class CodeFileTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.reward is not None:
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             return reward_verdict(self.reward, problem.prompt, completion, {"tests": self.tests_of(problem)},
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
-                                  reward_incorrect=self.reward_incorrect)
+                                  reward_incorrect=self.reward_incorrect,
+                                  params=self.reward_params)
         return grade_code_completion(self, problem, completion, self.run_tests)
 
 
@@ -743,3 +746,11 @@ def _json_key(k: Any) -> Optional[str]:
 # Registered without rebinding the module name: instances stay picklable (gin's wrapper is a
 # different class object of the same name), and `TASKS.get("code_file")` honours gin bindings.
 TASKS.register("code_file")(CodeFileTask)
+
+# The code task's numeric settings (a sandbox limit of 0 fails every program: every reward -1).
+# Declared for the parameters its signature has, so the grader can gain or drop knobs freely.
+CODE_FILE_RANGES = {"eval_size": ">= 0", "eval_fraction": "[0, 1)", "cpu_seconds": "> 0", "wall_seconds": "> 0",
+                    "memory_mb": ">= 1", "max_processes": ">= 1", "output_kb": ">= 1", "max_tests": ">= 1",
+                    "case_workers": ">= 1", "max_total_seconds": "> 0"}
+_PARAMS = {p.name for p in TASKS.params("code_file")}
+TASKS.declare_ranges("code_file", {k: v for k, v in CODE_FILE_RANGES.items() if k in _PARAMS})

@@ -247,7 +247,8 @@ class HFDatasetTask(SplitTask):
             ``{instruction}`` the code instruction (tests mapped). Default ``"{prompt}"``, or
             ``"{prompt}\n\n{instruction}"`` when tests are mapped.
         reward: a `REWARDS` name (plain-function reward); pass_threshold: a float reward
-            passes iff it is >= this.
+            passes iff it is >= this. reward_params: the reward's hyper-parameters in a resolved
+            run (set by the trainer; None: as gin configures it).
         max_answer_chars: math-verify grades at most this many trailing answer characters.
         cpu_seconds / wall_seconds / memory_mb / max_tests / allow_network / allow_unsafe /
             python: the sandbox of the tests grader (`code_file`).
@@ -270,6 +271,7 @@ class HFDatasetTask(SplitTask):
         prompt_template: Optional[str] = None,
         chat_template_kwargs: Optional[dict] = None,
         reward: Optional[str] = None,
+        reward_params: Optional[dict] = None,
         pass_threshold: float = 1.0,
         seed: int = 0,
         reward_correct: float = 1.0,
@@ -286,7 +288,7 @@ class HFDatasetTask(SplitTask):
         allow_unsafe: bool = False,
         python: Optional[str] = None,
     ):
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         if prompt_template is None:
             prompt_template = "{prompt}\n\n{instruction}" if "tests" in dict(columns or {}) else "{prompt}"
@@ -304,6 +306,7 @@ class HFDatasetTask(SplitTask):
         self.chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs else None
         self.seed = seed
         self.reward = check_reward(reward)
+        self.reward_params = dict(reward_params) if reward_params is not None else None  # a resolved run's values
         self.pass_threshold = float(pass_threshold)
         self.reward_correct = float(reward_correct)
         self.reward_incorrect = float(reward_incorrect)
@@ -443,18 +446,19 @@ class HFDatasetTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.grading == "reward":
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             return reward_verdict(self.reward, problem.prompt, completion, self.row_of(problem),
                                   pass_threshold=self.pass_threshold, reward_correct=self.reward_correct,
-                                  reward_incorrect=self.reward_incorrect)
+                                  reward_incorrect=self.reward_incorrect,
+                                  params=self.reward_params)
         if self.grading == "tests":
             from components.tasks.code_file import grade_code_completion, run_program_tests
 
             run = lambda p, code: run_program_tests(self.tests_of(p), code, limits=self.limits,
                                                     config=self.sandbox_config, max_tests=self.max_tests)
             return grade_code_completion(self, problem, completion, run)
-        from components.rewards import math_answer_matches
+        from components.tasks.reward_verdicts import math_answer_matches
 
         try:
             return self.verdict(math_answer_matches(completion, self.row_of(problem)["answer"], self.max_answer_chars))

@@ -121,13 +121,15 @@ class MathFileTask(SplitTask):
         max_answer_chars: int = 4000,
         system_prompt: Optional[str] = None,
         reward: Optional[str] = None,
+        reward_params: Optional[dict] = None,
         pass_threshold: float = 1.0,
     ):
         if not path:
             raise ValueError("math_file: give the data file, e.g. math_file.path = '/data/polaris.parquet'")
-        from components.rewards import check_reward
+        from components.tasks.reward_verdicts import check_reward
 
         self.reward = check_reward(reward)
+        self.reward_params = dict(reward_params) if reward_params is not None else None  # a resolved run's values
         self.pass_threshold = float(pass_threshold)
         self.system_prompt = system_prompt
         if "{problem}" not in prompt_template:
@@ -182,11 +184,12 @@ class MathFileTask(SplitTask):
 
     def verify(self, problem: Problem, completion: str) -> Verdict:
         if self.reward is not None:
-            from components.rewards import reward_verdict
+            from components.tasks.reward_verdicts import reward_verdict
 
             row = {"answer": problem.answer}
             return reward_verdict(self.reward, problem.prompt, completion, row, pass_threshold=self.pass_threshold,
-                                  reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect)
+                                  reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect,
+                                  params=self.reward_params)
         try:
             final = strip_thinking(completion)
             if final is None or not final.strip():

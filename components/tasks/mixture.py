@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from components.registry import TASKS
 from components.tasks.base import Problem, Task, Verdict
+from components.tasks.factory import make_task
 
 __all__ = ["MixtureTask", "MIXTURE_META_KEYS", "mixture_weights"]
 
@@ -66,14 +67,15 @@ class MixtureTask(Task):
             "reasoning_gym:<dataset>", "math_file", ...). Weights > 0, normalised.
         seed: every member's seed.
         task_kwargs: {task spec: {constructor keyword: value}}; every key must be a member.
+        member_params: {registered task name: hyper-parameters} of a resolved run (`make_task`'s
+            `params`); None: each member as gin configures it.
     """
 
     name = "mixture"
 
     def __init__(self, tasks: Optional[Mapping[str, float]] = None, seed: int = 0,
-                 task_kwargs: Optional[Mapping[str, Mapping[str, Any]]] = None):
-        from components.tasks import make_task
-
+                 task_kwargs: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 member_params: Optional[Mapping[str, Mapping[str, Any]]] = None):
         self.weights = mixture_weights(tasks if tasks is not None else {})
         per_task = dict(task_kwargs or {})
         unknown = [k for k in per_task if k not in self.weights]
@@ -96,7 +98,7 @@ class MixtureTask(Task):
                 raise ValueError(f"task mixture: task_kwargs[{spec!r}] sets 'seed'; every member takes the run's seed")
             if isinstance(spec, str) and spec == self.name:
                 raise ValueError("task mixture: a mixture cannot contain another mixture")
-            self.tasks[spec] = make_task(spec, seed=self.seed, **kw)
+            self.tasks[spec] = make_task(spec, member_params, seed=self.seed, **kw)
         rewards = {(t.reward_correct, t.reward_incorrect) for t in self.tasks.values()}
         if len(rewards) != 1:
             detail = {s: (t.reward_correct, t.reward_incorrect) for s, t in self.tasks.items()}

@@ -22,30 +22,24 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import os
-import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import gin
 
-from components.quiet import quiet_gin
-from components.registry import (ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_BACKENDS, UnknownComponentError,
-                                 load_builtin_components)
+from components.registry import ALL_REGISTRIES, ENGINES, TRACKERS, WEIGHT_SYNC_BACKENDS, UnknownComponentError
+from components.trainer.config_values import ALL_LINEAR, adam_betas as _adam_betas, check_lora_targets as _check_lora_targets
+from components.trainer.config_values import lora_targets as _lora_targets, reward_funcs as _reward_funcs
+from components.trainer.config_values import reward_weights as _reward_weights, strict_bool as _strict_bool
+from components.trainer.gin_config import ConfigError, bound_values
 
 __all__ = ["TrainConfig", "train_config", "model_config", "ConfigError", "TRAIN_RANGES", "validate",
-           "check_train_values", "check_components", "check_mini_batches", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "parse_gin_files", "engine_gpus"]
+           "check_train_values", "check_components", "check_mini_batches", "check_settings", "component_fields", "component_names", "on_gpu", "attention_of", "engine_gpus"]
 
 log = logging.getLogger("scalerl.config")
-
-
-class ConfigError(ValueError):
-    """An inconsistent or invalid training configuration (raised before anything runs)."""
-
 
 
 UNRESOLVED_MODEL_PATH = "<model.path not resolved yet>"
@@ -55,79 +49,6 @@ def _component(family: str, default: Any):
     """A field that names a component (or several) of registry `ALL_REGISTRIES[family]`."""
     kw = {"default_factory": lambda: default} if isinstance(default, (dict, list)) else {"default": default}
     return field(metadata={"registry": family}, **kw)
-
-
-def _strict_bool(name: str):
-    def coerce(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"train.{name} must be True or False, got {value!r}")
-        return value
-
-    return coerce
-
-
-ALL_LINEAR = "all-linear"  # train.lora_targets: every linear layer of the decoder blocks (peft's name)
-
-
-def _check_lora_targets(targets: Any) -> None:
-    """The form of train.lora_targets (no model needed; `lora.check_targets` matches the names on the
-    model). ConfigError naming the setting."""
-    if isinstance(targets, str) and targets == ALL_LINEAR:
-        return
-    names = [targets] if isinstance(targets, str) else list(targets)
-    if not names:
-        raise ConfigError(f'train.lora_targets is empty; use "{ALL_LINEAR}" or module names such as ["q_proj", "v_proj"]')
-    bad = [n for n in names if not n or n == ALL_LINEAR or any(c in n for c in " *?[]()|^$\\")]
-    if bad:
-        raise ConfigError(f"train.lora_targets = {names!r}: {bad[0]!r} is not a module name (names are matched "
-                          f'whole, as the last parts of a module path: "q_proj", "mlp.down_proj"; '
-                          f'"{ALL_LINEAR}" stands alone)')
-
-
-def _lora_targets(value: Any) -> Any:
-    """train.lora_targets as stored: "all-linear" (or one module name) as a string, several names as a tuple."""
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(v.strip() for v in value)
-    raise ConfigError(f'train.lora_targets must be "all-linear" or a list of module names (["q_proj", "v_proj"]), '
-                      f"got {value!r}")
-
-
-def _adam_betas(value: Any) -> tuple:
-    """train.adam_betas as stored: two floats (beta1, beta2); any other form is a ConfigError naming the setting."""
-    form = "two numbers (beta1, beta2) in [0, 1), e.g. train.adam_betas = (0.9, 0.999)"
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"train.adam_betas = {value!r} is not a pair: give {form}")
-    if len(value) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in value):
-        raise ConfigError(f"train.adam_betas = {value!r}: give {form}")
-    return tuple(float(b) for b in value)
-
-
-def _reward_funcs(value: Any) -> tuple:
-    """train.reward_funcs as stored: a tuple of specs (strings); a callable becomes its import path
-    (`components.rewards.reward_spec_of`). One spec alone is a list of one."""
-    from components.rewards import reward_spec_of
-
-    items = [] if value is None else [value] if isinstance(value, str) or callable(value) else value
-    if not isinstance(items, (list, tuple)):
-        raise ConfigError(f"train.reward_funcs = {value!r}: give a list of reward functions, e.g. "
-                          "[\"verifier\", \"my_reward\", \"my_module:my_function\"]")
-    try:
-        return tuple(reward_spec_of(v) for v in items)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def _reward_weights(value: Any) -> Optional[tuple]:
-    """train.reward_weights as stored: None (every function weighs 1.0) or a tuple of numbers."""
-    if value is None:
-        return None
-    items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
-        raise ConfigError(f"train.reward_weights = {value!r}: give one number per train.reward_funcs entry, "
-                          "e.g. [1.0, 0.1] (or None: all 1.0)")
-    return tuple(items)
 
 
 @dataclass(frozen=True)
@@ -226,10 +147,6 @@ class TrainConfig:
     # -- processes --------------------------------------------------------------------------
     num_generators: int = 1
     learner_ranks: int = 1  # data-parallel FSDP2 learner processes (one device each)
-    # a ONE-rank learner that computes every step exactly as this many FSDP2 ranks would (their
-    # row split, micro-batches, gradient reduction and grad-norm reduction): a run at
-    # learner_ranks = 1 then reproduces a 2-rank run bit for bit (a check, not a speed-up)
-    emulate_learner_ranks: int = 1
     heartbeat_s: float = 2.0  # every process beats this often
     heartbeat_timeout_s: float = 30.0  # a process silent this long is named dead or hung
     weight_sync_bucket_mb: float = 64.0  # tensors broadcast to the generators per bucket
@@ -243,8 +160,21 @@ class TrainConfig:
     verifier_timeout_s: float = 10.0
     queue_timeout_s: float = 600.0  # the learner fails clearly if no rollout arrives this long
 
+    # -- resolved, not bound: every chosen component's hyper-parameters, defaults included, as the run
+    # calls it: ((registry family, name, ((param, value), ...)), ...) (`component_table`; () in a
+    # TrainConfig made by hand, whose components then read their values where they are built)
+    components: tuple = field(default=(), metadata={"gin": False})
+
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
+
+    def params_of(self, family: str, name: str) -> Optional[dict]:
+        """The resolved hyper-parameters of component `name` of registry family `family` (a key of
+        `ALL_REGISTRIES`), or None when this config holds none for it."""
+        for fam, entry, params in self.components:
+            if fam == family and entry == name:
+                return dict(params)
+        return None
 
     @property
     def batch_sequences(self) -> int:
@@ -266,6 +196,7 @@ class TrainConfig:
             d["reward_weights"] = list(self.reward_weights)
         if isinstance(self.lora_targets, tuple):
             d["lora_targets"] = list(self.lora_targets)
+        d["components"] = {f"{family}/{name}": dict(params) for family, name, params in self.components}
         return d
 
 
@@ -350,6 +281,7 @@ def train_config(**values: Any) -> TrainConfig:
     (every `TrainConfig` field but model_path); `model.path` gives the model.
 
     The signature is TrainConfig's fields (set below), so gin refuses an unknown ``train.*`` name.
+    Every component the run uses gets its hyper-parameters here, from gin (`component_table`).
     When `model_path` is not given, the whole config is validated (`validate`) BEFORE `model.path`
     is resolved, since resolving it may build a model (a warm start, a new model).
     """
@@ -363,6 +295,7 @@ def train_config(**values: Any) -> TrainConfig:
         values["task_kwargs"].setdefault("path", data_path)
     resolve_model = model_path is None
     cfg = TrainConfig(model_path=UNRESOLVED_MODEL_PATH if resolve_model else str(model_path), **values)
+    cfg = cfg.replace(components=component_table(cfg))  # each component's values under this config, read once
     if resolve_model:
         validate(cfg)
         cfg = cfg.replace(model_path=model_config())
@@ -509,6 +442,81 @@ def component_names(cfg: "TrainConfig") -> list[tuple[Any, str]]:
     return list(dict.fromkeys((registry, name) for _, registry, name in component_fields(cfg)))
 
 
+def family_key(registry) -> str:
+    """The key of `registry` in `ALL_REGISTRIES` ("losses", "curricula", ...)."""
+    for key, reg in ALL_REGISTRIES.items():
+        if reg is registry:
+            return key
+    raise KeyError(f"{registry!r} is not one of the registries in ALL_REGISTRIES")
+
+
+def component_params(cfg: "TrainConfig", registry, name: str) -> dict:
+    """The hyper-parameters component `name` of `registry` is built with in this run: the resolved
+    ones `cfg` carries; for a TrainConfig made by hand (no table), its defaults and gin bindings now."""
+    params = cfg.params_of(family_key(registry), name)
+    return params if params is not None else bound_values(registry, name)
+
+
+def family_params(cfg: "TrainConfig", registry) -> Optional[dict[str, dict]]:
+    """{name: hyper-parameters} of every resolved component of `registry` in this run, or None for a
+    TrainConfig made by hand (the builders then take gin's bindings, as a tool outside a run does)."""
+    if not cfg.components:
+        return None
+    family = family_key(registry)
+    return {name: dict(params) for fam, name, params in cfg.components if fam == family}
+
+
+def build_component(cfg: "TrainConfig", registry, name: str):
+    """Component `name` of `registry` with this run's hyper-parameters bound as arguments (`Registry.build`)."""
+    return registry.build(name, component_params(cfg, registry, name))
+
+
+def _used_components(cfg: "TrainConfig") -> list[tuple[Any, str, Optional[dict]]]:
+    """(registry, name, explicit keywords) of every registered component the run builds: its named
+    components, each task of its task spec (with train.task_kwargs), the plain-function rewards of
+    train.reward_funcs. A task's own reward (its `reward` parameter) is added by `component_table`."""
+    from components.registry import REWARDS, TASKS
+
+    used = [(registry, name, None) for registry, name in component_names(cfg)]
+    used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
+    used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
+    return used
+
+
+# constructor arguments the trainer gives every component it builds (from train.*), not hyper-parameters
+SET_BY_TRAINER = frozenset({"seed", "device", "precision", "model", "tokenizer"})
+
+
+def component_table(cfg: "TrainConfig") -> tuple:
+    """Every registered component the run uses with its hyper-parameters under the parsed gin config
+    (defaults, then bindings; `TrainConfig.components`; the arguments `SET_BY_TRAINER` aside). A
+    value gin left as a reference (``@fn()``) is refused: the run's processes get values, never gin."""
+    from components.registry import REWARDS, TASKS
+
+    from components.trainer.gin_config import is_gin_reference
+
+    table: dict[tuple[str, str], dict] = {}
+    todo = _used_components(cfg)
+    while todo:
+        registry, name, explicit = todo.pop(0)
+        if not isinstance(name, str) or name not in registry or (family_key(registry), name) in table:
+            continue
+        params = bound_values(registry, name)
+        refs = sorted(k for k, v in params.items() if is_gin_reference(v))
+        if refs:
+            raise ConfigError(f"{registry.family} {name!r}: {', '.join(f'{name}.{k}' for k in refs)} is bound to a gin "
+                              "reference (@...); bind a value")
+        if registry is TASKS:  # its explicit keywords (train.task_kwargs) are what it is built with
+            params.update(explicit or {})
+            reward = params.get("reward")
+            if "reward_params" in params and isinstance(reward, str) and reward in REWARDS:
+                params["reward_params"] = {k: v for k, v in bound_values(REWARDS, reward).items() if k not in SET_BY_TRAINER}
+        table[(family_key(registry), name)] = {k: v for k, v in params.items() if k not in SET_BY_TRAINER}
+        if registry is TASKS:
+            todo.append((REWARDS, {**params, **dict(explicit or {})}.get("reward"), None))
+    return tuple((family, name, tuple(params.items())) for (family, name), params in table.items())
+
+
 def check_components(cfg: "TrainConfig") -> None:
     """Refuse numeric hyper-parameters of the run's components that are not finite or out of their range.
 
@@ -519,16 +527,14 @@ def check_components(cfg: "TrainConfig") -> None:
     """
     from components.registry import LENGTH_CONTROLS, REWARDS, TASKS, ParamRangeError
 
-    used = [(registry, name, None) for registry, name in component_names(cfg) if registry is not TRACKERS]
-    used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
-    used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
+    used = [(registry, name, kw) for registry, name, kw in _used_components(cfg) if registry is not TRACKERS]
     problems = _mixture_weight_problem(cfg.task)
     while used:
         registry, name, overrides = used.pop(0)
         if not isinstance(name, str) or name not in registry:
             continue
         try:
-            values = registry.check_params(name, overrides)
+            values = registry.check_params(name, {**component_params(cfg, registry, name), **dict(overrides or {})})
         except ParamRangeError as err:
             problems.append(str(err))
             continue
@@ -539,7 +545,7 @@ def check_components(cfg: "TrainConfig") -> None:
         raise ConfigError("; ".join(problems))
     if cfg.length_control and cfg.length_control in LENGTH_CONTROLS:
         try:  # its constructor checks the parameters together (thinking_min <= thinking_max, ...)
-            LENGTH_CONTROLS.get(cfg.length_control)()
+            build_component(cfg, LENGTH_CONTROLS, cfg.length_control)()
         except (ValueError, TypeError) as err:
             raise ConfigError(f"length control {cfg.length_control!r}: {err}") from None
 
@@ -555,7 +561,7 @@ def _check_compile_precision(cfg: TrainConfig) -> None:
     if not isinstance(cfg.precision, str) or cfg.precision not in PRECISIONS:
         return  # the name check reports it
     mode = emulation_mode()
-    nominal = PRECISIONS.get(cfg.precision)()
+    nominal = build_component(cfg, PRECISIONS, cfg.precision)()
     if nominal.param_dtype != torch.float32 and (mode == "on" or (mode == "auto" and cfg.device == "cpu")):
         raise ConfigError(
             f"train.compile = True needs real arithmetic, but train.precision = {cfg.precision!r} is emulated here "
@@ -580,17 +586,6 @@ def validate(cfg: TrainConfig) -> None:
     each other, and the numeric hyper-parameters of the run's components (`check_components`).
     """
     check_train_values({name: getattr(cfg, name) for name in _TRAIN_PARAM_NAMES})
-    if cfg.emulate_learner_ranks not in (1, 2):
-        raise ConfigError(
-            f"train.emulate_learner_ranks must be 1 (off) or 2, got {cfg.emulate_learner_ranks!r}: two ranks reduce "
-            "a gradient with one exact addition; more ranks sum in the collective's own order, which one process "
-            "cannot reproduce bit for bit"
-        )
-    if cfg.emulate_learner_ranks > 1 and cfg.learner_ranks != 1:
-        raise ConfigError(
-            f"train.emulate_learner_ranks = {cfg.emulate_learner_ranks} makes ONE learner rank compute as "
-            f"{cfg.emulate_learner_ranks} ranks; got train.learner_ranks = {cfg.learner_ranks} (set it to 1)"
-        )
     check_mini_batches(cfg.prompts_per_step, cfg.mini_batches)
     if cfg.micro_batch_size > cfg.batch_sequences:
         raise ConfigError(
@@ -690,7 +685,7 @@ def check_settings(cfg: TrainConfig, on_this_machine: bool = True) -> None:
     except ValueError as err:
         raise ConfigError(f"train.task: {err}") from None
     validate(cfg)
-    OFF_POLICY.get(cfg.off_policy)()  # also validates k
+    build_component(cfg, OFF_POLICY, cfg.off_policy)()  # also validates k
     if on_this_machine:
         _check_device_here(cfg)
         try:
@@ -728,185 +723,9 @@ def attention_of(cfg: TrainConfig) -> str:
     return learner_attn_implementation(cfg, "cuda" if on_gpu(cfg) else "cpu")
 
 
-_GIN_SEARCH_PATHS: set[str] = set()  # directories already given to gin.add_config_file_search_path
-
-
-def parse_gin_files(config_files: Sequence[str], bindings: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Import paths + built-in components, then parse the gin files and bindings (as `scalerl train`,
-    `scalerl plan` and a sweep read a run's config). Returns (absolute config files, sys_path)."""
-    files = []
-    for f in config_files:
-        p = Path(f).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(f"gin config file {str(f)!r} does not exist")
-        files.append(str(p.resolve()))
-    sys_path = []
-    for d in [str(Path(f).parent) for f in files] + [os.getcwd()]:
-        if d not in sys_path:
-            sys_path.append(d)
-    for d in reversed(sys_path):
-        if d not in sys.path:
-            sys.path.insert(0, d)
-    failures = load_builtin_components()
-    for mod, err in failures.items():
-        log.debug("built-in component module %s not loaded: %s", mod, err)
-    quiet_gin()
-    gin.clear_config()
-    for d in sys_path:  # `include 'base.gin'` resolves next to the including file
-        if d not in _GIN_SEARCH_PATHS:  # gin appends on every call; a sweep parses many runs
-            gin.add_config_file_search_path(d)
-            _GIN_SEARCH_PATHS.add(d)
-    for binding in bindings:  # a malformed binding is named (and a bare word quoted) before any file is read
-        check_binding_syntax(binding)
-    try:  # = gin.parse_config_files_and_bindings, one binding at a time so that an error names its binding
-        gin.parse_config_files_and_bindings(files, [], finalize_config=False, skip_unknown=False)
-    except (ValueError, KeyError, SyntaxError) as err:
-        raise ConfigError(gin_error_message(err)) from None
-    for binding in bindings:
-        try:
-            gin.parse_config(binding, skip_unknown=False)
-        except (ValueError, KeyError, SyntaxError) as err:
-            raise ConfigError(f"--gin binding {binding!r}: {gin_error_message(err, location=False)}") from None
-    return files, sys_path
-
-
 def engine_gpus(cfg) -> int:
     """GPUs one generator's engine uses, as its registered class says (`Engine.gpus_per_instance`
     with its defaults and gin bindings: vLLM's tensor_parallel_size; 1 for the torch engine)."""
     engine_cls = ENGINES.original(cfg.engine)  # an unknown name: the registry's error
     gpus = getattr(engine_cls, "gpus_per_instance", None)
-    return max(int(gpus(ENGINES.bound_values(cfg.engine))), 1) if gpus is not None else 1
-
-
-# -- gin's errors in words: the binding at fault, and what was probably meant ---------------------------
-# (issue 33: a mistyped config is refused before anything runs, with a did-you-mean)
-class _OpaqueReferences:
-    """gin parser delegate for a syntax check: references and macros are left as text."""
-
-    def configurable_reference(self, name: str, evaluate: bool) -> str:
-        return f"@{name}{'()' if evaluate else ''}"
-
-    def macro(self, name: str) -> str:
-        return f"%{name}"
-
-
-def _gin_syntax_error(text: str) -> Optional[SyntaxError]:
-    """gin's SyntaxError for `text` (one or more statements), or None when it parses."""
-    import gin.config_parser as cp
-
-    try:
-        for _ in cp.ConfigParser(text, _OpaqueReferences()):
-            pass
-    except SyntaxError as err:
-        return err
-    return None
-
-
-_ONE_WORD = re.compile(r"[A-Za-z_][\w.:/+-]*")
-_BARE_WORD = re.compile(r"(?<![\w'\"@%.])([A-Za-z_]\w*)(?![\w'\"(.])")
-
-
-def quoted_suggestion(statement: str) -> Optional[str]:
-    """`train.loss = cispo` -> `train.loss = "cispo"`: the binding with its bare words quoted, when that parses."""
-    lhs, sep, rhs = statement.strip().partition("=")
-    value = rhs.strip()
-    if not sep or not value:
-        return None
-    if _ONE_WORD.fullmatch(value) and value not in ("True", "False", "None"):
-        quoted = json.dumps(value)
-    else:  # a list or dict of bare words: ["uniform", "zero_variance_filter"]
-        quoted = _BARE_WORD.sub(lambda m: m.group(1) if m.group(1) in ("True", "False", "None") else json.dumps(m.group(1)),
-                                value)
-    candidate = f"{lhs.strip()} = {quoted}"
-    return candidate if quoted != value and _gin_syntax_error(candidate) is None else None
-
-
-def _syntax_message(err: SyntaxError) -> str:
-    """gin's SyntaxError in words (no parser internals); for a bare word, the statement with it quoted."""
-    msg = str(err.msg or err).strip()
-    token = re.search(r"Failed to parse token '([^']*)'", msg)
-    line = (err.text or "").rstrip("\n")
-    if token:
-        suggestion = quoted_suggestion(line)
-        return (f"{token.group(1)} is not a value (a string needs quotes)"
-                + (f"; did you mean {suggestion}?" if suggestion else ""))
-    first = msg.splitlines()[0].strip().rstrip(".")
-    near = line[err.offset:].strip() if isinstance(err.offset, int) and 0 <= err.offset < len(line) else ""
-    return f"{first} at {near!r}" if near else first
-
-
-def _close(word: str, choices: Sequence[str]) -> Optional[str]:
-    import difflib
-
-    match = difflib.get_close_matches(word, list(choices), n=1)
-    return match[0] if match else None
-
-
-def configurable_parameter_names(selector: str) -> Optional[list[str]]:
-    """The parameter names of gin configurable `selector` (None: unknown, or it takes **kwargs)."""
-    try:
-        configurable = gin.config._REGISTRY.get_match(selector)  # gin's selector map (no public lookup)
-    except (KeyError, ValueError):
-        return None
-    if configurable is None:
-        return None
-    fn = configurable.wrapped
-    try:
-        sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return [p.name for p in sig.parameters.values() if p.name != "self"]
-
-
-def unknown_parameter_message(selector: str, param: str, params: Optional[Sequence[str]] = None) -> str:
-    """"train has no parameter 'lrr'; did you mean train.lr?" (the parameters listed when none is close)."""
-    params = configurable_parameter_names(selector) if params is None else list(params)
-    close = _close(param, params or [])
-    if close:
-        hint = f"; did you mean {selector}.{close}?"
-    else:
-        hint = f"; its parameters: {', '.join(params)}" if params else ""
-    return f"{selector} has no parameter {param!r}{hint}"
-
-
-def unknown_configurable_message(selector: str) -> str:
-    """"no gin configurable named 'trian'; did you mean train?"."""
-    known = list(getattr(gin.config._REGISTRY, "_selector_map", {}))  # complete selectors, e.g. "losses.cispo"
-    close = _close(selector, sorted({k.rsplit(".", 1)[-1] for k in known} | set(known)))
-    return f"no gin configurable named {selector!r}" + (f"; did you mean {close}?" if close else "")
-
-
-_GIN_CONTEXT = re.compile(r"^\s+In (call to configurable|bindings string|file )")
-
-
-def gin_error_message(err: BaseException, location: bool = True) -> str:
-    """One clean line for an error gin raised or annotated: gin's own context lines ("In call to
-    configurable 'train' (<function ...>)") dropped, a parser error in words, an unknown
-    configurable or parameter with a did-you-mean. `location`: keep "FILE line N: " in front."""
-    if isinstance(err, SyntaxError) and err.msg is not None:
-        where = f"{err.filename} line {err.lineno}: " if location and err.filename else ""
-        return where + _syntax_message(err)
-    lines = str(err).splitlines()
-    cut = next((i for i, line in enumerate(lines) if _GIN_CONTEXT.match(line)), len(lines))
-    msg = " ".join(line.strip() for line in lines[:cut]).strip()
-    where = ""
-    for line in lines[cut:]:
-        m = re.match(r'^\s+In file "(.+)", line (\d+)', line)
-        if m and location:
-            where = f"{m.group(1)} line {m.group(2)}: "
-    m = re.fullmatch(r"Configurable '(.+)' doesn't have a parameter named '(.+)'\.", msg)
-    if m:
-        msg = unknown_parameter_message(m.group(1), m.group(2))
-    m = re.fullmatch(r"No configurable matching '(.+)'\.", msg)
-    if m:
-        msg = unknown_configurable_message(m.group(1))
-    return where + (msg or type(err).__name__)
-
-
-def check_binding_syntax(binding: str, label: str = "--gin binding") -> None:
-    """A binding that does not parse, named, in words: `train.loss = cispo` -> did you mean `train.loss = "cispo"`?"""
-    err = _gin_syntax_error(binding)
-    if err is not None:
-        raise ConfigError(f"{label} {binding!r} does not parse: {_syntax_message(err)}")
+    return max(int(gpus(component_params(cfg, ENGINES, cfg.engine))), 1) if gpus is not None else 1

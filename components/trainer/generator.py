@@ -5,7 +5,7 @@ per direction):
 - hub -> generator: Work(WorkOrder), PushWeights(WeightUpdate), Drain(), Evaluate(EvalOrder),
   RunDownstream(step), Stop()
 - generator -> hub: Ready, GroupDone(Rollout, proc), Drained(groups), EvalDone(record),
-  DownstreamDone(records), OperativeConfig(operative config), Failed(traceback)
+  DownstreamDone(records), Failed(traceback)
 
 Weights do not travel on the transport: a PushWeights(update) announcement makes the
 generator join the weight group's broadcast from learner rank 0 (weight_sync.py) between two
@@ -38,14 +38,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.offpolicy import make_scheme
+from components.registry import OFF_POLICY, REWARDS, TASKS
 from components.trainer import messages as M
+from components.trainer.config import build_component, component_params, family_params
+from components.trainer.resolve import ResolvedRun, enter_run
 from components.trainer.roles import pin_cpu, settle_heap
 
 __all__ = [
     "WorkerSetup",
     "EvalOrder",
     "generator_main",
-    "apply_gin",
     "resolve_device",
     "make_run_engine",
     "make_length_control",
@@ -56,17 +58,20 @@ __all__ = [
 
 @dataclass
 class WorkerSetup:
-    """Everything a process of the run needs to rebuild the run's components."""
+    """Everything a process of the run needs: the resolved run (its components are built from it; no
+    process of the run reads gin), and where and how this process runs it."""
 
-    config_files: list
-    bindings: list
-    sys_path: list  # directories added to sys.path before parsing (user components)
-    cfg: Any  # TrainConfig
+    run: ResolvedRun
     device: str = "cpu"
     run_dir: Optional[str] = None
     run_info: Optional[dict] = None
     progress: bool = True
     devices: Optional[int] = None  # devices the run reserved (compute accounting); None: from the layout
+
+    @property
+    def cfg(self):
+        """The run's TrainConfig."""
+        return self.run.cfg
 
 
 @dataclass
@@ -81,24 +86,6 @@ class EvalOrder:
     top_p: float
     max_tokens: int
     task_name: str
-
-
-def apply_gin(setup: WorkerSetup) -> None:
-    """Re-create the parent's gin state in this process (imports user modules named in the files)."""
-    import gin
-
-    from components.quiet import quiet_gin
-    from components.registry import load_builtin_components
-
-    for p in reversed(setup.sys_path):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    load_builtin_components()
-    quiet_gin()
-    gin.clear_config()
-    for p in setup.sys_path:
-        gin.add_config_file_search_path(p)
-    gin.parse_config_files_and_bindings(list(setup.config_files), list(setup.bindings), finalize_config=False, skip_unknown=False)
 
 
 def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:
@@ -117,7 +104,9 @@ def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:
 def make_run_engine(cfg, device: str, seed: int, name: Optional[str] = None):
     from components.engines import make_engine
 
-    return make_engine(name or cfg.engine, cfg.model_path, precision=cfg.precision, device=device, seed=seed)
+    name = name or cfg.engine
+    return make_engine(name, cfg.model_path, cfg.params_of("engines", name), precision=cfg.precision, device=device,
+                       seed=seed)
 
 
 def make_length_control(cfg):
@@ -125,7 +114,7 @@ def make_length_control(cfg):
         return None
     from components.registry import LENGTH_CONTROLS
 
-    return LENGTH_CONTROLS.get(cfg.length_control)()
+    return build_component(cfg, LENGTH_CONTROLS, cfg.length_control)()
 
 
 def generation_cap(cfg, length_control) -> int:
@@ -399,120 +388,143 @@ def generator_main(index: int, setup: WorkerSetup, endpoints, layout) -> None:
 
 
 def _generator_loop(index: int, setup: WorkerSetup, endpoints, layout, peer, proc_stats) -> None:
-    import torch
+    _Generator(index, setup, endpoints, layout, peer, proc_stats).serve()
 
-    from components.engines.base import SamplingParams, sampling_knobs
-    from components.models import load_tokenizer
-    from components.tasks import make_task
-    from components.trainer.weight_group import weight_group_of
-    from components.trainer.weight_sync import WeightReceiver
 
-    cfg = setup.cfg
-    if setup.device == "cpu":
-        torch.set_num_threads(1)
-        pin_cpu(layout.learner_ranks + index, layout.world_size)
-    apply_gin(setup)
-    weights_mid_sequence = make_scheme(cfg.off_policy).takes_weights_mid_sequence()
-    task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
-    tokenizer = load_tokenizer(cfg.model_path)
-    engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
-    length_control = make_length_control(cfg)
-    # joined at the first update (a vLLM engine joins from inside its worker)
-    weight_group = weight_group_of(cfg, endpoints, layout, setup.device)
-    receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
-    base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=generation_cap(cfg, length_control),
-                                 **sampling_knobs(cfg))  # train.top_k, min_p, repetition_penalty, max_prompt_length
-    from components.rewards import build_reward_funcs
+class _Generator:
+    """One generator process: its engine, task, scorer thread and weight receiver, and the loop that
+    answers the hub's messages while it decodes."""
 
-    reward_funcs = build_reward_funcs(cfg.reward_funcs, cfg.reward_weights) or None  # train.reward_funcs, resolved here
-    scorer = _Scorer(task, tokenizer, length_control, cfg, index, reward_funcs)
-    settle_heap()  # start-up's objects out of the collector's full passes
-    problems: dict[int, Any] = {}
-    benchmarks = None  # downstream benchmarks, loaded at their first evaluation
-    busy = [0.0]
+    def __init__(self, index: int, setup: WorkerSetup, endpoints, layout, peer, proc_stats) -> None:
+        import torch
 
-    outstanding = [0]  # groups handed to the scorer and not sent yet
+        from components.engines.base import SamplingParams, sampling_knobs
+        from components.models import load_tokenizer
+        from components.rewards import build_reward_funcs
+        from components.tasks import make_task
+        from components.trainer.weight_group import weight_group_of
+        from components.trainer.weight_sync import WeightReceiver
 
-    def to_scorer(group) -> None:
-        problem = problems.pop(int(group.request.group_id))
-        scorer.inbox.put((group, problem, int(getattr(engine, "version", 0)), busy[0]))
-        outstanding[0] += 1
-        busy[0] = 0.0
+        self.index, self.peer, self.proc_stats = index, peer, proc_stats
+        cfg = self.cfg = setup.cfg
+        if setup.device == "cpu":
+            torch.set_num_threads(1)
+            pin_cpu(layout.learner_ranks + index, layout.world_size)
+        enter_run(setup.run)
+        scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
+        self.weights_mid_sequence = scheme.takes_weights_mid_sequence()
+        self.task = make_task(cfg.task, family_params(cfg, TASKS), seed=cfg.seed, **cfg.task_kwargs)
+        self.tokenizer = load_tokenizer(cfg.model_path)
+        self.engine = make_run_engine(cfg, setup.device, seed=cfg.seed + 1000 * (index + 1))
+        self.length_control = make_length_control(cfg)
+        # joined at the first update (a vLLM engine joins from inside its worker)
+        weight_group = weight_group_of(cfg, endpoints, layout, setup.device)
+        self.receiver = WeightReceiver(weight_group, rank=weight_group.generator_rank(index), device=setup.device)
+        self.base_params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                          max_tokens=generation_cap(cfg, self.length_control),
+                                          **sampling_knobs(cfg))  # train.top_k, min_p, repetition_penalty, max_prompt_length
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, cfg.reward_weights,
+                                          family_params(cfg, REWARDS)) or None  # train.reward_funcs, resolved here
+        self.scorer = _Scorer(self.task, self.tokenizer, self.length_control, cfg, index, reward_funcs)
+        settle_heap()  # start-up's objects out of the collector's full passes
+        self.problems: dict[int, Any] = {}
+        self.benchmarks = None  # downstream benchmarks, loaded at their first evaluation
+        self.busy = [0.0]
+        self.outstanding = 0  # groups handed to the scorer and not sent yet
+        self.device = setup.device
 
-    def send(rollout) -> None:
-        peer.send(M.GroupDone(rollout, proc_stats()))
-        outstanding[0] -= 1
+    def to_scorer(self, group) -> None:
+        problem = self.problems.pop(int(group.request.group_id))
+        self.scorer.inbox.put((group, problem, int(getattr(self.engine, "version", 0)), self.busy[0]))
+        self.outstanding += 1
+        self.busy[0] = 0.0
 
-    import gin
+    def send(self, rollout) -> None:
+        self.peer.send(M.GroupDone(rollout, self.proc_stats()))
+        self.outstanding -= 1
 
-    # the bindings this process read (the engine's are read nowhere else): learner-0 merges them into config.gin
-    peer.send(M.Ready(index, pid=os.getpid(), proc=proc_stats(), device=setup.device,
-                      operative_config=gin.operative_config_str()))
-    while True:
-        if scorer.error is not None:
-            raise RuntimeError(f"scoring failed:\n{scorer.error}")
-        while True:  # send every scored group
+    def _check_scorer(self) -> None:
+        if self.scorer.error is not None:
+            raise RuntimeError(f"scoring failed:\n{self.scorer.error}")
+
+    def serve(self) -> None:
+        self.peer.send(M.Ready(self.index, pid=os.getpid(), proc=self.proc_stats(), device=self.device))
+        engine, scorer, peer = self.engine, self.scorer, self.peer
+        while True:
+            self._check_scorer()
+            while True:  # send every scored group
+                try:
+                    rollout = scorer.outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self.send(rollout)
+            idle = not engine.has_unfinished()
+            if idle and self.outstanding > 0:
+                # nothing to decode: the hub is waiting for these groups, so wake up the moment one is scored
+                try:
+                    self.send(scorer.outbox.get(timeout=0.05))
+                except queue.Empty:
+                    pass
+                msg = peer.recv(timeout_s=0.0)
+            else:
+                msg = peer.recv(timeout_s=0.5 if idle else 0.0)
+            while msg is not None:
+                if not self.handle(msg):
+                    return
+                msg = peer.recv(timeout_s=0.0)
+            if engine.has_unfinished():
+                step_engine(engine, self.to_scorer, self.busy)
+
+    def handle(self, msg) -> bool:
+        """Answer one message of the hub; False once it says stop."""
+        engine = self.engine
+        if isinstance(msg, M.Stop):
+            self.scorer.inbox.put(None)
+            engine.close()
+            self.receiver.close()
+            return False
+        if isinstance(msg, M.PushWeights):
+            if not self.weights_mid_sequence:  # the scheme's choice: finish the sequences in flight first
+                drain_training(engine, self.to_scorer, self.busy)
+            t0 = time.perf_counter()
+            engine.receive_weights(self.receiver, msg.update)
+            self.busy[0] += time.perf_counter() - t0
+        elif isinstance(msg, M.Work):
+            work = msg.order
+            for order_id, problem in work.orders:
+                self.problems[int(order_id)] = problem
+            requests = build_requests(work, self.tokenizer, self.length_control, self.cfg, self.task)
+            engine.add_requests(requests, dataclasses.replace(self.base_params, seed=int(work.seed)))
+        elif isinstance(msg, M.Drain):  # an evaluation comes next: finish the training sequences in flight first
+            self.drain()
+        elif isinstance(msg, M.Evaluate):
+            record = _run_eval(msg.order, engine, self.task, self.tokenizer, self.length_control, self.cfg, self.to_scorer)
+            self.peer.send(M.EvalDone(self.index, record, self.proc_stats()))
+        elif isinstance(msg, M.RunDownstream):  # every benchmark, at the weights this generator holds
+            self.downstream(int(msg.step))
+        else:
+            raise RuntimeError(f"generator-{self.index}: unknown message {type(msg).__name__}")
+        return True
+
+    def drain(self) -> None:
+        """Decode the training sequences in flight to their end, score and send them, then say so."""
+        groups = drain_training(self.engine, self.to_scorer, self.busy)
+        while self.outstanding > 0:  # ... scored and sent too: no verifier runs on the evaluation's time
+            self._check_scorer()
             try:
-                rollout = scorer.outbox.get_nowait()
-            except queue.Empty:
-                break
-            send(rollout)
-        idle = not engine.has_unfinished()
-        if idle and outstanding[0] > 0:
-            # nothing to decode: the hub is waiting for these groups, so wake up the moment one is scored
-            try:
-                send(scorer.outbox.get(timeout=0.05))
+                self.send(self.scorer.outbox.get(timeout=0.05))
             except queue.Empty:
                 pass
-            msg = peer.recv(timeout_s=0.0)
-        else:
-            msg = peer.recv(timeout_s=0.5 if idle else 0.0)
-        while msg is not None:
-            if isinstance(msg, M.Stop):
-                scorer.inbox.put(None)
-                engine.close()
-                receiver.close()
-                return
-            if isinstance(msg, M.PushWeights):
-                if not weights_mid_sequence:  # the scheme's choice: finish the sequences in flight first
-                    drain_training(engine, to_scorer, busy)
-                t0 = time.perf_counter()
-                engine.receive_weights(receiver, msg.update)
-                busy[0] += time.perf_counter() - t0
-            elif isinstance(msg, M.Work):
-                work = msg.order
-                for order_id, problem in work.orders:
-                    problems[int(order_id)] = problem
-                requests = build_requests(work, tokenizer, length_control, cfg, task)
-                engine.add_requests(requests, dataclasses.replace(base_params, seed=int(work.seed)))
-            elif isinstance(msg, M.Drain):  # an evaluation comes next: finish the training sequences in flight first
-                groups = drain_training(engine, to_scorer, busy)
-                while outstanding[0] > 0:  # ... scored and sent too: no verifier runs on the evaluation's time
-                    if scorer.error is not None:
-                        raise RuntimeError(f"scoring failed:\n{scorer.error}")
-                    try:
-                        send(scorer.outbox.get(timeout=0.05))
-                    except queue.Empty:
-                        pass
-                peer.send(M.Drained(index, proc_stats(), groups))
-            elif isinstance(msg, M.Evaluate):
-                record = _run_eval(msg.order, engine, task, tokenizer, length_control, cfg, to_scorer)
-                peer.send(M.EvalDone(index, record, proc_stats()))
-            elif isinstance(msg, M.RunDownstream):  # every benchmark, at the weights this generator holds
-                from components.trainer.evaluation import evaluate_downstream
+        self.peer.send(M.Drained(self.index, self.proc_stats(), groups))
 
-                if benchmarks is None:
-                    from components.benchmarks import load_benchmarks
+    def downstream(self, step: int) -> None:
+        """Every downstream benchmark at the weights this generator holds."""
+        from components.trainer.evaluation import evaluate_downstream
 
-                    benchmarks = load_benchmarks(cfg.downstream_benchmarks)
-                records = evaluate_downstream(_EvalView(engine, to_scorer), benchmarks, tokenizer, cfg, step=int(msg.step),
-                                              length_control=length_control)
-                # the benchmarks' bindings were first read just now: learner-0's config.gin gets them too
-                # (sent first: the hub has it once it has the results it waits for)
-                peer.send(M.OperativeConfig(index, gin.operative_config_str()))
-                peer.send(M.DownstreamDone(index, records, proc_stats()))
-            else:
-                raise RuntimeError(f"generator-{index}: unknown message {type(msg).__name__}")
-            msg = peer.recv(timeout_s=0.0)
-        if engine.has_unfinished():
-            step_engine(engine, to_scorer, busy)
+        if self.benchmarks is None:
+            from components.benchmarks import load_benchmarks
+
+            self.benchmarks = load_benchmarks(self.cfg.downstream_benchmarks)
+        records = evaluate_downstream(_EvalView(self.engine, self.to_scorer), self.benchmarks, self.tokenizer, self.cfg,
+                                      step=step, length_control=self.length_control)
+        self.peer.send(M.DownstreamDone(self.index, records, self.proc_stats()))

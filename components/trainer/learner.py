@@ -53,23 +53,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
-from components.aggregation import token_weights, weighted_sum
-from components.environments import observation_token_count
-from components.losses import STANDARD_DIAGNOSTICS, loss_diagnostics
-from components.mismatch import NONE, mismatch_stats, policy_loss, resolve_correction
+from components.aggregation import weighted_sum
+from components.mismatch import policy_loss, resolve_correction
 from components.precision import get_precision, untie_lm_head
-from components.registry import ADVANTAGE_NORMS, AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES
-from components.trainer.forward import (enable_activation_checkpointing, pack_batch, plan_micro_batches,
-                                       sequence_logprobs_packed)
-from components.trainer.rollout import Batch, Rollout, collate, turn_lag_stats
+from components.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES, LR_SCHEDULES, MISMATCH_CORRECTIONS
+from components.trainer.config import build_component, component_params
+from components.trainer.forward import enable_activation_checkpointing, pack_batch, sequence_logprobs_packed
+from components.trainer.rollout import Batch, Rollout
+# the step's plan and statistics live beside the learner (split for size); their names stay importable here
+from components.trainer.step_plan import (MicroBatch, MiniBatchPlan, StepPeers, StepPlan, plan_mini_batches, plan_step,
+                                          split_groups, split_rows)
+from components.trainer.step_stats import finish_stats, finish_update_stats
 
 __all__ = [
     "Learner",
@@ -87,6 +86,9 @@ __all__ = [
     "compile_blocks",
     "load_from_rank0",
     "tied_aliases",
+    "plan_mini_batches",
+    "finish_stats",
+    "finish_update_stats",
 ]
 
 
@@ -133,9 +135,11 @@ def token_logprobs(model, batch: Batch, temperature: float, with_entropy: bool =
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weight_decay: float, warmup_steps: int,
-                   schedule: str = "constant", total_steps: int = 1, updates_per_step: int = 1):
-    """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py): linear
-    warmup, then constant (the paper's schedule, the default) or a decay to 0 at `total_steps`.
+                   schedule: str = "constant", total_steps: int = 1, schedule_params: Optional[dict] = None,
+                   updates_per_step: int = 1):
+    """AdamW + the LR schedule `schedule` (``train.lr_schedule``, components/schedules.py) with its
+    hyper-parameters `schedule_params` (default: its defaults): linear warmup, then constant (the
+    paper's schedule, the default) or a decay to 0 at `total_steps`.
 
     `warmup_steps` and `total_steps` count learner steps; the schedule advances once per optimizer update,
     and a step makes `updates_per_step` of them (train.update_epochs x train.mini_batches), so the warmup
@@ -147,7 +151,7 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, betas, eps: float, weig
     optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=fused)
     per_step = max(int(updates_per_step), 1)
     warm = max(int(warmup_steps), 0) * per_step
-    schedule_fn = LR_SCHEDULES.get(schedule)
+    schedule_fn = LR_SCHEDULES.build(schedule, schedule_params)
 
     def factor(update: int) -> float:
         return schedule_fn(update, warm, int(total_steps) * per_step)
@@ -257,205 +261,6 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------
-# the step plan (learner rank 0, whole batch)
-@dataclass
-class MicroBatch:
-    """One forward/backward: padded rows with their share of the (global) loss normalisers."""
-
-    batch: Batch  # [b, P+T] padded (prompts left, completions right)
-    advantages: torch.Tensor  # [b] float32, normalised on the whole step batch
-    weights: torch.Tensor  # [b, T] float32, aggregation token weights from the whole step batch (or mini-batch)
-    # [b, T] the learner's pi_old, fixed before the step's first update (update epochs with a mismatch
-    # correction: `Learner.fix_old_logprobs`); None: the loss takes sg(logp), this forward's own
-    old_logp: Optional[torch.Tensor] = None
-
-    @property
-    def dummy(self) -> bool:
-        return not bool(self.batch.mask.any())
-
-
-@dataclass
-class MiniBatchPlan:
-    """One optimizer update's share of a step (train.mini_batches > 1): its rows split across the ranks."""
-
-    shards: list  # [T] lists of MicroBatch, all of equal length (aggregation weights of this mini-batch)
-    rows: list  # [T] index tensors into the STEP batch: the rows each rank trains on (in micro-batch order)
-
-
-@dataclass
-class StepPlan:
-    """What every learner rank trains on this step, and what rank 0 keeps for the statistics."""
-
-    shards: list  # [T] lists of MicroBatch, all of equal length
-    batch: Batch  # the whole kept batch (rank 0)
-    advantages: torch.Tensor  # [B]
-    rows: list  # [T] index tensors: the rows of `batch` each rank trains on (in micro-batch order)
-    stats: dict
-    time_plan: float = 0.0  # seconds spent planning (counted in the step's time_train)
-    # train.mini_batches > 1: one plan per mini-batch (whole prompt groups); [] : the step is one mini-batch
-    minis: list = field(default_factory=list)
-
-    def mini_batch_plans(self) -> list:
-        """The step's mini-batches, each one optimizer update per epoch (the whole batch when there is one)."""
-        return list(self.minis) or [MiniBatchPlan(shards=self.shards, rows=self.rows)]
-
-
-class StepPeers(Protocol):
-    """Learner ranks 1..T-1 as rank 0 sees them (the trainer hands them their shards by message)."""
-
-    def send(self, shards: Sequence[Sequence[MicroBatch]]) -> None:
-        """Hand rank k its shard, shards[k - 1]; each trains it with `Learner.train_shard`."""
-
-    def gather(self) -> list[dict]:
-        """Their partial results, in rank order (once every one has reported)."""
-
-    def score_old(self, shards: Sequence[Sequence[Sequence[MicroBatch]]]) -> None:
-        """Have rank k compute pi_old of its micro-batches of each mini-batch, shards[k - 1] (`Learner.old_logprobs`)."""
-
-    def gather_old(self) -> list[list[list[torch.Tensor]]]:
-        """Their pi_old [b, T] per micro-batch of each mini-batch, in rank order."""
-
-
-def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
-    """Assign rows to ranks with balanced token counts (longest first to the lightest rank).
-
-    Returns `ranks` lists of row indices, each sorted ascending (so a rank's rows keep the
-    batch order, and one rank gets exactly the original order).
-    """
-    if ranks == 1:
-        return [list(range(len(lengths)))]
-    load = [0] * ranks
-    out: list[list[int]] = [[] for _ in range(ranks)]
-    for i in sorted(range(len(lengths)), key=lambda j: (-int(lengths[j]), j)):
-        r = min(range(ranks), key=lambda k: (load[k], k))
-        out[r].append(i)
-        load[r] += int(lengths[i])
-    return [sorted(rows) for rows in out]
-
-
-def _micro_batch_rows(rows: list[int], lengths: Sequence[int], cfg) -> list[list[int]]:
-    """Consecutive micro-batches of `rows`: by token budget when set, else by sequence count."""
-    budget = cfg.max_tokens_per_micro_batch
-    if budget is None:
-        n = max(int(cfg.micro_batch_size), 1)
-        return [rows[i : i + n] for i in range(0, len(rows), n)]
-    groups = plan_micro_batches([int(lengths[r]) for r in rows], int(budget))
-    return [[rows[i] for i in g] for g in groups]
-
-
-def sharded_grad_norm(grads: Sequence[torch.Tensor], ranks: int) -> torch.Tensor:
-    """The total 2-norm of `grads` [full tensors] computed as `ranks` FSDP2 ranks compute it from
-    their dim-0 shards (`clip_grad_norm_` on DTensors), bit for bit: each rank takes the norm of
-    each of its shards (torch.chunk along dim 0, FSDP2's split; a rank past the last chunk holds
-    an empty one), every parameter's norm is reduced over the ranks as (sum of squares) ** 0.5
-    (DTensor's partial norm), then the norms of all parameters are stacked and normed. Returns a
-    0-d tensor."""
-    per_rank: list[list[torch.Tensor]] = [[] for _ in range(ranks)]
-    for g in grads:
-        chunks = list(torch.chunk(g, ranks, dim=0))  # FSDP2 `Shard(0)`
-        chunks += [g.new_empty(0)] * (ranks - len(chunks))
-        for r, c in enumerate(chunks):
-            per_rank[r].append(c)
-    local = [torch._foreach_norm(ts, 2.0) for ts in per_rank]  # [ranks][params] 0-d each
-    norms = []
-    for p in range(len(grads)):
-        total = local[0][p] ** 2.0
-        for r in range(1, ranks):
-            total = total + local[r][p] ** 2.0
-        norms.append(total ** (1.0 / 2.0))
-    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
-
-
-def _dummy_micro_batch(batch: Batch) -> MicroBatch:
-    """One padding row with no trainable token: keeps the ranks' collective counts equal."""
-    one = batch.select(torch.tensor([0])).trim()
-    one.mask = torch.zeros_like(one.mask)
-    return MicroBatch(one, torch.zeros(1), torch.zeros(one.mask.shape))
-
-
-def split_groups(group_ids: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    """Row indices of `parts` consecutive mini-batches of whole groups (as equal in groups as they can be:
-    numpy's array_split; fewer parts when there are fewer groups). group_ids [B]: a group's rows are
-    consecutive (`collate`). Returns index tensors [b_i], in row order, covering every row once."""
-    _, counts = torch.unique_consecutive(group_ids, return_counts=True)  # [G]
-    starts = torch.cumsum(counts, 0) - counts  # [G] first row of each group
-    out = []
-    for chunk in np.array_split(np.arange(len(counts)), min(int(parts), len(counts))):
-        first, last = int(chunk[0]), int(chunk[-1])
-        out.append(torch.arange(int(starts[first]), int(starts[last] + counts[last]), dtype=torch.long))  # [b_i]
-    return out
-
-
-def _shard_rows(batch: Batch, advantages: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, cfg,
-                ranks: int) -> tuple[list, list]:
-    """The step batch's `rows` [b] split across `ranks` (balanced tokens), then into micro-batches per rank
-    (equal count per rank, padded with dummies). weights [B, T]: the aggregation weights of these rows.
-    Returns (shards [ranks] lists of MicroBatch, row order [ranks] index tensors into `batch`)."""
-    lengths = batch.attention_mask[rows].sum(dim=1).tolist()  # [b] prompt + completion tokens
-    per_rank = split_rows(lengths, ranks)
-    groups = [_micro_batch_rows(r, lengths, cfg) for r in per_rank]
-    n_mb = max(len(g) for g in groups)
-    shards, order = [], []
-    for g in groups:
-        mbs = []
-        for local in g:
-            idx = rows[torch.tensor(local, dtype=torch.long)]  # [b_mb] rows of the step batch
-            sub = batch.select(idx).trim()
-            mbs.append(MicroBatch(sub, advantages[idx], weights[idx][:, : sub.mask.shape[1]]))
-        while len(mbs) < n_mb:
-            mbs.append(_dummy_micro_batch(batch))
-        shards.append(mbs)
-        order.append(rows[torch.tensor([r for local in g for r in local], dtype=torch.long)])
-    return shards, order
-
-
-def plan_mini_batches(batch: Batch, advantages: torch.Tensor, cfg, ranks: int) -> list[MiniBatchPlan]:
-    """train.mini_batches > 1: the step batch in mini-batches of whole prompt groups (`split_groups`), each with
-    its OWN aggregation weights (an update's loss is the aggregate over its mini-batch) and the step's advantages."""
-    name = AGGREGATIONS.check(cfg.aggregation)
-    plans = []
-    for rows in split_groups(batch.group_ids, cfg.mini_batches):
-        weights = torch.zeros(batch.mask.shape)  # [B, T]; only `rows` are read
-        weights[rows] = token_weights(name, batch.mask[rows], batch.group_ids[rows], turn_ids=batch._turns(rows))  # [b, T]
-        shards, order = _shard_rows(batch, advantages, weights, rows, cfg, ranks)
-        plans.append(MiniBatchPlan(shards=shards, rows=order))
-    return plans
-
-
-def plan_step(rollouts: Sequence[Rollout], keep: Sequence[bool], cfg, pad_id: int, ranks: int) -> StepPlan:
-    """Filters, advantages and aggregation weights on the WHOLE step batch, split across `ranks`
-    (and, with train.mini_batches > 1, into mini-batches of whole groups: `plan_mini_batches`).
-
-    A plan with no shards means there is nothing to train on (every group filtered, or no
-    completion): no optimizer update this step.
-    """
-    if not rollouts or not any(r.completions for r in rollouts):  # e.g. a refill that found nothing
-        stats = {"prompts": len(rollouts), "generations": 0, "tokens": 0, "reward_mean": math.nan, "pass_rate": math.nan,
-                 "zero_variance_frac": math.nan, "filtered_frac": math.nan, "truncation_rate": math.nan,
-                 "completion_len_mean": math.nan, "verifier_errors": 0, "multi_version_frac": 0.0, "groups_trained": 0,
-                 "forced_tokens": 0, "interrupted_frac": math.nan}
-        return StepPlan(shards=[], batch=None, advantages=torch.zeros(0), rows=[], stats=stats)
-    all_batch = collate(rollouts, pad_id, mask_observations=getattr(cfg, "mask_observations", True))
-    stats = _rollout_stats(all_batch, rollouts, keep)
-    # 1. filters: groups the curriculum drops leave the loss (no refill here)
-    kept = [r for r, k in zip(rollouts, keep) if k]
-    stats["groups_trained"] = len(kept)
-    if not kept or sum(len(r.completions) for r in kept) == 0:
-        return StepPlan(shards=[], batch=all_batch, advantages=torch.zeros(0), rows=[], stats=stats)
-    kept_rows = torch.tensor([k for r, k in zip(rollouts, keep) for _ in r.completions], dtype=torch.bool)  # [B_all]
-    batch = all_batch if bool(kept_rows.all()) else all_batch.select(kept_rows)
-    # 2. advantages: one per sequence, normalised by name on the whole batch (batch std included)
-    advantages = ADVANTAGE_NORMS.get(cfg.advantage_norm)(batch.rewards.double(), batch.group_ids).float()  # [B]
-    # 3. aggregation weights on the whole batch: micro-batches and ranks sum exactly to the aggregate
-    weights = token_weights(AGGREGATIONS.check(cfg.aggregation), batch.mask, batch.group_ids, turn_ids=batch.turn_ids)  # [B, T]
-    # 4. split: rows to ranks (balanced tokens), then micro-batches per rank, equal count per rank
-    all_rows = torch.arange(batch.mask.shape[0], dtype=torch.long)  # [B]
-    shards, order = _shard_rows(batch, advantages, weights, all_rows, cfg, ranks)
-    minis = plan_mini_batches(batch, advantages, cfg, ranks) if getattr(cfg, "mini_batches", 1) > 1 else []
-    return StepPlan(shards=shards, batch=batch, advantages=advantages, rows=order, stats=stats, minis=minis)
-
-
-# ---------------------------------------------------------------------------------------
 class Learner:
     """Owns the trained model (fp32 master), its optimizer and the step function of one learner rank.
 
@@ -514,11 +319,14 @@ class Learner:
             warmup_steps=cfg.warmup_steps,
             schedule=cfg.lr_schedule,
             total_steps=cfg.total_steps,
+            schedule_params=component_params(cfg, LR_SCHEDULES, cfg.lr_schedule),
             updates_per_step=cfg.updates_per_step,
         )
-        self.loss_fn = LOSSES.get(cfg.loss)
-        self.correction = resolve_correction(cfg.mismatch_correction)  # None for "none" (components/mismatch.py)
-        self.kl_fn = KL_ESTIMATORS.get(cfg.kl_estimator) if cfg.kl_coef > 0 else None
+        self.loss_fn = build_component(cfg, LOSSES, cfg.loss)
+        # None for "none" (components/mismatch.py)
+        self.correction = resolve_correction(cfg.mismatch_correction,
+                                             component_params(cfg, MISMATCH_CORRECTIONS, cfg.mismatch_correction))
+        self.kl_fn = build_component(cfg, KL_ESTIMATORS, cfg.kl_estimator) if cfg.kl_coef > 0 else None
         self.aggregate_name = AGGREGATIONS.check(cfg.aggregation)
 
     def _place(self, module: torch.nn.Module, on_meta: bool) -> torch.nn.Module:
@@ -595,7 +403,7 @@ class Learner:
                 reference.reshard()  # FSDP2 keeps the root unsharded after forward (for a backward that never comes)
         return ref_logp
 
-    def _backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:
+    def backward(self, mb: MicroBatch, scale: float) -> tuple[float, torch.Tensor | None, torch.Tensor | None, dict]:
         """Forward + backward of one micro-batch (gradients added into .grad). Returns its loss and,
         unless it is a dummy, the detached log-probs [b, T] and entropies [b, T] of its tokens, and
         the other detached per-token values the statistics need ({"kl": [b, T]} with a KL penalty)."""
@@ -639,7 +447,7 @@ class Learner:
         logps, entropies = [], []
         extras: dict[str, list] = {}  # per micro-batch, as logp: {"kl": [...]} with a KL penalty
         for mb in micro_batches:
-            loss, logp, entropy, extra = self._backward(mb, scale)
+            loss, logp, entropy, extra = self.backward(mb, scale)
             total += loss
             if logp is not None:
                 logps.append(logp)
@@ -648,73 +456,31 @@ class Learner:
                 extras.setdefault(key, []).append(value)
         return {"loss": total, "logp": logps, "entropy": entropies, **extras}
 
-    def accumulate_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
-        """Forward + backward over EVERY shard of a step, in this one process, in the arithmetic
-        of `len(shards)` FSDP2 ranks (`train.emulate_learner_ranks`).
-
-        FSDP2 reduces after each backward: rank r computes micro-batch m of its shard, the
-        ranks' gradients of micro-batch m are summed (reduce-scatter) and added to the sharded
-        gradient, micro-batch after micro-batch. So here: each shard's micro-batch m gets its
-        own gradient, those are summed across shards in rank order, and the sum is added to the
-        step's gradient. With two ranks the reduction is one addition, exact and order-free
-        (the loss scale T and FSDP2's division by T are powers of two, also exact), so .grad
-        ends bit for bit equal to the two ranks' sharded gradients put together. Costs two more
-        gradient-sized buffers; returns one partial result per shard, as the ranks would.
-        """
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        n_mb = {len(s) for s in shards}
-        if len(n_mb) != 1:
-            raise RuntimeError(f"every rank needs the same number of micro-batches, got {[len(s) for s in shards]}")
-        parts = [{"loss": 0.0, "logp": [], "entropy": []} for _ in shards]
-        step_grad: list[torch.Tensor] | None = None
-        for m in range(n_mb.pop()):
-            reduced: list[torch.Tensor] | None = None
-            for part, shard in zip(parts, shards):
-                loss, logp, entropy, extra = self._backward(shard[m], 1.0)
-                part["loss"] += loss
-                for key, value in extra.items():
-                    part.setdefault(key, []).append(value)
-                if logp is not None:
-                    part["logp"].append(logp)
-                    part["entropy"].append(entropy)
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                for p in params:
-                    p.grad = None
-                reduced = grads if reduced is None else [a + b for a, b in zip(reduced, grads)]
-            step_grad = reduced if step_grad is None else [a + b for a, b in zip(step_grad, reduced)]
-        for p, g in zip(params, step_grad or []):
-            p.grad = g
-        return parts
-
-    def grad_norm(self, as_ranks: int = 1) -> float:
-        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0.
-        as_ranks > 1 (one process emulating that many ranks): the norm is reduced as the ranks
-        reduce it (`sharded_grad_norm`), so the clip factor is bit for bit theirs."""
+    def grad_norm(self) -> float:
+        """The global gradient norm (over every rank's shard); clips to cfg.grad_clip when > 0."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
         clip = self.cfg.grad_clip
-        max_norm = clip if clip and clip > 0 else float("inf")
-        if as_ranks > 1:
-            norm = sharded_grad_norm([p.grad for p in params], as_ranks)
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-            return float(norm)
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip and clip > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
 
-    def apply_update(self, as_ranks: int = 1) -> tuple[float, float]:
-        """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
-        grad_norm = self.grad_norm(as_ranks)
+    def update(self) -> float:
+        """AdamW and the schedule on the (clipped) gradients; the new weights are version + 1.
+        Returns the learning rate the update used."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        return grad_norm, lr
+        return lr
+
+    def apply_update(self) -> tuple[float, float]:
+        """Clip, AdamW, schedule; the new weights are version + 1. Returns (grad_norm, lr)."""
+        grad_norm = self.grad_norm()
+        return grad_norm, self.update()
 
     def train_shard(self, micro_batches: Sequence[MicroBatch]) -> dict:
         """One step on this rank's share (a collective when T > 1): accumulate, then update."""
@@ -724,43 +490,28 @@ class Learner:
         part.update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
         return part
 
-    def train_as_ranks(self, shards: Sequence[Sequence[MicroBatch]]) -> list[dict]:
-        """One step on every shard in the arithmetic of len(shards) ranks (one process); one
-        partial result per shard, the first carrying the grad norm, lr and time."""
-        t0 = time.perf_counter()
-        parts = self.accumulate_as_ranks(shards)
-        grad_norm, lr = self.apply_update(as_ranks=len(shards))
-        parts[0].update(grad_norm=grad_norm, lr=lr, time_train=time.perf_counter() - t0)
-        return parts
-
     # -------------------------------------------------------------------------------------
     def plan(self, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> StepPlan:
-        """The step's plan for this learner's ranks (`keep[i]`: the filters' verdict on group i): its
-        world size, or the ranks it computes as (`train.emulate_learner_ranks`)."""
+        """The step's plan for this learner's ranks (`keep[i]`: the filters' verdict on group i)."""
         t0 = time.perf_counter()
-        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, max(self.ranks, self.cfg.emulate_learner_ranks))
+        plan = plan_step(rollouts, keep, self.cfg, self.pad_id, self.ranks)
         plan.time_plan = time.perf_counter() - t0
         return plan
 
     def train(self, plan: StepPlan, peers: Optional[StepPeers] = None) -> dict:
         """THE learner step (production, tests and benchmarks): train every shard of `plan`, update
         once, return the step's statistics. Rank 0 trains shards[0] while `peers` (ranks 1..T-1,
-        needed when T > 1) train the others in the same collectives. With
-        ``train.emulate_learner_ranks = 2`` this one rank computes every shard in the arithmetic of
-        two ranks (`train_as_ranks`): a 1-rank run then reproduces a 2-rank run bit for bit, a check
-        of the sharded path on one device (components/trainer/README.md, "1 vs 2 learner ranks")."""
+        needed when T > 1) train the others in the same collectives."""
         t0 = time.perf_counter()
         if not plan.shards:  # nothing to train on: no optimizer update, the version stays
             return finish_stats(plan, None, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
         if self.cfg.updates_per_step > 1:
             return self.train_updates(plan, peers)
-        parts = self.update(plan.shards, peers)
+        parts = self.update_all_ranks(plan.shards, peers)
         return finish_stats(plan, parts, self.version, self.cfg, plan.time_plan + time.perf_counter() - t0)
 
-    def update(self, shards: Sequence[Sequence[MicroBatch]], peers: Optional[StepPeers] = None) -> list[dict]:
+    def update_all_ranks(self, shards: Sequence[Sequence[MicroBatch]], peers: Optional[StepPeers] = None) -> list[dict]:
         """ONE optimizer update on `shards` (one per rank): every rank's partial results, in rank order."""
-        if self.cfg.emulate_learner_ranks > 1:
-            return self.train_as_ranks(shards)
         if len(shards) > 1:
             if peers is None:
                 raise RuntimeError(f"a {len(shards)}-rank step needs its peer ranks (peers=None)")
@@ -796,7 +547,7 @@ class Learner:
         on the rank that trains it; peer ranks compute theirs and send them back, so the micro-batches
         rank 0 hands out later carry them."""
         T = len(minis[0].shards)
-        if self.cfg.emulate_learner_ranks > 1 or T == 1:
+        if T == 1:
             for mini in minis:
                 for shard in mini.shards:
                     self.old_logprobs(shard)
@@ -822,7 +573,7 @@ class Learner:
         updates = []  # (epoch, mini-batch plan, every rank's partial results)
         for epoch in range(self.cfg.update_epochs):
             for mini in minis:
-                updates.append((epoch, mini, self.update(mini.shards, peers)))
+                updates.append((epoch, mini, self.update_all_ranks(mini.shards, peers)))
         return finish_update_stats(plan, updates, start_version, self.version, self.cfg,
                                    plan.time_plan + time.perf_counter() - t0)
 
@@ -844,206 +595,3 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
-
-
-# ---------------------------------------------------------------------------------------
-# statistics (learner rank 0)
-def finish_stats(plan: StepPlan, parts: Optional[list], version: int, cfg, time_train: float) -> dict:
-    """The metrics of a step from the plan and every rank's partial results (rank order)."""
-    stats = dict(plan.stats)
-    if parts is None:  # nothing trained: no optimizer update, the version stays
-        stats.update(_empty_step_stats(version))
-        stats["time_train"] = time_train
-        if cfg.kl_coef > 0:
-            stats["kl"] = math.nan
-        return stats
-    batch, advantages = plan.batch, plan.advantages
-    B, T = batch.mask.shape
-    logp_all = _scatter_rows(plan.rows, [p["logp"] for p in parts], B, T)  # [B, T]
-    entropy_all = _scatter_rows(plan.rows, [p["entropy"] for p in parts], B, T)  # [B, T]
-    mask = batch.mask
-    diag = loss_diagnostics(cfg.loss, logp_all, batch.gen_logp, advantages, mask)
-    if cfg.mismatch_correction != NONE:  # the loss's ratio was against sg(logp): clip_frac is what it clipped there
-        against_self = loss_diagnostics(cfg.loss, logp_all, logp_all, advantages, mask)
-        diag.update({k: v for k, v in against_self.items() if k.startswith("clip_frac")})
-    return _trained_stats(stats, plan, logp_all, entropy_all, parts, diag, cfg, version=version, lag_version=version,
-                          loss=float(sum(p["loss"] for p in parts)), grad_norm=parts[0]["grad_norm"], lr=parts[0]["lr"],
-                          time_train=time_train, optimizer_steps=1)
-
-
-def _scatter_rows(row_orders: Sequence[torch.Tensor], per_rank: Sequence[Sequence[torch.Tensor]], B: int, T: int,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Per-micro-batch [b, t] values of every rank put back at their rows of the step batch.  [B, T]
-
-    row_orders [ranks] index tensors (the rows each rank trained, in micro-batch order); per_rank [ranks]
-    lists of [b, t] tensors (dummy micro-batches report none). Rows not given stay as in `out` (zeros)."""
-    out = torch.zeros(B, T) if out is None else out  # [B, T]
-    for rows, values in zip(row_orders, per_rank):
-        start = 0
-        for v in values:
-            idx = rows[start : start + v.shape[0]]
-            out[idx, : v.shape[1]] = v
-            start += v.shape[0]
-    return out
-
-
-def finish_update_stats(plan: StepPlan, updates: list, start_version: int, version: int, cfg, time_train: float) -> dict:
-    """The metrics of a step of several updates (`Learner.train_updates`): `updates` holds (epoch, MiniBatchPlan,
-    every rank's partial results) per update, in order. Statistics of the policy before the update come from
-    each row's first-epoch forward; the clip fractions and IS ratios from every pass, against the fixed pi_old
-    (gen_logp, or the learner's pi_old with a mismatch correction); loss, grad_norm and lr are means over the
-    updates (module docstring, "Update epochs")."""
-    batch, advantages = plan.batch, plan.advantages
-    B, T = batch.mask.shape
-    epochs = 1 + max(e for e, _, _ in updates)
-    logp = [torch.zeros(B, T) for _ in range(epochs)]  # [epochs] x [B, T] each pass's log-probs
-    entropy_all = torch.zeros(B, T)  # [B, T] first epoch
-    first_parts = []  # every first-epoch rank result, re-indexed to the step batch (for the KL)
-    for epoch, mini, parts in updates:
-        _scatter_rows(mini.rows, [p["logp"] for p in parts], B, T, out=logp[epoch])
-        if epoch == 0:
-            _scatter_rows(mini.rows, [p["entropy"] for p in parts], B, T, out=entropy_all)
-            first_parts += [(rows, part) for rows, part in zip(mini.rows, parts)]
-    old_logp = batch.gen_logp  # [B, T] the fixed pi_old of the losses' ratio without a correction
-    if cfg.mismatch_correction != NONE:  # the learner's pi_old, fixed before the first update
-        minis = [mini for epoch, mini, _ in updates if epoch == 0]
-        old_logp = _scatter_rows([rows for mini in minis for rows in mini.rows],
-                                 [[mb.old_logp for mb in shard if not mb.dummy] for mini in minis for shard in mini.shards],
-                                 B, T)  # [B, T]
-    passes = torch.cat(logp)  # [epochs * B, T]
-    mask, adv = batch.mask.repeat(epochs, 1), advantages.repeat(epochs)  # [epochs * B, T], [epochs * B]
-    diag = loss_diagnostics(cfg.loss, passes, batch.gen_logp.repeat(epochs, 1), adv, mask)  # IS ratios vs the generator
-    against_old = loss_diagnostics(cfg.loss, passes, old_logp.repeat(epochs, 1), adv, mask)  # what the losses clipped
-    diag.update({k: v for k, v in against_old.items() if k.startswith("clip_frac")})
-    losses = [float(sum(p["loss"] for p in parts)) for _, _, parts in updates]
-    first = [part for _, part in first_parts]
-    return _trained_stats(dict(plan.stats), plan, logp[0], entropy_all, first, diag, cfg, version=version,
-                          lag_version=start_version + 1, loss=math.fsum(losses) / len(losses),
-                          grad_norm=math.fsum(p[0]["grad_norm"] for _, _, p in updates) / len(updates),
-                          lr=math.fsum(p[0]["lr"] for _, _, p in updates) / len(updates), time_train=time_train,
-                          optimizer_steps=len(updates), kl_rows=[rows for rows, _ in first_parts],
-                          mismatch_old=old_logp if cfg.mismatch_correction != NONE else None)
-
-
-def _trained_stats(stats: dict, plan: StepPlan, logp_all: torch.Tensor, entropy_all: torch.Tensor, parts: list,
-                   diag: dict, cfg, *, version: int, lag_version: int, loss: float, grad_norm: float, lr: float,
-                   time_train: float, optimizer_steps: int, kl_rows: Optional[list] = None,
-                   mismatch_old: Optional[torch.Tensor] = None) -> dict:
-    """The metrics of a step that trained: logp_all and entropy_all [B, T] are the rows' log-probs and
-    entropies before their update, `parts` the rank results holding the KL values (in `kl_rows` order, else
-    the plan's), `diag` the loss diagnostics; the lag is counted from `lag_version` - 1; the mismatch
-    metrics compare `mismatch_old` [B, T] (default logp_all) with the generator."""
-    batch, advantages = plan.batch, plan.advantages
-    B, T = batch.mask.shape
-    mask = batch.mask
-    gap = (logp_all - batch.gen_logp)[mask].abs()  # [N]
-    lag = (lag_version - 1 - batch.versions[mask]).float()  # [N] versions behind the learner when it trained
-    gap_lag0 = gap[lag == 0]  # [N0] tokens sampled by the very weights trained on: kernel/precision mismatch only
-    stats.update(
-        loss=loss,
-        grad_norm=grad_norm,
-        lr=lr,
-        entropy=float(entropy_all[mask].mean()) if bool(mask.any()) else math.nan,
-        clip_frac=diag["clip_frac"],
-        is_ratio_mean=diag["is_ratio_mean"],
-        is_ratio_min=diag["is_ratio_min"],
-        is_ratio_max=diag["is_ratio_max"],
-        logprob_gap_mean=float(gap.mean()) if gap.numel() else math.nan,
-        logprob_gap_max=float(gap.max()) if gap.numel() else math.nan,
-        lag_mean=float(lag.mean()) if lag.numel() else math.nan,
-        lag_max=int(lag.max()) if lag.numel() else 0,
-        logprob_gap_lag0=float(gap_lag0.mean()) if gap_lag0.numel() else math.nan,
-        **_mechanism_quantiles(logp_all, batch.gen_logp, mask, lag),
-        advantage_abs_mean=float(advantages.abs().mean()),
-        trained_tokens=int(mask.sum()),
-        trained_seq_tokens=int(batch.attention_mask.sum()),
-        version=version,
-        time_train=time_train,
-    )
-    if getattr(cfg, "environment", None) and batch.turn_ids is not None:  # multi-turn: the lag of each turn
-        stats.update(turn_lag_stats(batch.versions, mask, batch.turn_ids, lag_version))
-    # the reference-KL penalty (train.kl_coef > 0): `kl` is the mean per-token estimate over the trained tokens
-    if any("kl" in part for part in parts):
-        kl_all = _scatter_rows(plan.rows if kl_rows is None else kl_rows, [p.get("kl", []) for p in parts], B, T)  # [B, T]
-        stats["kl"] = float(kl_all[mask].mean()) if bool(mask.any()) else math.nan
-    # what the loss's own diagnostics hook reports beyond the standard fields (a user's loss metrics)
-    stats.update({k: v for k, v in diag.items() if k not in STANDARD_DIAGNOSTICS and k not in stats})
-    # generator vs learner before the update (free: logp_all are those log-probs); components/mismatch.py
-    old = logp_all if mismatch_old is None else mismatch_old  # [B, T]
-    stats.update(mismatch_stats(cfg.mismatch_correction, old, batch.gen_logp, mask))
-    stats["optimizer_steps"] = optimizer_steps
-    return stats
-
-
-RATIO_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)  # ratio_p01 ... ratio_p99: how far the importance ratios spread
-LAG_QUANTILES = (0.5, 0.9)  # lag_p50, lag_p90 (lag_mean and lag_max beside them)
-
-
-def _quantile_stats(values: torch.Tensor, qs: Sequence[float], prefix: str) -> dict:
-    """{f"{prefix}{round(100 q):02d}": the q-quantile of the 1-D `values`} (NaN when empty)."""
-    keys = [f"{prefix}{round(100 * q):02d}" for q in qs]
-    if not values.numel():
-        return dict.fromkeys(keys, math.nan)
-    got = torch.quantile(values.double(), torch.tensor(qs, dtype=torch.float64))  # [len(qs)]
-    return {k: float(v) for k, v in zip(keys, got)}
-
-
-def _mechanism_quantiles(logp: torch.Tensor, gen_logp: torch.Tensor, mask: torch.Tensor, lag: torch.Tensor) -> dict:
-    """The meters of the off-policy mechanisms over the trained tokens: quantiles of the importance
-    ratio pi_train / pi_gen (before the update) and of the policy lag. logp, gen_logp, mask [B, T];
-    lag [N] (N = mask.sum())."""
-    ratio = torch.exp(logp.detach() - gen_logp)[mask]  # [N]
-    return {**_quantile_stats(ratio, RATIO_QUANTILES, "ratio_p"), **_quantile_stats(lag, LAG_QUANTILES, "lag_p")}
-
-
-def _rollout_stats(batch: Batch, rollouts: Sequence[Rollout], keep: Sequence[bool]) -> dict:
-    """Statistics over EVERY group of the step (before filtering)."""
-    n_groups = len(rollouts)
-    zero_var = sum(1 for r in rollouts if len(set(float(x) for x in r.rewards)) <= 1)
-    # completions whose sampled tokens came from more than one policy version (in-flight updates)
-    spans = [len({v for v, f in zip(c.versions, c.forced) if not f}) > 1 for r in rollouts for c in r.completions]
-    n = len(batch)
-    # multi-turn: observation tokens are prompt tokens, never counted as generated (issue 45)
-    observed = torch.tensor([observation_token_count(c) for r in rollouts for c in r.completions], dtype=torch.long)
-    gen_len = (batch.num_tokens - observed).float() if n else torch.zeros(0)  # [B]
-    return {
-        "prompts": n_groups,
-        "generations": n,
-        "tokens": int(gen_len.sum()) if n else 0,
-        "reward_mean": float(batch.rewards.mean()) if n else math.nan,
-        "pass_rate": float(batch.passed.float().mean()) if n else math.nan,
-        "zero_variance_frac": zero_var / max(n_groups, 1),
-        "filtered_frac": 1.0 - sum(bool(k) for k in keep) / max(n_groups, 1),
-        "truncation_rate": float(batch.truncated.float().mean()) if n else math.nan,
-        "completion_len_mean": float(gen_len.mean()) if n else math.nan,
-        **_quantile_stats(gen_len, (0.1, 0.5, 0.9), "completion_tokens_p"),
-        "verifier_errors": int(sum(r.verifier_errors for r in rollouts)),
-        "multi_version_frac": sum(spans) / max(len(spans), 1),
-        "forced_tokens": int(sum(sum(bool(f) for f in c.forced) for r in rollouts for c in r.completions) - observed.sum()),
-        "interrupted_frac": float(np.mean([c.finish_reason == "interrupted" for r in rollouts for c in r.completions]))
-        if n else math.nan,
-        **_reward_part_means(rollouts),
-    }
-
-
-def _reward_part_means(rollouts: Sequence[Rollout]) -> dict:
-    """train.reward_funcs: {"reward/<name>": the mean of that function's (unweighted) reward over every
-    generation of the step that it scored (NaN: none)}; empty without reward functions."""
-    names = list(dict.fromkeys(name for r in rollouts for name in (r.reward_parts or {})))
-    out = {}
-    for name in names:
-        values = [float(v) for r in rollouts for v in (r.reward_parts or {}).get(name, ()) if math.isfinite(float(v))]
-        out[f"reward/{name}"] = math.fsum(values) / len(values) if values else math.nan
-    return out
-
-
-def _empty_step_stats(version: int) -> dict:
-    nan = math.nan
-    return dict(
-        loss=nan, grad_norm=nan, lr=nan, entropy=nan, clip_frac=nan, is_ratio_mean=nan, is_ratio_min=nan,
-        is_ratio_max=nan, logprob_gap_mean=nan, logprob_gap_max=nan, lag_mean=nan, lag_max=nan, logprob_gap_lag0=nan,
-        **{f"ratio_p{round(100 * q):02d}": nan for q in RATIO_QUANTILES},
-        **{f"lag_p{round(100 * q):02d}": nan for q in LAG_QUANTILES},
-        advantage_abs_mean=nan, trained_tokens=0, trained_seq_tokens=0, version=version, skipped_update=1, optimizer_steps=0,
-        mismatch_kl=nan, mismatch_masked_frac=nan,
-    )

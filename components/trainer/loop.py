@@ -40,26 +40,25 @@ import torch
 from components.curricula import build_curriculum
 from components.environments import episode_stats, generated_token_count, observation_token_count
 from components.offpolicy import LoopState, derive_seed, make_scheme
+from components.registry import CURRICULA, OFF_POLICY, TASKS
 from components.trainer.accounting import (FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats,
                                            step_flop_terms)
+from components.trainer.config import component_params, family_params
 from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
 from components.trainer.export import write_final_policy
+from components.trainer.follower_ranks import FollowerRanks, GeneratorError
 from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
 from components.trainer import messages as M
 from components.trainer.learner import Learner
 from components.trainer.roles import pin_cpu, settle_heap
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import (JsonlLog, LogLossError, merge_operative_configs, read_jsonl, repair_jsonl,
-                                      resume_log, write_text_atomic)
+from components.trainer.runlog import (JsonlLog, LogLossError, read_jsonl, repair_jsonl, resume_log,
+                                      write_text_atomic)
 from components.trainer.weight_group import weight_group_of
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Trainer", "GeneratorError", "derive_seed"]
-
-
-class GeneratorError(RuntimeError):
-    """A generator (or another process of the run) failed; its traceback is in the message."""
 
 
 def _count_by_generator(rollouts: list) -> dict:
@@ -68,40 +67,6 @@ def _count_by_generator(rollouts: list) -> dict:
         key = f"generator-{int(r.generator)}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
-
-
-class _FollowerRanks:
-    """Learner ranks 1..T-1 seen from rank 0 (`learner.StepPeers`): each gets its shard by message,
-    trains it in the same collectives (worker.py), and reports its partial result back."""
-
-    def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
-
-    def send(self, shards) -> None:
-        t = self.trainer
-        t.step_parts = {}
-        for name, shard in zip(t.followers, shards):
-            t.hub.send(name, M.TrainStep(shard))
-
-    def gather(self) -> list[dict]:
-        t = self.trainer
-        deadline = time.monotonic() + t.cfg.queue_timeout_s
-        while len(t.step_parts) < len(t.followers):
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"learner ranks did not report their step within {t.cfg.queue_timeout_s}s")
-            t._pump(1.0)
-        return [t.step_parts[k] for k in range(1, len(t.followers) + 1)]
-
-    def score_old(self, shards) -> None:
-        """Have rank k compute pi_old of its micro-batches, shards[k - 1] (one list per mini-batch)."""
-        t = self.trainer
-        t.step_parts = {}
-        for name, shard in zip(t.followers, shards):
-            t.hub.send(name, M.ScoreOld(shard))
-
-    def gather_old(self) -> list[list]:
-        """Their pi_old [b, T] per micro-batch of each mini-batch, in rank order."""
-        return [part["old_logp"] for part in self.gather()]
 
 
 class Trainer:
@@ -117,7 +82,7 @@ class Trainer:
         self.run_info = run_info
         self.progress = progress
         self.last_eval_pass_rate = float("nan")  # shown in the progress bar
-        self.scheme = make_scheme(cfg.off_policy)
+        self.scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
         self.P = cfg.prompts_per_step
         self.generators = layout.generator_names()
         self.followers = [f"learner-{k}" for k in range(1, layout.learner_ranks)]
@@ -129,7 +94,6 @@ class Trainer:
         self.ready: set = set()
         self.drained: set = set()  # generators that finished their in-flight training sequences
         self.drain_groups = 0  # training groups they finished while draining
-        self.peer_configs: dict[str, str] = {}  # generator -> its operative gin config (sent when ready)
         self.procs: dict = {}  # process name -> latest proc_stats()
         self._procs_at_step: dict = {}
         self._procs_at_start: dict = {}
@@ -152,7 +116,7 @@ class Trainer:
             torch.set_num_threads(1)  # one core per process
             pin_cpu(0, self.layout.world_size)  # ... and the same core throughout
         torch.manual_seed(cfg.seed)
-        self.task = make_task(cfg.task, seed=cfg.seed, **cfg.task_kwargs)
+        self.task = make_task(cfg.task, family_params(cfg, TASKS), seed=cfg.seed, **cfg.task_kwargs)
         self.tokenizer = load_tokenizer(cfg.model_path)
         model = load_causal_lm(cfg.model_path, dtype=torch.float32,
                                attn_implementation=learner_attn_implementation(cfg, self.device))
@@ -164,7 +128,7 @@ class Trainer:
             adapters = sum(p.numel() for p in self.learner.model.parameters() if p.requires_grad)  # global numel, sharded too
             self.flop_counter = self.flop_counter.for_lora(adapters)
         self.train_pool = list(self.task.train_problems())
-        self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed)
+        self.curriculum = build_curriculum(cfg.curriculum, self.train_pool, cfg.seed, family_params(cfg, CURRICULA))
         eval_problems = list(self.task.eval_problems())
         if not eval_problems:
             raise ValueError(f"task {cfg.task!r} has no held-out problems to evaluate on")
@@ -250,8 +214,6 @@ class Trainer:
             self.procs[peer] = msg.proc
             self.drained.add(peer)
             self.drain_groups += int(msg.groups)
-        elif isinstance(msg, M.OperativeConfig):  # a generator's operative config after it read more bindings
-            self.peer_configs[peer] = msg.operative_config
         elif isinstance(msg, M.EvalDone):
             self.procs[peer] = msg.proc
             self.eval_done[int(msg.index)] = msg.record
@@ -261,8 +223,6 @@ class Trainer:
         elif isinstance(msg, M.Ready):  # its CPU time so far is start-up: the baseline of its accounting
             self.ready.add(peer)
             self.procs[peer] = msg.proc
-            if msg.operative_config:
-                self.peer_configs[peer] = msg.operative_config
         elif isinstance(msg, M.Failed):
             raise GeneratorError(f"{peer} failed:\n{msg.traceback}")
         else:
@@ -459,7 +419,7 @@ class Trainer:
     def _learn(self, rollouts: list[Rollout]) -> dict:
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
         plan = self.learner.plan(rollouts, keep)
-        stats = self.learner.train(plan, _FollowerRanks(self) if self.followers else None)
+        stats = self.learner.train(plan, FollowerRanks(self) if self.followers else None)
         if plan.shards:  # the kept (trained) sequences' FLOPs: every pass of every update epoch
             batch = plan.batch
             prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
@@ -764,10 +724,8 @@ class Trainer:
             self._shutdown()
 
     def operative_config(self) -> str:
-        """The run's operative gin config: this process's, plus the sections only generators read."""
-        import gin
-
-        return merge_operative_configs(gin.operative_config_str(), [self.peer_configs[p] for p in sorted(self.peer_configs)])
+        """The run's configuration as gin bindings, as it was resolved (`ResolvedRun.config_text`)."""
+        return self.setup.run.config_text
 
     def _name_the_culprit(self, err: BaseException) -> BaseException:
         """A collective that failed because a process died: wait for the heartbeats to name it."""

@@ -6,8 +6,7 @@ position. Who sends what:
 
     learner-0 (hub) ──► generator-i      Work, PushWeights, Drain, Evaluate, RunDownstream, Stop
     learner-0 (hub) ──► learner-k        TrainStep, ScoreOld, JoinWeightSync, SaveCheckpoint, LoadCheckpoint, Stop
-    generator-i     ──► learner-0        Ready, GroupDone, Drained, EvalDone, OperativeConfig,
-                                         DownstreamDone, Failed
+    generator-i     ──► learner-0        Ready, GroupDone, Drained, EvalDone, DownstreamDone, Failed
     learner-k       ──► learner-0        Ready, StepDone, Failed
 
 (The transport's own control frames, hello / bye / abort and the heartbeats, are not messages
@@ -46,7 +45,6 @@ __all__ = [
     "GroupDone",
     "StepDone",
     "Drained",
-    "OperativeConfig",
     "EvalDone",
     "DownstreamDone",
     "Failed",
@@ -93,7 +91,7 @@ class Evaluate(Message):
 @dataclass(frozen=True)
 class RunDownstream(Message):
     """Run every downstream benchmark at the weights the generator holds, for learner step
-    `step`; answered by `OperativeConfig` then `DownstreamDone`."""
+    `step`; answered by `DownstreamDone`."""
 
     step: int
 
@@ -147,14 +145,12 @@ class LoadCheckpoint(Message):
 @dataclass(frozen=True)
 class Ready(Message):
     """The sender built its model / engine and waits for work. Its CPU time so far is start-up, the
-    baseline of its accounting. A generator also sends its device and the gin bindings it read
-    (`operative_config`), which learner-0 merges into config.gin."""
+    baseline of its accounting. A generator also sends its device."""
 
     index: int
     pid: int
     proc: dict
     device: Optional[str] = None
-    operative_config: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -182,14 +178,6 @@ class Drained(Message):
     index: int
     proc: dict
     groups: int = 0
-
-
-@dataclass(frozen=True)
-class OperativeConfig(Message):
-    """The sender's gin operative config after it read more bindings (e.g. the downstream benchmarks')."""
-
-    index: int
-    operative_config: str
 
 
 @dataclass(frozen=True)
@@ -221,5 +209,5 @@ class Failed(Message):
 MESSAGE_TYPES: tuple[type, ...] = (
     Work, PushWeights, Drain, Evaluate, RunDownstream, Stop,
     TrainStep, ScoreOld, JoinWeightSync, SaveCheckpoint, LoadCheckpoint,
-    Ready, GroupDone, StepDone, Drained, OperativeConfig, EvalDone, DownstreamDone, Failed,
+    Ready, GroupDone, StepDone, Drained, EvalDone, DownstreamDone, Failed,
 )

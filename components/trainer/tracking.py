@@ -431,7 +431,9 @@ class RunTracker:
                 "stable_id": f"{_slug(name)[:40]}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"}
 
     def _start(self, name: str, ident: dict, stored: dict, resume_step: Optional[int]) -> _Backend:
-        return TRACKERS.get(name)(self.run_dir, ident, stored, self.cfg, resume_step)
+        params = ((self.cfg or {}).get("components") or {}).get(f"trackers/{name}")  # a resolved run's values
+        tracker = TRACKERS.get(name) if params is None else TRACKERS.build(name, params)
+        return tracker(self.run_dir, ident, stored, self.cfg, resume_step)
 
     def _store_ids(self, ids: dict) -> None:
         """run.json["trackers"][name] = ids (RunInfo.save keeps this key)."""
@@ -506,20 +508,13 @@ class RunTracker:
         self._each("log_config", lambda b: b.config(gin_text, run_json, self.cfg))
 
     def close(self, status: str = "done", operative_config: Optional[str] = None) -> None:
-        """End the tracker runs: the operative gin config (default: gin's, else config.gin) and
-        run.json with `status` ("done", "failed", "interrupted") sent once more."""
+        """End the tracker runs: the run's configuration (`operative_config`, the resolved run's text;
+        default: config.gin) and run.json with `status` ("done", "failed", "interrupted") sent once more."""
         if self._closed:
             return
         self._closed = True
         try:
             if self.backends:
-                if operative_config is None:
-                    try:
-                        import gin
-
-                        operative_config = gin.operative_config_str() or None
-                    except Exception:  # noqa: BLE001
-                        operative_config = None
                 run_json = dict(self._identity()["run_json"], status=status)
                 self._send_config(run_json, operative_config)
                 self._each("finish", lambda b: b.finish(status))

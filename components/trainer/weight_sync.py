@@ -47,8 +47,9 @@ startup, or on none (then the first `send` / `receive_weights` joins): a rank th
 while the others wait for an update blocks until the group timeout, then raises naming the
 missing ranks.
 
-Modules: this one holds the protocol (the group, the announced update, the learner-side tensors,
-`WeightSender` / `WeightReceiver`); weight_sync_backends.py the backends they dispatch to by
+Modules: weight_wire.py holds what they all share (the group, the announced update, the store,
+shared-buffer handles); this one the protocol (the learner-side tensors, `WeightSender` /
+`WeightReceiver`); weight_sync_backends.py the backends they dispatch to by
 ``group.backend`` (registered in ``WEIGHT_SYNC_BACKENDS``) and what moves the bytes (the gloo
 group, shared-buffer handles, vLLM's NCCL trainer engine); weight_sync_vllm.py the vLLM side of
 gloo and ipc: on CPU a vLLM generator also goes through vLLM's weight-transfer API, with a gloo
@@ -57,27 +58,34 @@ engine (``VLLM_GLOO_BACKEND``) registered in vLLM's ``WeightTransferEngineFactor
 
 from __future__ import annotations
 
-import math
+import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
 from components.precision import get_precision
-from components.registry import WEIGHT_SYNC_BACKENDS, UnknownComponentError
-from components.trainer.weight_sync_backends import (
-    _NCCL_NUM_BUFFERS,
-    _STORE_PREFIX,
+from components.registry import WEIGHT_SYNC_BACKENDS
+from components.trainer import weight_sync_backends  # noqa: F401  (registers gloo, ipc, nccl)
+from components.trainer.weight_sync_vllm import VLLM_GLOO_BACKEND, register_vllm_gloo_engine
+from components.trainer.weight_wire import (
+    NCCL_NUM_BUFFERS,
+    STORE_PREFIX,
+    ParamSpec,
+    SyncStats,
+    WeightGroup,
     WeightSyncError,
-    _generators,
-    _ipc_key,
-    _join_store,
-    _missing_ranks,
-    _open,
-    _share,
-    _timeout,
-    _views,
+    WeightUpdate,
+    bucket_views,
+    dtype_name,
+    group_timeout,
+    ipc_key,
+    join_store,
+    missing_ranks,
+    open_buffer,
+    rank_names,
+    share_buffer,
     vllm_packed_chunks,
 )
 
@@ -86,7 +94,7 @@ __all__ = [
     "ParamSpec",
     "WeightUpdate",
     "SyncStats",
-    "WeightSyncError",  # weight_sync_backends.py's, raised by the sender and receiver too
+    "WeightSyncError",  # weight_wire.py's, raised by the sender and receiver too
     "hf_name",
     "generator_state_meta",
     "generator_state_names",
@@ -100,225 +108,6 @@ __all__ = [
 # Path components that wrappers insert into parameter names (torch.compile, FSDP1, activation
 # checkpointing); a leading "module." comes from DDP-style wrappers.
 _WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
-
-
-# ----------------------------------------------------------------------------- metadata
-@dataclass(frozen=True)
-class WeightGroup:
-    """How to reach the weight group (picklable; the same object goes to every member).
-
-    Args:
-        master_addr: host of learner rank 0, which hosts the TCPStore (reachable from every generator).
-        master_port: the TCPStore's port.
-        num_generators: G.
-        workers_per_generator: W, the processes of one generator that receive weights: vLLM's
-            tensor-parallel workers (``vllm.tensor_parallel_size``; each receives every full tensor
-            and its ``load_weights`` keeps its shard), 1 for a torch engine. The group has
-            1 + G x W ranks; generator i's worker w is rank 1 + i x W + w (`generator_rank`).
-        backend: "gloo" (CPU), "nccl" (GPU, vLLM's PyNccl) or "ipc" (one node, shared memory / CUDA IPC).
-        timeout_s: rendezvous and per-collective timeout (gloo, ipc).
-        bucket_mb: size of the broadcast buffers (nccl: both sides must agree, so it is fixed here).
-    """
-
-    master_addr: str
-    master_port: int
-    num_generators: int
-    backend: str = "gloo"
-    timeout_s: float = 300.0
-    bucket_mb: float = 64.0
-    workers_per_generator: int = 1
-
-    def __post_init__(self) -> None:
-        try:
-            WEIGHT_SYNC_BACKENDS.get(self.backend)
-        except UnknownComponentError as err:
-            raise ValueError(f"weight group: {err}") from None
-        if int(self.num_generators) < 1:
-            raise ValueError(f"weight group needs num_generators >= 1, got {self.num_generators!r}")
-        if isinstance(self.workers_per_generator, bool) or not isinstance(self.workers_per_generator, int) \
-                or self.workers_per_generator < 1:
-            raise ValueError(f"weight group workers_per_generator must be an int >= 1 (vLLM's tensor_parallel_size), "
-                             f"got {self.workers_per_generator!r}")
-        if not 0 < int(self.master_port) < 65536:
-            raise ValueError(f"weight group master_port must be in 1..65535, got {self.master_port!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"weight group timeout_s must be > 0, got {self.timeout_s!r}")
-        if not self.bucket_mb > 0:
-            raise ValueError(f"weight group bucket_mb must be > 0, got {self.bucket_mb!r}")
-
-    @property
-    def world_size(self) -> int:
-        return 1 + int(self.num_generators) * self.workers_per_generator
-
-    def generator_rank(self, generator: int, worker: int = 0) -> int:
-        """The weight-group rank of `generator`'s `worker` (its tensor-parallel rank)."""
-        if not 0 <= int(generator) < int(self.num_generators):
-            raise ValueError(f"generator index must be in 0..{int(self.num_generators) - 1}, got {generator!r}")
-        if not 0 <= int(worker) < self.workers_per_generator:
-            raise ValueError(f"a generator's worker must be in 0..{self.workers_per_generator - 1} "
-                             f"(workers_per_generator = {self.workers_per_generator}), got {worker!r}")
-        return 1 + int(generator) * self.workers_per_generator + int(worker)
-
-    def rank_name(self, rank: int) -> str:
-        """Who holds weight-group `rank`: "learner rank 0", "generator 1 (rank 2)", or with
-        tensor-parallel workers "generator 1 worker 0 (rank 3)"."""
-        if int(rank) == 0:
-            return "learner rank 0"
-        generator, worker = divmod(int(rank) - 1, self.workers_per_generator)
-        if self.workers_per_generator == 1:
-            return f"generator {generator} (rank {rank})"
-        return f"generator {generator} worker {worker} (rank {rank})"
-
-    @property
-    def bucket_bytes(self) -> int:
-        return _mb_to_bytes(self.bucket_mb)
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.master_addr}:{self.master_port}"
-
-    @classmethod
-    def local(cls, num_generators: int, **kwargs: Any) -> "WeightGroup":
-        """A group on this machine (127.0.0.1) with a port that is free right now, BELOW the
-        ephemeral range (`roles.free_port_base`, as a run's own ports): a port the kernel hands
-        out for bind(0) could be handed out again, once released, to whoever binds next (seen:
-        vLLM's tensor-parallel workers, started after the group was made, took its port for
-        their own store, and the generator's workers joined vLLM's store instead of ours)."""
-        from components.trainer.roles import free_port_base
-
-        host = kwargs.pop("master_addr", "127.0.0.1")
-        return cls(master_addr=host, master_port=free_port_base(1), num_generators=num_generators, **kwargs)
-
-
-def _mb_to_bytes(mb: float) -> int:
-    return max(1, int(float(mb) * 2**20))
-
-
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, str(name), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype name {name!r} (expected e.g. 'float32', 'bfloat16')")
-    return dt
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).split(".")[-1]
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One tensor the generators receive: HF name, full shape, dtype name ("float32", "bfloat16")."""
-
-    name: str
-    shape: tuple
-    dtype: str
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _dtype(self.dtype)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.torch_dtype.itemsize
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """What an announcement carries (picklable): the version and the tensors, in order.
-
-    ``buckets`` is the gloo layout: [start, end) index ranges into ``params``, consecutive,
-    covering all of them, each of one dtype and at most ``bucket_bytes`` unless it holds a single
-    tensor. (The nccl backend packs with vLLM's rule at the group's ``bucket_mb`` instead.)
-    """
-
-    version: int
-    params: tuple
-    bucket_bytes: int
-    buckets: tuple
-
-    def __post_init__(self) -> None:
-        if not self.params:
-            raise ValueError("WeightUpdate needs at least one parameter")
-        end = 0
-        for start, stop in self.buckets:
-            if start != end or stop <= start:
-                raise ValueError(f"WeightUpdate buckets must be consecutive non-empty ranges, got {self.buckets!r}")
-            if len({self.params[i].dtype for i in range(start, stop)}) != 1:
-                raise ValueError(f"WeightUpdate bucket [{start}, {stop}) mixes dtypes")
-            end = stop
-        if end != len(self.params):
-            raise ValueError(f"WeightUpdate buckets cover {end} of {len(self.params)} parameters")
-
-    @classmethod
-    def plan(cls, version: int, params: Sequence[ParamSpec], bucket_mb: float) -> "WeightUpdate":
-        """Bucket `params` (in order) into same-dtype runs of at most `bucket_mb` MiB."""
-        if not bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
-        params = tuple(params)
-        cap = _mb_to_bytes(bucket_mb)
-        buckets: list[tuple[int, int]] = []
-        start, size = 0, 0
-        for i, spec in enumerate(params):
-            if i > start and (spec.dtype != params[start].dtype or size + spec.nbytes > cap):
-                buckets.append((start, i))
-                start, size = i, 0
-            size += spec.nbytes
-        if params:
-            buckets.append((start, len(params)))
-        return cls(version=int(version), params=params, bucket_bytes=cap, buckets=tuple(buckets))
-
-    def with_version(self, version: int) -> "WeightUpdate":
-        """The same layout for another version (the layout does not change between steps)."""
-        return WeightUpdate(version=int(version), params=self.params, bucket_bytes=self.bucket_bytes, buckets=self.buckets)
-
-    @property
-    def names(self) -> list[str]:
-        return [p.name for p in self.params]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(p.nbytes for p in self.params)
-
-    def to_dict(self) -> dict:
-        """Plain python (the update_info of the vLLM gloo engine)."""
-        return {
-            "version": self.version,
-            "params": [[p.name, list(p.shape), p.dtype] for p in self.params],
-            "bucket_bytes": self.bucket_bytes,
-            "buckets": [list(b) for b in self.buckets],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "WeightUpdate":
-        return cls(
-            version=int(d["version"]),
-            params=tuple(ParamSpec(str(n), tuple(int(s) for s in shape), str(dt)) for n, shape, dt in d["params"]),
-            bucket_bytes=int(d["bucket_bytes"]),
-            buckets=tuple((int(a), int(b)) for a, b in d["buckets"]),
-        )
-
-    def vllm_nccl_update_info(self) -> dict:
-        """The update_info of vLLM's NCCL weight-transfer engine (names, dtype_names, shapes)."""
-        return {
-            "names": self.names,
-            "dtype_names": [p.dtype for p in self.params],
-            "shapes": [list(p.shape) for p in self.params],
-        }
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    """What one `WeightSender.send` did."""
-
-    version: int
-    bytes: int
-    num_buckets: int
-    seconds: float  # the whole send: gather + cast + pack + broadcast
-    source_seconds: float  # time spent pulling tensors from `named_tensors` (full_tensor gathers, casts)
 
 
 # ----------------------------------------------------------------------------- learner side: names and tensors
@@ -368,7 +157,7 @@ def generator_state_meta(model: torch.nn.Module, precision) -> list[ParamSpec]:
     policy = get_precision(precision)
     head_ids = _head_param_ids(model, policy.fp32_head)
     return [
-        ParamSpec(hf_name(name), tuple(int(s) for s in p.shape), _dtype_name(_wire_dtype(p, id(p) in head_ids, policy)))
+        ParamSpec(hf_name(name), tuple(int(s) for s in p.shape), dtype_name(_wire_dtype(p, id(p) in head_ids, policy)))
         for name, p, _ in generator_parameters(model)
     ]
 
@@ -484,13 +273,13 @@ class WeightSender:
 
     def _join_ipc(self):
         """Host the store and wait until every generator has joined (a missing one is named)."""
-        store = _join_store(self.group, 0)
-        keys = {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(1, self.group.world_size)}
+        store = join_store(self.group, 0)
+        keys = {r: f"{STORE_PREFIX}/joined/{r}" for r in range(1, self.group.world_size)}
         try:
-            store.wait(list(keys.values()), _timeout(self.group))
+            store.wait(list(keys.values()), group_timeout(self.group))
         except Exception as err:  # noqa: BLE001
             raise WeightSyncError(
-                f"weight group at {self.group.endpoint}: {_generators(self.group, _missing_ranks(store, keys))} did not join "
+                f"weight group at {self.group.endpoint}: {rank_names(self.group, missing_ranks(store, keys))} did not join "
                 f"within {self.group.timeout_s:g} s: {err}"
             ) from err
         self._ipc_ready = True
@@ -520,7 +309,7 @@ class WeightSender:
             if flat.is_cuda:
                 torch.cuda.current_stream(flat.device).synchronize()  # the bytes are there before anyone opens them
             for r in gens:
-                self._store.set(_ipc_key(rnd, b, "h", r), _share(flat))
+                self._store.set(ipc_key(rnd, b, "h", r), share_buffer(flat))
             unacked.append(b)
         for b in unacked:
             self._wait_acks(update, rnd, b, n)
@@ -528,16 +317,16 @@ class WeightSender:
             pass
 
     def _wait_acks(self, update: WeightUpdate, rnd: int, b: int, n: int) -> None:
-        keys = {r: _ipc_key(rnd, b, "ack", r) for r in range(1, self.group.world_size)}
+        keys = {r: ipc_key(rnd, b, "ack", r) for r in range(1, self.group.world_size)}
         try:
-            self._store.wait(list(keys.values()), _timeout(self.group))
+            self._store.wait(list(keys.values()), group_timeout(self.group))
         except Exception as err:  # noqa: BLE001
             raise WeightSyncError(
-                f"weight update v{update.version}: {_generators(self.group, _missing_ranks(self._store, keys))} did not take bucket "
+                f"weight update v{update.version}: {rank_names(self.group, missing_ranks(self._store, keys))} did not take bucket "
                 f"{b + 1}/{n} from learner rank 0's shared buffer within {self.group.timeout_s:g} s (it died or hung): {err}"
             ) from err
         for r in keys:
-            self._store.delete_key(_ipc_key(rnd, b, "h", r))
+            self._store.delete_key(ipc_key(rnd, b, "h", r))
             self._store.delete_key(keys[r])
 
     def _send_gloo(self, update: WeightUpdate, pairs: Iterator[tuple[ParamSpec, torch.Tensor]]) -> None:
@@ -663,7 +452,7 @@ class WeightReceiver:
                 self._pg.broadcast(flat, 0).wait()
             except Exception as err:  # noqa: BLE001
                 raise self._lost_sender(update, b, specs, "receiving", "sent", err) from err
-            yield _views(flat, specs)
+            yield bucket_views(flat, specs)
 
     def _lost_sender(self, update: WeightUpdate, b: int, specs, doing: str, did: str, err: BaseException) -> WeightSyncError:
         """Mark this receiver broken; the error naming learner rank 0 and the bucket it was `doing`."""
@@ -682,7 +471,7 @@ class WeightReceiver:
         for b, (start, stop) in enumerate(update.buckets):
             specs = update.params[start:stop]
             try:
-                flat = _open(self._store.get(_ipc_key(self._round, b, "h", self.rank)), self.device)  # [numel]
+                flat = open_buffer(self._store.get(ipc_key(self._round, b, "h", self.rank)), self.device)  # [numel]
             except WeightSyncError:
                 raise
             except Exception as err:  # noqa: BLE001
@@ -691,12 +480,12 @@ class WeightReceiver:
                 self._broken = "bucket layout mismatch"
                 raise WeightSyncError(f"weight update v{update.version}: bucket {b + 1}/{n} arrived as {flat.numel()} "
                                       f"{flat.dtype}, the announcement says {sum(s.numel for s in specs)} {specs[0].torch_dtype}")
-            out = _views(flat, specs)
+            out = bucket_views(flat, specs)
             yield out
             if flat.is_cuda:
                 torch.cuda.synchronize(flat.device)  # the consumer's (non-blocking) copies are done
             del out, flat
-            self._store.set(_ipc_key(self._round, b, "ack", self.rank), "1")
+            self._store.set(ipc_key(self._round, b, "ack", self.rank), "1")
 
     def _receive_nccl(self, update: WeightUpdate) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """vLLM's packed wire format (vllm.distributed.weight_transfer.packed_tensor): uint8 chunks."""
@@ -711,6 +500,15 @@ class WeightReceiver:
             yield unpack_tensor(packed, [s.name for s in chunk], [list(s.shape) for s in chunk],
                                 [s.torch_dtype for s in chunk], sizes)
 
+    def vllm_transfer(self) -> tuple[str, Optional[Callable[[], type]]]:
+        """How a vLLM engine loads this group's updates: the backend's name in vLLM's
+        WeightTransferEngineFactory, and a picklable function that registers it there, to call in
+        each vLLM worker (None: vLLM's own engine, nccl). gloo and ipc: this repository's engine
+        (weight_sync_vllm.py). The engine asks the receiver, so engines/ never imports trainer/."""
+        if self.group.backend == "nccl":
+            return "nccl", None
+        return VLLM_GLOO_BACKEND, functools.partial(register_vllm_gloo_engine, WeightReceiver)
+
     def vllm_init_info(self) -> dict:
         """`LLM.init_weight_transfer_engine` init_info for this receiver (gloo, ipc: our engine; nccl: vLLM's)."""
         return WEIGHT_SYNC_BACKENDS.get(self.group.backend).vllm_init_info(self)
@@ -723,7 +521,7 @@ class WeightReceiver:
             "world_size": self.group.world_size,
             "packed": True,
             "packed_buffer_size_bytes": self.group.bucket_bytes,
-            "packed_num_buffers": _NCCL_NUM_BUFFERS,
+            "packed_num_buffers": NCCL_NUM_BUFFERS,
         }
 
     def vllm_update_info(self, update: WeightUpdate) -> dict:

@@ -9,7 +9,7 @@
 
 - gloo: a ``TCPStore`` hosted by learner rank 0 and a ``ProcessGroupGloo`` on it (`_join_gloo`),
   with the group's timeout on every collective; a missing rank is named.
-- ipc: the same store only; buffers travel as handles (`_share` / `_open`: CUDA IPC checked by
+- ipc: the same store only; buffers travel as handles (`share_buffer` / `open_buffer`: CUDA IPC checked by
   GPU UUID, or torch's ``file_system`` shared memory on CPU), acknowledged per bucket.
 - nccl: vLLM's ``NCCLTrainerWeightTransferEngine`` on learner rank 0 (`_nccl_trainer_engine`,
   listening on `listen_address`), in vLLM's packed wire format (`vllm_packed_chunks`).
@@ -20,18 +20,29 @@ worker-side engine for gloo and ipc is weight_sync_vllm.py's.
 
 from __future__ import annotations
 
-import datetime
-import pickle
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
 from components.registry import WEIGHT_SYNC_BACKENDS
+from components.trainer.weight_wire import (
+    NCCL_NUM_BUFFERS,
+    STORE_PREFIX,
+    ParamSpec,
+    WeightGroup,
+    WeightSyncError,
+    WeightUpdate,
+    group_timeout,
+    join_store,
+    missing_ranks,
+    rank_names,
+    vllm_packed_chunks,
+)
 
 if TYPE_CHECKING:  # annotations only: weight_sync.py imports this module
-    from components.trainer.weight_sync import ParamSpec, WeightGroup, WeightReceiver, WeightSender, WeightUpdate
+    from components.trainer.weight_sync import WeightReceiver, WeightSender
 
 __all__ = [
     "WeightSyncError",
@@ -42,14 +53,6 @@ __all__ = [
     "listen_address",
     "vllm_packed_chunks",
 ]
-
-_STORE_PREFIX = "scalerl_weights"
-_NCCL_NUM_BUFFERS = 2  # vLLM's packed broadcast: both sides must agree
-
-
-class WeightSyncError(RuntimeError):
-    """A weight update could not complete (a peer died, hung, or the data disagreed)."""
-
 
 # ----------------------------------------------------------------------------- the announced tensors, checked as they go
 def _checked(update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tensor]], clock: list) -> Iterator[tuple[ParamSpec, torch.Tensor]]:
@@ -75,44 +78,6 @@ def _checked(update: WeightUpdate, named_tensors: Iterable[tuple[str, torch.Tens
         raise WeightSyncError(f"weight update v{update.version}: more tensors than the {len(update.params)} announced (first extra: {extra[0]!r})")
 
 
-# ----------------------------------------------------------------------------- gloo group
-def _timeout(group: WeightGroup) -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(group.timeout_s))
-
-
-def _join_store(group: WeightGroup, rank: int):
-    """The group's TCPStore (rank 0 hosts it), with this rank marked as joined."""
-    import torch.distributed as dist
-
-    is_master = rank == 0
-    try:
-        store = dist.TCPStore(group.master_addr, int(group.master_port), None, is_master, _timeout(group), wait_for_workers=False)
-    except Exception as err:  # noqa: BLE001
-        who = "host" if is_master else "reach"
-        raise WeightSyncError(
-            f"weight group rank {rank}: cannot {who} the weight group's TCPStore at {group.endpoint} "
-            f"(learner rank 0 hosts it) within {group.timeout_s:g} s: {err}"
-        ) from err
-    store.set(f"{_STORE_PREFIX}/joined/{rank}", "1")
-    return store
-
-
-def _missing_ranks(store, keys: dict) -> list[int]:
-    """The ranks whose store key (keys: {rank: key}) is not set; stops at the first store error."""
-    missing = []
-    for r, key in keys.items():
-        try:
-            if not store.check([key]):
-                missing.append(r)
-        except Exception:  # noqa: BLE001
-            break
-    return missing
-
-
-def _generators(group: WeightGroup, ranks: Sequence[int]) -> str:
-    return ", ".join(group.rank_name(r) for r in ranks) or "unknown"
-
-
 def _join_gloo(group: WeightGroup, rank: int):
     """(store, ProcessGroupGloo) for `rank`; rank 0 hosts the TCPStore. Raises WeightSyncError naming who is missing."""
     import torch.distributed as dist
@@ -123,76 +88,19 @@ def _join_gloo(group: WeightGroup, rank: int):
     if problem:
         raise WeightSyncError(f"weight group rank {rank} (gloo): {problem}")
     is_master = rank == 0
-    store = _join_store(group, rank)
+    store = join_store(group, rank)
     try:
-        pg = dist.ProcessGroupGloo(dist.PrefixStore(_STORE_PREFIX, store), rank, group.world_size, _timeout(group))
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(STORE_PREFIX, store), rank, group.world_size, group_timeout(group))
     except Exception as err:  # noqa: BLE001
         missing = []
         if is_master:
-            missing = _missing_ranks(store, {r: f"{_STORE_PREFIX}/joined/{r}" for r in range(group.world_size)})
-        names = _generators(group, missing)
+            missing = missing_ranks(store, {r: f"{STORE_PREFIX}/joined/{r}" for r in range(group.world_size)})
+        names = rank_names(group, missing)
         raise WeightSyncError(
             f"weight group rank {rank}: rendezvous of {group.world_size} ranks at {group.endpoint} failed within "
             f"{group.timeout_s:g} s (missing: {names}): {err}"
         ) from err
     return store, pg
-
-
-# ----------------------------------------------------------------------------- ipc: handles to shared buffers
-def _ipc_key(round_: int, bucket: int, what: str, rank: int) -> str:
-    """Store key of one round's bucket: the handle for (`what`="h") or the ack of (`what`="ack") generator rank."""
-    return f"{_STORE_PREFIX}/ipc/{round_}/{bucket}/{what}/{rank}"
-
-
-def _gpu_uuid(device: torch.device) -> str:
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-def _share(flat: torch.Tensor) -> bytes:
-    """A handle (bytes) that another process on this node opens with `_open`; one handle per opener.
-
-    CUDA: reduce_tensor's CUDA IPC arguments plus the GPU's UUID. CPU: the tensor pickled by
-    torch's ForkingPickler under the ``file_system`` sharing strategy (the storage moves into
-    torch's shared-memory manager on first use; each handle holds one reference, which `_open`
-    releases, so every opener needs its own handle).
-    """
-    if flat.is_cuda:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        return pickle.dumps(("cuda", _gpu_uuid(flat.device), tuple(reduce_tensor(flat)[1])))
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing as tmp
-
-    previous = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")  # the fd strategy hands fds to children only
-    try:
-        buf = io.BytesIO()
-        ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(flat)
-    finally:
-        tmp.set_sharing_strategy(previous)
-    return pickle.dumps(("cpu", None, buf.getvalue()))
-
-
-def _open(handle: bytes, device: torch.device) -> torch.Tensor:
-    """The sender's buffer (no copy) from a `_share` handle; raises WeightSyncError if it is on another GPU."""
-    kind, uuid, payload = pickle.loads(handle)
-    if kind == "cpu":
-        return pickle.loads(payload)
-    if device.type != "cuda":
-        raise WeightSyncError("weight group ipc: the learner shares a CUDA buffer but this generator is on the CPU")
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _gpu_uuid(torch.device("cuda", index)) != uuid:
-        raise WeightSyncError(
-            f"weight group ipc: the learner's buffer is on GPU {uuid} and this generator on "
-            f"{_gpu_uuid(torch.device('cuda', index))}; ipc needs them on the same GPU (use nccl across GPUs)"
-        )
-    args = list(payload)
-    args[6] = index  # reduce_tensor's device index is the sender's numbering; the GPU is the same (UUID)
-    return rebuild_cuda_tensor(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +181,7 @@ class IpcBackend(WeightSyncBackend):
 
     @classmethod
     def connect_receiver(cls, receiver):
-        receiver._store = _join_store(receiver.group, receiver.rank)
+        receiver._store = join_store(receiver.group, receiver.rank)
 
     @classmethod
     def receive_buckets(cls, receiver, update):
@@ -316,28 +224,6 @@ class NcclBackend(WeightSyncBackend):
     @classmethod
     def vllm_update_info(cls, update):
         return update.vllm_nccl_update_info()
-
-
-def _views(flat: torch.Tensor, specs: Sequence[ParamSpec]) -> list[tuple[str, torch.Tensor]]:
-    """(name, view) per spec of one bucket's flat buffer [numel], in order."""
-    out, offset = [], 0
-    for spec in specs:
-        out.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
-        offset += spec.numel
-    return out
-
-
-def vllm_packed_chunks(params: Sequence[ParamSpec], buffer_bytes: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of vLLM's packed broadcast: a chunk closes once its size EXCEEDS the buffer."""
-    chunks, start, size = [], 0, 0
-    for i, spec in enumerate(params):
-        size += spec.nbytes
-        if size > buffer_bytes:
-            chunks.append((start, i + 1))
-            start, size = i + 1, 0
-    if start < len(params):
-        chunks.append((start, len(params)))
-    return chunks
 
 
 # ----------------------------------------------------------------------------- vLLM (GPU): the trainer side
@@ -407,7 +293,7 @@ def _nccl_trainer_engine(group: WeightGroup):
         world_size=group.world_size,
         packed=True,
         packed_buffer_size_bytes=group.bucket_bytes,
-        packed_num_buffers=_NCCL_NUM_BUFFERS,
+        packed_num_buffers=NCCL_NUM_BUFFERS,
         rank=0,
     )
     engine = WeightTransferTrainerFactory.trainer_init(info, client=_AnnouncedClient(), source=source)

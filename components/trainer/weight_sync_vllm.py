@@ -5,7 +5,7 @@ vLLM loads new weights through its weight-transfer API (``LLM.init_weight_transf
 engine; for gloo and ipc (CPU, or GPUs shared on one node) this module registers one in vLLM's
 ``WeightTransferEngineFactory`` under ``VLLM_GLOO_BACKEND``:
 
-    register_vllm_gloo_engine()                              # in the generator, before the engine starts
+    register_vllm_gloo_engine(WeightReceiver)                # in each vLLM worker, before its engine is made
     llm.init_weight_transfer_engine({"backend": VLLM_GLOO_BACKEND, "init_info": receiver.vllm_init_info()})
     llm.update_weights(receiver.vllm_update_info(update))    # each worker: receive, model.load_weights
 
@@ -17,11 +17,11 @@ bucket by bucket inside vLLM's layerwise reload (checkpoint format).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from components.trainer.weight_sync import WeightGroup, WeightReceiver, WeightSyncError, WeightUpdate
+from components.trainer.weight_wire import WeightGroup, WeightSyncError, WeightUpdate
 
 __all__ = ["VLLM_GLOO_BACKEND", "register_vllm_gloo_engine", "engine_worker_rank"]
 
@@ -30,18 +30,20 @@ VLLM_GLOO_BACKEND = "scalerl_gloo"  # the name of this module's engine in vLLM's
 _VLLM_GLOO_CLASS = None
 
 
-def register_vllm_gloo_engine() -> type:
+def register_vllm_gloo_engine(receiver_cls: type) -> type:
     """Register (once per process) the gloo engine in vLLM's WeightTransferEngineFactory; returns its class.
 
-    It speaks the gloo and ipc protocols of weight_sync.py: `init_transfer_engine` joins the weight group as the
-    receiver's rank, `update_weights` receives bucket by bucket into `model.load_weights`, inside
-    vLLM's layerwise reload (`start_weight_update` / `finish_weight_update`, checkpoint format).
+    It speaks the gloo and ipc protocols of weight_sync.py through `receiver_cls` (weight_sync's
+    `WeightReceiver`, handed in so that this module imports only weight_wire.py):
+    `init_transfer_engine` joins the weight group as the receiver's rank, `update_weights` receives
+    bucket by bucket into `model.load_weights`, inside vLLM's layerwise reload
+    (`start_weight_update` / `finish_weight_update`, checkpoint format).
     """
     global _VLLM_GLOO_CLASS
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if _VLLM_GLOO_CLASS is None:
-        _VLLM_GLOO_CLASS = _make_vllm_gloo_engine_class()
+        _VLLM_GLOO_CLASS = _make_vllm_gloo_engine_class(receiver_cls)
     if VLLM_GLOO_BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(VLLM_GLOO_BACKEND, _VLLM_GLOO_CLASS)
     return _VLLM_GLOO_CLASS
@@ -63,7 +65,7 @@ def engine_worker_rank(parallel_config, group: WeightGroup) -> int:
     return worker
 
 
-def _make_vllm_gloo_engine_class() -> type:
+def _make_vllm_gloo_engine_class(receiver_cls: type) -> type:
     from vllm.distributed.weight_transfer.base import (
         WeightTransferEngine,
         WeightTransferInitInfo,
@@ -91,12 +93,12 @@ def _make_vllm_gloo_engine_class() -> type:
 
         def __init__(self, config, vllm_config, device, model) -> None:
             super().__init__(config, vllm_config, device, model)
-            self.receiver: Optional[WeightReceiver] = None
+            self.receiver: Optional[Any] = None  # a receiver_cls (weight_sync.WeightReceiver)
 
         def init_transfer_engine(self, init_info) -> None:
             group = WeightGroup(**init_info.group)
             rank = init_info.rank + engine_worker_rank(self.parallel_config, group)
-            self.receiver = WeightReceiver(group, rank, device=str(self.device))
+            self.receiver = receiver_cls(group, rank, device=str(self.device))
             self.receiver.connect()
 
         def start_weight_update(self) -> None:

@@ -93,7 +93,7 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
 
     from components.trainer.accounting import proc_stats
     from components.trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-    from components.trainer.generator import apply_gin
+    from components.trainer.resolve import enter_run
     from components.trainer.transport import Aborted, HubLost, Peer, TransportError
     from components.trainer.weight_sync import push_weights
 
@@ -111,7 +111,7 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
                 on_lost=lost, connect_timeout_s=max(cfg.heartbeat_timeout_s, cfg.queue_timeout_s, 300.0),
                 run_token=endpoints.token)
     try:
-        apply_gin(setup)
+        enter_run(setup.run)
         torch.manual_seed(cfg.seed)
         init_learner_group(index, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
         learner, tokenizer = _build_learner(setup)
@@ -161,14 +161,11 @@ def follower_main(index: int, setup, endpoints, layout) -> None:
 
 def hub_main(setup, endpoints, layout) -> str:
     """Learner rank 0: the training loop. Returns "done"; raises on failure."""
-    from components.trainer.generator import apply_gin
     from components.trainer.loop import Trainer
-
-    from components.trainer.config import train_config
+    from components.trainer.resolve import enter_run
 
     cfg = setup.cfg
-    apply_gin(setup)
-    train_config()  # as the launcher did: so the operative config (config.gin) lists every train.* binding
+    enter_run(setup.run)
     init_learner_group(0, layout.learner_ranks, endpoints, setup.device, timeout_s=max(cfg.queue_timeout_s, 300.0))
     return Trainer(cfg, Path(setup.run_dir), setup, layout, endpoints, run_info=setup.run_info, progress=setup.progress).run()
 

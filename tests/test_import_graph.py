@@ -1,14 +1,17 @@
-"""The layers of the code base (docs/DESIGN.md, "Module map"): who may import whom, and no import cycle.
+"""The layers of the code base (docs/DESIGN.md, "Layers"): who may import whom, and no import cycle.
 
-Read from the source with `ast`, function-level imports included (a lazy import is still a
-dependency; an ``if TYPE_CHECKING:`` import, for annotations only, is not): `components/` never imports `experiments/`, `analysis/` or `paper_figures/`;
-`analysis/` never imports `experiments/` or `paper_figures/`; and no two modules of the
-project import each other, directly or through others.
+The graph is read from the source with `ast`: every import of every module of components/,
+analysis/, paper_figures/ and experiments/, function-level imports included (a lazy import is
+still a dependency; an ``if TYPE_CHECKING:`` import, for annotations only, never runs and is left
+out). The layer order is read from docs/DESIGN.md's ```layers block, so the document and the
+check cannot part: no module imports one of a higher layer, and no two modules import each
+other, directly or through others.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -77,6 +80,87 @@ def graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
     return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def read_layers(text: str) -> list[tuple[int, str, list[str]]]:
+    """(rank, layer name, module patterns) of each line of the ```layers block of a design document."""
+    block = re.search(r"^```layers\n(.*?)^```", text, flags=re.S | re.M)
+    if block is None:
+        raise AssertionError("docs/DESIGN.md has no ```layers block")
+    layers = []
+    for line in block.group(1).splitlines():
+        rank, name, *patterns = line.split()
+        layers.append((int(rank), name, patterns))
+    return layers
+
+
+def layer_of(module: str, layers) -> tuple[int, str]:
+    """The (rank, name) of the most specific pattern naming `module`: an exact name before a
+    `prefix.*` pattern, a longer prefix before a shorter one."""
+    best = None
+    for rank, name, patterns in layers:
+        for pattern in patterns:
+            if pattern.endswith(".*"):
+                prefix = pattern[:-2]
+                if module.startswith(prefix + "."):
+                    key = (len(prefix), 0)
+                else:
+                    continue
+            elif module == pattern:
+                key = (len(pattern), 1)
+            else:
+                continue
+            if best is None or key > best[0]:
+                best = (key, rank, name)
+    if best is None:
+        raise AssertionError(f"module {module} is in no layer of docs/DESIGN.md's ```layers block")
+    return best[1], best[2]
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return read_layers((REPO / "docs" / "DESIGN.md").read_text(encoding="utf-8"))
+
+
+def test_the_layer_table_is_read_and_most_specific_wins(layers):
+    assert [name for _, name, _ in layers][:4] == ["registry", "families", "engines", "trainer"]
+    assert layer_of("components.registry", layers)[1] == "registry"
+    assert layer_of("components.losses", layers)[1] == "families"
+    assert layer_of("components.engines.base", layers)[1] == "families"
+    assert layer_of("components.engines.torch_engine", layers)[1] == "engines"
+    assert layer_of("components.trainer.loop", layers)[1] == "trainer"
+    assert layer_of("experiments.train", layers)[1] == "experiments"
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("elsewhere.module", layers)
+
+
+def climbing_imports(graph: dict[str, set[str]], layers) -> list[str]:
+    """Every import of a module from a higher layer, as "a (layer) -> b (layer)"."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        rank, name = layer_of(mod, layers)
+        for dep in sorted(deps):
+            dep_rank, dep_name = layer_of(dep, layers)
+            if dep_rank > rank:
+                bad.append(f"{mod} ({name}) -> {dep} ({dep_name})")
+    return bad
+
+
+def test_a_planted_climbing_import_is_found(layers):
+    planted = {"components.losses": {"components.trainer.loop"}, "components.trainer.loop": {"components.losses"}}
+    assert climbing_imports(planted, layers) == ["components.losses (families) -> components.trainer.loop (trainer)"]
+
+
+def test_every_module_is_in_a_layer_and_no_import_climbs_one(graph, layers):
+    bad = climbing_imports(graph, layers)
+    assert not bad, "imports from a lower layer into a higher one (docs/DESIGN.md, Layers):\n" + "\n".join(bad)
+
+
+def test_function_level_imports_are_read():
+    # `from components.trainer.gin_config import parse_gin_files` sits inside a function of eval_run_settings.py
+    modules = _modules()
+    deps = _imports("experiments.eval_run_settings", modules["experiments.eval_run_settings"], set(modules))
+    assert "components.trainer.gin_config" in deps
 
 
 def test_the_graph_is_read(graph):

