@@ -370,12 +370,25 @@ def compare_pair(runs: pd.DataFrame, sweep: str, a: str, b: str, metric: str, *,
     diff = difference(_by_seed(runs, a, metric), _by_seed(runs, b, metric), equivalence=equivalence,
                       level=level, bounds=(-1.0, 1.0))
     if metric in MEASURED:
-        return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, diff.reason)
+        return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, _no_window(runs, metric) or diff.reason)
     involved = runs[runs["config"].isin([a, b]) & runs["A"].notna()]
     ident = "A_identified" in involved and len(involved) > 0 and bool(involved["A_identified"].fillna(False).all())
     if not ident:
         return PairComparison(sweep, a, b, metric, diff, False, "inconclusive", A_NOT_IDENTIFIED)
     return PairComparison(sweep, a, b, metric, diff, True, diff.verdict, diff.reason)
+
+
+def _no_window(runs: pd.DataFrame, metric: str) -> str:
+    """Why `auc` has no value for any run: the sweep's common window is empty (one configuration's
+    first evaluation after step 0 comes after another's last: e.g. a much cheaper configuration
+    whose whole run costs less than the other's first evaluation interval). "" otherwise."""
+    if metric != "auc" or not {"window_start", "tail_end", "auc"} <= set(runs.columns) or runs["auc"].notna().any():
+        return ""
+    start, end = float(runs["window_start"].iloc[0]), float(runs["tail_end"].iloc[0])
+    if math.isfinite(start) and math.isfinite(end) and start >= end:
+        return (f"no common window: the latest first evaluation ({start:.3g}) comes after the shortest run "
+                f"ends ({end:.3g}); evaluate the costlier configuration earlier (train.eval_every)")
+    return ""
 
 
 def compare_sweep(runs: pd.DataFrame, sweep: str, *, metrics: Sequence[str] = METRICS,

@@ -711,3 +711,20 @@ def test_mechanism_check_without_the_metric_leaves_the_claims_judged(tmp_path):
     s = summarize(tmp_path)["fp32_head"]
     assert mechanism_check(FINDINGS["fp32_head"].mechanism, s.runs) == (None, "logprob_gap not logged by these runs")
     assert s.claims.iloc[0]["verdict_tail"] == "agree"
+
+
+def test_auc_names_an_empty_common_window():
+    """A configuration whose whole run costs less than the other's first evaluation interval leaves no
+    common window: auc says so (not 'too few runs'); tail, measured at the shorter run's end, is judged."""
+    import pandas as pd
+
+    from analysis.compare import compare_pair
+
+    runs = pd.DataFrame({"config": ["tool"] * 3 + ["none"] * 3, "seed": [0, 1, 2] * 2,
+                         "tail": [0.40, 0.38, 0.39, 0.0, 0.0, 0.0], "auc": [float("nan")] * 6,
+                         "A": [float("nan")] * 6, "window_start": 7.6e11, "tail_end": 7.5e11})
+    auc = compare_pair(runs, "tool_use", "tool", "none", "auc")
+    assert auc.verdict == "inconclusive" and auc.reason.startswith("no common window: the latest first evaluation (7.6e+11)")
+    assert compare_pair(runs, "tool_use", "tool", "none", "tail").verdict == "better"
+    runs["window_start"] = 1e11  # a window exists: the usual reason stays
+    assert compare_pair(runs, "tool_use", "tool", "none", "auc").reason.startswith("too few runs")
