@@ -314,9 +314,12 @@ def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
                 out.append(f"- Every pair of configurations on **{m}**: " + ", ".join(
                     f"{v} {int(c.get(v, 0))}" for v in ("better", "worse", "equivalent", "inconclusive")) + ".")
     if noise is not None:
+        unpaired = math.sqrt(2.0) * noise[1]  # the sd of a difference of two independent runs
+        gain = (f"pairing removes {1.0 - noise[0] / unpaired:.0%} of it" if noise[0] < unpaired
+                else "pairing removes none of it here (the seeds share little variance at this scale)")
         out.append(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd "
-                   f"of {noise[0]:.4f}, against {noise[1]:.4f} for `tail` across seeds unpaired: a seed fixes the data "
-                   "split, warm start and prompt order, and comparing seed by seed removes that shared variance.")
+                   f"of {noise[0]:.4f}; a difference of two unpaired runs would have √2 x {noise[1]:.4f} (`tail`'s sd "
+                   f"across seeds) = {unpaired:.4f}: {gain}. A seed fixes the data split, warm start and prompt order.")
     out.append(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
                f"and no true difference that takes an sd of the per-seed difference below {_equivalence_sd(3):.4f} "
                f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 4 seeds below "

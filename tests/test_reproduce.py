@@ -409,3 +409,17 @@ def test_a_runs_time_is_judged_against_its_scales_limit():
     assert "Over 180 s: loss_type/dapo-s0 (370 s)." in study_report._run_time_text(rows, "tiny")
     assert study_report._run_time_text(rows, "small").endswith("Over 600 s: none.")
     assert "Over" not in study_report._run_time_text(rows, "medium")
+
+
+def test_the_pairing_line_compares_a_paired_difference_with_an_unpaired_one(monkeypatch):
+    """The paired difference's sd is set against the sd of an UNPAIRED difference (√2 x one run's sd),
+    and the line says how much pairing removed, or that it removed none."""
+    import pandas as pd
+
+    runs = pd.DataFrame({"A": [0.5, 0.6], "A_identified": [False, True]})
+    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.0291, 0.0231))
+    text = "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))
+    assert "√2 x 0.0231 (`tail`'s sd across seeds) = 0.0327: pairing removes 11% of it" in text
+    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.04, 0.0231))
+    text = "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))
+    assert "pairing removes none of it here" in text
