@@ -382,7 +382,8 @@ def _no_window(runs: pd.DataFrame, metric: str) -> str:
     """Why `auc` has no value for any run: the sweep's common window is empty (one configuration's
     first evaluation after step 0 comes after another's last: e.g. a much cheaper configuration
     whose whole run costs less than the other's first evaluation interval). "" otherwise."""
-    if metric != "auc" or not {"window_start", "tail_end", "auc"} <= set(runs.columns) or runs["auc"].notna().any():
+    if metric != "auc" or runs.empty or not {"window_start", "tail_end", "auc"} <= set(runs.columns) \
+            or runs["auc"].notna().any():
         return ""
     start, end = float(runs["window_start"].iloc[0]), float(runs["tail_end"].iloc[0])
     if math.isfinite(start) and math.isfinite(end) and start >= end:

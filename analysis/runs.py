@@ -388,6 +388,8 @@ def run_runq(rows: list[dict[str, Any]]) -> float | None:
     procs = last.get("procs")
     if not isinstance(procs, dict) or not procs:
         return None
+    if any(isinstance(p, dict) and p.get("schedstat") is False for p in procs.values()):
+        return None  # a host without schedstat: the delay is unknown (judged by contention_run alone)
     cpu = sum(_num(p.get("cpu_s")) or 0.0 for p in procs.values() if isinstance(p, dict))
     wait = sum(_num(p.get("runq_s")) or 0.0 for p in procs.values() if isinstance(p, dict))
     return wait / (cpu + wait) if cpu + wait > 0 else None

@@ -43,7 +43,7 @@ from pathlib import Path
 from experiments.run_config import DEFAULT_TARGET
 from experiments.study_report import FIGURES_DIR, PREDICT_BOOT, write_report
 from experiments.study_runs import (ReproduceError, collect, dir_bytes, materialize_shared, plan_study, print_plans,
-                                    run_contention, run_ended, run_study, select_specs, validate_plan)
+                                    judge_contention, run_ended, run_study, select_specs, validate_plan)
 from experiments.sweep_cli import add_slurm_arguments
 
 __all__ = ["add_arguments", "main"]
@@ -154,7 +154,7 @@ def _collect_finished(args: argparse.Namespace, console):
     def finished(run_dir: Path) -> bool:
         if not run_ended(run_dir):  # done, or its prompt pool ran out
             return False
-        return args.allow_contention or not run_contention(run_dir)[1]
+        return args.allow_contention or not judge_contention(run_dir)[1]
 
     plans = plan_study(args, console, act=False)
     materialize_shared(plans, args.runs)  # a shared run takes its source's logs once the source has ended

@@ -25,7 +25,7 @@ from experiments.sweep_spec import RunSpec, SweepSpec, load_spec, select_runs
 from experiments.sweep_spec import budget_of as _budget_of  # the tiny scale's stopping rule
 
 __all__ = ["ReproduceError", "SweepPlan", "CollectResult", "select_specs", "plan_study", "run_study",
-           "collect", "over_budget", "run_contention", "COLLECTED_FILES", "settings_key", "share_identical",
+           "collect", "over_budget", "judge_contention", "COLLECTED_FILES", "settings_key", "share_identical",
            "materialize_shared", "SHARED_ACTION", "SHARED_KEY"]
 
 COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
@@ -155,7 +155,7 @@ def run_ended(run_dir: Path) -> bool:
     return run_finished(info.get("status"), info.get("error"))
 
 
-def run_contention(run_dir: Path) -> tuple[float | None, bool]:
+def judge_contention(run_dir: Path) -> tuple[float | None, bool]:
     """A done run's `contention_run` and whether it is contended (`analysis.protocol.is_contended`:
     other work used its CPUs AND its threads waited for one)."""
     from analysis.protocol import is_contended
@@ -234,7 +234,7 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
                         shutil.rmtree(collected)
                 forced[r.name] = why
                 continue
-            cont, contended = run_contention(where)
+            cont, contended = judge_contention(where)
             if not contended or args.allow_contention:
                 continue
             if _reruns(work, r.sweep, r.name) >= args.max_reruns:

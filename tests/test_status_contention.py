@@ -95,6 +95,13 @@ def test_foreign_load_that_never_delayed_the_run_is_not_contention():
     assert run_runq([{}, {"procs": {"a": {"cpu_s": 6.0, "runq_s": 1.0}, "b": {"cpu_s": 2.0, "runq_s": 1.0}}}]) == \
         pytest.approx(0.2)
     assert run_runq([]) is None and run_runq([{"procs": {}}]) is None
+    # a host without schedstat logs runq_s 0 with schedstat False: the delay is unknown, not 0
+    from components.trainer.accounting import contention
+
+    blind = {"a": {"cpu_s": 6.0, "runq_s": 0.0, "schedstat": False}, "b": {"cpu_s": 2.0, "runq_s": 1.0}}
+    assert run_runq([{"procs": blind}]) is None and is_contended(0.25, run_runq([{"procs": blind}]))
+    assert contention(blind) != contention(blind)  # NaN
+    assert contention({"b": {"cpu_s": 3.0, "runq_s": 1.0}}) == pytest.approx(0.25)
 
 
 def test_a_busy_machine_with_a_prioritised_run_is_not_flagged_but_a_delayed_one_is(tmp_path):

@@ -271,10 +271,11 @@ def test_a_stray_process_of_another_run_is_ignored_and_this_runs_process_takes_t
     hub = Hub("learner-0", host="127.0.0.1", port=0, peers=["generator-0"], heartbeat_s=HB, timeout_s=TIMEOUT,
               on_lost=calls, run_token="runB")
     stray = _spawn("echo", "generator-0", hub.port, token="runA")
+    other = _spawn("echo", "generator-7", hub.port, token="runA")  # a name this run does not have: ignored too
     real = None
     try:
         deadline = time.monotonic() + 30
-        while not any("another run" in r.getMessage() for r in caplog.records):  # it said hello first
+        while sum("another run" in r.getMessage() for r in caplog.records) < 2:  # both said hello first
             assert time.monotonic() < deadline, "the stray's hello never reached the hub"
             hub.recv(0.2)
         real = _spawn("echo", "generator-0", hub.port, token="runB")
@@ -289,13 +290,15 @@ def test_a_stray_process_of_another_run_is_ignored_and_this_runs_process_takes_t
         hub.check()
         assert hub.state()["generator-0"]["pid"] == real.pid and calls.errors == []
         warnings = [r.getMessage() for r in caplog.records if "another run" in r.getMessage()]
-        assert len(warnings) == 1 and f"pid {stray.pid}" in warnings[0] and "'runA'" in warnings[0], warnings
-        assert stray.wait(TIMEOUT + SLACK) == 3
-        assert "HubLost" in stray.stdout.read()
+        assert len(warnings) == 2 and all("'runA'" in w for w in warnings), warnings  # once each
+        assert {f"pid {stray.pid}", f"pid {other.pid}"} == {w.split("(", 1)[1].split(" on host")[0] for w in warnings}
+        for p in (stray, other):
+            assert p.wait(TIMEOUT + SLACK) == 3
+            assert "HubLost" in p.stdout.read()
         hub.send("generator-0", ("stop",))
         assert "CLEAN_EXIT" in _finish(real)
     finally:
-        for p in (stray, real):
+        for p in (stray, other, real):
             if p is not None and p.poll() is None:
                 p.kill()
         hub.close()

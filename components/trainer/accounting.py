@@ -59,7 +59,7 @@ def proc_stats() -> dict:
     where = {"host": socket.gethostname(), "cpus": _affinity()}
     if not found:
         t = os.times()
-        return {"cpu_s": t.user + t.system, "runq_s": 0.0, **where}
+        return {"cpu_s": t.user + t.system, "runq_s": 0.0, "schedstat": False, **where}  # no run-queue delay known
     return {"cpu_s": cpu_ns / 1e9, "runq_s": wait_ns / 1e9, **where}
 
 
@@ -134,9 +134,12 @@ def contention(now: Mapping[str, Mapping[str, float]], before: Optional[Mapping[
     """Run-queue delay / (CPU time + run-queue delay) over the processes, between two readings.
 
     `now` and `before` map a process name to its proc_stats(); a process missing from
-    `before` counts from zero. NaN when nothing ran.
+    `before` counts from zero. NaN when nothing ran, or when a process has no schedstat
+    (`proc_stats` on a host without it: the delay is unknown, not 0).
     """
     before = before or {}
+    if any(stats.get("schedstat") is False for stats in now.values()):  # a process without schedstat: unknown
+        return float("nan")
     cpu = wait = 0.0
     for name, stats in now.items():
         prev = before.get(name, {})

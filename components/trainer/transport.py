@@ -508,21 +508,21 @@ class Hub(_HubHeartbeats):
             self._handle(frames)
 
     def _peer_of(self, ident: bytes, kind: bytes, payload: Optional[bytes], port: int) -> Optional[_PeerState]:
-        """The peer a frame's routing id belongs to. A process of ANOTHER run (one of our names, a
-        different run token) is ignored, with one warning naming it; any other unknown process
-        is fatal (two runs sharing a port without tokens, or a misnamed process)."""
+        """The peer a frame's routing id belongs to. A process of ANOTHER run (a routing id with a
+        different run token, whatever its name) is ignored, with one warning naming it; any other
+        unknown process is fatal (a misnamed process of this run, or one without a token)."""
         name = self._by_ident.get(ident)
         if name is not None:
             return self._peers[name]
         text = ident.decode(errors="replace")
         info = _payload_info(kind, payload)
-        base = text.split("#", 1)[0]
-        if self.run_token and base in self._peers:
+        base, _, token = text.partition("#")
+        if self.run_token and token and token != self.run_token:  # another run's process, whatever its name
             if ident not in self._strays:
                 self._strays.add(ident)
                 log.warning("hub %s on port %d: ignoring %s, a process of another run (run token %r, this run's %r)",
                             self.name, port, _who(base, info.get("pid"), info.get("host")),
-                            text.split("#", 1)[1] if "#" in text else "", self.run_token)
+                            token, self.run_token)
             return None
         who = _who(text, info.get("pid"), info.get("host"))
         what = f"an unexpected process {who} connected" if port == self.port else f"heartbeats from an unexpected process {who}"
