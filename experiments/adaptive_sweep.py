@@ -150,13 +150,9 @@ def _append(sweep_dir: Path, rows: Sequence[dict]) -> None:
 def _reopen(run_dir: Path, rung: float) -> None:
     """A run that finished the previous rung's budget is marked to go on: the trainer resumes it
     from its latest checkpoint instead of returning at once for a done run."""
-    from experiments.run_state import read_json, write_json_atomic
+    from components.trainer.run_owner import reopen
 
-    path = run_dir / "run.json"
-    info = read_json(path) or {}
-    if info.get("status") == "done":
-        info.update(status="interrupted", adaptive=f"continues to rung {rung:g} of the adaptive sweep")
-        write_json_atomic(path, info)
+    reopen(run_dir, adaptive=f"continues to rung {rung:g} of the adaptive sweep")
 
 
 def _evidence(sweep_dir: Path, sweep: str, configs: set[str], rung: float, budget: float, compute: str, *,

@@ -8,7 +8,7 @@ key with its recorded and new value, before anything is computed or written:
 
     new = resolved_settings(cfg)                  # while gin holds the run's parsed config
     rerun = check_rerun(run_dir, new, extend)     # SettingsChangedError, or what the re-run continues
-    record_settings(info, new, rerun)             # into run.json (the caller writes it)
+    RunOwner(run, run_dir, rerun=rerun).open()    # run.json records run.settings (components/trainer/run_owner.py)
 
 `--extend` accepts the keys of `EXTEND_KEYS` (a larger budget continues a finished run from its last
 checkpoint); `ALLOWED_CHANGES` lists the settings that may change on any re-run because they do not
@@ -30,7 +30,7 @@ from components.trainer.config import ConfigError
 
 __all__ = ["EXTEND_KEYS", "ALLOWED_CHANGES", "SettingsChangedError", "Rerun", "operative_sections", "resolved_settings",
            "setting_text", "stored_settings", "diff_settings", "check_rerun", "check_settings_unchanged",
-           "record_settings", "resume_line", "check_planned", "refused_runs"]
+           "resume_line", "check_planned", "refused_runs"]
 
 # The settings `--extend` may change: a run's budget. Only upwards (an extension never shortens a run);
 # `train.total_steps` only under a constant learning-rate schedule (a decaying one ends at total_steps, so
@@ -179,8 +179,6 @@ def resolved_settings(cfg) -> dict[str, str]:
 def default_text(key: str) -> Optional[str]:
     """The text of the default this code gives the setting `key` (None: none known, e.g. a macro or a
     parameter this code does not have). A setting absent on one side of a comparison is at its default."""
-    import gin
-
     from components.trainer.config import TrainConfig, _field_default
 
     if key.startswith(("%", "import ")):
@@ -318,16 +316,6 @@ def check_settings_unchanged(run_dir: Path, new: dict, extend: bool = False) -> 
     except SettingsChangedError as err:
         return str(err)
     return None
-
-
-def record_settings(data: dict, new: dict, rerun: Optional[Rerun], now: str) -> None:
-    """Into run.json's data: the settings now running, and (when some changed) what changed at which step."""
-    data["settings"] = dict(new)
-    if rerun is not None and rerun.changes:
-        history = list(data.get("settings_history") or [])
-        history.append({"at": now, "step": rerun.step, "extended": rerun.extended,
-                        "changes": {k: {"recorded": old, "new": value} for k, (old, value) in rerun.changes.items()}})
-        data["settings_history"] = history
 
 
 def resume_line(run_dir: Path, rerun: Rerun) -> Optional[str]:

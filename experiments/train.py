@@ -8,18 +8,15 @@ returns "done" at once for a run that already finished.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as _dt
-import errno
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from components.trainer.config import attention_of, check_settings, on_gpu
+from components.trainer.config import check_settings, on_gpu
 from components.trainer.gin_config import parse_gin_files
-from components.trainer.resolve import layout_of
 from components.trainer.runlog import (
     EXIT_BAD_INPUT,
     EXIT_DONE,
@@ -27,7 +24,6 @@ from components.trainer.runlog import (
     EXIT_FAILURE_UNRECORDED,
     RunInfo,
     failure_in_run_dir,
-    record_exception,
 )
 
 __all__ = ["run_training", "resolve", "prepare", "check_config", "config_text", "add_arguments", "main", "user_modules"]
@@ -164,32 +160,6 @@ def default_run_dir(config_files: Sequence[str], environ: Optional[dict] = None)
     return Path("runs") / stem / stamp
 
 
-def _hardware(cfg) -> dict:
-    import torch
-
-    from components.trainer.roles import available_gpus
-
-    layout = layout_of(cfg)
-    gpu = on_gpu(cfg)
-    name = "cpu"
-    available = None
-    if gpu:
-        available = available_gpus()
-        try:
-            name = torch.cuda.get_device_name(0)
-            available = available if available is not None else torch.cuda.device_count()
-        except Exception:  # noqa: BLE001 - a GPU the supervisor cannot see (Slurm binds it to the task)
-            name = "cuda"
-    return {
-        "device": name,
-        "count": layout.devices_reserved(gpu, available),
-        "learner_ranks": layout.learner_ranks,
-        "num_generators": layout.num_generators,
-        "gpus_per_generator": layout.gpus_per_generator if gpu else 0,
-        "processes": layout.world_size,
-    }
-
-
 def run_training(
     config_files: Sequence[str],
     bindings: Sequence[str] = (),
@@ -212,39 +182,60 @@ def run_training(
     tasks (`srun`, or a submitit job with tasks_per_node / nodes), every task calls this
     function and takes the role of its rank (components/trainer/roles.py).
     """
+    from components.trainer import run_owner
     from components.trainer.roles import process_env
 
     run_path = Path(run_dir) if run_dir is not None else default_run_dir(config_files)
-    rerun, parsed = None, None
-    if (run_path / "run.json").exists():
-        try:
-            parsed = parse_config(config_files, bindings)  # the one parse, also what resolves the run below
-            rerun = _check_rerun(parsed[0], run_path, extend)
-        except Exception as err:
-            _refused_input(run_path, run_dir, run_info, record_invalid, err)
-            raise
-        if rerun.done:
-            log.info("run %s is already done", run_path)
-            return "done"
     penv = process_env()
-    if penv is not None and penv.source == "slurm":
-        return _run_slurm_task(penv, config_files, bindings, run_path, run_info=run_info, progress=progress, rerun=rerun)
+    slurm = penv is not None and penv.source == "slurm"
+    if slurm and penv.rank != 0:  # task 0 resolves the run once; this task waits for it and takes its role
+        return run_owner.join_slurm_step(penv, run_path, run_info=run_info, progress=False)
+    attempt = run_owner.slurm_attempt() if slurm else None
+    rerun, parsed = None, None
     try:
+        if slurm or (run_path / "run.json").exists():
+            parsed = parse_config(config_files, bindings)  # the one parse, also what resolves the run below
+        if slurm:
+            _bind_task_gpus(parsed[0], penv)  # before anything starts CUDA (resolving may build a warm start)
+        if (run_path / "run.json").exists():
+            rerun = _check_rerun(parsed[0], run_path, extend)
+        if rerun is not None and rerun.done:
+            log.info("run %s is already done", run_path)
+            if slurm:
+                run_owner.publish_run(run_path, attempt, None)
+            return "done"
         run = resolve(config_files, bindings, parsed)
     except Exception as err:
-        _refused_input(run_path, run_dir, run_info, record_invalid, err)
+        if slurm:  # task 0 records why the run never started, and releases the other tasks
+            _refused_slurm_step(run_path, run_info, attempt, err)
+        else:
+            _refused_input(run_path, run_dir, run_info, record_invalid, err)
         raise
     _say_resuming(run_path, rerun)
-    return _supervise_local(run, run_path, run_info, progress, rerun)
+    if slurm:
+        return run_owner.lead_slurm_step(penv, run, run_path, run_info=run_info, progress=progress, rerun=rerun)
+    return run_owner.run_here(run, run_path, run_info, progress, rerun)
+
+
+def _bind_task_gpus(cfg, penv) -> None:
+    """A task of a multi-task Slurm step on GPUs: only its own device(s) visible, from the parsed layout."""
+    from components.trainer.resolve import layout_of
+    from components.trainer.run_owner import bind_gpus
+
+    if on_gpu(cfg):
+        bind_gpus(layout_of(cfg), penv)
 
 
 def resolve(config_files: Sequence[str], bindings: Sequence[str] = (), parsed=None):
     """The run's `ResolvedRun`: gin parsed once (`parsed`: already, by `parse_config`), the config validated,
-    model.path resolved (`prepare`), and what the run's processes need from gin captured; they read no gin."""
+    model.path resolved (`prepare`), and what the run's processes and run.json need from gin captured (its
+    settings, the user modules' files); the run's processes read no gin."""
     from components.trainer.resolve import resolved_run
+    from experiments.run_settings import resolved_settings
 
     cfg, files, sys_path = prepare(config_files, bindings, parsed)
-    return resolved_run(cfg, files, bindings, sys_path)
+    return resolved_run(cfg, files, bindings, sys_path, settings=resolved_settings(cfg),
+                        module_files=user_modules(cfg))
 
 
 def _check_rerun(cfg, run_path: Path, extend: bool):
@@ -268,11 +259,24 @@ def _refused_input(run_path: Path, run_dir, run_info, record_invalid: bool, err:
     and `fit`); a changed-settings refusal and a done run are left exactly as they were."""
     from experiments.run_settings import SettingsChangedError
 
+    from components.trainer.run_owner import record_refused
+
     if isinstance(err, SettingsChangedError) or run_dir is None or not record_invalid or not run_path.is_dir():
         return
     if (run_path / "run.json").exists() and RunInfo(run_path).status == "done":
         return
-    _record_never_started(run_path, run_info, err)
+    record_refused(run_path, run_info, err)
+
+
+def _refused_slurm_step(run_path: Path, run_info, attempt: str, err: BaseException) -> None:
+    """Task 0 of a Slurm step could not resolve the run: run.json failed with why (a changed-settings refusal
+    leaves it as it was), and the other tasks stop, naming why."""
+    from components.trainer.run_owner import publish_refusal, record_refused
+    from experiments.run_settings import SettingsChangedError
+
+    if not isinstance(err, SettingsChangedError):
+        record_refused(run_path, run_info, err)
+    publish_refusal(run_path, attempt, err)
 
 
 def _say_resuming(run_path: Path, rerun) -> None:
@@ -282,34 +286,6 @@ def _say_resuming(run_path: Path, rerun) -> None:
     line = resume_line(run_path, rerun) if rerun is not None else None
     if line:
         print(line, flush=True)
-
-
-def _start_run_dir(run, run_path: Path, run_info: Optional[dict], rerun=None):
-    """config.gin, run.json (running, with the run's resolved settings), the run-directory lock.
-    Returns (lock, RunInfo, merged run info)."""
-    from components.trainer.runlog import now_iso
-    from experiments.run_settings import record_settings, resolved_settings
-
-    cfg, files = run.cfg, run.config_files
-    run_path.mkdir(parents=True, exist_ok=True)
-    lock = _lock_run_dir(run_path)  # one trainer per run directory (a requeued job may overlap)
-    (run_path / "config.gin").write_text(run.config_text)
-    info = RunInfo(run_path)
-    from components.trainer.checkpoint import latest_checkpoint
-
-    resumed = latest_checkpoint(run_path / "checkpoints") is not None
-    merged = {k: v for k, v in (run_info or {}).items() if v is not None}
-    merged.setdefault("seed", cfg.seed)
-    merged["attn_implementation"] = attention_of(cfg)
-    merged.setdefault("recipe", Path(files[0]).stem if files else None)
-    from components.models import hub_model_info
-
-    merged.update(hub_model_info(cfg.model_path))  # a hub id: model_id, model_revision and the commit it ran
-    merged.setdefault("user_modules", user_modules(cfg))  # what `scalerl eval RUN_DIR` imports to read config.gin
-    merged.setdefault("resolved", run.to_dict())  # the run as it was resolved (a resume keeps the first)
-    record_settings(info.data, resolved_settings(cfg), rerun, now_iso())  # what a re-run is compared against
-    info.start(merged, _hardware(cfg), resumed=resumed)
-    return lock, info, merged
 
 
 def user_modules(cfg=None) -> list[dict]:
@@ -345,203 +321,6 @@ def _registered_rewards() -> list:
     from components.registry import REWARDS
 
     return REWARDS.names()
-
-
-def _supervise_local(run, run_path: Path, run_info, progress: bool, rerun=None) -> str:
-    from components.trainer.generator import WorkerSetup
-    from components.trainer.launcher import launch_local
-
-    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
-    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=merged, progress=progress,
-                        devices=info.data["hardware"]["count"])
-    try:
-        try:
-            code = launch_local(setup, run.layout, run_path, on_gpu(run.cfg))
-        except SystemExit:
-            # submitit's preemption / time-limit handler exits the job after checkpointing:
-            # the run is not failed, it resumes from its last checkpoint when requeued.
-            RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
-            raise
-        except KeyboardInterrupt:  # Ctrl-C: stopped by the user, resumable like a preemption
-            RunInfo(run_path).finish("interrupted", error="stopped by Ctrl-C (KeyboardInterrupt); resumes from its last checkpoint")
-            raise
-        except BaseException as err:  # noqa: BLE001 - record every failure
-            record_exception(run_path, err)
-            return "failed"
-        info = RunInfo(run_path)  # learner-0 may have written it
-        if code == 0:
-            info.finish("done")
-            return "done"
-        if info.status == "running":
-            record_exception(run_path, RuntimeError(f"learner-0 exited with code {code} (killed or crashed) without recording an error"))
-        log.error("run %s failed: %s (traceback in %s)", run_path, info.data.get("error"), run_path / "error.txt")
-        return "failed"
-    finally:
-        lock.close()
-
-
-PEER_EXIT_GRACE_S = 60.0  # a Slurm peer task whose role is over has this long to return and exit
-
-
-def outlive_step_sigterm() -> None:
-    """Keep learner-0 running through the SIGTERM that ends a Slurm step. When a task dies,
-    srun --kill-on-bad-exit sends every other task SIGTERM at once and SIGKILL KillWait (default
-    30 s) later; learner-0 names the dead task within seconds (its closed connection) and records
-    it in run.json, if SIGTERM has not killed it first. submitit's jobs already ignore SIGTERM;
-    this is for `srun ... scalerl train` without submitit (a handler already set is kept)."""
-    import signal
-
-    def note(signum, frame) -> None:
-        log.warning("SIGTERM: Slurm is ending this step (a task ended badly, or the job was cancelled); "
-                    "learner-0 goes on, to record which process failed, until it ends or is killed")
-
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, note)
-
-
-def _run_slurm_task(penv, config_files, bindings, run_path: Path, *, run_info, progress: bool, rerun=None) -> str:
-    """One task of a multi-task Slurm job step: the role of its rank (learner rank 0 owns the run directory)."""
-    from components.trainer.generator import WorkerSetup, resolve_device
-    from components.trainer.worker import run_role
-
-    # torch.cuda.is_available() through NVML, so that CUDA starts only after this task is bound to its GPUs
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    _bind_gpus_early(config_files, bindings, penv)
-    attempt = (f"{os.environ.get('SLURM_JOB_ID', 'job')}.{os.environ.get('SLURM_STEP_ID', '0')}-"
-               f"{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}")
-    marker = run_path / ".scalerl" / f"prepared-{attempt}"
-    if penv.rank != 0:  # rank 0 prepares first (a warm-start model is built once, not by every task)
-        _wait_for(marker, run_path, timeout_s=3600.0)
-    try:
-        run = resolve(config_files, bindings)  # each task of the step resolves the run itself
-    except Exception as err:
-        if penv.rank == 0:  # record why the run never started, and release the other tasks
-            _record_never_started(run_path, run_info, err)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(f"failed: {type(err).__name__}: {err}")
-        raise
-    if penv.rank == 0:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text("ok")
-    cfg, layout = run.cfg, run.layout
-    if penv.world_size != layout.world_size:
-        from components.trainer.config import ConfigError
-
-        raise ConfigError(f"this Slurm job step has {penv.world_size} tasks but the run needs {layout.world_size} "
-                           f"(train.learner_ranks={layout.learner_ranks} + train.num_generators={layout.num_generators}); "
-                           f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
-    role = layout.role(penv.rank)
-    setup = WorkerSetup(run=run, run_dir=str(run_path), run_info=run_info, progress=progress and role.is_hub)
-    setup = dataclasses.replace(setup, device=resolve_device(cfg.device, role.kind, role.index))
-    if not role.is_hub:
-        run_role(penv.rank, setup, penv.endpoints, layout)
-        from components.trainer.worker import exit_after
-
-        exit_after(PEER_EXIT_GRACE_S)  # its work is done: a thread that never returns must not keep the task alive
-        return "done"
-
-    outlive_step_sigterm()
-    _say_resuming(run_path, rerun)
-    lock, info, merged = _start_run_dir(run, run_path, run_info, rerun)
-    setup = dataclasses.replace(setup, run_info=merged, devices=info.data["hardware"]["count"])
-    try:
-        try:
-            status = run_role(penv.rank, setup, penv.endpoints, layout)
-        except SystemExit:
-            RunInfo(run_path).finish("interrupted", error="stopped by SystemExit (preempted or timed out); resumes from its last checkpoint")
-            raise
-        except BaseException as err:  # noqa: BLE001
-            record_exception(run_path, err)
-            if isinstance(err, KeyboardInterrupt):
-                raise
-            log.error("run %s failed: %s (traceback in %s)", run_path, err, run_path / "error.txt")
-            return "failed"
-        # config.gin now holds the operative config: learner-0's Trainer wrote it (its own + the generators')
-        RunInfo(run_path).finish(status)
-        return status
-    finally:
-        lock.close()
-
-
-def _wait_for(marker: Path, run_path: Path, timeout_s: float) -> None:
-    """Wait until learner rank 0 has prepared the run (or recorded why it could not)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not marker.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"learner-0 did not prepare the run within {timeout_s:.0f} s (no {marker})")
-        time.sleep(1.0)
-    text = marker.read_text()
-    if text.startswith("failed"):
-        raise RuntimeError(f"learner-0 could not prepare the run ({text})")
-
-
-def _bind_gpus_early(config_files, bindings, penv) -> None:
-    """Read the run's layout from its gin config (nothing built or validated yet) and, on GPU,
-    restrict this task to its own device(s) before anything starts CUDA."""
-    import gin
-
-    from components.trainer.config import train_config
-
-    try:
-        try:
-            parse_gin_files(config_files, bindings)
-            cfg = train_config(model_path="<resolved later>")
-        except Exception:  # a bad config: `prepare` raises it again, where rank 0 records it in run.json
-            return
-        if on_gpu(cfg):
-            _bind_gpus(layout_of(cfg), penv)
-    finally:
-        gin.clear_config()
-
-
-def _bind_gpus(layout, penv) -> None:
-    """Restrict this task to its own GPU(s) before CUDA starts (a job with GPUs per node shows every task all of
-    its node's; one with --gpus-per-task shows each task its own: `roles.slurm_task_gpus`)."""
-    from components.trainer.roles import GPUS_SHARED_ENV, slurm_task_gpus
-
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip() != ""]
-    if not visible:
-        import torch
-
-        visible = [str(i) for i in range(torch.cuda.device_count())]
-    mine, shared = slurm_task_gpus(layout, penv, visible)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-    os.environ[GPUS_SHARED_ENV] = "1" if shared else "0"
-
-
-class RunDirBusyError(RuntimeError):
-    """Another process is training in this run directory."""
-
-
-def _lock_run_dir(run_path: Path):
-    """An exclusive advisory lock on <run>/.lock, released when the process exits (even on kill -9)."""
-    import fcntl
-
-    f = open(run_path / ".lock", "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            # a filesystem without flock (Lustre mounted without -o flock: ENOSYS; some NFS: ENOLCK)
-            # is not a busy run directory: train unguarded, and say so
-            log.warning("run directory %s cannot be locked (%s: %s): nothing stops a second `scalerl train` "
-                        "in it at the same time", run_path, errno.errorcode.get(err.errno, err.errno), err.strerror)
-            return f
-        f.close()
-        raise RunDirBusyError(f"run directory {str(run_path)!r} is being trained by another process") from None
-    return f
-
-
-def _record_never_started(run_path: Path, run_info: Optional[dict], err: BaseException) -> None:
-    """A sweep's run refused before it started: run.json failed with why (never raises)."""
-    try:
-        run_path.mkdir(parents=True, exist_ok=True)
-        RunInfo(run_path).start(run_info, {"device": "unknown", "count": 0}, resumed=False)
-    except Exception:  # noqa: BLE001 - an unwritable run directory: record_failure falls back
-        pass
-    record_exception(run_path, err)
 
 
 # ---------------------------------------------------------------------------------------

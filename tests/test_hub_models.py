@@ -126,13 +126,14 @@ def test_model_config_resolves_a_hub_id_and_still_builds_a_new_local_model(offli
 
 
 def test_a_run_records_the_hub_id_it_ran(offline, tmp_path):
-    from experiments.train import _start_run_dir, resolve
+    from components.trainer.run_owner import RunOwner
+    from experiments.train import resolve
 
     gin_file = write_gin(tmp_path / "run.gin", REPO_ID, model__revision='"v2"')
     run = resolve([gin_file])
     assert run.cfg.model_path == _snapshot(offline, V2)
-    lock, _info, _merged = _start_run_dir(run, tmp_path / "run", None)
-    lock.close()
+    with RunOwner(run, tmp_path / "run"):
+        pass
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert (run["model_id"], run["model_revision"], run["model_commit"]) == (REPO_ID, "v2", V2)
     config = (tmp_path / "run" / "config.gin").read_text()

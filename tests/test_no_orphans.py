@@ -265,7 +265,7 @@ def test_learner_0_of_a_slurm_step_outlives_the_steps_sigterm():
     learner-0 must live on in between to record which process died."""
     out = _run_python("""
         import os, signal, time
-        from experiments.train import outlive_step_sigterm
+        from components.trainer.run_owner import outlive_step_sigterm
         outlive_step_sigterm()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)

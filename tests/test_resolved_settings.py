@@ -138,13 +138,15 @@ def test_a_rerun_parses_its_config_once(tmp_path, monkeypatch):
     parses, started = [], []
     real = train.parse_gin_files
     monkeypatch.setattr(train, "parse_gin_files", lambda *a, **k: parses.append(a) or real(*a, **k))
-    monkeypatch.setattr(train, "_supervise_local", lambda run, *a, **k: started.append(run) or "done")
+    from components.trainer import run_owner
+
+    monkeypatch.setattr(run_owner, "run_here", lambda run, *a, **k: started.append(run) or "done")
     assert train.run_training([gin_file], [], str(done), progress=False) == "done"  # compared: nothing to do
     assert len(parses) == 1 and not started
     gin.clear_config()
     assert train.run_training([gin_file], [], str(again), progress=False) == "done"
     assert len(parses) == 2 and len(started) == 1  # one more parse: compared, then resolved from it
-    assert resolved_settings(started[0].cfg) == recorded  # what run.json will record: the same resolution
+    assert dict(started[0].settings) == recorded  # what run.json will record: the same resolution
 
 
 def test_an_environment_is_built_with_its_resolved_values_gin_unread(tmp_path, env_gin):

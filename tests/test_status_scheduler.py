@@ -239,7 +239,7 @@ def test_without_accounting_a_job_squeue_no_longer_lists_is_gone(tmp_path, fake_
 
 
 def _hold_lock(path: Path) -> subprocess.Popen:
-    """A process holding the trainer's run-directory lock (as experiments.train._lock_run_dir takes it)."""
+    """A process holding the trainer's run-directory lock (as components.trainer.run_owner.lock_run_dir takes it)."""
     code = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f.fileno(), fcntl.LOCK_EX); "
             "print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)

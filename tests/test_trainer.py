@@ -363,11 +363,12 @@ def test_compute_budget_stops_the_run(tmp_path, model_path, budget):
 
 def test_one_trainer_per_run_directory(tmp_path, model_path):
     """A second trainer on a run directory that is being trained fails clearly instead of interleaving logs."""
-    from experiments.train import RunDirBusyError, _lock_run_dir, run_training
+    from components.trainer.run_owner import RunDirBusyError, lock_run_dir
+    from experiments.train import run_training
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    held = _lock_run_dir(run_dir)  # as a running trainer holds it
+    held = lock_run_dir(run_dir)  # as a running trainer holds it
     try:
         with pytest.raises(RunDirBusyError, match="being trained by another process"):
             run_training([write_gin(tmp_path / "a.gin", model_path)], [], str(run_dir), progress=False)
@@ -381,18 +382,18 @@ def test_a_filesystem_without_flock_is_not_a_busy_run_directory(tmp_path, monkey
     import fcntl
     import os
 
-    from experiments.train import RunDirBusyError, _lock_run_dir
+    from components.trainer.run_owner import RunDirBusyError, lock_run_dir
 
     def flock(fd, op, code=errno.ENOSYS):
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(fcntl, "flock", flock)
     with caplog.at_level("WARNING", logger="scalerl.train"):
-        _lock_run_dir(tmp_path).close()
+        lock_run_dir(tmp_path).close()
     assert "cannot be locked (ENOSYS" in caplog.text
     monkeypatch.setattr(fcntl, "flock", lambda fd, op: flock(fd, op, errno.EWOULDBLOCK))
     with pytest.raises(RunDirBusyError, match="being trained by another process"):
-        _lock_run_dir(tmp_path)
+        lock_run_dir(tmp_path)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from components.trainer.config import TrainConfig
 from components.trainer.roles import Layout
@@ -43,6 +43,10 @@ class ResolvedRun:
     emulate: ``precision.emulate`` ("auto", "on", "off").
     config_text: the run's configuration as gin bindings (config.gin): every setting the
         launching process read, and every component's hyper-parameters, defaults included.
+    settings: ((key, text), ...): every setting as run.json records it and a re-run of the run
+        directory is compared against (experiments/run_settings.py `resolved_settings`).
+    module_files: ({"module", "file", "path"}, ...): where each user module was imported from, so
+        that `scalerl eval RUN_DIR` imports them again from any working directory.
     """
 
     cfg: TrainConfig
@@ -53,6 +57,8 @@ class ResolvedRun:
     modules: tuple = ()
     emulate: str = "auto"
     config_text: str = ""
+    settings: tuple = ()
+    module_files: tuple = ()
 
     def to_dict(self) -> dict:
         """The run as run.json records it ("resolved")."""
@@ -78,9 +84,11 @@ def _plain(value):
 
 
 def resolved_run(cfg: TrainConfig, config_files: Sequence[str], bindings: Sequence[str],
-                 sys_path: Sequence[str]) -> ResolvedRun:
+                 sys_path: Sequence[str], *, settings: Optional[dict] = None,
+                 module_files: Sequence[dict] = ()) -> ResolvedRun:
     """The ResolvedRun of `cfg` (resolved and validated), captured from gin's parsed state: call it in the
-    launching process, right after the config was parsed and checked."""
+    launching process, right after the config was parsed and checked. `settings` / `module_files`: what
+    experiments/ reads of the parse for run.json (`ResolvedRun`)."""
     from components.precision import emulation_mode
     from components.trainer.gin_config import components_config_str, imported_modules, operative_config_str
     from components.trainer.runlog import merge_operative_configs
@@ -88,7 +96,8 @@ def resolved_run(cfg: TrainConfig, config_files: Sequence[str], bindings: Sequen
     text = merge_operative_configs(operative_config_str(), [components_config_str(cfg.components)])
     return ResolvedRun(cfg=cfg, layout=layout_of(cfg), config_files=tuple(config_files), bindings=tuple(bindings),
                        sys_path=tuple(sys_path), modules=tuple(imported_modules()), emulate=emulation_mode(),
-                       config_text=text)
+                       config_text=text, settings=tuple(sorted((settings or {}).items())),
+                       module_files=tuple(dict(m) for m in module_files))
 
 
 def enter_run(run: ResolvedRun) -> None:
