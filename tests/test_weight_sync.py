@@ -7,6 +7,7 @@ dtype rule) are written out here independently of the module under test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -601,3 +602,19 @@ def test_the_nccl_trainer_endpoint_listens_where_other_nodes_reach_it():
     for local in ("localhost", "127.0.0.1", "::1"):
         assert listen_address(local) == local
     assert listen_address("fd00::1") == "::"
+
+
+def test_a_process_of_another_run_on_the_store_port_never_counts_as_a_rank_of_this_one():
+    """Every store key of a weight group (and of the learner group) lives under the run's token: a process of
+    another run, or of an earlier attempt of the same Slurm job, that reaches the same port and marks itself
+    joined as rank 1 is not rank 1 of this run."""
+    from components.trainer.weight_wire import STORE_PREFIX, WeightGroup, join_store, missing_ranks
+
+    group = WeightGroup.local(1, timeout_s=20.0, token="run-a")
+    master = join_store(group, 0)
+    stale = join_store(dataclasses.replace(group, token="run-b"), 1)  # another run's rank 1, same host and port
+    keys = {1: f"{STORE_PREFIX}/joined/1"}
+    assert missing_ranks(master, keys) == [1]
+    assert stale.check([keys[1]])  # it is joined, in its own run
+    join_store(group, 1)
+    assert missing_ranks(master, keys) == []

@@ -63,4 +63,4 @@ def weight_group_of(cfg, endpoints, layout, device: str):
                        backend=weight_sync_backend(cfg.weight_sync_backend, device,
                                                    workers_per_generator=layout.gpus_per_generator),
                        timeout_s=max(cfg.queue_timeout_s, 300.0), bucket_mb=cfg.weight_sync_bucket_mb,
-                       workers_per_generator=layout.gpus_per_generator)
+                       workers_per_generator=layout.gpus_per_generator, token=getattr(endpoints, "token", "") or "")

@@ -18,7 +18,7 @@ import torch
 
 from components.registry import WEIGHT_SYNC_BACKENDS, UnknownComponentError
 
-__all__ = ["WeightGroup", "ParamSpec", "WeightUpdate", "SyncStats", "WeightSyncError", "STORE_PREFIX",
+__all__ = ["WeightGroup", "ParamSpec", "WeightUpdate", "SyncStats", "WeightSyncError", "STORE_PREFIX", "run_store",
            "NCCL_NUM_BUFFERS", "mb_to_bytes", "dtype_name", "group_timeout", "join_store", "missing_ranks", "rank_names", "ipc_key",
            "gpu_uuid", "share_buffer", "open_buffer", "bucket_views", "vllm_packed_chunks"]
 
@@ -46,6 +46,9 @@ class WeightGroup:
         backend: "gloo" (CPU), "nccl" (GPU, vLLM's PyNccl) or "ipc" (one node, shared memory / CUDA IPC).
         timeout_s: rendezvous and per-collective timeout (gloo, ipc).
         bucket_mb: size of the broadcast buffers (nccl: both sides must agree, so it is fixed here).
+        token: the run's token (`roles.Endpoints.token`): every store key lives under it, so a process
+            of another run (or of an earlier attempt of this Slurm job) that reaches the same port
+            never takes a rank of this group ("" : no prefix).
     """
 
     master_addr: str
@@ -55,6 +58,7 @@ class WeightGroup:
     timeout_s: float = 300.0
     bucket_mb: float = 64.0
     workers_per_generator: int = 1
+    token: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -267,8 +271,16 @@ def join_store(group: WeightGroup, rank: int):
             f"weight group rank {rank}: cannot {who} the weight group's TCPStore at {group.endpoint} "
             f"(learner rank 0 hosts it) within {group.timeout_s:g} s: {err}"
         ) from err
+    store = run_store(store, group.token)
     store.set(f"{STORE_PREFIX}/joined/{rank}", "1")
     return store
+
+
+def run_store(store, token: str):
+    """`store` with every key under this run's `token` (the store itself when there is none)."""
+    import torch.distributed as dist
+
+    return dist.PrefixStore(f"scalerl-run/{token}", store) if token else store
 
 
 def missing_ranks(store, keys: dict) -> list[int]:

@@ -62,13 +62,15 @@ def init_learner_group(rank: int, world_size: int, endpoints, device: str, timeo
         problem = gloo_interface_problem()
         if problem:
             raise RuntimeError(f"learner group (gloo): {problem}")
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{endpoints.host}:{endpoints.learner_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    from components.trainer.weight_wire import run_store
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # rank 0 hosts the store; every key under the run's token, so that a process of another run (or of an
+    # earlier attempt of this Slurm job) that reaches the same port never takes a rank of this group
+    store = dist.TCPStore(endpoints.host, int(endpoints.learner_port), world_size, rank == 0, timeout,
+                          wait_for_workers=False)
+    dist.init_process_group(backend, store=run_store(store, endpoints.token), rank=rank, world_size=world_size,
+                            timeout=timeout)
 
 
 def _build_learner(setup):
