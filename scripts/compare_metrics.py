@@ -22,7 +22,7 @@ from pathlib import Path
 # fields that measure time, the machine's load or the processes' CPU use: they differ between
 # two runs of the same code
 TIMING_FIELDS = frozenset({
-    "wall_s", "compute_hours", "cpu_hours", "contention", "contention_run", "runq_frac", "procs",
+    "wall_s", "compute_hours", "cpu_hours", "contention", "contention_run", "runq_frac", "runq_run", "procs",
     "startup_s", "eval_wall_s", "eval_compute_hours", "drain_s",
 })
 TIMING_PREFIXES = ("time_",)

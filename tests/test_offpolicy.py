@@ -137,7 +137,7 @@ def simulate(scheme: OffPolicyScheme, total_steps: int = 8, P: int = 2) -> dict:
         t.step += 1
         t.learner.version += 1
 
-    t._order, t._receive, t._push_weights, t._train_step = order, receive, push, train_step
+    t._order, t._receive, t.push_weights, t._train_step = order, receive, push, train_step
     t._after_step = lambda: t.step >= total_steps
     t._train_loop()
     out["steps"], out["stale_dropped"], out["in_flight"] = t.step, t.totals["stale_dropped"], len(in_flight)

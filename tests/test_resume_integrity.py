@@ -194,8 +194,9 @@ def test_logs_are_fsynced_before_the_checkpoint_is_committed(tiny_gin, tmp_path,
     import components.trainer.checkpoint as ckpt
     from components.models import load_causal_lm, load_tokenizer
     from components.trainer.checkpoint import read_checkpoint_info
+    from components.trainer.accounting import TrainingClock
     from components.trainer.learner import make_optimizer
-    from components.trainer.loop import Trainer
+    from components.trainer.trainer_checkpoints import Checkpoints
 
     model_path = tiny_gin[1]
     model = load_causal_lm(model_path)
@@ -220,12 +221,16 @@ def test_logs_are_fsynced_before_the_checkpoint_is_committed(tiny_gin, tmp_path,
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(ckpt, "_publish", publish)
-    hub = types.SimpleNamespace(
-        followers=[], run_dir=run, step=3, metrics_log=metrics, eval_log=evals, tokenizer=load_tokenizer(model_path),
-        learner=types.SimpleNamespace(model=model, optimizer=opt, scheduler=sched), cfg=types.SimpleNamespace(keep_checkpoints=2),
-        _trainer_state=lambda: {"step": 3},
+    hub = types.SimpleNamespace(  # learner-0 as trainer_checkpoints.CheckpointedHub sees it
+        followers=[], generators=["generator-0"], step=3, tokenizer=load_tokenizer(model_path),
+        logs=types.SimpleNamespace(sync=lambda: {log_.path.name: log_.sync() for log_ in (metrics, evals)}),
+        learner=types.SimpleNamespace(model=model, optimizer=opt, scheduler=sched, version=3),
+        curriculum=types.SimpleNamespace(state_dict=lambda: {}), clock=TrainingClock(devices=1), next_order=12,
+        next_generator=0, prompts_sampled=12, flops=0.0, pending=[], batches=[], totals={}, cpu_base_s=0.0,
+        cpu_hours=lambda: 0.0,
     )
-    Trainer._checkpoint(hub)
+    cfg = types.SimpleNamespace(keep_checkpoints=2, to_dict=lambda: {})
+    Checkpoints(cfg, run, hub).save()
     commit = events.index(("commit", "step_00000003"))
     assert ("fsync", "metrics.jsonl") in events[:commit] and ("fsync", "eval.jsonl") in events[:commit], events
     logs = read_checkpoint_info(run / "checkpoints" / "step_00000003")["logs"]

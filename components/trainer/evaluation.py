@@ -7,6 +7,8 @@
 - `evaluate_downstream(engine, benchmarks, tokenizer, cfg, *, step)`: every benchmark of
   ``train.downstream_benchmarks`` at a training step, one record per benchmark (what the
   trainer appends to eval.jsonl, after adding step / version / compute_hours / flops / wall_s).
+- `EvalOrder`: what the hub sends a generator to evaluate (`messages.Evaluate`): its share of the
+  held-out prompts, the pinned version, the seed and the sampling settings.
 - `pass_at_k(n, c, k)`: the unbiased pass@k estimator of Chen et al. (2021), in float64.
 
 A downstream line of eval.jsonl carries ``"benchmark"``; a held-out line never does
@@ -31,6 +33,7 @@ from components.tasks import render_prompt
 from components.trainer.rollout import safe_verify
 
 __all__ = [
+    "EvalOrder",
     "evaluate",
     "merge_eval_records",
     "eval_seed",
@@ -43,6 +46,20 @@ __all__ = [
     "pass_ks",
     "benchmark_scores",
 ]
+
+
+@dataclass
+class EvalOrder:
+    """Held-out (or benchmark) prompts to evaluate at the weights the generator holds (`version`)."""
+
+    problems: list  # [(index, Problem)]
+    version: int
+    seed: int
+    k: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    task_name: str
 
 
 def eval_seed(seed: int, step: int) -> int:

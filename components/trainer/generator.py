@@ -41,6 +41,7 @@ from components.offpolicy import make_scheme
 from components.registry import OFF_POLICY, REWARDS, TASKS
 from components.trainer import messages as M
 from components.trainer.config import build_component, component_params, family_params
+from components.trainer.evaluation import EvalOrder  # the payload of messages.Evaluate (re-exported)
 from components.trainer.resolve import ResolvedRun, enter_run
 from components.trainer.roles import pin_cpu, settle_heap
 
@@ -72,20 +73,6 @@ class WorkerSetup:
     def cfg(self):
         """The run's TrainConfig."""
         return self.run.cfg
-
-
-@dataclass
-class EvalOrder:
-    """Held-out (or benchmark) prompts to evaluate at the weights the generator holds (`version`)."""
-
-    problems: list  # [(index, Problem)]
-    version: int
-    seed: int
-    k: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    task_name: str
 
 
 def resolve_device(device: str, role: str = "learner", index: int = 0) -> str:

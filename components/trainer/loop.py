@@ -19,6 +19,16 @@ prompts, from which weights; do weights go out after a step) it asks the run's s
 (transport.py: ZeroMQ with heartbeats, so a dead or hung process is named, never waited on
 forever); weights on the weight group (weight_sync.py); FSDP2 collectives on the learner group.
 
+The Trainer keeps the loop (ordering, receiving, stepping, pushing weights, when to evaluate and
+checkpoint) and its counters; it delegates the rest to small collaborators, each of which sees
+it through a Protocol of what it needs and never imports this module:
+
+    Inbox              inbox.py                the messages the other processes send, filed by kind
+    EvaluationRounds   eval_rounds.py          held-out and downstream evaluations (`EvalHub`)
+    Checkpoints        trainer_checkpoints.py  trainer.pt's state, save and resume (`CheckpointedHub`)
+    Logbook            logbook.py              metrics.jsonl, eval.jsonl, trackers, progress bar
+    FollowerRanks      follower_ranks.py       learner ranks 1..T-1 (`learner.StepPeers`)
+
 Determinism: every sampling seed is a function of (run seed, step) and groups are sorted by
 their order id before use, so a synchronous run (one step per round of frozen-weight
 generation) on CPU killed and resumed reproduces an uninterrupted one bit for bit
@@ -44,16 +54,19 @@ from components.registry import CURRICULA, OFF_POLICY, TASKS
 from components.trainer.accounting import (FlopCounter, ForeignLoad, TrainingClock, contention, proc_stats,
                                            step_flop_terms)
 from components.trainer.config import component_params, family_params
-from components.trainer.evaluation import downstream_due, eval_seed, is_downstream_record, merge_eval_records
+from components.trainer.eval_rounds import EvaluationRounds
+from components.trainer.evaluation import downstream_due
 from components.trainer.export import write_final_policy
-from components.trainer.follower_ranks import FollowerRanks, GeneratorError
-from components.trainer.generator import EvalOrder, WorkerSetup, make_length_control
+from components.trainer.follower_ranks import FollowerRanks
+from components.trainer.generator import WorkerSetup, make_length_control
+from components.trainer.inbox import GeneratorError, Inbox
+from components.trainer.logbook import Logbook
 from components.trainer import messages as M
 from components.trainer.learner import Learner
 from components.trainer.roles import pin_cpu, settle_heap
 from components.trainer.rollout import Rollout, WorkOrder
-from components.trainer.runlog import (JsonlLog, LogLossError, read_jsonl, repair_jsonl, resume_log,
-                                      write_text_atomic)
+from components.trainer.runlog import LogLossError, write_text_atomic
+from components.trainer.trainer_checkpoints import Checkpoints
 from components.trainer.weight_group import weight_group_of
 
 log = logging.getLogger(__name__)
@@ -80,21 +93,14 @@ class Trainer:
         self.layout = layout
         self.endpoints = endpoints
         self.run_info = run_info
-        self.progress = progress
-        self.last_eval_pass_rate = float("nan")  # shown in the progress bar
         self.scheme = make_scheme(cfg.off_policy, component_params(cfg, OFF_POLICY, cfg.off_policy))
         self.P = cfg.prompts_per_step
         self.generators = layout.generator_names()
         self.followers = [f"learner-{k}" for k in range(1, layout.learner_ranks)]
-        self.hub = None
-        self.bar = None
-        self.rollouts: list[Rollout] = []  # received, not yet handed to the control flow
-        self.step_parts: dict[int, dict] = {}
-        self.eval_done: dict[int, dict] = {}
-        self.ready: set = set()
-        self.drained: set = set()  # generators that finished their in-flight training sequences
-        self.drain_groups = 0  # training groups they finished while draining
-        self.procs: dict = {}  # process name -> latest proc_stats()
+        self.hub = None  # the transport (transport.Hub), bound in _connect
+        self.inbox: Optional[Inbox] = None  # what the other processes sent, filed by kind (inbox.py)
+        self.logs = Logbook(cfg, self.run_dir, progress)  # metrics.jsonl, eval.jsonl, trackers, progress bar
+        self.checkpoints = Checkpoints(cfg, self.run_dir, self)  # trainer_checkpoints.py
         self._procs_at_step: dict = {}
         self._procs_at_start: dict = {}
         self._failing = threading.Event()
@@ -132,7 +138,8 @@ class Trainer:
         eval_problems = list(self.task.eval_problems())
         if not eval_problems:
             raise ValueError(f"task {cfg.task!r} has no held-out problems to evaluate on")
-        self.eval_problems = eval_problems[: cfg.eval_prompts] if cfg.eval_prompts else eval_problems
+        self.evals = EvaluationRounds(cfg, eval_problems[: cfg.eval_prompts] if cfg.eval_prompts else eval_problems,
+                                      self.flop_counter.n_params, self)  # eval_rounds.py
         self.length_control = make_length_control(cfg)
         on_gpu = self.device != "cpu"
         self.clock = TrainingClock(devices=self.setup.devices or self.layout.devices_reserved(on_gpu))
@@ -142,6 +149,7 @@ class Trainer:
         self.next_generator = 0
         self.prompts_sampled = 0
         self.flops = 0.0
+        self.cpu_base_s = 0.0  # CPU seconds of the run's sessions before this one (from the checkpoint)
         self.pending: list[Rollout] = []  # usable groups received, not yet in a batch
         self.batches: list[list[Rollout]] = []  # batches the scheme formed, not trained on yet
         self.outstanding = 0  # prompts ordered, not received yet (not checkpointed: generators restart empty)
@@ -157,6 +165,7 @@ class Trainer:
         self.hub = Hub("learner-0", host="0.0.0.0", port=self.endpoints.hub_port, peers=self.layout.peer_names(),
                        heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s, on_lost=self._on_lost,
                        run_token=self.endpoints.token)
+        self.inbox = Inbox(self.hub)
         try:
             self.hub.wait_for_peers(timeout_s=max(cfg.queue_timeout_s, 300.0))
         except PeersMissing as err:
@@ -170,11 +179,11 @@ class Trainer:
         self.sender = WeightSender(weight_group_of(cfg, self.endpoints, self.layout, self.device), device=self.device)
         self.weight_meta = generator_state_meta(self.learner.model, cfg.precision)
         deadline = time.monotonic() + max(cfg.queue_timeout_s, 300.0)
-        while not set(self.generators) | set(self.followers) <= self.ready:
+        while not set(self.generators) | set(self.followers) <= self.inbox.ready:
             if time.monotonic() > deadline:
-                missing = sorted(set(self.generators) | set(self.followers) - self.ready)
+                missing = sorted(set(self.generators) | set(self.followers) - self.inbox.ready)
                 raise GeneratorError(f"processes never became ready (model / engine start-up): {', '.join(missing)}")
-            self._pump(1.0)
+            self.inbox.pump(1.0)
 
     def _on_lost(self, error) -> None:
         """Heartbeat thread: a process died or hangs. Fail the run even if the main thread is stuck."""
@@ -198,47 +207,18 @@ class Trainer:
 
     # =====================================================================================
     # messages
-    def _pump(self, timeout_s: float) -> None:
-        """Receive one message (if any within timeout) and file it where it belongs."""
-        got = self.hub.recv(timeout_s)
-        if got is None:
-            return
-        peer, msg = got
-        if isinstance(msg, M.GroupDone):
-            self.procs[peer] = msg.proc
-            self.rollouts.append(msg.rollout)
-        elif isinstance(msg, M.StepDone):
-            self.procs[peer] = msg.proc
-            self.step_parts[int(msg.index)] = msg.part
-        elif isinstance(msg, M.Drained):
-            self.procs[peer] = msg.proc
-            self.drained.add(peer)
-            self.drain_groups += int(msg.groups)
-        elif isinstance(msg, M.EvalDone):
-            self.procs[peer] = msg.proc
-            self.eval_done[int(msg.index)] = msg.record
-        elif isinstance(msg, M.DownstreamDone):
-            self.procs[peer] = msg.proc
-            self.downstream_done = msg.records
-        elif isinstance(msg, M.Ready):  # its CPU time so far is start-up: the baseline of its accounting
-            self.ready.add(peer)
-            self.procs[peer] = msg.proc
-        elif isinstance(msg, M.Failed):
-            raise GeneratorError(f"{peer} failed:\n{msg.traceback}")
-        else:
-            raise GeneratorError(f"unexpected message {type(msg).__name__} from {peer}")
+    def send(self, peer: str, msg: M.Message) -> None:
+        """One message to one process of the run (in order per peer)."""
+        self.hub.send(peer, msg)
+
+    def broadcast(self, msg: M.Message, peers: list) -> None:
+        """One message to each of `peers` (encoded once)."""
+        self.hub.broadcast(msg, peers=peers)
 
     def _receive(self) -> Rollout:
-        """The next finished group from any generator; fails clearly if no rollout comes for queue_timeout_s."""
-        waited = 0.0
-        t0 = time.monotonic()
-        while not self.rollouts:
-            self._pump(1.0)
-            waited = time.monotonic() - t0
-            if not self.rollouts and waited >= self.cfg.queue_timeout_s:
-                raise GeneratorError(f"no rollout arrived for {waited:.0f}s (train.queue_timeout_s); generators hung? "
-                                     f"process states: {self.hub.state()}")
-        rollout = self.rollouts.pop(0)
+        """The next finished group from any generator (its generation counted); fails clearly if no
+        rollout comes for queue_timeout_s."""
+        rollout = self.inbox.next_rollout(self.cfg.queue_timeout_s)
         self._since["time_generate"] += rollout.time_generate
         # multi-turn: an environment's observation tokens count as prompt tokens, not generated ones
         tokens = sum(generated_token_count(c) for c in rollout.completions)
@@ -249,7 +229,7 @@ class Trainer:
                           for c in rollout.completions)
         return rollout
 
-    def _push_weights(self) -> None:
+    def push_weights(self) -> None:
         """Every learner rank gathers each parameter; rank 0 broadcasts it to every generator."""
         from components.trainer.weight_sync import WeightUpdate, push_weights
 
@@ -257,9 +237,9 @@ class Trainer:
             return  # the generators already hold these weights (e.g. pushed for an evaluation)
         t0 = time.perf_counter()
         update = WeightUpdate.plan(self.learner.version, self.weight_meta, self.cfg.weight_sync_bucket_mb)
-        self.hub.broadcast(M.PushWeights(update), peers=self.generators)
+        self.broadcast(M.PushWeights(update), peers=self.generators)
         if self.followers:
-            self.hub.broadcast(M.JoinWeightSync(update), peers=self.followers)
+            self.broadcast(M.JoinWeightSync(update), peers=self.followers)
         push_weights(self.learner.model, self.cfg.precision, update, self.sender)
         self.pushed_version = self.learner.version
         self._since["time_sync"] += time.perf_counter() - t0
@@ -274,29 +254,34 @@ class Trainer:
         for g, name in enumerate(self.generators):
             chunk = [(oid, p) for j, (oid, p) in enumerate(zip(ids, problems)) if (start + j) % n == g]
             if chunk:
-                self.hub.send(name, M.Work(WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
+                self.send(name, M.Work(WorkOrder(orders=chunk, seed=derive_seed(seed, g))))
         self.next_generator = (start + len(problems)) % n
         return ids
 
     # =====================================================================================
-    # logging
+    # accounting: what the log lines say about time and compute
     def clock_fields(self) -> dict:
         """wall_s and compute_hours from ONE clock reading, so a log line's two fields agree."""
         wall = self.clock.wall_s()
         return {"compute_hours": self.clock.compute_hours(wall), "wall_s": wall}
 
-    def _cpu_hours(self, procs: Optional[dict] = None) -> float:
+    @property
+    def version(self) -> int:
+        """The learner's weight version."""
+        return self.learner.version
+
+    def cpu_hours(self, procs: Optional[dict] = None) -> float:
         """CPU hours of the run's processes since training started (resumes included)."""
-        procs = self.procs if procs is None else procs
+        procs = self.inbox.procs if procs is None else procs
         cpu = sum(v["cpu_s"] - self._procs_at_start.get(k, {}).get("cpu_s", 0.0) for k, v in procs.items())
         return (self.cpu_base_s + cpu) / 3600.0
 
     def _proc_fields(self) -> dict:
-        self.procs["learner-0"] = proc_stats()
-        now = {k: dict(v) for k, v in self.procs.items()}
+        self.inbox.procs["learner-0"] = proc_stats()
+        now = {k: dict(v) for k, v in self.inbox.procs.items()}
         step_share, run_share = self.foreign.update(now)
         fields = {
-            "cpu_hours": self._cpu_hours(now),
+            "cpu_hours": self.cpu_hours(now),
             # other work on the run's CPUs (0: the run had its cores to itself); flagged above 0.10
             "contention": step_share,
             "contention_run": run_share,
@@ -312,105 +297,6 @@ class Trainer:
         self._procs_at_step = now
         return fields
 
-    def _pause_for_evaluation(self) -> tuple[float, int]:
-        """Before an evaluation: the learner's version to the generators, their in-flight training
-        work drained (on the training clock), then the clock paused. Returns `_drain`'s (seconds, groups)."""
-        if self.pushed_version != self.learner.version:
-            self._push_weights()
-        drained = self._drain()
-        self.clock.pause()
-        return drained
-
-    def _drain(self) -> tuple[float, int]:
-        """Every generator decodes its in-flight training sequences to their end and sends them scored,
-        ON the training clock (they are training work): an evaluation after it holds no training
-        work on its own time. Returns the seconds it took and the groups the generators finished."""
-        t0 = time.time()
-        self.drained = set()
-        self.drain_groups = 0
-        for name in self.generators:
-            self.hub.send(name, M.Drain())
-        progress = (len(self.rollouts), len(self.drained))
-        deadline = time.monotonic() + self.cfg.queue_timeout_s  # since the last group or answer arrived
-        while len(self.drained) < len(self.generators):
-            if time.monotonic() > deadline:
-                late = sorted(set(self.generators) - self.drained)
-                raise GeneratorError(f"{', '.join(late)}: no in-flight sequence finished within train.queue_timeout_s="
-                                     f"{self.cfg.queue_timeout_s}s while draining before an evaluation")
-            self._pump(1.0)
-            if (len(self.rollouts), len(self.drained)) != progress:
-                progress = (len(self.rollouts), len(self.drained))
-                deadline = time.monotonic() + self.cfg.queue_timeout_s
-        return time.time() - t0, self.drain_groups
-
-    def _evaluate(self) -> None:
-        """Held-out mean@k on the generators at the learner's current version (pinned), off the training clock."""
-        cfg = self.cfg
-        drain_s, drain_groups = self._pause_for_evaluation()
-        t0 = time.time()
-        seed = eval_seed(cfg.seed, self.step)
-        G = len(self.generators)
-        shares = [[(i, p) for i, p in enumerate(self.eval_problems) if i % G == g] for g in range(G)]
-        self.eval_done = {}
-        asked = []
-        for g, (name, share) in enumerate(zip(self.generators, shares)):
-            if share:
-                order = EvalOrder(problems=share, version=self.learner.version, seed=seed if G == 1 else derive_seed(seed, g),
-                                  k=cfg.eval_k, temperature=cfg.eval_temperature if cfg.eval_temperature is not None else cfg.temperature,
-                                  top_p=cfg.top_p, max_tokens=cfg.max_tokens, task_name=cfg.task if isinstance(cfg.task, str) else "mixture")
-                self.hub.send(name, M.Evaluate(order))
-                asked.append(g)
-        deadline = time.monotonic() + cfg.queue_timeout_s
-        while len(self.eval_done) < len(asked):
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"the evaluation did not finish within train.queue_timeout_s={cfg.queue_timeout_s}s "
-                                     f"(answered: {sorted(self.eval_done)} of {asked})")
-            self._pump(1.0)
-        record = merge_eval_records([self.eval_done[g] for g in asked], self.eval_problems,
-                                    cfg.task if isinstance(cfg.task, str) else "mixture")
-        eval_wall = time.time() - t0
-        self.clock.resume()
-        self.clock.eval_base_s += eval_wall
-        clock = self.clock_fields()
-        line = {
-            "step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"], "flops": self.flops,
-            "wall_s": clock["wall_s"], "eval_wall_s": eval_wall, "eval_compute_hours": eval_wall * self.clock.devices / 3600.0,
-            "drain_s": drain_s, "drain_groups": drain_groups,
-            "eval_flops": 2.0 * self.flop_counter.n_params * record.get("eval_tokens", 0),
-            "cpu_hours": self._cpu_hours(), **record,
-        }
-        self.eval_log.write(line)
-        self.tracker.log_eval(line)
-        self.last_eval_pass_rate = record["pass_rate"]
-        if self.bar is not None:
-            self.bar.write(f"eval @ step {self.step}: held-out pass rate {record['pass_rate']:.3f} "
-                           f"(mean@{cfg.eval_k}, compute {clock['compute_hours']:.4f} h)")
-
-    def _downstream(self) -> None:
-        """Downstream benchmarks (mean@k, pass@k) on generator-0 at the current version, off the training clock."""
-        cfg = self.cfg
-        self._pause_for_evaluation()
-        t0 = time.time()
-        self.downstream_done = None
-        self.hub.send(self.generators[0], M.RunDownstream(self.step))
-        deadline = time.monotonic() + cfg.queue_timeout_s
-        while self.downstream_done is None:
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"the downstream benchmarks did not finish within train.queue_timeout_s={cfg.queue_timeout_s}s")
-            self._pump(1.0)
-        wall = time.time() - t0
-        self.clock.resume()
-        self.clock.eval_base_s += wall
-        clock = self.clock_fields()
-        for record in self.downstream_done:
-            line = {"step": self.step, "version": self.learner.version, "compute_hours": clock["compute_hours"],
-                    "flops": self.flops, "wall_s": clock["wall_s"], **record}
-            self.eval_log.write(line)
-            self.tracker.log_eval(line)
-            if self.bar is not None:
-                self.bar.write(f"benchmark {record.get('benchmark')} @ step {self.step}: mean@{record.get('k')} "
-                               f"{record.get('mean@k', float('nan')):.3f}")
-
     def _reset_since(self) -> None:
         self._since = {"time_generate": 0.0, "time_sync": 0.0, "time_wait": 0.0, "generated_tokens": 0, "stale_dropped": 0, "refill_dropped": 0}
 
@@ -419,7 +305,8 @@ class Trainer:
     def _learn(self, rollouts: list[Rollout]) -> dict:
         keep = [self.curriculum.keep(r.rewards) for r in rollouts]
         plan = self.learner.plan(rollouts, keep)
-        stats = self.learner.train(plan, FollowerRanks(self) if self.followers else None)
+        peers = FollowerRanks(self.followers, self.hub, self.inbox, self.cfg.queue_timeout_s) if self.followers else None
+        stats = self.learner.train(plan, peers)
         if plan.shards:  # the kept (trained) sequences' FLOPs: every pass of every update epoch
             batch = plan.batch
             prompt_lens = batch.attention_mask[:, : batch.completion_start].sum(dim=1).tolist()  # [B]
@@ -452,21 +339,8 @@ class Trainer:
             "groups_by_generator": _count_by_generator(rollouts),
             **self._proc_fields(),
         }
-        self.metrics_log.write(record)
-        self.tracker.log_metrics(record)
-        self.tracker.log_samples(self.step, rollouts, self.tokenizer)
+        self.logs.log_step(record, rollouts, self.tokenizer)
         self._reset_since()
-        if self.bar is not None:
-            if self.cfg.compute_budget_flops is not None:
-                self.bar.update(min(100, int(100 * self.flops / self.cfg.compute_budget_flops)) - self.bar.n)
-            else:
-                self.bar.update(1)
-            self.bar.set_postfix(
-                train_pass=f"{record['pass_rate']:.2f}",
-                held_out=f"{self.last_eval_pass_rate:.2f}",
-                compute=f"{record['compute_hours']:.4f}h",
-                lag=record.get("lag_max"),
-            )
         return record
 
     def _budget_spent(self) -> bool:
@@ -483,88 +357,12 @@ class Trainer:
         last = self.step >= cfg.total_steps
         budget = self._budget_spent()
         if self.step % cfg.eval_every == 0 or last or budget:
-            self._evaluate()
+            self.evals.evaluate()
         if downstream_due(cfg, self.step, last or budget):
-            self._downstream()
+            self.evals.downstream()
         if self.step % cfg.checkpoint_every == 0 or last or budget:
-            self._checkpoint()
+            self.checkpoints.save()
         return last or budget
-
-    # =====================================================================================
-    # checkpoints
-    def _trainer_state(self) -> dict:
-        return {
-            "step": self.step,
-            "version": self.learner.version,
-            "curriculum": self.curriculum.state_dict(),
-            "next_order": self.next_order,
-            "next_generator": self.next_generator,
-            "prompts_sampled": self.prompts_sampled,
-            "wall_s": self.clock.wall_s(),
-            "eval_wall_s": self.clock.eval_base_s,
-            "startup_s": self.clock.startup_s(),
-            "cpu_s": self._cpu_hours() * 3600.0,
-            "flops": self.flops,
-            "pending": self.pending,
-            "pending_batches": self.batches,
-            "totals": dict(self.totals),
-            "config": self.cfg.to_dict(),
-            "learner_ranks": self.layout.learner_ranks,
-        }
-
-    def _checkpoint(self) -> None:
-        from components.trainer.checkpoint import rng_state, save_checkpoint
-
-        # every log line so far on disk (fsync) before the checkpoint that counts on them is committed
-        logs = {log_.path.name: log_.sync() for log_ in (self.metrics_log, self.eval_log)}
-        if self.followers:
-            self.hub.broadcast(M.SaveCheckpoint(self.step), peers=self.followers)
-        save_checkpoint(self.run_dir / "checkpoints", self.step, model=self.learner.model, optimizer=self.learner.optimizer,
-                        scheduler_state=self.learner.scheduler.state_dict(), trainer_state=self._trainer_state(),
-                        rank_state=rng_state(), keep=self.cfg.keep_checkpoints, tokenizer=self.tokenizer, logs=logs)
-        self.last_checkpoint_step = self.step
-
-    def _resume_or_start(self) -> bool:
-        from components.trainer.checkpoint import load_checkpoint, read_checkpoint_info, select_resume_checkpoint, set_rng_state
-
-        # the newest intact checkpoint (damaged newer ones are named in a warning and moved aside)
-        ckpt_path = select_resume_checkpoint(self.run_dir / "checkpoints")
-        metrics_path, eval_path = self.run_dir / "metrics.jsonl", self.run_dir / "eval.jsonl"
-        if ckpt_path is not None:  # before any loading: refuse logs that lost records the checkpoint counts on
-            info = read_checkpoint_info(ckpt_path)
-            counted = info.get("logs") or {}
-            resume_log(metrics_path, int(info["step"]), counted.get(metrics_path.name), every_step=True)
-            resume_log(eval_path, int(info["step"]), counted.get(eval_path.name))
-        if self.followers:
-            self.hub.broadcast(M.LoadCheckpoint(None if ckpt_path is None else str(ckpt_path)), peers=self.followers)
-        self.cpu_base_s = 0.0
-        if ckpt_path is None:
-            # nothing to resume from: any log lines belong to a run that never checkpointed
-            repair_jsonl(metrics_path, None)
-            repair_jsonl(eval_path, None)
-            return False
-        loaded = load_checkpoint(ckpt_path, model=self.learner.model, optimizer=self.learner.optimizer)
-        state = loaded["trainer_state"]
-        self.learner.scheduler.load_state_dict(loaded["scheduler_state"])
-        self.learner.version = int(state["version"])
-        self.curriculum.load_state_dict(state["curriculum"])
-        self.step = int(state["step"])
-        self.next_order = int(state["next_order"])
-        self.next_generator = int(state.get("next_generator", 0)) % max(len(self.generators), 1)
-        self.prompts_sampled = int(state.get("prompts_sampled", self.next_order))
-        self.clock.base_s = float(state["wall_s"])
-        self.clock.eval_base_s = float(state.get("eval_wall_s", 0.0))
-        self.clock.startup_base_s = float(state.get("startup_s", 0.0))
-        self.cpu_base_s = float(state.get("cpu_s", 0.0))
-        self.flops = float(state["flops"])
-        self.pending = list(state.get("pending", []))
-        self.batches = [list(b) for b in state.get("pending_batches", [])]
-        self.totals.update(state.get("totals", {}))
-        if loaded.get("rank_state") is not None:
-            set_rng_state(loaded["rank_state"])
-        self.last_checkpoint_step = self.step
-        log.info("resumed %s from %s (step %d, version %d)", self.run_dir, ckpt_path.name, self.step, self.learner.version)
-        return True
 
     # =====================================================================================
     # control flow: the loop acts, the off-policy scheme decides (components/offpolicy.py)
@@ -585,7 +383,7 @@ class Trainer:
                 self.batches = self._wait_for_batches()
             self._train_step(self.batches.pop(0))
             if self.scheme.push_after_step(self._loop_state(waiting=False)):
-                self._push_weights()  # in flight, unless the scheme has generators finish their sequences first
+                self.push_weights()  # in flight, unless the scheme has generators finish their sequences first
             self._top_up(waiting=False)
             if self._after_step():
                 return
@@ -615,7 +413,7 @@ class Trainer:
         if n == 0:
             return
         if self.pushed_version < self.scheme.start_version(state):
-            self._push_weights()
+            self.push_weights()
             state = self._loop_state(waiting)
         self._order(self.curriculum.sample(int(n)), self.scheme.order_seed(state))
         self.outstanding += int(n)
@@ -668,45 +466,28 @@ class Trainer:
         """Train to the end (or the compute budget). Returns "done"; raises on failure."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._build()
-        self.last_checkpoint_step = -1
         try:
             self._connect()  # generators load their engines while the learner was built
-            resumed = self._resume_or_start()
-            from components.trainer.tracking import RunTracker
-
-            self.tracker = RunTracker.from_config(self.cfg, self.run_dir, resume_step=self.step if resumed else None)
-            self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
-            self.eval_log = JsonlLog(self.run_dir / "eval.jsonl")
-            if self.progress:
-                from tqdm.auto import tqdm
-
-                if self.cfg.compute_budget_flops is not None:  # the budget ends the run: show its share
-                    self.bar = tqdm(total=100, initial=min(100, int(100 * self.flops / self.cfg.compute_budget_flops)),
-                                    unit="% of budget", desc=f"train {self.run_dir.name}", mininterval=2.0)
-                else:
-                    self.bar = tqdm(total=self.cfg.total_steps, initial=self.step, desc=f"train {self.run_dir.name}",
-                                    mininterval=2.0)
-            evals = [e for e in read_jsonl(self.run_dir / "eval.jsonl") if not is_downstream_record(e)]
-            if evals:  # a resumed run: show its last held-out pass rate until the next evaluation
-                self.last_eval_pass_rate = evals[-1].get("pass_rate", float("nan"))
+            resumed = self.checkpoints.resume_or_start()  # the logs repaired to the checkpoint (or emptied)
+            self.logs.open(self.step, self.flops, resumed)
             if self.step < self.cfg.total_steps:
-                self._push_weights()  # version of the (possibly resumed) learner: part of (re)start-up
+                self.push_weights()  # version of the (possibly resumed) learner: part of (re)start-up
             self._reset_since()
             settle_heap()  # start-up's objects out of the collector's full passes
             self.clock.start()  # every generator is ready and has the weights: the training clock runs from here
-            self.procs["learner-0"] = proc_stats()
-            self._procs_at_start = {k: dict(v) for k, v in self.procs.items()}
+            self.inbox.procs["learner-0"] = proc_stats()
+            self._procs_at_start = {k: dict(v) for k, v in self.inbox.procs.items()}
             self._procs_at_step = dict(self._procs_at_start)
             self.foreign = ForeignLoad()
             self.foreign.update(self._procs_at_start)
             if self.step < self.cfg.total_steps:
-                if self.step == 0 and not evals:
-                    self._evaluate()  # R0: the pass rate before any training
+                if self.step == 0 and not self.logs.evaluated:
+                    self.evals.evaluate()  # R0: the pass rate before any training
                     if downstream_due(self.cfg, 0):
-                        self._downstream()
+                        self.evals.downstream()
                 self._train_loop()
-            if self.last_checkpoint_step != self.step:
-                self._checkpoint()
+            if self.checkpoints.last_step != self.step:
+                self.checkpoints.save()
             write_final_policy(self.run_dir)
             write_text_atomic(self.run_dir / "config.gin", self.operative_config())  # the run's operative config
             self._status = "done"
@@ -738,7 +519,7 @@ class Trainer:
         deadline = time.monotonic() + self.cfg.heartbeat_timeout_s + 5.0
         while time.monotonic() < deadline:
             try:  # a process that raised sent its traceback before dying: it names itself
-                self._pump(0.2)
+                self.inbox.pump(0.2)
             except (TransportError, GeneratorError) as named:
                 return named
             except Exception:  # noqa: BLE001 - anything else in the inbox is of no use now
@@ -746,13 +527,7 @@ class Trainer:
         return err
 
     def _shutdown(self) -> None:
-        if getattr(self, "tracker", None) is not None:
-            self.tracker.close(getattr(self, "_status", "failed"), operative_config=self.operative_config())
-        for name in ("metrics_log", "eval_log"):
-            if hasattr(self, name):
-                getattr(self, name).close()
-        if self.bar is not None:
-            self.bar.close()
+        self.logs.close(getattr(self, "_status", "failed"), self.operative_config())
         if getattr(self, "sender", None) is not None:
             try:
                 self.sender.close()

@@ -82,7 +82,7 @@ class Drain(Message):
 
 @dataclass(frozen=True)
 class Evaluate(Message):
-    """Evaluate a share of the held-out prompts at pinned weights: a `generator.EvalOrder`;
+    """Evaluate a share of the held-out prompts at pinned weights: an `evaluation.EvalOrder`;
     answered by `EvalDone`."""
 
     order: Any
