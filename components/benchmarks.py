@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from components.tasks.base import Problem, Task, Verdict
 from components.tasks.common import SYSTEM_PROMPT_KEY
@@ -211,12 +211,14 @@ class BenchmarkTask(Task):
                  pass_threshold: float = 1.0, prompt_template: Optional[str] = None, system_prompt: Optional[str] = None,
                  cpu_seconds: float = 2.0, wall_seconds: float = 6.0, memory_mb: int = 512,
                  max_tests: Optional[int] = None, allow_network: bool = False, allow_unsafe: bool = False,
-                 python: Optional[str] = None):
+                 python: Optional[str] = None, reward_params: Optional[Mapping[str, Any]] = None):
         if grader not in ("math", "code", "reward"):
             raise ValueError(f"grader must be 'math', 'code' or 'reward', got {grader!r}")
         self.bench = str(name)
         self.grader = grader
         self.reward_name = {"math": "math_verify", "reward": reward, "code": None}[grader]
+        # the reward's hyper-parameters as the run resolved them (None: as gin configures it, `scalerl eval`)
+        self.reward_params = dict(reward_params) if reward_params is not None else None
         if grader == "reward":
             from components.tasks.reward_verdicts import check_reward
 
@@ -300,11 +302,14 @@ class BenchmarkTask(Task):
         from components.tasks.reward_verdicts import reward_verdict
 
         return reward_verdict(self.reward_name, problem.prompt, completion, row, pass_threshold=self.pass_threshold,
-                              reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect)
+                              reward_correct=self.reward_correct, reward_incorrect=self.reward_incorrect,
+                              params=self.reward_params if self.grader == "reward" else None)
 
 
-def load_benchmark(spec: Union[str, Mapping[str, Any]]) -> Benchmark:
-    """Load and validate one benchmark (see the module doc for the spec)."""
+def load_benchmark(spec: Union[str, Mapping[str, Any]],
+                   reward_params: Optional[Callable[[str], Optional[Mapping[str, Any]]]] = None) -> Benchmark:
+    """Load and validate one benchmark (see the module doc for the spec). `reward_params(name)`: the
+    hyper-parameters a plain-function reward is called with (a run's resolved values; None: gin's)."""
     spec = _as_dict(spec)
     path = str(spec["path"])
     name = benchmark_name(spec)
@@ -334,15 +339,19 @@ def load_benchmark(spec: Union[str, Mapping[str, Any]]) -> Benchmark:
     task = BenchmarkTask(name, rows, grader=grader, prompt_col=prompt_col, answer_col=answer_col,
                          tests_col=tests_col if grader == "code" else None, reward=spec.get("reward"),
                          pass_threshold=spec.get("pass_threshold", 1.0), prompt_template=spec.get("prompt_template"),
-                         system_prompt=spec.get("system_prompt"), **code_opts)
+                         system_prompt=spec.get("system_prompt"),
+                         reward_params=reward_params(spec["reward"]) if reward_params and spec.get("reward") else None,
+                         **code_opts)
     return Benchmark(name=name, problems=task.eval_problems(), task=task, source=path, grader=grader)
 
 
-def load_benchmarks(specs: Sequence[Union[str, Mapping[str, Any]]]) -> list[Benchmark]:
-    """Every benchmark of `specs`; two with the same name are an error (records are keyed by name)."""
+def load_benchmarks(specs: Sequence[Union[str, Mapping[str, Any]]],
+                    reward_params: Optional[Callable[[str], Optional[Mapping[str, Any]]]] = None) -> list[Benchmark]:
+    """Every benchmark of `specs`; two with the same name are an error (records are keyed by name).
+    `reward_params`: as `load_benchmark`."""
     if isinstance(specs, (str, Mapping)):
         specs = [specs]
-    out = [load_benchmark(s) for s in specs]
+    out = [load_benchmark(s, reward_params) for s in specs]
     names = [b.name for b in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

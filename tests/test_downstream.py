@@ -294,3 +294,34 @@ def test_scalerl_eval_with_a_user_reward_from_outside_the_package(tiny, math_fil
     assert json.loads(out.read_text().splitlines()[-1])["mean@k"] == 0.0
     assert main(args[:-4] + ["--import", "no_such_module_xyz"]) == 2
     assert "no_such_module_xyz" in capsys.readouterr().err
+
+
+def test_a_downstream_reward_is_called_with_the_runs_resolved_values_gin_unread(math_files):
+    """A plain-function reward grading a downstream benchmark is in the run's component table with its
+    bindings, and a generator (which reads no gin) calls it with those values, not its defaults."""
+    import gin
+
+    from components.registry import REWARDS
+    from experiments.train import check_config
+
+    name = "bench_scaled_reward"
+
+    @REWARDS.register(name)
+    def scaled(prompt, completion, *, scale=1.0, **row):
+        return 0.25 * scale
+
+    config = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "experiments" / "configs" / "tiny_cpu.gin")
+    try:
+        spec = {"path": str(math_files["jsonl"]), "reward": name, "pass_threshold": 0.4}
+        cfg, _, _ = check_config([config], [f"train.downstream_benchmarks = [{spec!r}]", f"{name}.scale = 2.0"],
+                                 read_data=False, on_this_machine=False)
+        assert cfg.params_of("rewards", name) == {"scale": 2.0}
+        gin.clear_config()  # what a generator sees: no gin
+        bench, = load_benchmarks(cfg.downstream_benchmarks, lambda n: cfg.params_of("rewards", n))
+        verdict = bench.task.verify(bench.problems[0], "anything")
+        assert (verdict.reward, verdict.passed) == (0.5, True)  # 0.25 x the bound scale 2.0
+        unresolved, = load_benchmarks(cfg.downstream_benchmarks)  # no run's values: gin's, empty here
+        assert unresolved.task.verify(bench.problems[0], "anything").reward == 0.25
+    finally:
+        REWARDS.unregister(name)
+        gin.clear_config()

@@ -474,13 +474,22 @@ def build_component(cfg: "TrainConfig", registry, name: str):
 def _used_components(cfg: "TrainConfig") -> list[tuple[Any, str, Optional[dict]]]:
     """(registry, name, explicit keywords) of every registered component the run builds: its named
     components, each task of its task spec (with train.task_kwargs), the plain-function rewards of
-    train.reward_funcs. A task's own reward (its `reward` parameter) is added by `component_table`."""
+    train.reward_funcs and of train.downstream_benchmarks' reward graders. A task's own reward (its
+    `reward` parameter) is added by `component_table`."""
     from components.registry import REWARDS, TASKS
 
     used = [(registry, name, None) for registry, name in component_names(cfg)]
     used += [(TASKS, name, kw) for name, kw in _task_components(cfg.task, cfg.task_kwargs, cfg.seed)]
     used += [(REWARDS, name, None) for name in cfg.reward_funcs if isinstance(name, str)]  # train.reward_funcs' own
+    used += [(REWARDS, spec.get("reward"), None) for spec in _benchmark_specs(cfg.downstream_benchmarks)]
     return used
+
+
+def _benchmark_specs(specs) -> list:
+    """The mapping specs of train.downstream_benchmarks (a plain path names no reward)."""
+    if isinstance(specs, (str, Mapping)):
+        specs = [specs]
+    return [s for s in (specs or ()) if isinstance(s, Mapping)]
 
 
 # constructor arguments the trainer gives every component it builds (from train.*), not hyper-parameters

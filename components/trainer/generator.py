@@ -511,7 +511,8 @@ class _Generator:
         if self.benchmarks is None:
             from components.benchmarks import load_benchmarks
 
-            self.benchmarks = load_benchmarks(self.cfg.downstream_benchmarks)
+            cfg = self.cfg  # a reward grading a benchmark gets the run's resolved values (gin is not read here)
+            self.benchmarks = load_benchmarks(cfg.downstream_benchmarks, lambda name: cfg.params_of("rewards", name))
         records = evaluate_downstream(_EvalView(self.engine, self.to_scorer), self.benchmarks, self.tokenizer, self.cfg,
                                       step=step, length_control=self.length_control)
         self.peer.send(M.DownstreamDone(self.index, records, self.proc_stats()))
