@@ -310,7 +310,9 @@ def test_a_downstream_reward_is_called_with_the_runs_resolved_values_gin_unread(
     def scaled(prompt, completion, *, scale=1.0, **row):
         return 0.25 * scale
 
-    config = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "experiments" / "configs" / "tiny_cpu.gin")
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "tiny_cpu.gin")
     try:
         spec = {"path": str(math_files["jsonl"]), "reward": name, "pass_threshold": 0.4}
         cfg, _, _ = check_config([config], [f"train.downstream_benchmarks = [{spec!r}]", f"{name}.scale = 2.0"],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from components.trainer import messages as M
-from components.trainer.generator import EvalOrder
+from components.trainer.evaluation import EvalOrder
 from components.trainer.rollout import Rollout, WorkOrder
 from components.trainer.transport import decode, encode
 

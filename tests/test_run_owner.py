@@ -13,7 +13,7 @@ who writes, and what each task is handed. Real multi-task Slurm runs: tests/test
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import pytest
 
@@ -37,7 +37,7 @@ def gin_file(tmp_path) -> str:
 
 
 def _slurm_env(monkeypatch, rank: int, tasks: int = 2, job: str = "4242") -> None:
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith(("SCALERL_RANK", "SCALERL_WORLD_SIZE")):
             monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_JOB_ID", job)
@@ -166,6 +166,7 @@ def test_a_done_run_releases_the_other_tasks_at_once(tmp_path, gin_file, monkeyp
     import gin
 
     from components.trainer import run_owner
+    from components.trainer.roles import process_env
     from experiments import train
 
     run_dir = tmp_path / "runs" / "r"
@@ -177,8 +178,7 @@ def test_a_done_run_releases_the_other_tasks_at_once(tmp_path, gin_file, monkeyp
     assert train.run_training([gin_file], [], str(run_dir), progress=False) == "done"
     assert (run_dir / ".scalerl" / "prepared-4243.0-0").read_text() == "done"
     _slurm_env(monkeypatch, rank=1, job="4243")
-    assert run_owner.join_slurm_step(__import__("components.trainer.roles", fromlist=["x"]).process_env(),
-                                     run_dir, timeout_s=5.0) == "done"
+    assert run_owner.join_slurm_step(process_env(), run_dir, timeout_s=5.0) == "done"
     assert len(calls) == 1  # only the first attempt's hub ran
 
 

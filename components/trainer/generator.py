@@ -41,13 +41,12 @@ from components.offpolicy import make_scheme
 from components.registry import OFF_POLICY, REWARDS, TASKS
 from components.trainer import messages as M
 from components.trainer.config import build_component, component_params, family_params
-from components.trainer.evaluation import EvalOrder  # the payload of messages.Evaluate (re-exported)
+from components.trainer.evaluation import EvalOrder  # the payload of messages.Evaluate
 from components.trainer.resolve import ResolvedRun, enter_run
 from components.trainer.roles import pin_cpu, settle_heap
 
 __all__ = [
     "WorkerSetup",
-    "EvalOrder",
     "generator_main",
     "resolve_device",
     "make_run_engine",

@@ -25,7 +25,6 @@ that ends is this module's.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -313,12 +312,13 @@ def _check_step_size(run: ResolvedRun, penv) -> None:
                           f"submit it with `scalerl train ... --executor slurm` or give the job that many tasks")
 
 
-def _task_setup(run: ResolvedRun, run_path: Path, penv, run_info: Optional[dict], progress: bool):
+def _task_setup(run: ResolvedRun, run_path: Path, penv, run_info: Optional[dict], progress: bool, devices: int = 0):
+    """This task's WorkerSetup: its role's device; the progress bar on the hub only."""
     from components.trainer.generator import WorkerSetup, resolve_device
 
     role = run.layout.role(penv.rank)
-    return role, WorkerSetup(run=run, run_dir=str(run_path), run_info=run_info, progress=progress and role.is_hub,
-                             device=resolve_device(run.cfg.device, role.kind, role.index))
+    return WorkerSetup(run=run, run_dir=str(run_path), run_info=run_info, progress=progress and role.is_hub,
+                       device=resolve_device(run.cfg.device, role.kind, role.index), devices=devices)
 
 
 def join_slurm_step(penv, run_path: Path, *, run_info: Optional[dict] = None, progress: bool = False,
@@ -335,7 +335,7 @@ def join_slurm_step(penv, run_path: Path, *, run_info: Optional[dict] = None, pr
     _check_step_size(run, penv)
     if on_gpu(run.cfg):
         bind_gpus(run.layout, penv)
-    _role, setup = _task_setup(run, run_path, penv, run_info, progress)
+    setup = _task_setup(run, run_path, penv, run_info, progress)
     run_role(penv.rank, setup, penv.endpoints, run.layout)
     exit_after(PEER_EXIT_GRACE_S)
     return "done"
@@ -358,8 +358,7 @@ def lead_slurm_step(penv, run: ResolvedRun, run_path: Path, *, run_info: Optiona
     publish_run(run_path, attempt, run)
     outlive_step_sigterm()
     with RunOwner(run, run_path, run_info, rerun) as owner:
-        _role, setup = _task_setup(run, run_path, penv, owner.run_info, progress)
-        setup = dataclasses.replace(setup, devices=owner.devices)
+        setup = _task_setup(run, run_path, penv, owner.run_info, progress, owner.devices)
         try:
             status = run_role(penv.rank, setup, penv.endpoints, run.layout)
         except SystemExit:
