@@ -31,7 +31,9 @@ the exact squared error. Tests check the result against curve_fit at individual 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -319,13 +321,27 @@ def _polish(
         A, lb, lc = unpack(x)
         return sw * (sigmoid(c, A, math.exp(lb), math.exp(lc), r0) - r)
 
+    pos = c > 0  # [n]
+    log_c = np.log(np.where(pos, c, 1.0))  # [n]
+
+    def jac(x: np.ndarray) -> np.ndarray:  # [n, 2 or 3]: d resid / d (A,) ln B, ln C_mid
+        A, lb, lc = unpack(x)
+        B = math.exp(lb)
+        z = B * (log_c - lc)  # [n]   B·ln(C / C_mid)
+        s = np.where(pos, expit(z), 0.0)  # [n]   the sigmoid's fraction; 0 at C = 0
+        q = (A - r0) * s * (1.0 - s)  # [n]   (A − R0)·ds/dz
+        cols = [q * z, -B * q]  # d/d ln B = q·z, d/d ln C_mid = −B·q
+        if not fix_a:
+            cols.insert(0, s)  # d/dA
+        return sw[:, None] * np.stack(cols, axis=1)
+
     x0 = [min(max(math.log(B0), lb_b), ub_b), min(max(math.log(C0), lb_c), ub_c)]
     lo, hi = [lb_b, lb_c], [ub_b, ub_c]
     if not fix_a:
         x0, lo, hi = [min(max(A0, a_bounds[0]), a_bounds[1]), *x0], [a_bounds[0], *lo], [a_bounds[1], *hi]
     base = float(np.sum(resid(np.asarray(x0)) ** 2))
     try:
-        sol = least_squares(resid, np.asarray(x0), bounds=(lo, hi), method="trf", x_scale="jac",
+        sol = least_squares(resid, np.asarray(x0), jac=jac, bounds=(lo, hi), method="trf", x_scale="jac",
                             xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
     except (ValueError, FloatingPointError):
         return A0, B0, C0, base
@@ -532,7 +548,37 @@ def _crossing(a: np.ndarray, sse: np.ndarray, threshold: float, i_in: int, i_out
     return float(a[i_in] + min(max(f, 0.0), 1.0) * (a[i_out] - a[i_in]))
 
 
+_PROFILES: "collections.OrderedDict[bytes, AProfile]" = collections.OrderedDict()  # profile_A's memo
+_PROFILES_MAX = 4096
+
+
+def _profile_key(result: FitResult, level: float, n_grid: int, n_fine: int) -> bytes:
+    """What profile_A reads of `result`, hashed: a report that judges one run twice (A, tail and auc
+    verdicts, a regenerated report) profiles it once."""
+    h = hashlib.blake2b(digest_size=20)
+    for arr in (result.compute, result.reward, result.a_grid, result.c_mid_grid):
+        a = np.ascontiguousarray(arr, dtype=np.float64)
+        h.update(a.size.to_bytes(8, "little"))
+        h.update(a.tobytes())
+    h.update(np.array([result.R0, result.A, result.sse, level, n_grid, n_fine], dtype=np.float64).tobytes())
+    return h.digest()
+
+
 def profile_A(result: FitResult, *, level: float = 0.95, n_grid: int = 41, n_fine: int = 61) -> AProfile:
+    """The profile-likelihood interval of A of `result` (its points and R0); remembered per points
+    and fit (the same run judged again costs nothing)."""
+    key = _profile_key(result, level, n_grid, n_fine)
+    if key in _PROFILES:
+        _PROFILES.move_to_end(key)
+        return _PROFILES[key]
+    prof = _profile_A(result, level=level, n_grid=n_grid, n_fine=n_fine)
+    _PROFILES[key] = prof
+    while len(_PROFILES) > _PROFILES_MAX:
+        _PROFILES.popitem(last=False)
+    return prof
+
+
+def _profile_A(result: FitResult, *, level: float, n_grid: int, n_fine: int) -> AProfile:
     """The profile-likelihood interval of A of `result` (its points and R0).
 
     For each A from R0 + 0.3·(best − R0) to the cap, B and C_mid are refitted (grid solver, then

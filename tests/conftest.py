@@ -2,8 +2,9 @@
 
 The warm-start cache (components/warm_start.py) is one empty directory per test session, as on
 a fresh machine. The main job's test (tests/test_main_job.py) builds tiny_cpu.gin's
-warm-started policy in a fresh directory of its own and copies it here, so the Slurm jobs of
-tests/test_slurm.py, which run later in a whole-suite run, find it instead of building it again.
+warm-started policy in a fresh directory of its own and copies it here; it runs first in a
+whole-suite run (pytest_collection_modifyitems), so every later test and Slurm job finds that
+policy instead of building it again.
 `SCALERL_TEST_REUSE_CACHE=1` uses the user's own cache instead (faster on a second local run).
 
 A test marked `slurm` first waits (up to 2 minutes) for the test cluster's one node to be free of
@@ -17,6 +18,12 @@ import os
 import shutil
 
 import pytest
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The main job's test first: the warm start it builds (as on a fresh machine) is the one every
+    later test would otherwise build again into the session cache."""
+    items.sort(key=lambda item: item.path.name != "test_main_job.py")  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)

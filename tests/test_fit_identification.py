@@ -87,6 +87,25 @@ def test_a_plateaued_curve_is_identified_and_its_interval_covers_the_truth():
     assert hits >= 5  # a 95% interval
 
 
+def test_a_profile_is_remembered_per_points_and_fit_and_equals_a_fresh_one():
+    """profile_A's memo: the same fit twice is one profile; another point, another level or another
+    fit is profiled afresh, and each equals the profile computed without the memo."""
+    from analysis import scaling_law as S
+
+    c, r = curve(0.61, 1.8, 2.0, seed=11)
+    res = fit(c, r, r0=0.1, min_compute=4.0)
+    first = profile_A(res)
+    assert profile_A(res) is first
+    fresh = S._profile_A(res, level=0.95, n_grid=41, n_fine=61)
+    assert (first.low, first.high, first.threshold) == (fresh.low, fresh.high, fresh.threshold)
+    assert profile_A(res, level=0.9).high < first.high  # a narrower level: a narrower interval, not the memo
+    r2 = r.copy()
+    r2[-1] += 0.02
+    other = fit(c, r2, r0=0.1, min_compute=4.0)
+    assert profile_A(other) is not first
+    assert profile_A(other).low == S._profile_A(other, level=0.95, n_grid=41, n_fine=61).low
+
+
 def test_an_interval_that_reaches_the_cap_is_not_identified():
     """A curve seen only on its early climb toward 1.0: whatever the width, the cap (not the data)
     bounds A from above, so it is not identified."""

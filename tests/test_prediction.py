@@ -130,7 +130,7 @@ def test_predict_says_when_the_prefix_cannot_pin_the_end():
         predict(c, r, fraction=0.0)
 
 
-def test_measure_and_the_benchmark_script_on_a_synthetic_results_folder(tmp_path, capsys):
+def test_measure_and_the_benchmark_script_on_a_synthetic_results_folder(tmp_path, capsys, monkeypatch):
     """analysis.prediction.measure: every finished run at 25/50/75%, the three predictors' errors and
     the interval; summarize/markdown: one row per prefix; benchmarks/prediction.py prints it."""
     import importlib.util
@@ -156,6 +156,7 @@ def test_measure_and_the_benchmark_script_on_a_synthetic_results_folder(tmp_path
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "prediction.py"
     spec = importlib.util.spec_from_file_location("bench_prediction", path)
     mod = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(path.parent))  # its sibling `_machine`, as `python benchmarks/prediction.py` sees it
     spec.loader.exec_module(mod)
     assert mod.main([str(tmp_path), "--boot", "20"]) == 0
     out = capsys.readouterr().out
