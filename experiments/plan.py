@@ -99,10 +99,10 @@ def _resolve(value):
 
 def _bound(selector: str, param: str, default=None):
     """The value bound to `selector.param` in the parsed gin config (macros evaluated), else `default`."""
-    import gin
+    from components.trainer.gin_config import bound_parameter
 
     try:
-        return _resolve(gin.query_parameter(f"{selector}.{param}"))
+        return _resolve(bound_parameter(f"{selector}.{param}"))
     except ValueError:
         return default
 

@@ -112,23 +112,22 @@ def _configurable_signature_params(fn: Any) -> list[str] | None:
 
 def check_binding(binding: str) -> None:
     """The binding's configurable and parameter exist; component-name values are registered."""
-    import gin
     from components import registry as reg
-    from components.trainer.gin_config import unknown_configurable_message, unknown_parameter_message
+    from components.trainer.gin_config import (configurable_function, configurable_selector,
+                                               unknown_configurable_message, unknown_parameter_message)
 
     _scope, selector, param, value = parse_binding(binding)
-    gin_registry = gin.config._REGISTRY  # gin's own selector map (no public lookup API)
     try:
-        configurable = gin_registry.get_match(selector)
+        full = configurable_selector(selector)
     except (KeyError, ValueError) as err:  # ValueError: ambiguous selector
         raise SweepError(f"binding {binding!r}: {err}") from None
-    if configurable is None:
+    if full is None:
         raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: {unknown_configurable_message(selector)}")
-    params = _configurable_signature_params(configurable.wrapped)
+    params = _configurable_signature_params(configurable_function(full))
     if params is not None and param not in params:
         raise SweepError(f"unknown factor {selector}.{param} in binding {binding!r}: "
                          f"{unknown_parameter_message(selector, param, params)}")
-    if configurable.name == "train" and param in COMPONENT_PARAMS:
+    if full.rpartition(".")[2] == "train" and param in COMPONENT_PARAMS:
         registry = reg.ALL_REGISTRIES[COMPONENT_PARAMS[param]]
         names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
         for name in names:  # train.curriculum is a list of names

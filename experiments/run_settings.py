@@ -110,8 +110,9 @@ def operative_sections(cfg, *, rest_defaults: bool = False) -> list[tuple[str, d
 
     from components.registry import ALL_REGISTRIES, configurable_params
     from components.trainer.config import data_config, model_config
+    from components.trainer.gin_config import configurable_selector, parsed_bindings, short_selector
 
-    parsed = {key: dict(values) for key, values in gin.config._CONFIG.items()}  # gin's parsed bindings
+    parsed = parsed_bindings()
     shown: set = set()
     out: list[tuple[str, dict[str, Any]]] = []
 
@@ -120,27 +121,27 @@ def operative_sections(cfg, *, rest_defaults: bool = False) -> list[tuple[str, d
         values = dict(defaults)
         values.update(parsed.get(key, {}))
         values.update(overrides or {})
-        prefix = (f"{scope}/" if scope else "") + gin.config._REGISTRY.minimal_selector(selector)
+        prefix = (f"{scope}/" if scope else "") + short_selector(selector)
         out.append((title, {f"{prefix}.{name}": value for name, value in values.items()}))
         shown.add(key)
 
     for title, name, fn in (("model (model.path as bound, not resolved)", "model", model_config), ("data", "data", data_config)):
-        key = ("", gin.config._REGISTRY.get_match(name).selector)
+        key = ("", configurable_selector(name))
         section(title, key, {p.name: p.default for p in configurable_params(fn) if not p.required and p.default is not gin.REQUIRED})
     train = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
              if f.name != "model_path" and f.metadata.get("gin", True)}  # not the resolved component table
     out.append(("train (every setting, as the trainer reads it)", {f"train.{k}": v for k, v in train.items()}))
-    shown.add(("", gin.config._REGISTRY.get_match("train").selector))
+    shown.add(("", configurable_selector("train")))
     for family, name, params in cfg.components:  # the run's resolved component table (ResolvedRun carries it)
         registry = ALL_REGISTRIES[family]
-        match = gin.config._REGISTRY.get_match(f"{registry.gin_module}.{name}")
-        if match is None:  # registered without gin: nothing of it is bindable
+        selector = configurable_selector(f"{registry.gin_module}.{name}")
+        if selector is None:  # registered without gin: nothing of it is bindable
             continue
-        section(f"{registry.family} {name!r} (defaults and bindings)", ("", match.selector), {}, dict(params))
+        section(f"{registry.family} {name!r} (defaults and bindings)", ("", selector), {}, dict(params))
     rest = {key: values for key, values in parsed.items() if key not in shown and key[1] != "gin.macro"}
     for (scope, selector), _values in sorted(rest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         defaults = _configurable_defaults(selector) if rest_defaults else {}
-        short = gin.config._REGISTRY.minimal_selector(selector)
+        short = short_selector(selector)
         section(f"{short} (bound)", (scope, selector), defaults)
     return out
 
@@ -151,11 +152,12 @@ def _configurable_defaults(selector: str) -> dict[str, Any]:
 
     from components.registry import configurable_params
     from components.trainer.config import SET_BY_TRAINER
+    from components.trainer.gin_config import configurable_function
 
-    match = gin.config._REGISTRY.get_match(selector)
-    if match is None:
+    fn = configurable_function(selector)
+    if fn is None:
         return {}
-    return {p.name: p.default for p in configurable_params(match.wrapped)
+    return {p.name: p.default for p in configurable_params(fn)
             if not p.required and p.default is not gin.REQUIRED and p.name not in SET_BY_TRAINER}
 
 
@@ -163,14 +165,11 @@ def resolved_settings(cfg) -> dict[str, str]:
     """Every setting of the run (call while gin holds its parsed config): `operative_sections` with the
     defaults of every configurable, macros as `%NAME`, imports as `import module`; values as
     `setting_text`. What run.json records and a re-run is compared against."""
-    import gin
+    from components.trainer.gin_config import imported_modules, parsed_macros
 
-    out: dict[str, str] = {}
-    for statement in gin.config.ImportManager(gin.config._IMPORTS).sorted_imports:
-        out[f"import {statement.module}"] = ""
-    for (name, selector), values in gin.config._CONFIG.items():
-        if selector == "gin.macro":
-            out[f"%{name}"] = setting_text(values.get("value"))
+    out: dict[str, str] = {f"import {module}": "" for module in sorted(imported_modules())}
+    for name, value in parsed_macros().items():
+        out[f"%{name}"] = setting_text(value)
     for _title, values in operative_sections(cfg, rest_defaults=True):
         out.update({key: setting_text(value) for key, value in values.items()})
     return out

@@ -105,13 +105,12 @@ def parse_config(config_files: Sequence[str], bindings: Sequence[str] = ()):
 
 def check_parsed(cfg, *, read_data: bool = True, on_this_machine: bool = True) -> None:
     """`check_config`'s checks of a parsed config (`parse_config`; gin holds it)."""
-    import gin
-
     from components.trainer.config import ConfigError
+    from components.trainer.gin_config import bound_parameter
 
     check_settings(cfg, on_this_machine)
     try:  # bound (to a path, an id or a builder): what it names is resolved after these checks
-        gin.query_parameter("model.path")
+        bound_parameter("model.path")
     except ValueError:
         raise ConfigError("model.path is not set: bind it in the gin file or with --gin 'model.path = \"/path\"' "
                           "(a local checkpoint directory or a Hugging Face hub id)") from None
@@ -294,9 +293,9 @@ def user_modules(cfg=None) -> list[dict]:
     [{"module": "my_losses", "file": "/home/me/exp/my_losses.py", "path": "/home/me/exp"}]. Recorded in
     run.json, so that `scalerl eval RUN_DIR` can import them again from any working directory (call
     while gin holds the run's parsed config)."""
-    import gin
+    from components.trainer.gin_config import imported_modules
 
-    names = [statement.module for statement in sorted(gin.config._IMPORTS, key=lambda st: st.module)]
+    names = imported_modules()
     for spec in getattr(cfg, "reward_funcs", ()) or ():
         if ":" in spec or ("." in spec and spec not in _registered_rewards()):
             names.append(spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0])
@@ -422,8 +421,7 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
     (defaults included), model.* and data.* as bound (model.path NOT resolved: resolving it may build a
     model), the parameters of every component the run uses (defaults and bindings), then every other binding
     (`run_settings.operative_sections`). Call after `check_config` (gin holds the parsed config)."""
-    import gin
-
+    from components.trainer.gin_config import import_lines, parsed_macros
     from experiments.run_settings import operative_sections
 
     out = ["# operative configuration of " + " + ".join(str(f) for f in config_files)
@@ -431,11 +429,11 @@ def config_text(cfg, config_files: Sequence[str], bindings: Sequence[str]) -> st
            "# (defaults included; model.path is shown as bound, not resolved: nothing is built, trained or created;",
            "#  a component's seed, device and precision come from train.*)"]
 
-    imports = [statement.format() for statement in gin.config.ImportManager(gin.config._IMPORTS).sorted_imports]
+    imports = import_lines()
     if imports:
         out.append("")
         out.extend(imports)
-    macros = {scope: values.get("value") for (scope, selector), values in gin.config._CONFIG.items() if selector == "gin.macro"}
+    macros = parsed_macros()
     if macros:
         out.append("\n# macros")
         out.extend(_binding_line(name, value) for name, value in macros.items())

@@ -238,3 +238,22 @@ def test_no_import_cycle(graph):
              for mod, deps in graph.items()}
     cycles = _cycles(edges)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+GIN_STATE = re.compile(r"gin\.config\._[A-Za-z]|gin\.(query_parameter|get_bindings|config_str|parse_config)\b")
+
+
+def _gin_state_readers(root: Path) -> list[str]:
+    return sorted(f"{p.relative_to(root)}:{i}" for pkg in PACKAGES for p in (root / pkg).rglob("*.py")
+                  for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1)
+                  if GIN_STATE.search(line) and p.relative_to(root).as_posix() != "components/trainer/gin_config.py")
+
+
+def test_only_gin_config_reads_gins_state(tmp_path):
+    """gin's parsed state (its private tables, query_parameter, get_bindings, ...) is read by
+    components/trainer/gin_config.py alone; experiments/ asks it (parsed_bindings, short_selector, ...)."""
+    assert _gin_state_readers(REPO) == []
+    planted = tmp_path / "experiments" / "x.py"  # the scan finds a reader
+    planted.parent.mkdir(parents=True)
+    planted.write_text("import gin\nsel = gin.config._REGISTRY.get_match('train')\n")
+    assert _gin_state_readers(tmp_path) == ["experiments/x.py:2"]

@@ -1,7 +1,9 @@
-"""The one module under components/ that reads gin's state: a run's gin files and bindings parsed
+"""The one module that reads gin's state (experiments/ asks it too): a run's gin files and bindings parsed
 (`parse_gin_files`), the values they bind for a registered component (`bound_values`: defaults,
 then bindings, macros resolved), and gin's errors in words (the binding at fault, and what was
-probably meant: `gin_error_message`, `check_binding_syntax`, `unknown_parameter_message`, ...).
+probably meant: `gin_error_message`, `check_binding_syntax`, `unknown_parameter_message`, ...), and
+what was parsed, read through functions instead of gin's private tables (`parsed_bindings`,
+`parsed_macros`, `import_lines`, `configurable_selector`, `configurable_function`, `short_selector`, `bound_parameter`).
 
 It runs in the process that resolves a run (components/trainer/resolve.py); the run's processes
 get the result, never gin. The TrainConfig and its checks are config.py's.
@@ -24,7 +26,9 @@ import gin
 from components.quiet import quiet_gin
 from components.registry import Registry, load_builtin_components
 
-__all__ = ["ConfigError", "text_bindings", "bound_values", "components_config_str", "operative_config_str", "imported_modules", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
+__all__ = ["ConfigError", "text_bindings", "bound_values", "components_config_str", "operative_config_str", "imported_modules",
+           "import_lines", "parsed_bindings", "parsed_macros", "configurable_selector", "configurable_function",
+           "short_selector", "bound_parameter", "parse_gin_files", "gin_error_message", "check_binding_syntax", "quoted_suggestion",
            "unknown_parameter_message", "unknown_configurable_message", "configurable_parameter_names"]
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,46 @@ def components_config_str(table) -> str:
 def imported_modules() -> list[str]:
     """The modules the parsed gin files import (``import my_losses``), in gin's order."""
     return [statement.module for statement in sorted(gin.config._IMPORTS, key=lambda st: st.module)]
+
+
+def import_lines() -> list[str]:
+    """The parsed gin files' import statements as gin writes them (``import my_losses``), sorted."""
+    return [statement.format() for statement in gin.config.ImportManager(gin.config._IMPORTS).sorted_imports]
+
+
+def parsed_bindings() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every binding gin parsed: {(scope, full selector): {param: value}} (macros under selector
+    "gin.macro", keyed by their name as scope), values as parsed (references unevaluated)."""
+    return {key: dict(values) for key, values in gin.config._CONFIG.items()}
+
+
+def parsed_macros() -> dict[str, Any]:
+    """The parsed macros (``NAME = value``): {NAME: value}."""
+    return {name: values.get("value") for (name, selector), values in gin.config._CONFIG.items()
+            if selector == "gin.macro"}
+
+
+def configurable_selector(name: str) -> Optional[str]:
+    """The full selector of the configurable `name` (any unique suffix of it), None when gin has none."""
+    match = gin.config._REGISTRY.get_match(name)
+    return None if match is None else match.selector
+
+
+def configurable_function(name: str) -> Optional[Any]:
+    """The function or class gin registered as `name` (None when gin has none)."""
+    match = gin.config._REGISTRY.get_match(name)
+    return None if match is None else match.wrapped
+
+
+def bound_parameter(key: str) -> Any:
+    """The value bound to `key` (``selector.param``) as parsed, references unevaluated; ValueError
+    when nothing binds it."""
+    return gin.query_parameter(key)
+
+
+def short_selector(selector: str) -> str:
+    """The shortest selector that names `selector` unambiguously, as gin's operative config spells it."""
+    return gin.config._REGISTRY.minimal_selector(selector)
 
 
 def operative_config_str() -> str:
@@ -200,8 +244,6 @@ def _syntax_message(err: SyntaxError) -> str:
 
 
 def _close(word: str, choices: Sequence[str]) -> Optional[str]:
-    import difflib
-
     match = difflib.get_close_matches(word, list(choices), n=1)
     return match[0] if match else None
 
