@@ -50,7 +50,7 @@ import pandas as pd
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
     "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
-    "seed_key", "parse_equivalence", "common_window", "tail_values", "auc_values", "window_start", "MEASURED",
+    "seed_key", "parse_equivalence", "common_window", "tail_values", "tail_sampling_sd", "auc_values", "window_start", "MEASURED",
     "PairComparison", "compare_pair", "compare_sweep",
     "Efficiency", "efficiency",
 ]
@@ -231,6 +231,32 @@ def common_window(final_compute: Iterable[float]) -> float:
     return float(x.min()) if x.size else math.nan
 
 
+def _tail_weights(c: np.ndarray, start: float, end: float) -> np.ndarray | None:
+    """[n] w with tail = Σ w·r over a run's evaluations at compute c [n] (sorted): the mean of those
+    inside [start, end]; none inside, the curve interpolated linearly in log compute at the window's
+    midpoint (two neighbours). None when the run has no tail (it stops before `end`)."""
+    if not c.size or c[-1] < end * (1 - 1e-9):
+        return None
+    inside = (c >= start * (1 - 1e-12)) & (c <= end * (1 + 1e-12))
+    if inside.any():
+        return inside / float(inside.sum())
+    pos = np.flatnonzero(c > 0)
+    if pos.size < 2:
+        return None
+    x = math.log(0.5 * (start + end))
+    lc = np.log(c[pos])
+    w = np.zeros(c.size)
+    if x <= lc[0]:  # np.interp's ends: the nearest evaluation
+        w[pos[0]] = 1.0
+    elif x >= lc[-1]:
+        w[pos[-1]] = 1.0
+    else:
+        j = int(np.searchsorted(lc, x, side="right"))  # lc[j-1] <= x < lc[j]
+        f = (x - lc[j - 1]) / (lc[j] - lc[j - 1])
+        w[pos[j - 1]], w[pos[j]] = 1.0 - f, f
+    return w
+
+
 def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float | None = None,
                 fraction: float = TAIL_FRACTION) -> dict[Any, float]:
     """Per run: the mean held-out pass rate over the last `fraction` of the common window.
@@ -242,24 +268,31 @@ def tail_values(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float 
     `end` has no tail (NaN): part of a window is not the window."""
     if end is None:
         end = common_window(float(c[-1]) for c, _ in curves.values() if len(c))
-    out: dict[Any, float] = {}
     if not math.isfinite(end):
         return {k: math.nan for k in curves}
-    start = (1.0 - fraction) * end
+    out: dict[Any, float] = {}
     for key, (c, r) in curves.items():
         c, r = np.asarray(c, dtype=np.float64), np.asarray(r, dtype=np.float64)
-        if not c.size or c[-1] < end * (1 - 1e-9):
-            out[key] = math.nan
-            continue
-        inside = (c >= start * (1 - 1e-12)) & (c <= end * (1 + 1e-12))
-        if inside.any():
-            out[key] = float(r[inside].mean())
-        elif c.size >= 2 and c[-1] >= end:
-            pos = c > 0
-            mid = 0.5 * (start + end)
-            out[key] = float(np.interp(math.log(mid), np.log(c[pos]), r[pos]))
-        else:
-            out[key] = math.nan
+        w = _tail_weights(c, (1.0 - fraction) * end, end)  # [n]
+        out[key] = math.nan if w is None else float(np.dot(w, r))
+    return out
+
+
+def tail_sampling_sd(curves: Mapping[Any, tuple[np.ndarray, np.ndarray]], end: float,
+                     fraction: float = TAIL_FRACTION) -> dict[Any, float]:
+    """Per run: an upper bound on the sd of `tail` that evaluation sampling alone gives it.
+
+    curves: run -> (compute [n], sampling variance of each evaluation [n]), the variance bounded by
+    p(1 − p)/(prompts·k) for a pass rate p over `prompts` fixed prompts, k samples each (the exact
+    variance Σ p_i(1 − p_i)/(k·prompts²) is at most that: p(1 − p) is concave). Evaluations sample
+    independently, so tail = Σ w·r has variance Σ w²·v over the same weights as `tail_values`.
+    NaN where a run has no tail or an evaluation in its tail has no known variance."""
+    out: dict[Any, float] = {}
+    for key, (c, v) in curves.items():
+        c, v = np.asarray(c, dtype=np.float64), np.asarray(v, dtype=np.float64)
+        w = _tail_weights(c, (1.0 - fraction) * end, end) if math.isfinite(end) else None
+        out[key] = math.nan if w is None else float(math.sqrt(np.dot(w * w, v))) if np.all(
+            np.isfinite(v[w > 0])) else math.nan
     return out
 
 

@@ -49,6 +49,7 @@ from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, predic
 log = logging.getLogger(__name__)
 
 __all__ = ["resolve_compute", "COMPUTE_AXES", "find_run_dirs", "read_jsonl", "load_runs", "fit_run", "fit_runs", "compute_label", "RUN_KEYS",
+           "run_curve", "run_sampling_variance",
            "config_name", "is_benchmark_row", "epoch_info", "run_contention", "run_runq", "run_finished", "pool_dry_step"]
 
 # Columns that identify a run in every frame.
@@ -330,6 +331,21 @@ def run_curve(df_run: pd.DataFrame, compute: str = "compute_hours") -> tuple[np.
     d = df_run[[compute, "pass_rate"]].apply(pd.to_numeric, errors="coerce").dropna()
     d = d.sort_values(compute, kind="stable").drop_duplicates(subset=[compute], keep="last")
     return d[compute].to_numpy(np.float64), d["pass_rate"].to_numpy(np.float64)
+
+
+def run_sampling_variance(df_run: pd.DataFrame, compute: str = "compute_hours") -> tuple[np.ndarray, np.ndarray]:
+    """(compute, v) beside `run_curve`'s points (same rows, same order): v bounds the variance that
+    sampling gives each evaluation's pass rate, p(1 − p)/(prompts·k); NaN where prompts or k is not
+    logged (`analysis.compare.tail_sampling_sd`)."""
+    cols = [compute, "pass_rate"] + [c for c in ("prompts", "k") if c in df_run]
+    d = df_run[cols].apply(pd.to_numeric, errors="coerce").dropna(subset=[compute, "pass_rate"])
+    d = d.sort_values(compute, kind="stable").drop_duplicates(subset=[compute], keep="last")
+    p = d["pass_rate"].to_numpy(np.float64)
+    n = (d["prompts"].to_numpy(np.float64) if "prompts" in d else np.full(p.size, np.nan)) * (
+        d["k"].to_numpy(np.float64) if "k" in d else np.full(p.size, np.nan))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(n > 0, p * (1.0 - p) / n, np.nan)
+    return d[compute].to_numpy(np.float64), v
 
 
 def fit_run(

@@ -47,11 +47,11 @@ import pandas as pd
 
 from analysis.compare import (A_NOT_IDENTIFIED, DEFAULT_EQUIVALENCE, METRICS, Efficiency, PairComparison,
                               auc_values, common_window, compare_pair, compare_sweep, difference, efficiency,
-                              parse_equivalence, seed_key, tail_values, window_start)
+                              parse_equivalence, seed_key, tail_sampling_sd, tail_values, window_start)
 from analysis.findings import FINDINGS, Claim, Mechanism
 from analysis.meters import meters_text
 from analysis.protocol import Margin, Protocol, get_protocol, margin_from_seed_fits, sweep_protocol, t_quantile
-from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve
+from analysis.runs import fit_runs, load_runs, resolve_compute, run_curve, run_sampling_variance
 from analysis.scaling_law import A_MARGIN, FitResult, refit_at
 
 __all__ = ["SweepSummary", "ConfigComparison", "compare_configs", "summarize", "summarize_sweep",
@@ -499,8 +499,10 @@ def _with_tail(table: pd.DataFrame, ev: pd.DataFrame, compute: str) -> tuple[pd.
     end = common_window(float(curves[p][0][-1]) for p in (done or curves))
     start = window_start({p: curves[p] for p in (done or curves)})
     tails = tail_values(curves, end)
+    sampling = tail_sampling_sd({p: run_sampling_variance(groups[p], compute) for p in curves}, end)
     aucs = auc_values(curves, end, start)
     return table.assign(tail=[tails.get(p, math.nan) for p in table["path"]], tail_end=end,
+                        tail_sampling_sd=[sampling.get(p, math.nan) for p in table["path"]],
                         auc=[aucs.get(p, math.nan) for p in table["path"]], window_start=start), end
 
 

@@ -201,14 +201,19 @@ def _equivalence_sd(n: int, *, half_width: bool = False) -> float:
     return k if half_width else DEFAULT_EQUIVALENCE / k
 
 
-def _paired_noise(summaries: dict) -> tuple[float, float] | None:
-    """(median sd of per-seed differences of `tail`, median sd of `tail` across seeds) over the
-    pairs of configurations sharing >= 2 seeds: what pairing by seed buys, in numbers."""
+def _paired_noise(summaries: dict) -> tuple[float, float, float] | None:
+    """(median sd of per-seed differences of `tail`, median sd of `tail` across seeds, median bound on
+    the sd that evaluation sampling alone gives a per-seed difference) over the pairs of configurations
+    sharing >= 2 seeds: what pairing by seed buys, and how much of what is left a larger evaluation
+    could remove, in numbers (the bound is NaN where no run logs its evaluation's prompts and k)."""
     import numpy as np
 
-    paired, unpaired = [], []
+    paired, unpaired, sampling = [], [], []
     for s in summaries.values():
         t = s.runs.pivot_table(index="seed", columns="config", values="tail", aggfunc="first")
+        has_sd = "tail_sampling_sd" in s.runs
+        v = (s.runs.pivot_table(index="seed", columns="config", values="tail_sampling_sd", aggfunc="first")
+             .reindex(index=t.index, columns=t.columns) ** 2 if has_sd else None)
         for c in t.columns:
             if t[c].notna().sum() >= 2:
                 unpaired.append(float(t[c].std(ddof=1)))
@@ -218,9 +223,13 @@ def _paired_noise(summaries: dict) -> tuple[float, float] | None:
                 d = (t[cols[i]] - t[cols[j]]).dropna()
                 if len(d) >= 2:
                     paired.append(float(d.std(ddof=1)))  # the sd of the per-seed difference, as measured
+                    if v is not None:
+                        both = (v[cols[i]] + v[cols[j]]).reindex(d.index).dropna()
+                        if len(both):
+                            sampling.append(float(np.sqrt(both.mean())))
     if not paired or not unpaired:
         return None
-    return float(np.median(paired)), float(np.median(unpaired))
+    return float(np.median(paired)), float(np.median(unpaired)), float(np.median(sampling)) if sampling else math.nan
 
 
 def _previous_tables(tables: Path) -> tuple[Any, Any]:
@@ -320,6 +329,13 @@ def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
         out.append(f"- Pairing by seed: the per-seed difference of `tail` between two configurations has a median sd "
                    f"of {noise[0]:.4f}; a difference of two unpaired runs would have √2 x {noise[1]:.4f} (`tail`'s sd "
                    f"across seeds) = {unpaired:.4f}: {gain}. A seed fixes the data split, warm start and prompt order.")
+        if math.isfinite(noise[2]):
+            share = min(1.0, (noise[2] / noise[0]) ** 2) if noise[0] > 0 else math.nan
+            cure = ("the rest is run-to-run variation, which more seeds narrow and a larger evaluation does not"
+                    if share < 0.5 else "a larger evaluation (more held-out prompts, or a larger k) would narrow it")
+            out.append(f"- Of that sd, evaluation sampling gives at most {noise[2]:.4f} (the binomial bound "
+                       f"p(1 − p)/(prompts·k) of each evaluation in the tail, `tail_sampling_sd` in runs.csv): at most "
+                       f"{share:.0%} of the variance of a per-seed difference; {cure}.")
     out.append(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
                f"and no true difference that takes an sd of the per-seed difference below {_equivalence_sd(3):.4f} "
                f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 4 seeds below "

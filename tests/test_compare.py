@@ -465,6 +465,58 @@ def test_tail_is_the_mean_over_the_last_20_percent_of_the_common_window():
     assert t["a"] == pytest.approx(0.75) and t["b"] == pytest.approx(0.5)
 
 
+def test_a_tail_between_sparse_evaluations_is_the_log_compute_interpolation():
+    """No evaluation inside the last 20%: the curve linear in log compute at the window's midpoint,
+    written out here with np.interp (float64)."""
+    c = np.array([0.0, 1.0, 3.0, 9.0, 20.0])
+    r = np.array([0.1, 0.2, 0.35, 0.5, 0.6])
+    t = tail_values({"a": (c, r)}, end=10.0)
+    assert t["a"] == pytest.approx(float(np.interp(np.log(9.0), np.log(c[1:]), r[1:])), abs=1e-15)  # mid = 9
+    t = tail_values({"a": (c, r)}, end=12.0)  # mid 10.8, between 9 and 20
+    assert t["a"] == pytest.approx(float(np.interp(np.log(10.8), np.log(c[1:]), r[1:])), abs=1e-15)
+
+
+def test_tail_sampling_sd_is_the_sd_that_binomial_evaluations_give_the_tail():
+    """Known truth: every held-out prompt passes with the curve's p, each evaluation draws
+    prompts·k samples afresh; the sd of the tail over 4,000 replicas matches the bound (which is
+    exact when every prompt has the same p), inside the window and between sparse evaluations."""
+    from analysis.compare import tail_sampling_sd
+
+    rng = np.random.default_rng(7)
+    prompts, k = 200, 4
+    for c in (np.linspace(0.0, 10.0, 11), np.array([0.0, 1.0, 3.0, 7.0, 20.0])):
+        p = 0.2 + 0.5 * c / c.max()  # [n]
+        v = p * (1 - p) / (prompts * k)  # [n]
+        end = 10.0
+        bound = tail_sampling_sd({"a": (c, v)}, end)["a"]
+        draws = rng.binomial(prompts * k, p, size=(4000, c.size)) / (prompts * k)  # [R, n]
+        tails = [tail_values({"a": (c, d)}, end)["a"] for d in draws]
+        assert np.std(tails, ddof=1) == pytest.approx(bound, rel=0.06)
+    assert math.isnan(tail_sampling_sd({"a": (c, np.full(c.size, np.nan))}, 10.0)["a"])  # prompts / k not logged
+    assert math.isnan(tail_sampling_sd({"a": (c[:-1], v[:-1])}, 10.0)["a"])  # stops before the window's end
+
+
+def test_the_report_says_how_much_of_the_paired_sd_evaluation_sampling_can_be(tmp_path):
+    """Synthetic runs (analysis.synthetic logs prompts and k): the runs table carries
+    tail_sampling_sd, equal to the binomial bound of the run's own tail evaluations, and the report
+    states its share of the paired sd."""
+    from analysis.runs import load_runs, run_sampling_variance
+    from experiments.study_report import _can_tell_text
+
+    write_sweep(tmp_path, "loss_type", "train.loss", {"cispo": (0.6, 1.8, 1.0), "gspo": (0.6, 1.8, 1.0)},
+                seeds=SEEDS3, noise=0.03, final_compute=10.0, **RUN_KW)
+    sm = summarize(tmp_path)["loss_type"]
+    ev = load_runs(tmp_path)
+    row = sm.runs.iloc[0]
+    g = ev[ev["path"] == row["path"]]
+    assert {"prompts", "k"} <= set(g.columns)
+    c, v = run_sampling_variance(g, sm.compute)
+    inside = (c >= 0.8 * sm.tail_end * (1 - 1e-12)) & (c <= sm.tail_end * (1 + 1e-12))
+    assert row["tail_sampling_sd"] == pytest.approx(math.sqrt(v[inside].sum()) / inside.sum())
+    text = "\n".join(_can_tell_text(sm.runs, pd.DataFrame(columns=["metric", "verdict"]), {"loss_type": sm}))
+    assert "evaluation sampling gives at most" in text and "of the variance of a per-seed difference" in text
+
+
 def _pair_table(A_a, A_b, ident_a=True, ident_b=True):
     rows = [{"config": "x", "seed": s, "A": v, "A_identified": ident_a, "tail": v} for s, v in enumerate(A_a)]
     rows += [{"config": "y", "seed": s, "A": v, "A_identified": ident_b, "tail": v} for s, v in enumerate(A_b)]

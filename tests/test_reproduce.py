@@ -417,9 +417,15 @@ def test_the_pairing_line_compares_a_paired_difference_with_an_unpaired_one(monk
     import pandas as pd
 
     runs = pd.DataFrame({"A": [0.5, 0.6], "A_identified": [False, True]})
-    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.0291, 0.0231))
+    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.0291, 0.0231, 0.0120))
     text = "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))
     assert "√2 x 0.0231 (`tail`'s sd across seeds) = 0.0327: pairing removes 11% of it" in text
-    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.04, 0.0231))
+    # (0.0120 / 0.0291)² = 17% of the paired variance at most: more seeds, not a larger evaluation
+    assert "evaluation sampling gives at most 0.0120" in text and "at most 17% of the variance" in text
+    assert "more seeds narrow and a larger evaluation does not" in text
+    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.04, 0.0231, 0.035))
     text = "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))
     assert "pairing removes none of it here" in text
+    assert "at most 77% of the variance" in text and "a larger evaluation (more held-out prompts" in text
+    monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.04, 0.0231, float("nan")))
+    assert "evaluation sampling" not in "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))  # not logged
