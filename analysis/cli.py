@@ -323,8 +323,6 @@ def compare_main(args: argparse.Namespace) -> int:
     """Every pair of configurations of every sweep under RUNS, on A, tail and/or auc."""
     import json
 
-    from analysis.compare import METRICS
-
     from rich.console import Console
     from rich.table import Table
 

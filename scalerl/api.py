@@ -18,7 +18,6 @@ the run's gin config, so:
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os

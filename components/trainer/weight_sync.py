@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional
 
 import torch
