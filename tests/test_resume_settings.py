@@ -270,7 +270,15 @@ def _scalerl_train(run_dir: Path, *bindings: str) -> subprocess.Popen:
     for b in [*TINY, *bindings]:
         cmd += ["--gin", b]
     return subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: the test's Ctrl-C reaches only it
+                            start_new_session=True,  # its own process group: the test's Ctrl-C reaches only it
+                            preexec_fn=_as_a_foreground_job)
+
+
+def _as_a_foreground_job() -> None:
+    """SIGINT at its default, as in a terminal's foreground job. A pytest started in the background by a
+    non-interactive shell (`pytest ... &`, nohup) ignores SIGINT, every child inherits that, and Python
+    then installs no KeyboardInterrupt handler: the run would (rightly) ignore the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow
