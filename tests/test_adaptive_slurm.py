@@ -1,10 +1,11 @@
 """A live adaptive sweep on the REAL local Slurm (issues 32 and 41): the tiny loss_type sweep plus a
 planted loser (CISPO at 100x the learning rate), 3 seeds (a stop rests on the pair's own paired
 interval: with 2 seeds it has one degree of freedom), rungs 0.25 / 0.5 / 1.0 of a small FLOP
-budget; `--only` keeps DAPO, CISPO and the loser (nine runs: GSPO adds run time, not a case). The
-planted loser stops at the first rung on its own paired interval against the leader; the others
-resume from their own checkpoints in the same run directories, and their metrics continue without
-a gap or a repeated step. A re-run of the same command re-decides nothing. `scalerl status` names
+budget; `--only` keeps CISPO and the loser (six runs: DAPO and GSPO add run time, not a case; the
+rule's choices among several survivors are tested on synthetic curves in tests/test_adaptive.py).
+The planted loser stops at the first rung on its own paired interval against the leader; CISPO
+resumes from its own checkpoints in the same run directories, and its metrics continue without a
+gap or a repeated step. A re-run of the same command re-decides nothing. `scalerl status` names
 the stop."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SPEC = "experiments/sweeps/adaptive/loss_type_planted.gin"
 BUDGET = 3e11  # FLOPs: ~30 tiny steps (1e10 each), rungs at ~7, ~15 and ~30 steps
-CONFIGS = ("dapo", "cispo", "planted_lr_x100")
+CONFIGS = ("cispo", "planted_lr_x100")
 SEEDS = (0, 1, 2)
 
 
@@ -73,11 +74,11 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     assert first["planted_lr_x100"]["verdict"] == "worse" and first["planted_lr_x100"]["action"] == "stop"
     assert first["planted_lr_x100"]["paired"] and first["planted_lr_x100"]["high"] < 0
     assert first["planted_lr_x100"]["n"] == len(SEEDS) and first["planted_lr_x100"]["pair"][0] == "planted_lr_x100"
-    # Holm's first step over 2 comparisons, ALPHA split over 2 early rungs: the two-sided 1 − 0.05/(2·2) interval
-    assert first["planted_lr_x100"]["level"] == pytest.approx(1 - 0.05 / (2 * 2))
+    # one comparison (Holm's first step over 1), ALPHA split over 2 early rungs: the two-sided 1 − 0.05/(1·2) interval
+    assert first["planted_lr_x100"]["level"] == pytest.approx(1 - 0.05 / (1 * 2))
     assert first["planted_lr_x100"]["rule"].startswith("tail: worse")
     stopped = {d["config"] for d in decisions if d["action"] == "stop"}
-    survivors = {"dapo", "cispo"} - stopped
+    survivors = {"cispo"} - stopped
     assert survivors, decisions
     assert {d["rung"] for d in decisions} == {0.25, 0.5, 1.0}
     # the planted loser trained to the first rung only; every survivor to the full budget, each step once
@@ -100,6 +101,6 @@ def test_adaptive_sweep_stops_the_planted_loser_and_resumes_the_rest(tmp_path, w
     out = capsys.readouterr().out
     assert "decided before" in out and len((sweep / "adaptive.jsonl").read_text().splitlines()) == len(decisions)
     rows = {r.run: r for r in S.collect(sweep, with_slurm=False)}
-    assert not any(name.startswith("gspo") for name in rows), sorted(rows)  # --only held
+    assert not any(name.startswith(("gspo", "dapo")) for name in rows), sorted(rows)  # --only held
     assert rows["planted_lr_x100-s0"].state == "stopped"
     assert rows["planted_lr_x100-s0"].reason.startswith("stopped (rung 0.25: worse than ")
