@@ -42,8 +42,9 @@ from pathlib import Path
 
 from experiments.run_config import DEFAULT_TARGET
 from experiments.study_report import FIGURES_DIR, PREDICT_BOOT, write_report
-from experiments.study_runs import (ReproduceError, collect, dir_bytes, materialize_shared, plan_study, print_plans,
-                                    judge_contention, run_ended, run_study, select_specs, validate_plan)
+from experiments.study_runs import (CollectResult, ReproduceError, collect, dir_bytes, materialize_shared, not_in_results,
+                                    plan_study, print_plans, judge_contention, run_ended, run_study, select_specs,
+                                    thinned_every, validate_plan)
 from experiments.sweep_cli import add_slurm_arguments
 
 __all__ = ["add_arguments", "main"]
@@ -181,7 +182,10 @@ def main(args: argparse.Namespace) -> int:
         collected, kept = None, []
         if args.collect_only:
             collected = _collect_finished(args, console)
-        elif not args.report_only:
+        elif args.report_only:
+            if args.sweeps and args.out.is_dir():  # a chosen study: what OUT lacks of it, so "complete" is true
+                collected = CollectResult(0, 0, thinned_every(args.out), not_in_results(args))
+        else:
             plans = plan_study(args, console, act=not args.dry_run)
             print_plans(plans, args, console)
             if args.dry_run:

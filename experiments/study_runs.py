@@ -62,6 +62,21 @@ def _prepare(spec: Path, args: argparse.Namespace) -> tuple[SweepSpec, list[RunS
     return spec, runs, options_from_args(args)
 
 
+def not_in_results(args: argparse.Namespace) -> list[str]:
+    """`<sweep>/<run>` of every run the selected sweeps expand to (`--scale`, `--seeds`, `--seeds-for`)
+    that has no run.json under OUT: what a report regenerated from OUT alone (`--report-only`) still
+    lacks, so that it never calls a part-way study complete."""
+    out = Path(args.out)
+    missing = []
+    for spec_path in select_specs(args.sweeps):
+        try:
+            _spec, runs, _opts = _prepare(spec_path, args)
+        except SweepError as err:
+            raise ReproduceError(f"{spec_path.stem}: {err}") from None
+        missing += [f"{r.sweep}/{r.name}" for r in runs if not (out / r.sweep / r.name / "run.json").is_file()]
+    return missing
+
+
 @dataclasses.dataclass
 class SweepPlan:
     spec: SweepSpec

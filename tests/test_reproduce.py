@@ -429,3 +429,28 @@ def test_the_pairing_line_compares_a_paired_difference_with_an_unpaired_one(monk
     assert "at most 77% of the variance" in text and "a larger evaluation (more held-out prompts" in text
     monkeypatch.setattr(study_report, "_paired_noise", lambda summaries: (0.04, 0.0231, float("nan")))
     assert "evaluation sampling" not in "\n".join(study_report._can_tell_text(runs, pd.DataFrame(), {}))  # not logged
+
+
+def test_a_report_regenerated_from_results_alone_names_the_runs_it_still_lacks(tmp_path, capsys):
+    """`--report-only --sweeps ...` on a part-way study: OUT alone has no queue to ask, so the
+    report lists the runs the chosen sweeps expand to that OUT lacks, never "Complete"."""
+    out = tmp_path / "results"
+
+    def run(name: str, seed: int) -> None:
+        write_run(out, "loss_type", f"{name}-s{seed}", A=0.6, B=1.8, C_mid=1.0, factor="train.loss", value=name,
+                  seed=seed, noise=0.01, final_compute=10.0, steps=30, eval_every=3, device="cpu", count=2)
+
+    for name in ("dapo", "gspo", "cispo"):
+        for seed in (0, 1):
+            if (name, seed) != ("gspo", 1):  # one run not finished yet
+                run(name, seed)
+    args = ["reproduce", "--report-only", "--no-figures", "--predict-boot", "0", "--scale", "tiny",
+            "--sweeps", "loss_type", "--seeds", "2", "--out", str(out), "--runs", str(tmp_path / "runs")]
+    assert scalerl(args) == 0, capsys.readouterr().out
+    progress = (out / "REPORT.md").read_text().split("## Study progress")[1].split("\n## ")[0]
+    assert "**Part-way**" in progress and "not finished yet (1): loss_type/gspo-s1." in progress
+    assert "**Complete**" not in progress
+    run("gspo", 1)
+    assert scalerl(args) == 0
+    progress = (out / "REPORT.md").read_text().split("## Study progress")[1].split("\n## ")[0]
+    assert "**Complete**: every run of the 1 sweeps this study chose is here (6 runs)" in progress
