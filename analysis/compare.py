@@ -241,12 +241,12 @@ def _tail_weights(c: np.ndarray, start: float, end: float) -> np.ndarray | None:
     if inside.any():
         return inside / float(inside.sum())
     pos = np.flatnonzero(c > 0)
-    if pos.size < 2:
+    if c.size < 2 or pos.size < 1:
         return None
     x = math.log(0.5 * (start + end))
     lc = np.log(c[pos])
     w = np.zeros(c.size)
-    if x <= lc[0]:  # np.interp's ends: the nearest evaluation
+    if x <= lc[0]:  # np.interp's ends (and a single positive point): the nearest evaluation
         w[pos[0]] = 1.0
     elif x >= lc[-1]:
         w[pos[-1]] = 1.0
