@@ -37,7 +37,7 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -326,23 +326,28 @@ def compute_label(compute: str = "compute_hours", device: str | None = None) -> 
 def run_curve(df_run: pd.DataFrame, compute: str = "compute_hours") -> tuple[np.ndarray, np.ndarray]:
     """(compute, pass_rate) of one run's evaluations: finite, sorted, strictly increasing compute
     (of repeated compute values the last evaluation is kept)."""
+    d = _eval_points(df_run, compute)
+    return d[compute].to_numpy(np.float64), d["pass_rate"].to_numpy(np.float64)
+
+
+def _eval_points(df_run: pd.DataFrame, compute: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """One run's evaluations as numbers: finite compute and pass rate, sorted by compute, of repeated
+    compute values the last evaluation kept; `extra` columns ride along (NaN where not logged)."""
     if compute not in df_run:
         raise KeyError(f"no column {compute!r}; choose from {list(COMPUTE_COLUMNS)}")
-    d = df_run[[compute, "pass_rate"]].apply(pd.to_numeric, errors="coerce").dropna()
+    cols = [compute, "pass_rate"] + [c for c in extra if c in df_run]
+    d = df_run[cols].apply(pd.to_numeric, errors="coerce").dropna(subset=[compute, "pass_rate"])
     d = d.sort_values(compute, kind="stable").drop_duplicates(subset=[compute], keep="last")
-    return d[compute].to_numpy(np.float64), d["pass_rate"].to_numpy(np.float64)
+    return d.reindex(columns=[compute, "pass_rate", *extra])
 
 
 def run_sampling_variance(df_run: pd.DataFrame, compute: str = "compute_hours") -> tuple[np.ndarray, np.ndarray]:
     """(compute, v) beside `run_curve`'s points (same rows, same order): v bounds the variance that
     sampling gives each evaluation's pass rate, p(1 − p)/(prompts·k); NaN where prompts or k is not
     logged (`analysis.compare.tail_sampling_sd`)."""
-    cols = [compute, "pass_rate"] + [c for c in ("prompts", "k") if c in df_run]
-    d = df_run[cols].apply(pd.to_numeric, errors="coerce").dropna(subset=[compute, "pass_rate"])
-    d = d.sort_values(compute, kind="stable").drop_duplicates(subset=[compute], keep="last")
+    d = _eval_points(df_run, compute, extra=("prompts", "k"))
     p = d["pass_rate"].to_numpy(np.float64)
-    n = (d["prompts"].to_numpy(np.float64) if "prompts" in d else np.full(p.size, np.nan)) * (
-        d["k"].to_numpy(np.float64) if "k" in d else np.full(p.size, np.nan))
+    n = d["prompts"].to_numpy(np.float64) * d["k"].to_numpy(np.float64)  # NaN where not logged
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.where(n > 0, p * (1.0 - p) / n, np.nan)
     return d[compute].to_numpy(np.float64), v

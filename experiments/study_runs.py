@@ -62,19 +62,23 @@ def _prepare(spec: Path, args: argparse.Namespace) -> tuple[SweepSpec, list[RunS
     return spec, runs, options_from_args(args)
 
 
+def _selected_sweeps(args: argparse.Namespace):
+    """(spec, runs, launch options) of every sweep `--sweeps` selects (`_prepare`); a bad spec is a
+    ReproduceError naming it."""
+    for spec_path in select_specs(args.sweeps):
+        try:
+            yield _prepare(spec_path, args)
+        except SweepError as err:
+            raise ReproduceError(f"{spec_path.stem}: {err}") from None
+
+
 def not_in_results(args: argparse.Namespace) -> list[str]:
     """`<sweep>/<run>` of every run the selected sweeps expand to (`--scale`, `--seeds`, `--seeds-for`)
     that has no run.json under OUT: what a report regenerated from OUT alone (`--report-only`) still
     lacks, so that it never calls a part-way study complete."""
     out = Path(args.out)
-    missing = []
-    for spec_path in select_specs(args.sweeps):
-        try:
-            _spec, runs, _opts = _prepare(spec_path, args)
-        except SweepError as err:
-            raise ReproduceError(f"{spec_path.stem}: {err}") from None
-        missing += [f"{r.sweep}/{r.name}" for r in runs if not (out / r.sweep / r.name / "run.json").is_file()]
-    return missing
+    return [f"{r.sweep}/{r.name}" for _spec, runs, _opts in _selected_sweeps(args) for r in runs
+            if not (out / r.sweep / r.name / "run.json").is_file()]
 
 
 @dataclasses.dataclass
@@ -227,11 +231,7 @@ def plan_study(args: argparse.Namespace, console=None, *, act: bool = True) -> l
 
     work, out = Path(args.runs), Path(args.out)
     plans = []
-    for spec_path in select_specs(args.sweeps):
-        try:
-            spec, runs, opts = _prepare(spec_path, args)
-        except SweepError as err:
-            raise ReproduceError(f"{spec_path.stem}: {err}") from None
+    for spec, runs, opts in _selected_sweeps(args):
         set_aside, kept, forced = [], [], {}
         for r in runs:
             here, collected = work / r.sweep / r.name, out / r.sweep / r.name
