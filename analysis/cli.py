@@ -112,6 +112,7 @@ def fit_tables(summaries: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
 def fit_main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from analysis.compare import pairs_frame
     from analysis.study import summarize
 
     console = Console(width=max(Console().width, 120))
@@ -143,8 +144,8 @@ def fit_main(args: argparse.Namespace) -> int:
     out.to_csv(csv, index=False)
     configs.to_csv(csv.with_name(f"{csv.stem}_configs.csv"), index=False)
     claims.to_csv(csv.with_name(f"{csv.stem}_claims.csv"), index=False)
-    pd.DataFrame([p.as_row() for s in summaries.values() for p in s.pairs]).to_csv(
-        csv.with_name(f"{csv.stem}_pairs.csv"), index=False)
+    pairs_frame(p for s in summaries.values() for p in s.pairs).to_csv(csv.with_name(f"{csv.stem}_pairs.csv"),
+                                                                        index=False)
     _print_tables(console, out, summaries, args)
     contended = out[out["contended"].fillna(False).astype(bool)]
     if len(contended):
@@ -316,7 +317,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON list, one object per pair and metric: sweep, a, b, metric, delta (a − b), "
                              "low, high, n, paired, identified, verdict (better | worse | equivalent | inconclusive, "
-                             "relative to a); fit's <stem>_pairs.csv adds n_a, n_b, equivalence and reason")
+                             "relative to a); fit's <stem>_pairs.csv adds n_a, n_b, equivalence, reason, seeds_to_decide and projected")
 
 
 def compare_main(args: argparse.Namespace) -> int:
@@ -351,15 +352,21 @@ def compare_main(args: argparse.Namespace) -> int:
             continue
         t = Table(title=f"{sweep}: a − b on {s.compute} (95% interval; equivalent = the interval inside "
                         f"±{s.equivalence:g}, by TOST)")
-        for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict"):
+        for head in ("a", "b", "metric", "Δ [95% CI]", "how", "verdict", "seeds to decide"):
             t.add_column(head, overflow="fold")
         for p in mine:
             t.add_row(p.a, p.b, p.metric, _interval(p.diff.delta, p.diff.low, p.diff.high, "+.3f"), p.diff.method,
-                      p.verdict + (f" ({p.reason})" if p.reason else ""))
+                      p.verdict + (f" ({p.reason})" if p.reason else ""), p.seeds_text())
         console.print(t)
     counts = pd.Series([p.verdict for p in pairs]).value_counts()
     console.print("verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in
                                            ("better", "worse", "equivalent", "inconclusive")), highlight=False)
+    if counts.get("inconclusive", 0):
+        from analysis.compare import SEEDS_POWER
+
+        console.print(f"seeds to decide: the seeds per configuration at which an inconclusive pair's 95% interval is "
+                      f"decided with {SEEDS_POWER:.0%} probability, were its measured mean difference and sd the truth "
+                      "(a projection from few seeds: an order of magnitude)", highlight=False)
     return 0
 
 

@@ -32,6 +32,10 @@ share of the variance (88-92% of it for the tiny study's pass rate):
     by log compute (`auc_values`). The paper finds that most choices move efficiency rather than
     the asymptote; B and C_mid, its fitted measures of efficiency, inherit A's identification
     problem, so `auc` judges every efficiency claim beside them.
+- `seeds_to_decide` projects, from a pair's measured mean and sd of a − b, the number of seeds per
+  configuration at which its interval would be decided with 80% probability, were the measured
+  mean and sd the truth (`Difference.seeds_to_decide`, the `seeds_to_decide` column of pairs.csv,
+  a column of `scalerl compare`): a planning number for an `inconclusive` pair.
 - `compare_sweep` compares every pair of configurations of one sweep on every metric (A, tail, auc);
   `scalerl compare`, `scalerl fit`, the figures and the reproduction report all call it (through
   `analysis.study.summarize_sweep`).
@@ -49,9 +53,9 @@ import pandas as pd
 
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
-    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
+    "Difference", "difference", "seeds_to_decide", "decided_probability", "SEEDS_LIMIT", "SEEDS_POWER", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
     "seed_key", "parse_equivalence", "common_window", "tail_values", "tail_sampling_sd", "auc_values", "window_start", "MEASURED",
-    "PairComparison", "compare_pair", "compare_sweep",
+    "PairComparison", "pairs_frame", "compare_pair", "compare_sweep",
     "Efficiency", "efficiency",
 ]
 
@@ -102,6 +106,8 @@ class Difference:
     equivalence: float
     verdict: str
     reason: str = ""  # why inconclusive, when there is more to say than the interval
+    seeds_to_decide: int | None = None  # seeds per configuration that decide it (projected); None: over SEEDS_LIMIT
+    projected: str = ""  # the verdict it would then read ("" when already decided or not projected)
 
     @property
     def method(self) -> str:
@@ -184,6 +190,79 @@ def verdict_of(low: float, high: float, p_equivalent: float, alpha: float = ALPH
     return "inconclusive"
 
 
+SEEDS_LIMIT = 64  # projections stop here: a pair that needs more is called undecidable by seeds
+SEEDS_POWER = 0.8  # the chance of a decided interval that `seeds_to_decide` plans for
+
+
+def decided_probability(delta: float, sd: float, n: np.ndarray, *, equivalence: float = DEFAULT_EQUIVALENCE,
+                        level: float = LEVEL, sd_b: float | None = None, grid: int = 400) -> np.ndarray:
+    """P(the interval of a − b is decided | n seeds per configuration), per n in `n` [N], were the true
+    mean difference `delta` and the true spread `sd` (and `sd_b`): the chance that `verdict_of`
+    says `equivalent`, `better` or `worse`.
+
+    Paired (sd_b None): the per-seed differences are N(delta, sd²); the sample mean is
+    N(delta, sd²/n) and, independently, (n − 1)s²/sd² is χ²(n − 1); the interval is mean ± h,
+    h = t(level, n − 1)·s/√n. Given h, the rule decides unless the mean lies in [−h, −δ + h] or
+    [δ − h, h] (nothing is left undecided when h < δ/2: an interval that wide either sits inside
+    ±δ or excludes 0), so P = E_s[Φ-sums], the expectation over s on `grid` χ² quantiles.
+    Unpaired (Welch, n runs a side): the same with sd² + sd_b² and Satterthwaite's ν degrees of
+    freedom for both the t quantile and the spread's χ²."""
+    from scipy import stats
+
+    n = np.asarray(n, dtype=np.float64)  # [N]
+    var = sd * sd + (0.0 if sd_b is None else sd_b * sd_b)  # the variance of one per-seed difference
+    if sd_b is None:
+        df = n - 1.0  # [N]
+    else:
+        four = sd ** 4 + sd_b ** 4
+        df = var * var * (n - 1.0) / four if four > 0 else n - 1.0  # [N] Welch-Satterthwaite, n a side
+    if var == 0.0:  # no noise: the interval is the point delta, always decided
+        return np.ones(n.shape)
+    u = (np.arange(grid) + 0.5) / grid  # [Q] quantile midpoints
+    ratio = np.sqrt(stats.chi2.ppf(u[None, :], df[:, None]) / df[:, None])  # [N, Q] s / sd
+    se = math.sqrt(var) / np.sqrt(n)[:, None]  # [N, 1] sd of the mean difference
+    h = stats.t.ppf(0.5 + level / 2.0, df)[:, None] * ratio * se  # [N, Q] the interval's half-width
+    cdf = lambda x: stats.norm.cdf((x - delta) / se)  # noqa: E731  P(mean < x)   [N, Q]
+    worse, better = cdf(-h), 1.0 - cdf(h)  # [N, Q]
+    equal = np.clip(cdf(equivalence - h) - cdf(-equivalence + h), 0.0, None)  # [N, Q]
+    p = np.where(h < equivalence / 2.0, 1.0, worse + better + equal)  # [N, Q]
+    return p.mean(axis=1)  # [N]
+
+
+def seeds_to_decide(delta: float, sd: float, *, equivalence: float = DEFAULT_EQUIVALENCE, level: float = LEVEL,
+                    start: int = 2, sd_b: float | None = None, power: float = SEEDS_POWER,
+                    limit: int = SEEDS_LIMIT) -> tuple[int | None, str]:
+    """(n, verdict): the fewest seeds per configuration, from `start` on, at which a − b's interval
+    is decided with probability >= `power` (`decided_probability`), were the pair's true mean
+    difference and spread the measured `delta` and `sd` (paired: the sd of the per-seed
+    differences; Welch: `sd` and `sd_b`, each configuration's sd), and the verdict it would most
+    likely read; (None, "inconclusive") when more than `limit` seeds would be needed.
+
+    A planning number from point estimates: the measured mean and sd of 3-5 seeds are themselves
+    uncertain, so treat it as the order of magnitude of the seeds a pair needs."""
+    from scipy import stats
+
+    if not (math.isfinite(delta) and math.isfinite(sd) and sd >= 0
+            and (sd_b is None or (math.isfinite(sd_b) and sd_b >= 0))):
+        return None, "inconclusive"
+    n = np.arange(max(int(start), 2), max(int(limit), 2) + 1)  # [N] candidate seeds
+    p = decided_probability(delta, sd, n, equivalence=equivalence, level=level, sd_b=sd_b)  # [N]
+    hit = np.flatnonzero(p >= power)
+    if not hit.size:
+        return None, "inconclusive"
+    k = int(n[hit[0]])
+    side = "better" if delta > 0 else "worse"
+    var = sd * sd + (sd_b or 0.0) ** 2
+    if var == 0.0:
+        return k, "equivalent" if abs(delta) < equivalence else side
+    # the likelier verdict at k (the spread at its measured value): inside ±δ, or past 0 on delta's side
+    se = math.sqrt(var / k)
+    t = float(stats.t.ppf(0.5 + level / 2.0, k - 1))
+    p_equal = stats.norm.cdf((equivalence - t * se - delta) / se) - stats.norm.cdf((-equivalence + t * se - delta) / se)
+    p_side = stats.norm.sf((t * se - abs(delta)) / se)
+    return k, "equivalent" if p_equal >= p_side else side
+
+
 def difference(
     a: Mapping[Any, float],
     b: Mapping[Any, float],
@@ -207,19 +286,26 @@ def difference(
         delta, low, high = paired_interval(x, y, level)
         p = equivalence_p(x, y, equivalence, paired=True)
         n, paired = len(common), True
+        spread, spread_b, seeds = float(np.std(np.subtract(x, y), ddof=1)), None, n
     elif len(va) >= 2 and len(vb) >= 2:
         x, y = list(va.values()), list(vb.values())
         delta, low, high = welch_interval(x, y, level)
         p = equivalence_p(x, y, equivalence, paired=False)
         n, paired = len(va) + len(vb), False
+        spread, spread_b, seeds = float(np.std(x, ddof=1)), float(np.std(y, ddof=1)), max(len(va), len(vb))
     else:
         delta = (float(np.mean(list(va.values()))) - float(np.mean(list(vb.values())))) if va and vb else math.nan
         return Difference(delta, math.nan, math.nan, len(va) + len(vb), len(va), len(vb), False, math.nan,
                           equivalence, "inconclusive", f"too few runs ({len(va)} and {len(vb)}; need 2 each)")
     if bounds is not None:
         low, high = max(low, bounds[0]), min(high, bounds[1])
-    return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence,
-                      verdict_of(low, high, p, tost_alpha(level)))
+    verdict = verdict_of(low, high, p, tost_alpha(level))
+    if verdict != "inconclusive":
+        return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence, verdict, seeds_to_decide=seeds)
+    need, projected = seeds_to_decide(delta, spread, equivalence=equivalence, level=level, start=seeds + 1,
+                                      sd_b=spread_b)
+    return Difference(delta, low, high, n, len(va), len(vb), paired, p, equivalence, verdict,
+                      seeds_to_decide=need, projected=projected)
 
 
 # ----------------------------------------------------------------------------- the tail metric
@@ -367,11 +453,37 @@ class PairComparison:
     def as_row(self) -> dict[str, Any]:
         """`as_dict` and the rest of the evidence (runs per side, δ, why inconclusive): a CSV row."""
         return {**self.as_dict(), "n_a": int(self.diff.n_a), "n_b": int(self.diff.n_b),
-                "equivalence": float(self.diff.equivalence), "reason": self.reason}
+                "equivalence": float(self.diff.equivalence), "reason": self.reason,
+                "seeds_to_decide": self.seeds_to_decide(), "projected": self.diff.projected if self.identified else ""}
+
+    def seeds_to_decide(self) -> int | None:
+        """Seeds per configuration at which this pair is decided: the seeds it has when it is, the
+        projection (`seeds_to_decide`) when it is not; None when seeds cannot decide it (an A that is
+        not identified needs longer runs, not more of them) or more than SEEDS_LIMIT would."""
+        return self.diff.seeds_to_decide if self.identified else None
+
+    def seeds_text(self) -> str:
+        """The projection in words, for an undecided pair ("" for a decided one)."""
+        if self.verdict != "inconclusive":
+            return ""
+        if not self.identified:
+            return "run longer"
+        if self.diff.seeds_to_decide is not None:
+            return f"~{self.diff.seeds_to_decide} ({self.diff.projected})"
+        return f"> {SEEDS_LIMIT}" if self.diff.projected else "—"
 
     def text(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
         return f"{self.metric}: {self.diff.text()} → {self.verdict}{why}"
+
+
+def pairs_frame(pairs: Iterable[PairComparison]) -> pd.DataFrame:
+    """The pairs table (pairs.csv, fit's <stem>_pairs.csv): one `as_row` per pair; `seeds_to_decide`
+    an integer column, blank where seeds cannot decide the pair."""
+    out = pd.DataFrame([p.as_row() for p in pairs])
+    if "seeds_to_decide" in out:
+        out["seeds_to_decide"] = out["seeds_to_decide"].astype("Int64")
+    return out
 
 
 def seed_key(seed: Any, run_id: Any) -> Any:

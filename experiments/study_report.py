@@ -299,6 +299,41 @@ def _verdict_counts_text(claims: Any) -> list[str]:
     return out
 
 
+def _seeds_to_decide_text(pairs: Any, share: float = 0.7) -> list[str]:
+    """The report's line on how many seeds per configuration would decide the measured pairs
+    (pairs.csv `seeds_to_decide`, `analysis.compare.seeds_to_decide`): per measured metric, how many
+    undecided pairs reach a verdict by 8, 16 and SEEDS_LIMIT seeds, and the seeds at which `share`
+    of all its pairs would be decided."""
+    import numpy as np
+
+    from analysis.compare import MEASURED, SEEDS_LIMIT, SEEDS_POWER
+
+    if not len(pairs) or "seeds_to_decide" not in pairs:
+        return []
+    out = []
+    for m in MEASURED:
+        p = pairs[pairs["metric"] == m]
+        if not len(p):
+            continue
+        need = p["seeds_to_decide"].astype(float).fillna(math.inf).to_numpy()  # [P] inf: more than SEEDS_LIMIT
+        open_ = p["verdict"] == "inconclusive"
+        left = need[open_.to_numpy()]
+        at_share = float(np.sort(need)[math.ceil(share * len(need)) - 1])  # the fewest seeds deciding >= share
+        share_text = (f"{share:.0%} of the {len(need)} {m} pairs would be decided at {at_share:.0f} seeds per "
+                      "configuration" if math.isfinite(at_share)
+                      else f"{share:.0%} of the {len(need)} {m} pairs would not be decided by {SEEDS_LIMIT} seeds")
+        if not len(left):
+            out.append(f"- Seeds to decide, on **{m}**: every pair is decided.")
+            continue
+        what = (f" (pairs.csv `seeds_to_decide`: the seeds per configuration at which a pair's interval is decided "
+                f"with {SEEDS_POWER:.0%} probability, were its measured mean difference and sd the truth; a projection "
+                "from a few seeds' mean and sd, so an order of magnitude)") if not out else ""
+        out.append(f"- Seeds to decide, on **{m}**{what}: of the {len(left)} undecided pairs, {int((left <= 8).sum())} "
+                   f"would be decided by 8 seeds, {int((left <= 16).sum())} by 16, {int(np.isfinite(left).sum())} by "
+                   f"{SEEDS_LIMIT}; {share_text}.")
+    return out
+
+
 def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
     from analysis.compare import DEFAULT_EQUIVALENCE, METRICS
 
@@ -336,6 +371,7 @@ def _can_tell_text(runs: Any, pairs: Any, summaries: dict) -> list[str]:
             out.append(f"- Of that sd, evaluation sampling gives at most {noise[2]:.4f} (the binomial bound "
                        f"p(1 − p)/(prompts·k) of each evaluation in the tail, `tail_sampling_sd` in runs.csv): at most "
                        f"{share:.0%} of the variance of a per-seed difference; {cure}.")
+    out.extend(_seeds_to_decide_text(pairs))
     out.append(f"- `equivalent` needs the 95% interval of the difference inside ±{DEFAULT_EQUIVALENCE:g}: with 3 seeds "
                f"and no true difference that takes an sd of the per-seed difference below {_equivalence_sd(3):.4f} "
                f"(t(0.975, 2)/√3 = {_equivalence_sd(3, half_width=True):.2f} sd on each side), with 4 seeds below "
@@ -659,6 +695,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     study chose (`--sweeps`; None: every shipped one), which its progress is measured against."""
     import pandas as pd
 
+    from analysis.compare import pairs_frame
     from analysis.findings import FINDINGS
 
     out = Path(out)
@@ -681,7 +718,7 @@ def write_report(out: str | Path, *, figures: tuple[dict, dict, dict] | None = N
     configs.to_csv(tables / "configs.csv", index=False)
     claims.to_csv(tables / "claims.csv", index=False)
     runs.to_csv(tables / "runs.csv", index=False)
-    pairs = pd.DataFrame([p.as_row() for sm in summaries.values() for p in sm.pairs])
+    pairs = pairs_frame(p for sm in summaries.values() for p in sm.pairs)
     pairs.to_csv(tables / "pairs.csv", index=False)
     if pred is not None:
         pred.drop(columns=[c for c in ("fit",) if c in pred]).to_csv(tables / "predictions.csv", index=False)

@@ -780,3 +780,126 @@ def test_auc_names_an_empty_common_window():
     assert compare_pair(runs, "tool_use", "tool", "none", "tail").verdict == "better"
     runs["window_start"] = 1e11  # a window exists: the usual reason stays
     assert compare_pair(runs, "tool_use", "tool", "none", "auc").reason.startswith("too few runs")
+
+
+# ----------------------------------------------------------------------------- seeds to decide
+
+
+def _simulated_decided(delta, sd, n, sd_b=None, reps=6000, seed=0):
+    """(P(decided), P(equivalent), P(better), P(worse)) of the 95% interval at n seeds by Monte Carlo:
+    per-seed differences N(delta, sd²) (paired), or n runs a side with sds sd, sd_b (Welch's interval
+    with its sample Welch-Satterthwaite df), judged by the rule written out here."""
+    rng = np.random.default_rng(seed)
+    if sd_b is None:
+        d = delta + sd * rng.standard_normal((reps, n))  # [R, n]
+        m, s = d.mean(1), d.std(1, ddof=1)  # [R]
+        h = stats.t.ppf(0.975, n - 1) * s / math.sqrt(n)
+    else:
+        a = delta + sd * rng.standard_normal((reps, n))  # [R, n]
+        b = sd_b * rng.standard_normal((reps, n))  # [R, n]
+        va, vb = a.var(1, ddof=1) / n, b.var(1, ddof=1) / n  # [R]
+        df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1))
+        m, h = a.mean(1) - b.mean(1), stats.t.ppf(0.975, df) * np.sqrt(va + vb)
+    equal = (m - h > -0.02) & (m + h < 0.02)
+    better, worse = ~equal & (m - h > 0), ~equal & (m + h < 0)
+    return (equal | better | worse).mean(), equal.mean(), better.mean(), worse.mean()
+
+
+@pytest.mark.parametrize("delta,sd,sd_b,n", [
+    (0.0, 0.03, None, 4), (0.0, 0.03, None, 12), (0.01, 0.02, None, 6), (0.03, 0.05, None, 9), (-0.05, 0.04, None, 3),
+    (0.0, 0.02, 0.03, 8), (0.04, 0.03, 0.01, 5),
+])
+def test_decided_probability_matches_a_simulation_of_the_verdict_rule(delta, sd, sd_b, n):
+    from analysis.compare import decided_probability
+
+    p = float(decided_probability(delta, sd, np.array([n]), sd_b=sd_b)[0])
+    sim = _simulated_decided(delta, sd, n, sd_b=sd_b)[0]
+    tol = 0.02 if sd_b is None else 0.04  # Welch: the projection uses the true sds' df, a real interval its sample's
+    assert abs(p - sim) < tol, (p, sim)
+
+
+def test_decided_probability_through_difference_itself():
+    """The same chance, read off `difference` (statsmodels' TOST and scipy's interval), on fewer replicas."""
+    from analysis.compare import decided_probability
+
+    rng = np.random.default_rng(3)
+    n, delta, sd = 6, 0.01, 0.02
+    hits = 0
+    for r in range(200):
+        base = rng.uniform(0.3, 0.6, n)
+        d = delta + sd * rng.standard_normal(n)
+        hits += difference(dict(enumerate(base + d)), dict(enumerate(base))).verdict != "inconclusive"
+    p = float(decided_probability(delta, sd, np.array([n]))[0])
+    assert abs(hits / 200 - p) < 0.08, (hits / 200, p)
+
+
+@pytest.mark.parametrize("delta,sd,sd_b", [(0.0, 0.03, None), (0.004, 0.02, None), (0.03, 0.04, None),
+                                           (-0.05, 0.05, None), (0.0, 0.02, 0.03), (0.05, 0.03, 0.01)])
+def test_seeds_to_decide_is_the_first_n_with_an_80_percent_chance_of_a_verdict(delta, sd, sd_b):
+    """Known truth by simulation: at the n it names, real samples from the measured mean and sd are
+    decided about 80% of the time, at n − 1 less often; the verdict it names is the commonest one."""
+    from analysis.compare import SEEDS_POWER, seeds_to_decide
+
+    n, projected = seeds_to_decide(delta, sd, sd_b=sd_b)
+    assert n is not None and n >= 3, n
+    at = _simulated_decided(delta, sd, n, sd_b=sd_b, seed=1)
+    before = _simulated_decided(delta, sd, n - 1, sd_b=sd_b, seed=2)
+    tol = 0.025 if sd_b is None else 0.045
+    assert at[0] > SEEDS_POWER - tol and before[0] < SEEDS_POWER + tol, (n, at, before)
+    commonest = ("equivalent", "better", "worse")[int(np.argmax(at[1:]))]
+    assert projected == commonest, (projected, at)
+
+
+def test_seeds_to_decide_limits_and_bad_input():
+    from analysis.compare import SEEDS_LIMIT, seeds_to_decide
+
+    assert seeds_to_decide(0.0, 0.0, start=2) == (2, "equivalent")  # no noise: decided at once
+    assert seeds_to_decide(0.05, 0.0, start=3) == (3, "better")
+    assert seeds_to_decide(0.019, 0.5) == (None, "inconclusive")  # needs far more than SEEDS_LIMIT
+    assert seeds_to_decide(0.019, 0.5, limit=10 * SEEDS_LIMIT)[0] is None
+    assert seeds_to_decide(math.nan, 0.1) == (None, "inconclusive")
+    assert seeds_to_decide(0.1, math.nan) == (None, "inconclusive")
+    n5, _ = seeds_to_decide(0.0, 0.03, start=5)
+    assert n5 == seeds_to_decide(0.0, 0.03, start=2)[0]  # start only skips the smaller n
+
+
+def test_a_pair_row_carries_its_seeds_to_decide_and_an_unidentified_A_none():
+    runs = _pair_table([0.70, 0.74, 0.69, 0.72], [0.71, 0.70, 0.72, 0.69])
+    t = compare_pair(runs, "s", "x", "y", "tail")
+    assert t.verdict == "inconclusive"
+    row = t.as_row()
+    assert row["seeds_to_decide"] == t.diff.seeds_to_decide and row["seeds_to_decide"] > 4
+    assert row["projected"] in ("better", "worse", "equivalent")
+    assert t.seeds_text() == f"~{row['seeds_to_decide']} ({row['projected']})"
+    decided = compare_pair(_pair_table([0.70, 0.71, 0.72], [0.60, 0.605, 0.61]), "s", "x", "y", "tail")
+    assert decided.verdict == "better" and decided.as_row()["seeds_to_decide"] == 3 and decided.seeds_text() == ""
+    runs.loc[5, "A_identified"] = False
+    a = compare_pair(runs, "s", "x", "y", "A")
+    assert a.as_row()["seeds_to_decide"] is None and a.seeds_text() == "run longer"
+    assert set(t.as_dict()) == KEYS  # the JSON contract does not grow
+
+
+def test_the_report_says_how_many_seeds_would_decide_its_pairs():
+    """The report's line counts the undecided pairs that pairs.csv's seeds_to_decide puts within 8, 16
+    and SEEDS_LIMIT seeds, and the seeds at which 70% of all pairs would be decided."""
+    from analysis.compare import pairs_frame
+    from experiments.study_report import _seeds_to_decide_text
+
+    rows = []
+    for k, (a, b) in enumerate([([0.70, 0.71, 0.72], [0.60, 0.605, 0.61]),  # decided at 3
+                                ([0.40, 0.45, 0.38, 0.41], [0.39, 0.41, 0.42, 0.37]),
+                                ([0.40, 0.47, 0.33, 0.44], [0.35, 0.45, 0.36, 0.40]),
+                                ([0.40, 0.60, 0.20, 0.50], [0.45, 0.30, 0.50, 0.30])]):
+        rows.append(compare_pair(_pair_table(a, b), "s", "x", "y", "tail"))
+    pairs = pairs_frame(rows)
+    assert str(pairs["seeds_to_decide"].dtype) == "Int64"
+    need = [None if pd.isna(x) else int(x) for x in pairs["seeds_to_decide"]]
+    assert need[0] == 3 and all(n is None or n > 4 for n in need[1:]), need
+    text = "\n".join(_seeds_to_decide_text(pairs))
+    left = [math.inf if n is None else n for n in need[1:]]
+    by8, by16 = sum(n <= 8 for n in left), sum(n <= 16 for n in left)
+    assert f"of the 3 undecided pairs, {by8} would be decided by 8 seeds, {by16} by 16" in text, text
+    at70 = sorted(math.inf if n is None else n for n in need)[math.ceil(0.7 * 4) - 1]
+    want = (f"70% of the 4 tail pairs would be decided at {at70} seeds" if math.isfinite(at70)
+            else "70% of the 4 tail pairs would not be decided by")
+    assert want in text, text
