@@ -3,6 +3,7 @@
 
     python benchmarks/small_pilot.py runs/pilot_small/small_pilot            # markdown for BENCHMARKS.md
     python benchmarks/small_pilot.py runs/pilot_small/small_pilot --json
+    python benchmarks/small_pilot.py results/small --study             # the same criteria on the study's baseline
 
 Each run type is a variant of experiments/sweeps/pilots/small.gin: <candidate>-S (ScaleRL, full
 budget), -B (baseline, a quarter), -BH (baseline + FP32 head), -BK (baseline + PPO-off-policy-8).
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.compare import tail_values  # noqa: E402
 from analysis.protocol import fit_with_protocol  # noqa: E402
-from analysis.runs import load_runs, read_jsonl, run_curve  # noqa: E402
+from analysis.runs import load_runs, run_curve  # noqa: E402
 from analysis.scaling_law import profile_A  # noqa: E402
 
 PILOT_SPEC = Path(__file__).resolve().parents[1] / "experiments" / "sweeps" / "pilots" / "small.gin"
@@ -56,43 +57,75 @@ def _warm_settings(run_dir: Path) -> dict:
     return {"label_smoothing": bound("label_smoothing"), "label_noise": bound("label_noise")}
 
 
-def measure(root: Path) -> dict:
-    """{(candidate, seed): the measurements the criteria read}."""
-    table = load_runs(root, what="runs").set_index("run")
+# the study's runs that play the pilot's roles (results/small): S the ScaleRL seeds; B, BH the
+# fp32_head sweep's baseline without / with the FP32 head; BK the off_policy sweep's PPO-off-policy-8
+STUDY_ROLES = {"S": "scalerl_seeds/scalerl-s{seed}", "B": "fp32_head/bf16-s{seed}",
+               "BH": "fp32_head/bf16_fp32_head-s{seed}", "BK": "off_policy/ppo_off_policy-k8-s{seed}"}
+
+
+def _measure_one(root: Path, table, ev, run: str, get) -> dict:
+    """What the criteria read for one S run (`run`: its key in `table`), the other roles through
+    get(role, column)."""
+    row = table.loc[run]
+    c, r = run_curve(ev[ev["key"] == run], "flops")
+    tail = tail_values({run: (c, r)})[run]
+    pf = fit_with_protocol(c, r, protocol="whole")
+    prof = profile_A(pf.fit) if pf.fit is not None else None
+    warm = _warm_settings(root / run)
+    return {
+        "p10": float(row["completion_tokens_p10"]), "p50": float(row["completion_tokens_p50"]),
+        "p90": float(row["completion_tokens_p90"]), "r0": float(r[0]), "tail": tail,
+        "clean_warm": warm["label_smoothing"] == 0.0 and warm["label_noise"] == 0.0,
+        "A": pf.fit.A if pf.fit is not None else math.nan,
+        "A_lo": prof.low if prof else math.nan, "A_hi": prof.high if prof else math.nan,
+        "A_identified": bool(prof.identified) if prof else False,
+        "s_lag_max": float(row["lag_max"]), "s_lag_mean": float(row["lag_mean"]),
+        "bk_lag_max": get("BK", "lag_max"),
+        "b_clip": get("B", "clip_frac_low") + get("B", "clip_frac_high"),
+        "b_clip_low": get("B", "clip_frac_low"), "b_clip_high": get("B", "clip_frac_high"),
+        "b_ratio": (get("B", "ratio_p01"), get("B", "ratio_p99")),
+        "gap_b": get("B", "logprob_gap"), "gap_bh": get("BH", "logprob_gap"),
+        "minutes": _minutes(root / run), "steps": int(row["step"]), "flops": float(row["flops"]),
+    }
+
+
+def _tables(root: Path, key):
+    """(runs table, eval table), both with `key`: a run's name relative to root, as key(row) makes it."""
+    table = load_runs(root, what="runs")
+    table["key"] = [key(Path(p).relative_to(root)) for p in table["path"]]
     ev = load_runs(root, what="eval")
+    ev["key"] = [key(Path(p).relative_to(root)) for p in ev["path"]]
+    return table.set_index("key", drop=False), ev
+
+
+def measure(root: Path) -> dict:
+    """{(candidate, seed): the measurements the criteria read}, from the pilot's runs
+    (<candidate>-<role>-s<seed> directly under root)."""
+    table, ev = _tables(root, lambda rel: rel.name)
     out = {}
     for run in table.index:
         m = re.fullmatch(r"(.+)-S-s(\d+)", run)
-        if not m:
-            continue
+        if not m or table.loc[run, "status"] != "done":
+            continue  # not an S run, or still running: judged once it ends
         cand, seed = m.group(1), int(m.group(2))
-        row = table.loc[run]
-        if row["status"] != "done":
-            continue  # still running: judged once it ends
-        c, r = run_curve(ev[ev["run"] == run], "flops")
-        tail = tail_values({run: (c, r)})[run]
-        pf = fit_with_protocol(c, r, protocol="whole")
-        prof = profile_A(pf.fit) if pf.fit is not None else None
         get = lambda name, col: float(table.loc[f"{cand}-{name}-s{seed}", col]) if f"{cand}-{name}-s{seed}" in table.index else math.nan  # noqa: E731
-        warm = _warm_settings(root / run)
-        vocab = None
-        tok = json.loads((root / run / "run.json").read_text()).get("model_path")
-        out[(cand, seed)] = {
-            "p10": float(row["completion_tokens_p10"]), "p50": float(row["completion_tokens_p50"]),
-            "p90": float(row["completion_tokens_p90"]), "r0": float(r[0]), "tail": tail,
-            "clean_warm": warm["label_smoothing"] == 0.0 and warm["label_noise"] == 0.0,
-            "A": pf.fit.A if pf.fit is not None else math.nan,
-            "A_lo": prof.low if prof else math.nan, "A_hi": prof.high if prof else math.nan,
-            "A_identified": bool(prof.identified) if prof else False,
-            "s_lag_max": float(row["lag_max"]), "s_lag_mean": float(row["lag_mean"]),
-            "bk_lag_max": get("BK", "lag_max"),
-            "b_clip": get("B", "clip_frac_low") + get("B", "clip_frac_high"),
-            "b_clip_low": get("B", "clip_frac_low"), "b_clip_high": get("B", "clip_frac_high"),
-            "b_ratio": (get("B", "ratio_p01"), get("B", "ratio_p99")),
-            "gap_b": get("B", "logprob_gap"), "gap_bh": get("BH", "logprob_gap"),
-            "minutes": _minutes(root / run), "vocab_model": tok, "vocab": vocab,
-            "steps": int(row["step"]), "flops": float(row["flops"]),
-        }
+        out[(cand, seed)] = _measure_one(root, table, ev, run, get)
+    return out
+
+
+def measure_study(root: Path, name: str = "study") -> dict:
+    """{(name, seed): the measurements the criteria read}, from a study's runs (results/small): the
+    roles of STUDY_ROLES, all at the full budget (the pilot ran B, BH and BK to a quarter of it)."""
+    table, ev = _tables(root, lambda rel: rel.as_posix())
+    out = {}
+    for seed in range(64):
+        run = STUDY_ROLES["S"].format(seed=seed)
+        if run not in table.index or table.loc[run, "status"] != "done":
+            continue
+        def get(role: str, col: str, seed: int = seed) -> float:
+            key = STUDY_ROLES[role].format(seed=seed)
+            return float(table.loc[key, col]) if key in table.index else math.nan
+        out[(name, seed)] = _measure_one(root, table, ev, run, get)
     return out
 
 
@@ -127,7 +160,7 @@ def judge(meas: dict, vocab: int) -> dict:
     return out
 
 
-def markdown(meas: dict, verdict: dict, vocab: int) -> str:
+def markdown(meas: dict, verdict: dict, vocab: int, pick: bool = True) -> str:
     L = ["| candidate / seed | length p10 / p50 / p90 | step-0 | tail | A [95% profile] | lag max S / BK (mean S) "
          "| DAPO clipped low + high | ratio p1 / p99 (B) | gap B / BH | minutes |",
          "|---|---|---|---|---|---|---|---|---|---|"]
@@ -142,10 +175,12 @@ def markdown(meas: dict, verdict: dict, vocab: int) -> str:
         L.append(f"| {cid}: {text} | " + " | ".join(
             f"{'met' if verdict[c][cid][0] else '**not met**'} ({verdict[c][cid][1]})" for c in verdict) + " |")
     met = {c: sum(v[0] for v in verdict[c].values()) for c in verdict}
+    if not pick:
+        return "\n".join(L + ["", "Criteria met: " + ", ".join(f"{c} {met[c]} of {len(CRITERIA)}" for c in verdict) + "."])
     order = list(verdict)
     full = [c for c in order if met[c] == len(CRITERIA)]
     pick = full[0] if full else max(order, key=lambda c: (met[c], -order.index(c)))
-    L += ["", f"Criteria met: " + ", ".join(f"{c} {met[c]} of {len(CRITERIA)}" for c in order)
+    L += ["", "Criteria met: " + ", ".join(f"{c} {met[c]} of {len(CRITERIA)}" for c in order)
           + f". **Pick: {pick}**" + (" (meets every criterion)" if full else
                                      " (no candidate meets every criterion: the one that meets the most, ties to the earlier)")]
     return "\n".join(L)
@@ -154,16 +189,23 @@ def markdown(meas: dict, verdict: dict, vocab: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path)
+    ap.add_argument("--study", action="store_true",
+                    help="root is a study (results/small): judge the criteria on its ScaleRL seeds, with the fp32_head "
+                         "sweep as B / BH and off_policy's ppo_off_policy-k8 as BK, all at the full budget")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    meas = measure(args.root)
+    meas = measure_study(args.root) if args.study else measure(args.root)
+    if not meas:
+        print(f"no finished S run under {args.root}" + (" (scalerl_seeds/scalerl-s*)" if args.study else " (*-S-s*)"),
+              file=sys.stderr)
+        return 1
     vocab = vocabulary_size(args.root)
     verdict = judge(meas, vocab)
     if args.json:
         print(json.dumps({"runs": {f"{c}-s{s}": m for (c, s), m in meas.items()},
                           "criteria": verdict}, indent=1, default=str))
     else:
-        print(markdown(meas, verdict, vocab))
+        print(markdown(meas, verdict, vocab, pick=not args.study))
     return 0
 
 
