@@ -53,7 +53,8 @@ import pandas as pd
 
 __all__ = [
     "VERDICTS", "METRICS", "DEFAULT_EQUIVALENCE", "LEVEL", "TAIL_FRACTION", "A_NOT_IDENTIFIED",
-    "Difference", "difference", "seeds_to_decide", "decided_probability", "SEEDS_LIMIT", "SEEDS_POWER", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
+    "Difference", "difference", "paired_interval", "welch_interval", "equivalence_p", "verdict_of", "tost_alpha",
+    "seeds_to_decide", "decided_probability", "SEEDS_LIMIT", "SEEDS_POWER",
     "seed_key", "parse_equivalence", "common_window", "tail_values", "tail_sampling_sd", "auc_values", "window_start", "MEASURED",
     "PairComparison", "pairs_frame", "compare_pair", "compare_sweep",
     "Efficiency", "efficiency",
