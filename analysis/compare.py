@@ -107,7 +107,7 @@ class Difference:
     equivalence: float
     verdict: str
     reason: str = ""  # why inconclusive, when there is more to say than the interval
-    seeds_to_decide: int | None = None  # seeds per configuration that decide it (projected); None: over SEEDS_LIMIT
+    seeds_to_decide: int | None = None  # seeds per configuration that decide it (projected); None: over SEEDS_LIMIT or no interval
     projected: str = ""  # the verdict it would then read ("" when already decided or not projected)
 
     @property
@@ -204,7 +204,7 @@ def decided_probability(delta: float, sd: float, n: np.ndarray, *, equivalence: 
     Paired (sd_b None): the per-seed differences are N(delta, sd²); the sample mean is
     N(delta, sd²/n) and, independently, (n − 1)s²/sd² is χ²(n − 1); the interval is mean ± h,
     h = t(level, n − 1)·s/√n. Given h, the rule decides unless the mean lies in [−h, −δ + h] or
-    [δ − h, h] (nothing is left undecided when h < δ/2: an interval that wide either sits inside
+    [δ − h, h] (nothing is left undecided when h < δ/2: an interval that narrow either sits inside
     ±δ or excludes 0), so P = E_s[Φ-sums], the expectation over s on `grid` χ² quantiles.
     Unpaired (Welch, n runs a side): the same with sd² + sd_b² and Satterthwaite's ν degrees of
     freedom for both the t quantile and the spread's χ²."""
@@ -241,8 +241,6 @@ def seeds_to_decide(delta: float, sd: float, *, equivalence: float = DEFAULT_EQU
 
     A planning number from point estimates: the measured mean and sd of 3-5 seeds are themselves
     uncertain, so treat it as the order of magnitude of the seeds a pair needs."""
-    from scipy import stats
-
     if not (math.isfinite(delta) and math.isfinite(sd) and sd >= 0
             and (sd_b is None or (math.isfinite(sd_b) and sd_b >= 0))):
         return None, "inconclusive"
@@ -252,16 +250,30 @@ def seeds_to_decide(delta: float, sd: float, *, equivalence: float = DEFAULT_EQU
     if not hit.size:
         return None, "inconclusive"
     k = int(n[hit[0]])
-    side = "better" if delta > 0 else "worse"
-    var = sd * sd + (sd_b or 0.0) ** 2
+    parts = _verdict_probabilities(delta, sd, k, equivalence=equivalence, level=level, sd_b=sd_b)
+    return k, max(parts, key=parts.get)
+
+
+def _verdict_probabilities(delta: float, sd: float, n: int, *, equivalence: float, level: float,
+                           sd_b: float | None, grid: int = 400) -> dict[str, float]:
+    """{verdict: its chance at n seeds} for `equivalent`, `better` and `worse`, by the same χ²
+    average as `decided_probability` (`equivalent` first, as `verdict_of` decides it)."""
+    from scipy import stats
+
+    var = sd * sd + (0.0 if sd_b is None else sd_b * sd_b)
     if var == 0.0:
-        return k, "equivalent" if abs(delta) < equivalence else side
-    # the likelier verdict at k (the spread at its measured value): inside ±δ, or past 0 on delta's side
-    se = math.sqrt(var / k)
-    t = float(stats.t.ppf(0.5 + level / 2.0, k - 1))
-    p_equal = stats.norm.cdf((equivalence - t * se - delta) / se) - stats.norm.cdf((-equivalence + t * se - delta) / se)
-    p_side = stats.norm.sf((t * se - abs(delta)) / se)
-    return k, "equivalent" if p_equal >= p_side else side
+        side = "better" if delta > 0 else "worse"
+        return {"equivalent": 1.0 if abs(delta) < equivalence else 0.0, side: 0.0 if abs(delta) < equivalence else 1.0}
+    four = sd ** 4 + (0.0 if sd_b is None else sd_b ** 4)
+    df = float(n - 1) if sd_b is None or four == 0 else var * var * (n - 1.0) / four
+    u = (np.arange(grid) + 0.5) / grid  # [Q]
+    se = math.sqrt(var / n)
+    h = stats.t.ppf(0.5 + level / 2.0, df) * np.sqrt(stats.chi2.ppf(u, df) / df) * se  # [Q] half-widths
+    cdf = lambda x: stats.norm.cdf((x - delta) / se)  # noqa: E731  P(mean < x)   [Q]
+    equal = np.clip(cdf(equivalence - h) - cdf(-equivalence + h), 0.0, None)  # [Q]
+    better = 1.0 - cdf(np.maximum(h, equivalence - h))  # [Q] past 0 and not inside ±δ
+    worse = cdf(np.minimum(-h, -equivalence + h))  # [Q]
+    return {"equivalent": float(equal.mean()), "better": float(better.mean()), "worse": float(worse.mean())}
 
 
 def difference(

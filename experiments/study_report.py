@@ -313,15 +313,17 @@ def _seeds_to_decide_text(pairs: Any, share: float = 0.7) -> list[str]:
     out = []
     for m in MEASURED:
         p = pairs[pairs["metric"] == m]
+        if "projected" in p:  # a pair with no interval (too few runs, no window) has nothing to project from
+            p = p[~((p["verdict"] == "inconclusive") & p["projected"].fillna("").eq(""))]
         if not len(p):
             continue
         need = p["seeds_to_decide"].astype(float).fillna(math.inf).to_numpy()  # [P] inf: more than SEEDS_LIMIT
         open_ = p["verdict"] == "inconclusive"
         left = need[open_.to_numpy()]
         at_share = float(np.sort(need)[math.ceil(share * len(need)) - 1])  # the fewest seeds deciding >= share
-        share_text = (f"{share:.0%} of the {len(need)} {m} pairs would be decided at {at_share:.0f} seeds per "
-                      "configuration" if math.isfinite(at_share)
-                      else f"{share:.0%} of the {len(need)} {m} pairs would not be decided by {SEEDS_LIMIT} seeds")
+        share_text = (f"{share:.0%} of the {len(need)} {m} pairs reach an {SEEDS_POWER:.0%} chance of a verdict by "
+                      f"{at_share:.0f} seeds per configuration" if math.isfinite(at_share)
+                      else f"{share:.0%} of the {len(need)} {m} pairs do not reach it by {SEEDS_LIMIT} seeds")
         if not len(left):
             out.append(f"- Seeds to decide, on **{m}**: every pair is decided.")
             continue
