@@ -208,26 +208,8 @@ def decided_probability(delta: float, sd: float, n: np.ndarray, *, equivalence: 
     ±δ or excludes 0), so P = E_s[Φ-sums], the expectation over s on `grid` χ² quantiles.
     Unpaired (Welch, n runs a side): the same with sd² + sd_b² and Satterthwaite's ν degrees of
     freedom for both the t quantile and the spread's χ²."""
-    from scipy import stats
-
-    n = np.asarray(n, dtype=np.float64)  # [N]
-    var = sd * sd + (0.0 if sd_b is None else sd_b * sd_b)  # the variance of one per-seed difference
-    if sd_b is None:
-        df = n - 1.0  # [N]
-    else:
-        four = sd ** 4 + sd_b ** 4
-        df = var * var * (n - 1.0) / four if four > 0 else n - 1.0  # [N] Welch-Satterthwaite, n a side
-    if var == 0.0:  # no noise: the interval is the point delta, always decided
-        return np.ones(n.shape)
-    u = (np.arange(grid) + 0.5) / grid  # [Q] quantile midpoints
-    ratio = np.sqrt(stats.chi2.ppf(u[None, :], df[:, None]) / df[:, None])  # [N, Q] s / sd
-    se = math.sqrt(var) / np.sqrt(n)[:, None]  # [N, 1] sd of the mean difference
-    h = stats.t.ppf(0.5 + level / 2.0, df)[:, None] * ratio * se  # [N, Q] the interval's half-width
-    cdf = lambda x: stats.norm.cdf((x - delta) / se)  # noqa: E731  P(mean < x)   [N, Q]
-    worse, better = cdf(-h), 1.0 - cdf(h)  # [N, Q]
-    equal = np.clip(cdf(equivalence - h) - cdf(-equivalence + h), 0.0, None)  # [N, Q]
-    p = np.where(h < equivalence / 2.0, 1.0, worse + better + equal)  # [N, Q]
-    return p.mean(axis=1)  # [N]
+    parts = _verdict_probabilities(delta, sd, n, equivalence=equivalence, level=level, sd_b=sd_b, grid=grid)
+    return parts["equivalent"] + parts["better"] + parts["worse"]  # [N] disjoint regions
 
 
 def seeds_to_decide(delta: float, sd: float, *, equivalence: float = DEFAULT_EQUIVALENCE, level: float = LEVEL,
@@ -250,30 +232,36 @@ def seeds_to_decide(delta: float, sd: float, *, equivalence: float = DEFAULT_EQU
     if not hit.size:
         return None, "inconclusive"
     k = int(n[hit[0]])
-    parts = _verdict_probabilities(delta, sd, k, equivalence=equivalence, level=level, sd_b=sd_b)
-    return k, max(parts, key=parts.get)
+    parts = _verdict_probabilities(delta, sd, np.array([k]), equivalence=equivalence, level=level, sd_b=sd_b)
+    return k, max(parts, key=lambda v: float(parts[v][0]))
 
 
-def _verdict_probabilities(delta: float, sd: float, n: int, *, equivalence: float, level: float,
-                           sd_b: float | None, grid: int = 400) -> dict[str, float]:
-    """{verdict: its chance at n seeds} for `equivalent`, `better` and `worse`, by the same χ²
-    average as `decided_probability` (`equivalent` first, as `verdict_of` decides it)."""
+def _verdict_probabilities(delta: float, sd: float, n: np.ndarray, *, equivalence: float, level: float,
+                           sd_b: float | None, grid: int = 400) -> dict[str, np.ndarray]:
+    """{verdict: its chance at each n in `n` [N]} for `equivalent`, `better` and `worse`, as
+    `decided_probability` describes: the mean is N(delta, var/n), the interval mean ± h, and the
+    chance of each region is averaged over the spread on `grid` χ² quantiles. The regions are
+    disjoint, `equivalent` taken first as `verdict_of` takes it: inside (−δ + h, δ − h); `better`
+    above max(h, δ − h); `worse` below min(−h, −δ + h)."""
     from scipy import stats
 
-    var = sd * sd + (0.0 if sd_b is None else sd_b * sd_b)
-    if var == 0.0:
-        side = "better" if delta > 0 else "worse"
-        return {"equivalent": 1.0 if abs(delta) < equivalence else 0.0, side: 0.0 if abs(delta) < equivalence else 1.0}
+    n = np.asarray(n, dtype=np.float64)  # [N]
+    var = sd * sd + (0.0 if sd_b is None else sd_b * sd_b)  # the variance of one per-seed difference
+    if var == 0.0:  # no noise: the interval is the point delta
+        equal = 1.0 if abs(delta) < equivalence else 0.0
+        side = (1.0 - equal) * np.ones(n.shape)
+        return {"equivalent": equal * np.ones(n.shape), "better": side * (delta > 0), "worse": side * (delta <= 0)}
     four = sd ** 4 + (0.0 if sd_b is None else sd_b ** 4)
-    df = float(n - 1) if sd_b is None or four == 0 else var * var * (n - 1.0) / four
-    u = (np.arange(grid) + 0.5) / grid  # [Q]
-    se = math.sqrt(var / n)
-    h = stats.t.ppf(0.5 + level / 2.0, df) * np.sqrt(stats.chi2.ppf(u, df) / df) * se  # [Q] half-widths
-    cdf = lambda x: stats.norm.cdf((x - delta) / se)  # noqa: E731  P(mean < x)   [Q]
-    equal = np.clip(cdf(equivalence - h) - cdf(-equivalence + h), 0.0, None)  # [Q]
-    better = 1.0 - cdf(np.maximum(h, equivalence - h))  # [Q] past 0 and not inside ±δ
-    worse = cdf(np.minimum(-h, -equivalence + h))  # [Q]
-    return {"equivalent": float(equal.mean()), "better": float(better.mean()), "worse": float(worse.mean())}
+    df = n - 1.0 if sd_b is None or four == 0 else var * var * (n - 1.0) / four  # [N] Welch-Satterthwaite, n a side
+    u = (np.arange(grid) + 0.5) / grid  # [Q] quantile midpoints
+    ratio = np.sqrt(stats.chi2.ppf(u[None, :], df[:, None]) / df[:, None])  # [N, Q] s / sd
+    se = math.sqrt(var) / np.sqrt(n)[:, None]  # [N, 1] sd of the mean difference
+    h = stats.t.ppf(0.5 + level / 2.0, df)[:, None] * ratio * se  # [N, Q] the interval's half-width
+    cdf = lambda x: stats.norm.cdf((x - delta) / se)  # noqa: E731  P(mean < x)   [N, Q]
+    equal = np.clip(cdf(equivalence - h) - cdf(-equivalence + h), 0.0, None)  # [N, Q]
+    better = 1.0 - cdf(np.maximum(h, equivalence - h))  # [N, Q] past 0 and not inside ±δ
+    worse = cdf(np.minimum(-h, -equivalence + h))  # [N, Q]
+    return {"equivalent": equal.mean(axis=1), "better": better.mean(axis=1), "worse": worse.mean(axis=1)}
 
 
 def difference(

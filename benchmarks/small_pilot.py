@@ -63,9 +63,13 @@ STUDY_ROLES = {"S": "scalerl_seeds/scalerl-s{seed}", "B": "fp32_head/bf16-s{seed
                "BH": "fp32_head/bf16_fp32_head-s{seed}", "BK": "off_policy/ppo_off_policy-k8-s{seed}"}
 
 
-def _measure_one(root: Path, table, ev, run: str, get) -> dict:
-    """What the criteria read for one S run (`run`: its key in `table`), the other roles through
-    get(role, column)."""
+def _measure_one(root: Path, table, ev, run: str, key_of) -> dict:
+    """What the criteria read for one S run (`run`: its key in `table`), each other role's run
+    found at key_of(role) (NaN where that run is missing)."""
+    def get(role: str, col: str) -> float:
+        key = key_of(role)
+        return float(table.loc[key, col]) if key in table.index else math.nan
+
     row = table.loc[run]
     c, r = run_curve(ev[ev["key"] == run], "flops")
     tail = tail_values({run: (c, r)})[run]
@@ -108,8 +112,7 @@ def measure(root: Path) -> dict:
         if not m or table.loc[run, "status"] != "done":
             continue  # not an S run, or still running: judged once it ends
         cand, seed = m.group(1), int(m.group(2))
-        get = lambda name, col: float(table.loc[f"{cand}-{name}-s{seed}", col]) if f"{cand}-{name}-s{seed}" in table.index else math.nan  # noqa: E731
-        out[(cand, seed)] = _measure_one(root, table, ev, run, get)
+        out[(cand, seed)] = _measure_one(root, table, ev, run, lambda role: f"{cand}-{role}-s{seed}")
     return out
 
 
@@ -117,15 +120,14 @@ def measure_study(root: Path, name: str = "study") -> dict:
     """{(name, seed): the measurements the criteria read}, from a study's runs (results/small): the
     roles of STUDY_ROLES, all at the full budget (the pilot ran B, BH and BK to a quarter of it)."""
     table, ev = _tables(root, lambda rel: rel.as_posix())
+    s_run = re.compile(re.escape(STUDY_ROLES["S"]).replace(re.escape("{seed}"), r"(\d+)"))
     out = {}
-    for seed in range(64):
-        run = STUDY_ROLES["S"].format(seed=seed)
-        if run not in table.index or table.loc[run, "status"] != "done":
+    for run in table.index:
+        m = s_run.fullmatch(run)
+        if not m or table.loc[run, "status"] != "done":
             continue
-        def get(role: str, col: str, seed: int = seed) -> float:
-            key = STUDY_ROLES[role].format(seed=seed)
-            return float(table.loc[key, col]) if key in table.index else math.nan
-        out[(name, seed)] = _measure_one(root, table, ev, run, get)
+        seed = int(m.group(1))
+        out[(name, seed)] = _measure_one(root, table, ev, run, lambda role, seed=seed: STUDY_ROLES[role].format(seed=seed))
     return out
 
 
