@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from analysis.scaling_law import PREDICT_BOOT  # replicates behind each prediction interval of the report
 from experiments.run_state import read_json
 from experiments.study_runs import (CollectResult, ReproduceError, last_metrics, logged_budget, run_ended, select_specs,
-                                    thinned_every)
+                                    thinned_every, SHARED_KEY)
 
 __all__ = ["write_report", "report_tables", "run_times", "PREDICT_BOOT", "REPORT_FILE", "REASONS_FILE"]
 
@@ -109,7 +109,7 @@ def run_times(out: Path) -> list[dict]:
         rows.append({"run": f"{run_dir.parent.name}/{run_dir.name}", "own_s": own, "span_s": span,
                      "resumed": math.isfinite(span) and span - own > _RESUMED_GAP_S, "budget": budget,
                      "stopped_on_budget": stopped, "steps": int(last.get("step", 0)),
-                     "compute_hours": last.get("compute_hours")})
+                     "compute_hours": last.get("compute_hours"), "shared": bool(info.get(SHARED_KEY))})
     return rows
 
 
@@ -156,7 +156,10 @@ def _run_time_text(rows: list[dict], scale: str = "tiny") -> str:
     budgets = {r["budget"] for r in rows if r["budget"] is not None}
     stopped = [r for r in rows if r["stopped_on_budget"]]
     without = [r for r in rows if r["budget"] is None]
-    txt = (f"{len(stopped)} run(s) stopped on the budget before their last step"
+    ran = [r for r in rows if not r.get("shared")]  # a shared entry took its source's logs: it cost no machine time
+    txt = (f"Machine time: {len(ran)} run(s) trained, {sum(r['own_s'] for r in ran) / 3600:.1f} h of their own time"
+           + (f" ({len(rows) - len(ran)} more entries shared an identical run's logs)" if len(ran) < len(rows) else "")
+           + f". {len(stopped)} run(s) stopped on the budget before their last step"
            + (f" ({', '.join(sorted({r['run'].split('/')[0] for r in stopped}))})" if stopped else "")
            + f"; {len(rows) - len(without)} ran under a FLOP budget ({', '.join(f'{b:g}' for b in sorted(budgets)) or '-'}) "
            f"and {len(without)} ran without one (before it existed). Time a run took: its own "

@@ -102,14 +102,39 @@ SHARED_KEY = "shared_with"  # run.json of a shared run: "<sweep>/<run>" whose lo
 
 def settings_key(run: RunSpec) -> str:
     """A digest of every setting a run makes (`recipes.resolved_bindings`: its files, following their
-    includes, and its bindings, the last of each winning): two runs with the same key train the same
-    configuration with the same seed."""
+    includes, and its bindings, the last of each winning), less the bindings that state their
+    parameter's default (`train.mismatch_correction = "none"` is the run that leaves it unbound): two
+    runs with the same key train the same configuration with the same seed."""
     import hashlib
 
     from experiments.recipes import resolved_bindings
 
-    settings = resolved_bindings(run.config_files, run.bindings)
+    settings = {k: v for k, v in resolved_bindings(run.config_files, run.bindings).items()
+                if not _states_default(k, v)}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def _states_default(key: str, value: str) -> bool:
+    """Whether the resolved binding `key = value` (gin text, `resolved_bindings`) binds an unscoped
+    parameter to the default its configurable declares."""
+    from experiments.recipes import gin_literal
+    from experiments.run_config import load_trainer_configurables
+    from components.trainer.gin_config import configurable_defaults
+
+    if key.startswith("import ") or "/" in key or "." not in key:
+        return False
+    load_trainer_configurables()  # `train`, `model`, `data` and the registries' configurables (imports cached)
+    selector, _, param = key.rpartition(".")
+    try:
+        defaults = configurable_defaults(selector)
+    except ValueError:  # an ambiguous selector: keep the binding
+        return False
+    if param not in defaults:
+        return False
+    try:
+        return gin_literal(defaults[param]) == value
+    except SweepError:  # a default gin cannot write (a callable): never equal to a binding's text
+        return False
 
 
 def share_identical(plans: Sequence[SweepPlan]) -> int:

@@ -73,6 +73,41 @@ def test_dry_run_lists_every_sweep_config_and_seed(tmp_path, capsys):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()  # nothing ran
 
 
+def _run(config_files, *bindings, seed=0):
+    return sweep_spec.RunSpec(name=f"r-s{seed}", sweep="x", factor="f", value="v", recipe="r", seed=seed,
+                              config_files=tuple(config_files), bindings=(*bindings, f"train.seed = {seed}"))
+
+
+def test_a_binding_that_states_its_default_is_the_same_setting():
+    from components.trainer.config import TrainConfig
+
+    base = [str(recipes.CONFIGS_DIR / "tiny_cpu.gin"), str(recipes.SWEEPS_DIR / "overlays" / "baseline.gin")]
+    import dataclasses
+
+    default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}["mismatch_correction"]
+    assert default == "none"
+    plain = study_runs.settings_key(_run(base, 'train.precision = "bf16"'))
+    assert study_runs.settings_key(_run(base, 'train.precision = "bf16"', 'train.mismatch_correction = "none"')) == plain
+    assert study_runs.settings_key(_run(base, 'train.mismatch_correction = "none"', 'train.precision = "bf16"')) == plain
+    # any other value, another seed, or the default bound only inside a scope is another configuration
+    assert study_runs.settings_key(_run(base, 'train.precision = "bf16"', 'train.mismatch_correction = "tis"')) != plain
+    assert study_runs.settings_key(_run(base, 'train.precision = "bf16"', seed=1)) != plain
+    assert study_runs.settings_key(_run(base, 'train.precision = "bf16"', 'eval/train.mismatch_correction = "none"')) != plain
+    # a file that binds a non-default value, then a binding back to the default: the default wins
+    tis = study_runs.settings_key(_run(base, 'train.mismatch_correction = "tis"', 'train.precision = "bf16"',
+                                       'train.mismatch_correction = "none"'))
+    assert tis == plain
+
+
+def test_the_mismatch_grid_shares_its_uncorrected_cells_with_the_fp32_head_sweep(tmp_path):
+    ns = argparse_ns(tmp_path, seeds=2, executor="local", scale="small", sweeps="fp32_head,mismatch")
+    plans = {sp.spec.name: sp for sp in study_runs.plan_study(ns, act=False)}
+    shared = {name: src for name, src in plans["mismatch"].shared.items()}
+    assert shared == {f"{p}-none-s{s}": ("fp32_head", f"{p}-s{s}") for p in ("bf16", "bf16_fp32_head") for s in (0, 1)}
+    assert [p.action for p in plans["fp32_head"].planned] == ["submit"] * 4
+    assert sum(p.action == "submit" for p in plans["mismatch"].planned) == 14
+
+
 def argparse_ns(tmp_path, **kw):
     import argparse
 
@@ -409,6 +444,10 @@ def test_a_runs_time_is_judged_against_its_scales_limit():
     assert "Over 180 s: loss_type/dapo-s0 (370 s)." in study_report._run_time_text(rows, "tiny")
     assert study_report._run_time_text(rows, "small").endswith("Over 600 s: none.")
     assert "Over" not in study_report._run_time_text(rows, "medium")
+    # the machine time counts each trained run once: an entry that shared another's logs cost none
+    shared = dict(rows[0], run="fp32_head/bf16-s0", own_s=1000.0, shared=True)
+    assert study_report._run_time_text(rows + [shared, dict(rows[0], own_s=3250.0)], "small").startswith(
+        "Machine time: 2 run(s) trained, 1.0 h of their own time (1 more entries shared an identical run's logs).")
 
 
 def test_the_pairing_line_compares_a_paired_difference_with_an_unpaired_one(monkeypatch):

@@ -98,6 +98,19 @@ def configurable_function(name: str) -> Optional[Any]:
     return None if match is None else match.wrapped
 
 
+def configurable_defaults(name: str) -> dict[str, Any]:
+    """{parameter: default} of the configurable `name` (any unique suffix of its selector): the
+    parameters that have a default; {} when gin has no such configurable or its signature is opaque."""
+    fn = configurable_function(name)
+    if fn is None:
+        return {}
+    try:
+        sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty and p.name != "self"}
+
+
 def bound_parameter(key: str) -> Any:
     """The value bound to `key` (``selector.param``) as parsed, references unevaluated; ValueError
     when nothing binds it."""
