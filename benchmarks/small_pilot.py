@@ -29,18 +29,25 @@ from analysis.runs import load_runs, run_curve  # noqa: E402
 from analysis.scaling_law import profile_A  # noqa: E402
 
 PILOT_SPEC = Path(__file__).resolve().parents[1] / "experiments" / "sweeps" / "pilots" / "small.gin"
-CRITERIA = [
-    ("1", "completion_tokens_p50 >= 48", lambda m: m["p50"] >= 48),
-    ("2", "p90 / p10 >= 3", lambda m: m["p90"] / m["p10"] >= 3),
-    ("3", "step-0 pass rate in [0.05, 0.50], no smoothing / noise", lambda m: 0.05 <= m["r0"] <= 0.50 and m["clean_warm"]),
-    ("4", "tail in [0.40, 0.75]", lambda m: 0.40 <= m["tail"] <= 0.75),
-    ("5", "A < 0.95 and identified", lambda m: m["A_identified"] and m["A"] < 0.95),
-    ("6", "vocab >= 4096 and FP32 head shrinks the gap >= 30% (mean over seeds)", None),
-    ("7", "PPO-off-policy-8 lag_max = 7", lambda m: m["bk_lag_max"] == 7),
-    ("8", "PipelineRL-8 lag_max >= 4", lambda m: m["s_lag_max"] >= 4),
-    ("9", "DAPO clips >= 1% (low + high)", lambda m: m["b_clip"] >= 0.01),
-    ("10", "S run <= 10 minutes", lambda m: m["minutes"] <= 10.0),
+CRITERIA = [  # (id, text, test, the measurements it reads)
+    ("1", "completion_tokens_p50 >= 48", lambda m: m["p50"] >= 48, ("p50",)),
+    ("2", "p90 / p10 >= 3", lambda m: m["p90"] / m["p10"] >= 3, ("p90", "p10")),
+    ("3", "step-0 pass rate in [0.05, 0.50], no smoothing / noise",
+     lambda m: 0.05 <= m["r0"] <= 0.50 and m["clean_warm"], ("r0",)),
+    ("4", "tail in [0.40, 0.75]", lambda m: 0.40 <= m["tail"] <= 0.75, ("tail",)),
+    ("5", "A < 0.95 and identified", lambda m: m["A_identified"] and m["A"] < 0.95, ("A",)),
+    ("6", "vocab >= 4096 and FP32 head shrinks the gap >= 30% (mean over seeds)", None, ("gap_b", "gap_bh")),
+    ("7", "PPO-off-policy-8 lag_max = 7", lambda m: m["bk_lag_max"] == 7, ("bk_lag_max",)),
+    ("8", "PipelineRL-8 lag_max >= 4", lambda m: m["s_lag_max"] >= 4, ("s_lag_max",)),
+    ("9", "DAPO clips >= 1% (low + high)", lambda m: m["b_clip"] >= 0.01, ("b_clip",)),
+    ("10", "S run <= 10 minutes", lambda m: m["minutes"] <= 10.0, ("minutes",)),
 ]
+
+
+def _measured(m: dict, keys) -> bool:
+    """Whether a seed has every measurement a criterion reads (a study's fifth ScaleRL seed has no
+    fp32_head or off_policy run: criteria 6, 7 and 9 are not measured on it, not failed)."""
+    return all(not (isinstance(m[k], float) and math.isnan(m[k])) for k in keys)
 
 
 def _minutes(run_dir: Path) -> float:
@@ -149,15 +156,16 @@ def judge(meas: dict, vocab: int) -> dict:
         seeds = sorted(s for c, s in meas if c == cand)
         rows = {s: meas[(cand, s)] for s in seeds}
         res = {}
-        for cid, text, fn in CRITERIA:
+        for cid, text, fn, keys in CRITERIA:
             if cid == "6":
-                shrink = [1 - r["gap_bh"] / r["gap_b"] for r in rows.values() if r["gap_b"] > 0]
+                shrink = [1 - r["gap_bh"] / r["gap_b"] for r in rows.values() if _measured(r, keys) and r["gap_b"] > 0]
                 mean = sum(shrink) / len(shrink) if shrink else math.nan
                 res[cid] = (vocab >= 4096 and mean >= 0.30, f"vocab {vocab}; shrink " + ", ".join(
                     f"{x:+.0%}" for x in shrink) + f" (mean {mean:+.0%})")
                 continue
-            ok = [bool(fn(r)) for r in rows.values()]
-            res[cid] = (all(ok), ", ".join("yes" if o else "no" for o in ok))
+            ok = [bool(fn(r)) if _measured(r, keys) else None for r in rows.values()]  # None: not measured
+            judged = [o for o in ok if o is not None]
+            res[cid] = (bool(judged) and all(judged), ", ".join("—" if o is None else "yes" if o else "no" for o in ok))
         out[cand] = res
     return out
 
@@ -166,14 +174,18 @@ def markdown(meas: dict, verdict: dict, vocab: int, pick: bool = True) -> str:
     L = ["| candidate / seed | length p10 / p50 / p90 | step-0 | tail | A [95% profile] | lag max S / BK (mean S) "
          "| DAPO clipped low + high | ratio p1 / p99 (B) | gap B / BH | minutes |",
          "|---|---|---|---|---|---|---|---|---|---|"]
+    def f(x: float, spec: str) -> str:  # a measurement the seed has no run for: —
+        return "—" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+
     for (cand, seed), m in sorted(meas.items()):
         L.append(f"| {cand} s{seed} | {m['p10']:.0f} / {m['p50']:.0f} / {m['p90']:.0f} | {m['r0']:.3f} | {m['tail']:.3f} | "
                  f"{m['A']:.3f} [{m['A_lo']:.3f}, {m['A_hi']:.3f}]{'' if m['A_identified'] else ' n.i.'} | "
-                 f"{m['s_lag_max']:.0f} / {m['bk_lag_max']:.0f} ({m['s_lag_mean']:.2f}) | "
-                 f"{m['b_clip_low']:.2%} + {m['b_clip_high']:.2%} | {m['b_ratio'][0]:.3f} / {m['b_ratio'][1]:.3f} | "
-                 f"{m['gap_b']:.5f} / {m['gap_bh']:.5f} | {m['minutes']:.1f} |")
+                 f"{m['s_lag_max']:.0f} / {f(m['bk_lag_max'], '.0f')} ({m['s_lag_mean']:.2f}) | "
+                 f"{f(m['b_clip_low'], '.2%')} + {f(m['b_clip_high'], '.2%')} | "
+                 f"{f(m['b_ratio'][0], '.3f')} / {f(m['b_ratio'][1], '.3f')} | "
+                 f"{f(m['gap_b'], '.5f')} / {f(m['gap_bh'], '.5f')} | {m['minutes']:.1f} |")
     L += ["", "| criterion | " + " | ".join(verdict) + " |", "|---|" + "---|" * len(verdict)]
-    for cid, text, _ in CRITERIA:
+    for cid, text, _, _ in CRITERIA:
         L.append(f"| {cid}: {text} | " + " | ".join(
             f"{'met' if verdict[c][cid][0] else '**not met**'} ({verdict[c][cid][1]})" for c in verdict) + " |")
     met = {c: sum(v[0] for v in verdict[c].values()) for c in verdict}

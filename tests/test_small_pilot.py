@@ -4,6 +4,8 @@ from the run that plays it (checked against report/runs.csv, read here independe
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pandas as pd
@@ -39,14 +41,35 @@ def test_the_study_mode_reads_each_role_from_the_run_that_plays_it(pilot, capsys
     seeds = sorted(s for _, s in meas)
     assert seeds and seeds == sorted(int(k.rsplit("-s", 1)[1]) for k in runs.index if k.startswith("scalerl_seeds/"))
     for (_, seed), m in meas.items():
-        s, b = runs.loc[f"scalerl_seeds/scalerl-s{seed}"], runs.loc[f"fp32_head/bf16-s{seed}"]
+        s = runs.loc[f"scalerl_seeds/scalerl-s{seed}"]
         assert m["p50"] == s["completion_tokens_p50"] and m["s_lag_max"] == s["lag_max"]
+        if f"fp32_head/bf16-s{seed}" not in runs.index:  # scalerl_seeds' fifth seed: no B, BH or BK run
+            assert math.isnan(m["b_clip"]) and math.isnan(m["gap_bh"]) and math.isnan(m["bk_lag_max"])
+            continue
+        b = runs.loc[f"fp32_head/bf16-s{seed}"]
         assert m["b_clip"] == pytest.approx(b["clip_frac_low"] + b["clip_frac_high"])
         assert m["gap_bh"] == runs.loc[f"fp32_head/bf16_fp32_head-s{seed}", "logprob_gap"]
         assert m["bk_lag_max"] == runs.loc[f"off_policy/ppo_off_policy-k8-s{seed}", "lag_max"]
     assert pilot.main([str(root), "--study"]) == 0
     out = capsys.readouterr().out
     assert "| criterion | study |" in out and "Pick" not in out
+    # a seed without a role's run is not measured on that role's criteria (—), and not counted as failing them
+    seven = next(line for line in out.splitlines() if line.startswith("| 7: "))
+    assert "—" in seven and "no" not in seven.split("(", 1)[1]
+
+
+def test_a_criterion_is_judged_on_the_seeds_that_measured_it(pilot):
+    nan = float("nan")
+    row = dict(p50=50.0, p90=90.0, p10=20.0, r0=0.2, clean_warm=True, tail=0.5, A=0.6, A_identified=True,
+               gap_b=0.002, gap_bh=0.001, bk_lag_max=7.0, s_lag_max=8.0, b_clip=0.02, minutes=8.0)
+    meas = {("c", 0): row, ("c", 1): dict(row, gap_b=nan, gap_bh=nan, bk_lag_max=nan, b_clip=nan)}
+    v = pilot.judge(meas, vocab=5000)["c"]
+    assert v["7"] == (True, "yes, —") and v["9"] == (True, "yes, —") and v["6"][0]
+    assert v["1"] == (True, "yes, yes")
+    v = pilot.judge({("c", 1): meas[("c", 1)]}, vocab=5000)["c"]  # measured on no seed: not met
+    assert v["7"] == (False, "—")
+    v = pilot.judge({**meas, ("c", 2): dict(row, bk_lag_max=6.0)}, vocab=5000)["c"]
+    assert v["7"] == (False, "yes, —, no")
 
 
 def test_a_folder_without_runs_is_refused(pilot, tmp_path, capsys):
