@@ -79,11 +79,11 @@ def _run(config_files, *bindings, seed=0):
 
 
 def test_a_binding_that_states_its_default_is_the_same_setting():
+    import dataclasses
+
     from components.trainer.config import TrainConfig
 
     base = [str(recipes.CONFIGS_DIR / "tiny_cpu.gin"), str(recipes.SWEEPS_DIR / "overlays" / "baseline.gin")]
-    import dataclasses
-
     default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}["mismatch_correction"]
     assert default == "none"
     plain = study_runs.settings_key(_run(base, 'train.precision = "bf16"'))
