@@ -279,9 +279,23 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
             "contention_run": contention,
             "runq_run": runq,
             "contended": is_contended(contention, runq),
-            **run_meters(mt),  # whether each mechanism acts in this run (analysis/meters.py)
+            **_meters(d, mt),  # whether each mechanism acts in this run (analysis/meters.py)
         })
     return pd.DataFrame.from_records(recs, columns=None if recs else [*RUN_KEYS, "path", "n_evals", "n_steps"])
+
+
+def _meters(run_dir: Path, rows: Sequence[dict]) -> dict[str, float]:
+    """The run's meters: from `meters.json` where a collection thinned its metrics.jsonl and saved them
+    from the whole log (experiments/study_runs.METERS_FILE), else from its metrics.jsonl rows."""
+    saved = run_dir / "meters.json"
+    if saved.is_file():
+        try:
+            meters = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            meters = None
+        if isinstance(meters, dict) and all(c in meters for c in METER_COLUMNS):
+            return {c: float(meters[c]) if meters[c] is not None else math.nan for c in METER_COLUMNS}
+    return run_meters(rows)
 
 
 def load_runs(path: str | Path, *, what: str = "eval") -> pd.DataFrame:

@@ -23,7 +23,8 @@
 4. Collect: config.gin, run.json, metrics.jsonl, eval.jsonl of every run (no checkpoints, no
    final/) are copied into OUT/<sweep>/<run>/. OUT must stay under `--max-mb` (50): with
    `--thin-metrics auto` (default) metrics.jsonl keeps every N-th step line (plus the line
-   where epoch 1 ends and the last line) with the smallest N that fits; the report says N.
+   where epoch 1 ends and the last line) with the smallest N that fits; the report says N. A
+   thinned run keeps its meters from the whole log in meters.json (the run table reads them).
 5. Figures (PNG and PDF) into OUT/figures/ (`paper_figures.render.render_all`), and OUT/REPORT.md:
    per ablation the paper's finding (analysis/findings.py), ours (mean A and B over seeds
    with 95% t-intervals; `analysis.study.summarize`, the code path of `scalerl fit`), the

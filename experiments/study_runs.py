@@ -25,10 +25,13 @@ from experiments.sweep_spec import RunSpec, SweepSpec, load_spec, select_runs
 from experiments.sweep_spec import budget_of as _budget_of  # the tiny scale's stopping rule
 
 __all__ = ["ReproduceError", "SweepPlan", "CollectResult", "select_specs", "plan_study", "run_study",
-           "collect", "over_budget", "judge_contention", "COLLECTED_FILES", "settings_key", "share_identical",
+           "collect", "over_budget", "judge_contention", "COLLECTED_FILES", "METERS_FILE", "settings_key", "share_identical",
            "materialize_shared", "SHARED_ACTION", "SHARED_KEY"]
 
 COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
+# beside a thinned metrics.jsonl: the run's meters (analysis/meters.py) from its whole log, which the run
+# table reads instead of re-computing them from the kept lines (a mean over every N-th step is not the mean)
+METERS_FILE = "meters.json"
 CONTENDED_DIR = ".contended"
 OVER_BUDGET_DIR = ".over_budget"
 
@@ -434,6 +437,19 @@ def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+def _write_meters(src: Path, dst: Path, *, thinned: bool) -> None:
+    """METERS_FILE in the collected run `dst`: its meters from the whole metrics.jsonl in `src` when the
+    copy was thinned; none (an older one removed) when the copy is whole and the run table reads it."""
+    from analysis.meters import run_meters
+    from analysis.runs import read_jsonl
+
+    if not thinned or not (src / "metrics.jsonl").is_file():
+        (dst / METERS_FILE).unlink(missing_ok=True)
+        return
+    rows, _skipped = read_jsonl(src / "metrics.jsonl")
+    (dst / METERS_FILE).write_text(json.dumps(run_meters(rows), indent=1, sort_keys=True))
+
+
 def collect(work: Path, out: Path, plans: Sequence[SweepPlan], *, max_mb: float, thin: str | int = "auto",
             reserve_mb: float = 8.0, accept=None) -> CollectResult:
     """Copy the four log files of every planned run from WORK into OUT/<sweep>/<run>/.
@@ -473,6 +489,7 @@ def collect(work: Path, out: Path, plans: Sequence[SweepPlan], *, max_mb: float,
                 (dst / name).write_text(_thin_lines(f.read_text(encoding="utf-8", errors="replace"), n))
             else:
                 shutil.copyfile(f, dst / name)
+        _write_meters(src, dst, thinned=n > 1)
     total = sum(dir_bytes(out / sp.spec.name) for sp in plans if (out / sp.spec.name).is_dir())
     return CollectResult(len(pairs), total, n, missing)
 

@@ -202,6 +202,36 @@ def test_collect_thins_metrics_to_the_budget_keeping_epoch_and_last_lines(tmp_pa
     assert study_runs.thinned_every(tmp_path / "results") == 3 and study_runs.thinned_every(tmp_path / "whole") == 1
 
 
+def test_a_thinned_collection_keeps_each_runs_meters_from_its_whole_log(tmp_path):
+    """Thinning metrics.jsonl to every N-th step must not move the run table's meters: a lag that
+    cycles with the step (as PipelineRL's does) averaged over every 3rd step is not its mean."""
+    from analysis.meters import METER_COLUMNS
+    from analysis.runs import load_runs
+
+    write_study(tmp_path / "runs", seeds=(0,), sweeps=["fp32_head"], steps=300, eval_every=20, device="cpu", count=2)
+    for m in (tmp_path / "runs" / "fp32_head").glob("*/metrics.jsonl"):
+        rows = read_jsonl(m)[0]
+        for r in rows:  # lag 0, 1, 8, 0, 1, 8, ...; lengths and clipping that move with the step too
+            r.update(lag_mean=float((0, 1, 8)[r["step"] % 3]), lag_max=(0, 1, 8)[r["step"] % 3],
+                     clip_frac_low=0.001 * (r["step"] % 3), completion_tokens_p50=40 + 10 * (r["step"] % 3))
+        m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ns = argparse_ns(tmp_path, sweeps="fp32_head", seeds=1)
+    plans = study_runs.plan_study(ns, act=False)
+    thin = study_runs.collect(tmp_path / "runs", tmp_path / "thin", plans, max_mb=50, thin=3)
+    whole = study_runs.collect(tmp_path / "runs", tmp_path / "whole", plans, max_mb=50, thin="auto")
+    assert (thin.thin, whole.thin) == (3, 1)
+    a = load_runs(tmp_path / "thin", what="runs").set_index("run")
+    b = load_runs(tmp_path / "whole", what="runs").set_index("run").loc[a.index]
+    assert len(a) == 2 and (a["n_steps"] < b["n_steps"]).all()
+    assert b["lag_mean"].tolist() == pytest.approx([3.0, 3.0], abs=0.05) and (b["lag_max"] == 8).all()
+    pd.testing.assert_frame_equal(a[list(METER_COLUMNS)], b[list(METER_COLUMNS)])
+    assert all((tmp_path / "thin" / "fp32_head" / r / study_runs.METERS_FILE).is_file() for r in a.index)
+    assert not list((tmp_path / "whole").rglob(study_runs.METERS_FILE))
+    # collected whole again into the thinned folder: the saved meters go, the kept lines are all there
+    study_runs.collect(tmp_path / "runs", tmp_path / "thin", plans, max_mb=50, thin=1)
+    assert not list((tmp_path / "thin").rglob(study_runs.METERS_FILE))
+
+
 def test_thin_lines_keeps_the_epoch_line():
     lines = [json.dumps({"step": i, "epoch": i / 7}) for i in range(1, 31)]
     kept = [json.loads(x) for x in study_runs._thin_lines("\n".join(lines), 5).splitlines()]
