@@ -656,8 +656,8 @@ def _figures_text(figures: tuple[dict, dict, dict] | None, scale: str) -> list[s
 
 def _progress_text(summaries: dict, n_runs: int, selected: Sequence[str] | None, collected: Any,
                    scale: str) -> list[str]:
-    shipped = [p.stem for p in select_specs(None)]
-    chosen = [n for n in shipped if selected is None or n in selected]
+    shipped = [p.stem for p in select_specs(None)]  # the paper's ablations; a study may also name others (mismatch)
+    chosen = [n for n in shipped if selected is None or n in selected] + [n for n in (selected or ()) if n not in shipped]
     others = [n for n in shipped if n not in chosen and n not in summaries]
     absent = [n for n in chosen if n not in summaries]
     unfinished_runs = list(collected.missing) if collected is not None else []

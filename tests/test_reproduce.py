@@ -480,6 +480,19 @@ def test_a_runs_time_is_judged_against_its_scales_limit():
         "Machine time: 2 run(s) trained, 1.0 h of their own time (1 more entries shared an identical run's logs).")
 
 
+def test_the_progress_line_counts_a_chosen_sweep_beyond_the_paper():
+    from experiments.study_runs import CollectResult
+
+    part = study_report._progress_text({"fp32_head": None, "mismatch": None}, 12, ["fp32_head", "mismatch"],
+                                       CollectResult(12, 0, 1, ["mismatch/bf16-tis-s0"]), "small")
+    assert "**Part-way**: 2 of the 2 chosen sweeps have runs here." in part[1]
+    assert "not finished yet (1): mismatch/bf16-tis-s0." in part[1]
+    assert "**Complete**: every run of the 2 sweeps" in study_report._progress_text(
+        {"fp32_head": None, "mismatch": None}, 16, ["fp32_head", "mismatch"], CollectResult(16, 0, 1, []), "small")[1]
+    absent = study_report._progress_text({"fp32_head": None}, 8, ["fp32_head", "mismatch"], None, "small")[1]
+    assert "1 of the 2 chosen sweeps have runs here. Not run yet: `mismatch`." in absent
+
+
 def test_the_pairing_line_compares_a_paired_difference_with_an_unpaired_one(monkeypatch):
     """The paired difference's sd is set against the sd of an UNPAIRED difference (√2 x one run's sd),
     and the line says how much pairing removed, or that it removed none."""
