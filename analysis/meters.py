@@ -31,7 +31,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["METER_COLUMNS", "run_meters", "meters_text", "meter_summary"]
+__all__ = ["METER_COLUMNS", "METERS_FILE", "run_meters", "meters_text", "meter_summary"]
+
+# beside a collected metrics.jsonl that was thinned to every N-th step (experiments/study_runs.collect):
+# the run's meters from its whole log, which the run table reads instead of re-computing them from the
+# kept lines (a mean over every N-th step is not the mean)
+METERS_FILE = "meters.json"
 
 METER_COLUMNS = ("completion_tokens_p10", "completion_tokens_p50", "completion_tokens_p90", "clip_frac_low",
                  "clip_frac_high", "ratio_p01", "ratio_p99", "lag_mean", "lag_max", "logprob_gap",

@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.meters import METER_COLUMNS, run_meters
+from analysis.meters import METER_COLUMNS, METERS_FILE, run_meters
 from analysis.protocol import epoch1_compute, fit_with_protocol, get_protocol, is_contended
 from analysis.scaling_law import FitError, FitResult, fit, loglinear_fit, prediction_interval, profile_A
 
@@ -285,9 +285,9 @@ def _run_table(run_dirs: list[Path]) -> pd.DataFrame:
 
 
 def _meters(run_dir: Path, rows: Sequence[dict]) -> dict[str, float]:
-    """The run's meters: from `meters.json` where a collection thinned its metrics.jsonl and saved them
-    from the whole log (experiments/study_runs.METERS_FILE), else from its metrics.jsonl rows."""
-    saved = run_dir / "meters.json"
+    """The run's meters: from METERS_FILE where a collection thinned its metrics.jsonl and saved them
+    from the whole log, else from its metrics.jsonl rows."""
+    saved = run_dir / METERS_FILE
     if saved.is_file():
         try:
             meters = json.loads(saved.read_text())

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from analysis.meters import METERS_FILE  # beside a thinned metrics.jsonl: the meters of its whole log
 from experiments.recipes import SWEEPS_DIR, SweepError
 from experiments.run_config import validate_runs
 from experiments.run_state import Planned, plan, read_json
@@ -29,9 +30,6 @@ __all__ = ["ReproduceError", "SweepPlan", "CollectResult", "select_specs", "plan
            "materialize_shared", "SHARED_ACTION", "SHARED_KEY"]
 
 COLLECTED_FILES = ("config.gin", "run.json", "metrics.jsonl", "eval.jsonl")
-# beside a thinned metrics.jsonl: the run's meters (analysis/meters.py) from its whole log, which the run
-# table reads instead of re-computing them from the kept lines (a mean over every N-th step is not the mean)
-METERS_FILE = "meters.json"
 CONTENDED_DIR = ".contended"
 OVER_BUDGET_DIR = ".over_budget"
 
@@ -111,7 +109,9 @@ def settings_key(run: RunSpec) -> str:
     import hashlib
 
     from experiments.recipes import resolved_bindings
+    from experiments.run_config import load_trainer_configurables
 
+    load_trainer_configurables()  # `train`, `model`, `data` and the registries' configurables, whose defaults count
     settings = {k: v for k, v in resolved_bindings(run.config_files, run.bindings).items()
                 if not _states_default(k, v)}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
@@ -121,12 +121,10 @@ def _states_default(key: str, value: str) -> bool:
     """Whether the resolved binding `key = value` (gin text, `resolved_bindings`) binds an unscoped
     parameter to the default its configurable declares."""
     from experiments.recipes import gin_literal
-    from experiments.run_config import load_trainer_configurables
     from components.trainer.gin_config import configurable_defaults
 
     if key.startswith("import ") or "/" in key or "." not in key:
         return False
-    load_trainer_configurables()  # `train`, `model`, `data` and the registries' configurables (imports cached)
     selector, _, param = key.rpartition(".")
     try:
         defaults = configurable_defaults(selector)

@@ -98,17 +98,27 @@ def configurable_function(name: str) -> Optional[Any]:
     return None if match is None else match.wrapped
 
 
+def _signature(name: str) -> Optional[inspect.Signature]:
+    """The signature of the function or class (its __init__) gin registered as `name` (None: unknown,
+    or opaque)."""
+    try:
+        fn = configurable_function(name)
+    except KeyError:
+        return None
+    if fn is None:
+        return None
+    try:
+        return inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def configurable_defaults(name: str) -> dict[str, Any]:
     """{parameter: default} of the configurable `name` (any unique suffix of its selector): the
     parameters that have a default; {} when gin has no such configurable or its signature is opaque."""
-    fn = configurable_function(name)
-    if fn is None:
-        return {}
-    try:
-        sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty and p.name != "self"}
+    sig = _signature(name)
+    return {} if sig is None else {p.name: p.default for p in sig.parameters.values()
+                                   if p.default is not p.empty and p.name != "self"}
 
 
 def bound_parameter(key: str) -> Any:
@@ -264,17 +274,10 @@ def _close(word: str, choices: Sequence[str]) -> Optional[str]:
 def configurable_parameter_names(selector: str) -> Optional[list[str]]:
     """The parameter names of gin configurable `selector` (None: unknown, or it takes **kwargs)."""
     try:
-        configurable = gin.config._REGISTRY.get_match(selector)  # gin's selector map (no public lookup)
-    except (KeyError, ValueError):
+        sig = _signature(selector)
+    except ValueError:  # an ambiguous selector
         return None
-    if configurable is None:
-        return None
-    fn = configurable.wrapped
-    try:
-        sig = inspect.signature(fn.__init__ if inspect.isclass(fn) else fn)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+    if sig is None or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         return None
     return [p.name for p in sig.parameters.values() if p.name != "self"]
 
